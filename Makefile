@@ -1,0 +1,27 @@
+# Two entry points for a fresh machine with only Python: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build; on these machines it is served from a local folder. Override on other hosts.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-fast clean
+
+$(BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/edgetrain demo
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,175 @@
+"""The cost model of a training step: a chain of stages with times and byte sizes.
+
+NOTE [ The chain memory model ]
+A model is a sequence of stages ``0 .. L-1``; stage ``i`` maps value ``x_i`` to ``x_{i+1}``
+(``x_0`` is the input batch, the last stage is the loss). Every planner, the simulator and the
+executor share this accounting, so that a schedule's predicted peak is what the executor
+measures:
+
+* ``out_bytes``   -- size of ``x_{i+1}`` (and of its gradient ``δ_{i+1}``).
+* ``saved_bytes`` -- memory held after a *recorded* forward of the stage (autograd's saved
+  tensors, counted with ``saved_tensors_hooks``, plus the output ``x_{i+1}``), excluding the
+  stage input ``x_i``.
+* ``input_saved`` / ``output_saved`` -- whether the record keeps ``x_i`` / ``x_{i+1}`` alive
+  until the stage's backward. A transformer layer, for one, saves a copy of its input and not
+  its LayerNorm output, so neither value outlives the next stage's forward in plain backprop.
+* ``*_workspace_bytes`` -- transient memory above the steady state while an op runs
+  (intermediate tensors that die before the op returns). The backward's may be negative:
+  autograd frees a stage's saved tensors while it back-propagates through it, so its peak can
+  stay below "state before + input gradient + parameter gradients".
+* ``grad_bytes``  -- parameter gradients that the stage's backward creates (zero_grad sets
+  them to ``None``, so they appear during backward and stay until the optimizer step).
+
+Resident for the whole step: weights (parameters and buffers), optimizer state and the input
+batch with its targets. The whole peak of a step is what a device's RAM has to hold.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+__all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory"]
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Costs of one stage of a chain. Times in seconds, sizes in bytes."""
+
+    name: str
+    fwd_time_s: float
+    bwd_time_s: float
+    out_bytes: int
+    saved_bytes: int
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    fwd_workspace_bytes: int = 0
+    rec_workspace_bytes: int = 0
+    bwd_workspace_bytes: int = 0
+    input_saved: bool = True
+    output_saved: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("out_bytes", "saved_bytes", "param_bytes", "grad_bytes", "fwd_workspace_bytes",
+                     "rec_workspace_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"stage {self.name!r}: {name} must be >= 0, got {getattr(self, name)}")
+        if self.fwd_time_s < 0 or self.bwd_time_s < 0:
+            raise ValueError(f"stage {self.name!r}: times must be >= 0")
+
+
+def optimizer_memory(optimizer: str, trainable_bytes: int, largest_param_bytes: int,
+                     n_param_tensors: int) -> tuple[int, int]:
+    """State bytes kept across steps and transient bytes of one ``step()`` on CPU.
+
+    SGD with momentum keeps one buffer per parameter and updates in place. Adam keeps two
+    moments plus a 4-byte ``step`` tensor per parameter; its single-tensor CPU path builds
+    ``denom = (exp_avg_sq.sqrt() / c).add_(eps)``, two parameter-sized temporaries at once.
+    """
+    if optimizer == "sgd":
+        return trainable_bytes, 0
+    if optimizer == "adam":
+        return 2 * trainable_bytes + 4 * n_param_tensors, 2 * largest_param_bytes
+    raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A model's training step as a chain of :class:`StageCost` records plus resident memory.
+
+    Example:
+        >>> chain = Chain.uniform(10)
+        >>> chain.length, chain.stages[0].out_bytes
+        (10, 1)
+    """
+
+    stages: tuple[StageCost, ...]
+    input_bytes: int
+    buffer_bytes: int = 0
+    optimizer: str = "sgd"
+    optimizer_state_bytes: int = 0
+    optimizer_workspace_bytes: int = 0
+    largest_param_bytes: int = 0
+    n_param_tensors: int = 0
+    name: str = ""
+    meta: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a chain needs at least one stage")
+        object.__setattr__(self, "stages", tuple(self.stages))
+
+    @property
+    def length(self) -> int:
+        return len(self.stages)
+
+    @property
+    def weights_bytes(self) -> int:
+        """Parameters and buffers (e.g. BatchNorm running statistics)."""
+        return sum(s.param_bytes for s in self.stages) + self.buffer_bytes
+
+    @property
+    def gradients_bytes(self) -> int:
+        return sum(s.grad_bytes for s in self.stages)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Held for the whole step whatever the schedule: weights, optimizer state, input batch."""
+        return self.weights_bytes + self.optimizer_state_bytes + self.input_bytes
+
+    @property
+    def value_bytes(self) -> tuple[int, ...]:
+        """Size of ``x_0 .. x_L``: the input batch then each stage's output."""
+        return (self.input_bytes, *(s.out_bytes for s in self.stages))
+
+    @property
+    def compute_time_s(self) -> float:
+        """Time of a step without recomputation: every forward and backward once."""
+        return sum(s.fwd_time_s + s.bwd_time_s for s in self.stages)
+
+    def with_optimizer(self, optimizer: str) -> Chain:
+        """The same chain with the resident state and step transient of another optimizer."""
+        state, workspace = optimizer_memory(optimizer, self.gradients_bytes, self.largest_param_bytes,
+                                            self.n_param_tensors)
+        return replace(self, optimizer=optimizer, optimizer_state_bytes=state,
+                       optimizer_workspace_bytes=workspace)
+
+    @classmethod
+    def uniform(cls, length: int, *, fwd_time_s: float = 1.0, bwd_time_s: float = 1.0,
+                act_bytes: int = 1, saved_bytes: int | None = None, param_bytes: int = 0,
+                name: str = "uniform") -> Chain:
+        """A homogeneous chain: every stage has the same costs (unit costs by default).
+
+        With the defaults a step without recomputation takes ``2 * length`` time units, the
+        convention of Griewank's Revolve and of the founding paper's recompute factor.
+        """
+        if length < 1:
+            raise ValueError(f"length must be >= 1, got {length}")
+        stage = StageCost(name="layer", fwd_time_s=fwd_time_s, bwd_time_s=bwd_time_s,
+                          out_bytes=act_bytes, saved_bytes=act_bytes if saved_bytes is None else saved_bytes,
+                          param_bytes=param_bytes, grad_bytes=param_bytes)
+        return cls(stages=tuple(replace(stage, name=f"layer{i}") for i in range(length)),
+                   input_bytes=act_bytes, name=name)
+
+    # --- persistence -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["version"] = 1
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Chain:
+        fields = dict(data)
+        fields.pop("version", None)
+        stages = tuple(StageCost(**s) for s in fields.pop("stages"))  # type: ignore[union-attr]
+        return cls(stages=stages, **fields)  # type: ignore[arg-type]
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Chain:
+        return cls.from_dict(json.loads(Path(path).read_text()))

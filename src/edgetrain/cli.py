@@ -1,0 +1,153 @@
+"""The ``edgetrain`` command line: each command parses options and calls one library function.
+
+Library errors (:class:`~edgetrain.errors.EdgetrainError`, bad quantities) become one line on
+stderr and exit code 2; heavy imports happen inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import EdgetrainError
+from .units import format_bytes
+
+app = typer.Typer(help="Make deep-learning training fit and run well on small edge machines.",
+                  no_args_is_help=True, add_completion=False)
+reproduce_app = typer.Typer(help="Regenerate the founding paper's results from the code.", no_args_is_help=True)
+app.add_typer(reproduce_app, name="reproduce")
+
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _clean_errors(command: F) -> F:
+    """Turn expected errors into one message and exit code 2, never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (EdgetrainError, ValueError) as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does.")) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=True)
+
+
+@app.command()
+@_clean_errors
+def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List the device catalog (every figure with its source: see --json)."""
+    from .devices import devices_table, load_catalog, this_machine
+
+    catalog = [*load_catalog().values(), this_machine()]
+    if as_json:
+        typer.echo(json.dumps([d.to_dict() for d in catalog], indent=1))
+    else:
+        console.print(devices_table(catalog))
+
+
+ModelOpt = typer.Option(..., "--model", "-m", help="Model name, e.g. resnet50, mobilenet_v2, transformer.")
+BatchOpt = typer.Option(..., "--batch", "-b", help="Batch size.")
+SizeOpt = typer.Option(224, "--image", "--size", "--seq-len",
+                       help="Image side in pixels (sequence length for transformer models).")
+DeviceOpt = typer.Option(None, "--device", "-d", help="Device from `edgetrain devices`, e.g. odroid-xu4.")
+OptimizerOpt = typer.Option("sgd", "--optimizer", help="sgd (with momentum) or adam.")
+
+
+@app.command()
+@_clean_errors
+def memory(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
+           device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt,
+           as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """How much memory one training step needs, and whether it fits a device."""
+    from .devices import get_device
+    from .profile import estimate_memory
+
+    target = get_device(device) if device else None
+    estimate = estimate_memory(model, batch, image, optimizer=optimizer)
+    report = estimate.to_dict(target)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    _print_memory_report(report)
+
+
+def _print_memory_report(report: dict[str, Any]) -> None:
+    table = Table(title=f"{report['model']}, batch {report['batch']}, size {report['size']}, "
+                        f"{report['optimizer']}: peak of one training step")
+    table.add_column("part")
+    table.add_column("bytes", justify="right")
+    table.add_column("", justify="right")
+    for part in ("weights", "gradients", "optimizer", "activations", "total"):
+        n = int(report[f"{part}_bytes"])
+        table.add_row(part, f"{n:,}", format_bytes(n), style="bold" if part == "total" else None)
+    console.print(table)
+    if report["fits"] is None:
+        return
+    verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
+    margin = int(report["margin_bytes"])
+    console.print(f"{report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}, "
+                  f"margin {'+' if margin >= 0 else '-'}{format_bytes(abs(margin))}")
+
+
+@reproduce_app.command("tables")
+@_clean_errors
+def reproduce_tables(out: Path = typer.Option(Path("out/tables"), "--out", "-o", help="Output directory."),
+                     device: str = typer.Option("odroid-xu4", "--device", "-d",
+                                                help="Whose memory marks cells that do not fit.")) -> None:
+    """Tables I-III of Kukreja et al. 2019: our estimate, the published value and their ratio."""
+    from .devices import get_device
+    from .reports.tables import reproduce_tables as build
+
+    budget = get_device(device).memory_bytes
+    if budget is None:
+        raise EdgetrainError(f"device {device!r} has no known memory size")
+    with _progress() as bar:
+        task = bar.add_task("estimating cells", total=None)
+        cells = build(out, budget, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    ratios = [c.ratio for c in cells]
+    console.print(f"wrote {out / 'tables.md'} and {out / 'tables.csv'}: {len(cells)} cells, "
+                  f"ratio ours/paper {min(ratios):.2f}..{max(ratios):.2f}; "
+                  f"{sum(not c.fits for c in cells)} cells do not fit {format_bytes(budget)}")
+
+
+@app.command()
+@_clean_errors
+def demo(out: Path = typer.Option(Path("out"), "--out", "-o", help="Where results are written.")) -> None:
+    """The main job on built-in defaults: does ResNet-50 training fit the Waggle node (ODROID XU4)?"""
+    from .devices import get_device
+    from .profile import estimate_memory
+
+    node = get_device("odroid-xu4")
+    console.rule("edgetrain demo: training memory on the Waggle node's ODROID XU4")
+    rows = []
+    for model, batch, image in (("resnet18", 8, 224), ("resnet50", 1, 224), ("resnet50", 8, 224),
+                                ("resnet50", 8, 500), ("mobilenet_v2", 32, 224)):
+        report = estimate_memory(model, batch, image).to_dict(node)
+        rows.append(report)
+        _print_memory_report(report)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_memory.json").write_text(json.dumps(rows, indent=1))
+    console.print(f"wrote {out / 'demo_memory.json'}")

@@ -1,0 +1,1 @@
+"""Checkpointing planners: pure functions from a chain and a budget to a :class:`Schedule`."""

@@ -1,0 +1,84 @@
+"""Training memory of a zoo model at any batch and size, estimated on the meta device (no allocation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..chain import Chain
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..devices import Device
+from ..models import check_input, get_model_spec
+from ..schedule import keep_all, simulate
+from .profiler import profile
+
+__all__ = ["MemoryEstimate", "estimate_memory", "chain_for"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak of a plain training step and what it is made of at the peak instant.
+
+    ``activations_bytes`` is everything that is not weights, parameter gradients or optimizer
+    state: the input batch, saved activations, activation gradients and transient workspace.
+    ``gradients_bytes`` are the parameter gradients alive at the peak (all of them when the
+    peak is the optimizer step).
+    """
+
+    model: str
+    batch: int
+    size: int
+    optimizer: str
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    total_bytes: int
+    chain: Chain = field(repr=False, compare=False)
+
+    def fit(self, device: Device | None) -> dict[str, object]:
+        """``device_memory_bytes``, ``fits`` and ``margin_bytes`` (None without a device)."""
+        if device is None or device.memory_bytes is None:
+            return {"device": device.name if device else None, "device_memory_bytes": None, "fits": None,
+                    "margin_bytes": None}
+        margin = device.memory_bytes - self.total_bytes
+        return {"device": device.name, "device_memory_bytes": device.memory_bytes, "fits": margin >= 0,
+                "margin_bytes": margin}
+
+    def to_dict(self, device: Device | None = None) -> dict[str, object]:
+        return {"model": self.model, "batch": self.batch, "size": self.size, "optimizer": self.optimizer,
+                "weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
+                "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
+                "total_bytes": self.total_bytes, **self.fit(device)}
+
+
+def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_classes: int | None = None) -> Chain:
+    """The chain of a zoo model, profiled on the meta device: sizes exact, times from FLOPs."""
+    spec = get_model_spec(model)
+    check_input(spec, batch, size)
+    with torch.device("meta"):
+        net = spec.build(num_classes)
+    net.train()
+    sample = spec.example_input(batch, size, device="meta")
+    target = spec.example_target(batch, device="meta")
+    chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
+    return replace(chain, name=model)
+
+
+def estimate_memory(model: str, batch: int, size: int, *, optimizer: str = "sgd",
+                    num_classes: int | None = None) -> MemoryEstimate:
+    """Estimate the peak memory of one plain training step of zoo ``model``.
+
+    Example:
+        >>> estimate_memory("resnet50", batch=8, size=500).total_bytes
+    """
+    chain = chain_for(model, batch, size, optimizer=optimizer, num_classes=num_classes)
+    stats = simulate(chain, keep_all(chain.length))
+    fixed = chain.weights_bytes + chain.optimizer_state_bytes + stats.peak_grad_bytes
+    return MemoryEstimate(model=model, batch=batch, size=size, optimizer=optimizer,
+                          weights_bytes=chain.weights_bytes, gradients_bytes=stats.peak_grad_bytes,
+                          optimizer_bytes=chain.optimizer_state_bytes, activations_bytes=stats.peak_bytes - fixed,
+                          total_bytes=stats.peak_bytes, chain=chain)

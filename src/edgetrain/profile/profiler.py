@@ -1,0 +1,231 @@
+"""Measure a model into a :class:`~edgetrain.chain.Chain`, stage by stage.
+
+Each stage is run on its own, with the previous stage's output as input, three ways: without
+autograd (output size and forward workspace), recorded (what autograd saves, counted with
+``saved_tensors_hooks``), and backward (gradient sizes and backward workspace). Live bytes
+come from :class:`~edgetrain.profile.tracker.LiveBytesTracker`, so the same code profiles real
+tensors on the CPU and shape-only tensors on the meta device (no allocation at all).
+Times are medians of repeated real runs, or, on the meta device, FLOPs divided by a rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..chain import Chain, StageCost
+from ..stages import LossFn, LossStage, training_stages
+from .tracker import LiveBytesTracker, storage_bytes, storage_key
+
+__all__ = ["profile", "NOMINAL_FLOPS_PER_S"]
+
+log = logging.getLogger(__name__)
+
+# Rate that turns FLOPs into seconds when nothing is timed (meta device): only ratios of
+# times matter to a planner, so any fixed rate gives the same schedules and recompute factors.
+NOMINAL_FLOPS_PER_S = 1e10
+
+
+@dataclass
+class _StageMeasure:
+    cost: StageCost
+    output: torch.Tensor
+    saved_live_bytes: int  # growth of live bytes over a recorded forward, a cross-check
+
+
+def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torch.Tensor | None = None, *,
+            loss_fn: LossFn | None = None, optimizer: str = "sgd", measure_time: bool = True,
+            repeats: int = 5, flops_per_s: float = NOMINAL_FLOPS_PER_S,
+            progress: Callable[[int, int], None] | None = None) -> Chain:
+    """Profile one training step of ``model`` into a chain of stages (the loss is the last stage).
+
+    Args:
+        model: a chain-able model (``model.stages()`` or an ``nn.Sequential``), in train mode.
+        sample: an input batch, or the shape of a float input batch (made on the model's device).
+        target: labels for the loss; class 0 for every sample if omitted.
+        loss_fn: ``loss_fn(output, target)``; cross-entropy by default.
+        optimizer: ``"sgd"`` (with momentum) or ``"adam"``, for the resident optimizer state.
+        measure_time: time stages on real tensors (median of ``repeats``); on the meta device,
+            or when False, times are FLOPs / ``flops_per_s``.
+        progress: called as ``progress(stage_index, n_stages)`` after each stage.
+
+    Returns:
+        A :class:`Chain` whose simulated keep-everything schedule predicts the step's peak.
+
+    Example:
+        >>> chain = profile(resnet18(), (8, 3, 224, 224), measure_time=False)
+    """
+    stages = training_stages(model, loss_fn)
+    device = _model_device(model)
+    x = sample if isinstance(sample, torch.Tensor) else torch.randn(*sample, device=device)
+    timed = measure_time and x.device.type != "meta"
+    with _preserved_buffers(model):
+        measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress)
+    params = [p for p in model.parameters() if p.requires_grad]
+    chain = Chain(
+        stages=tuple(m.cost for m in measures),
+        input_bytes=storage_bytes([x, target]),
+        buffer_bytes=storage_bytes(model.buffers()) if list(model.buffers()) else 0,
+        largest_param_bytes=max((p.untyped_storage().nbytes() for p in params), default=0),
+        n_param_tensors=len(params),
+        name=type(model).__name__,
+        meta={"input_shape": list(x.shape), "device": x.device.type, "timed": timed,
+              "saved_live_bytes": [m.saved_live_bytes for m in measures]},
+    )
+    return chain.with_optimizer(optimizer)
+
+
+def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor | None, timed: bool,
+                 repeats: int, flops_per_s: float,
+                 progress: Callable[[int, int], None] | None) -> tuple[list[_StageMeasure], torch.Tensor]:
+    measures: list[_StageMeasure] = []
+    with LiveBytesTracker() as tracker:
+        for module in stages:
+            tracker.register(module.parameters())
+            tracker.register(module.buffers())
+        tracker.register([x])
+        current = x.detach()
+        for index, module in enumerate(stages):
+            if isinstance(module, LossStage):
+                if target is None:
+                    target = torch.zeros(current.shape[0], dtype=torch.long, device=current.device)
+                module.target = target
+                tracker.register([target])
+            measure = _profile_stage(module, current, index > 0, tracker, timed, repeats, flops_per_s,
+                                     name=_stage_name(module, index))
+            measures.append(measure)
+            current = measure.output
+            if progress is not None:
+                progress(index + 1, len(stages))
+        if isinstance(stages[-1], LossStage):
+            stages[-1].target = None
+    assert target is not None or not isinstance(stages[-1], LossStage)
+    return measures, target if target is not None else torch.empty(0)
+
+
+def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker: LiveBytesTracker,
+                   timed: bool, repeats: int, flops_per_s: float, name: str) -> _StageMeasure:
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+
+    # 1. Without autograd: output size and forward workspace.
+    before = tracker.current_bytes
+    tracker.reset_peak()
+    with torch.no_grad():
+        output = module(x)
+    out_bytes = output.untyped_storage().nbytes()
+    fwd_workspace = max(0, tracker.peak_bytes - before - out_bytes)
+
+    # 2. Recorded: saved tensors (hooks) and recorded-forward workspace.
+    x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
+    existing = tracker.live_keys()
+    saved: dict[int, int] = {}
+    saved_keys: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = storage_key(tensor)
+        saved_keys.add(key)
+        if key not in existing:
+            saved[key] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    before = tracker.current_bytes
+    tracker.reset_peak()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        y = module(x_rec)
+    after = tracker.current_bytes
+    output_saved = storage_key(y) in saved_keys
+    if storage_key(y) not in existing:
+        saved[storage_key(y)] = y.untyped_storage().nbytes()
+    saved_bytes = sum(saved.values())
+    rec_workspace = max(0, tracker.peak_bytes - after)
+    saved_live = after - before
+
+    # 3. Backward: gradient of the input, parameter gradients, workspace.
+    grad_out = None if y.dim() == 0 else torch.ones_like(y)
+    before = tracker.current_bytes
+    tracker.reset_peak()
+    torch.autograd.backward(y, grad_out)
+    grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
+    grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None)
+    bwd_workspace = tracker.peak_bytes - before - grad_in - grad_bytes
+    del y, grad_out
+    x_rec.grad = None
+    for p in params:
+        p.grad = None
+
+    fwd_flops, bwd_flops = _count_flops(module, x, input_grad)
+    if timed:
+        fwd_time, bwd_time = _time_stage(module, x, input_grad, repeats)
+    else:
+        fwd_time, bwd_time = fwd_flops / flops_per_s, bwd_flops / flops_per_s
+    cost = StageCost(name=name, fwd_time_s=fwd_time, bwd_time_s=bwd_time, out_bytes=out_bytes,
+                     saved_bytes=saved_bytes, param_bytes=storage_bytes(module.parameters()) if params else 0,
+                     grad_bytes=grad_bytes, fwd_workspace_bytes=fwd_workspace,
+                     rec_workspace_bytes=rec_workspace, bwd_workspace_bytes=bwd_workspace,
+                     input_saved=storage_key(x_rec) in saved_keys, output_saved=output_saved)
+    log.debug("profiled %s: %s", name, cost)
+    return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=saved_live)
+
+
+def _count_flops(module: nn.Module, x: torch.Tensor, input_grad: bool) -> tuple[float, float]:
+    x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
+    with FlopCounterMode(display=False) as fwd_counter:
+        y = module(x_rec)
+    grad_out = None if y.dim() == 0 else torch.ones_like(y)
+    with FlopCounterMode(display=False) as bwd_counter:
+        torch.autograd.backward(y, grad_out)
+    _clear_grads(module)
+    return float(fwd_counter.get_total_flops()), float(bwd_counter.get_total_flops())
+
+
+def _time_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, repeats: int) -> tuple[float, float]:
+    fwd_times, bwd_times = [], []
+    for _ in range(repeats + 1):  # the first run warms caches and is dropped
+        x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
+        start = time.perf_counter()
+        y = module(x_rec)
+        middle = time.perf_counter()
+        torch.autograd.backward(y, None if y.dim() == 0 else torch.ones_like(y))
+        end = time.perf_counter()
+        fwd_times.append(middle - start)
+        bwd_times.append(end - middle)
+        _clear_grads(module)
+    return statistics.median(fwd_times[1:]), statistics.median(bwd_times[1:])
+
+
+def _clear_grads(module: nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
+
+
+def _stage_name(module: nn.Module, index: int) -> str:
+    return "loss" if isinstance(module, LossStage) else f"{index}:{type(module).__name__}"
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in [*model.parameters(), *model.buffers()]:
+        return tensor.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _preserved_buffers(model: nn.Module) -> Iterator[None]:
+    """Profiling runs BatchNorm in train mode several times; put its statistics back after."""
+    saved = {name: buf.clone() for name, buf in model.named_buffers() if buf.device.type != "meta"}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, buf in model.named_buffers():
+                if name in saved:
+                    buf.copy_(saved[name])

@@ -1,0 +1,89 @@
+"""Live tensor bytes, tracked at the dispatcher so it works on CPU and on the meta device.
+
+NOTE [ What the tracker counts ]
+Every tensor storage that an ATen op returns while the tracker is active, plus the storages
+registered with :meth:`LiveBytesTracker.register` (weights, buffers, optimizer state, the
+input batch), counted once per storage (views and in-place results share it) from creation
+until Python and autograd drop their last reference. That covers weights, gradients,
+optimizer state, saved activations and transient intermediates between ops. It does not see
+scratch memory an op allocates and frees inside its own kernel (e.g. a convolution's im2col
+buffer), allocator caching or fragmentation, nor the Python interpreter and libraries: those
+are outside what a schedule can change, and are left to the device's memory margin.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["LiveBytesTracker", "storage_key", "storage_bytes"]
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """Identity of a tensor's storage (shared by its views), stable while the storage lives."""
+    return int(tensor.untyped_storage()._cdata)
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        seen[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+class LiveBytesTracker(TorchDispatchMode):
+    """Count live tensor bytes and their peak while active.
+
+    Example:
+        >>> with LiveBytesTracker() as tracker:
+        ...     tracker.register(model.parameters())
+        ...     loss = model(x).sum(); loss.backward()
+        >>> tracker.peak_bytes
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, int] = {}
+        self.current_bytes = 0
+        self.peak_bytes = 0
+
+    def register(self, tensors: Iterable[torch.Tensor | None]) -> None:
+        """Count already existing tensors (weights, inputs, optimizer state) from now on."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                self._track(tensor)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.current_bytes
+
+    def live_keys(self) -> set[int]:
+        """Storage keys (see :func:`storage_key`) of everything counted as live now."""
+        return set(self._live)
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = int(storage._cdata)
+        if key in self._live:
+            return
+        n_bytes = storage.nbytes()
+        self._live[key] = n_bytes
+        self.current_bytes += n_bytes
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        # The storage's Python object lives exactly as long as the storage itself.
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.current_bytes -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for item in tree_leaves(out):
+            if isinstance(item, torch.Tensor):
+                self._track(item)
+        return out
