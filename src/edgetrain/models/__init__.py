@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .linear import LINEAR_RESNET_DEPTHS, linear_resnet
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
 from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -25,7 +26,7 @@ from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
-    "transformer_encoder", "transformer_encoder_small", "stages_of",
+    "transformer_encoder", "transformer_encoder_small", "linear_resnet", "LINEAR_RESNET_DEPTHS", "stages_of",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",
 ]
 

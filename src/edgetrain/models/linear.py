@@ -1,0 +1,41 @@
+"""LinearResNet: the founding paper's homogeneous stand-in for ResNet-x, as a chain of costs.
+
+Kukreja et al. (PAISE 2019, §VI) analyse checkpointing on a "linear homogeneous network built
+by analogy to ResNet-x": the same weight memory as ResNet-x, ``x`` identical layers, each with
+an activation of ResNet-x's total activation divided by ``x``, and unit forward and backward
+cost, so a step without recomputation costs ``2x`` and the recompute factor is
+``time / 2x``. It exists only as a cost model (there is no network to run), so it is a
+:class:`~edgetrain.chain.Chain`, built from our estimator's measurement of the real ResNet.
+Only weights and activations are counted, as in the paper: no gradients, no optimizer state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..chain import Chain
+from ..errors import EdgetrainError
+
+__all__ = ["linear_resnet", "LINEAR_RESNET_DEPTHS"]
+
+LINEAR_RESNET_DEPTHS = (18, 34, 50, 101, 152)
+
+
+def linear_resnet(depth: int, batch: int = 1, image_size: int = 224) -> Chain:
+    """The LinearResNet-``depth`` chain for a batch and image size.
+
+    Example:
+        >>> chain = linear_resnet(18, batch=8, image_size=500)
+        >>> chain.length
+        18
+    """
+    if depth not in LINEAR_RESNET_DEPTHS:
+        raise EdgetrainError(f"LinearResNet depth must be one of {LINEAR_RESNET_DEPTHS}, got {depth}")
+    from ..profile.estimate import chain_for
+
+    resnet = chain_for(f"resnet{depth}", batch, image_size)
+    total_activation = sum(stage.saved_bytes for stage in resnet.stages)
+    per_layer = -(-total_activation // depth)
+    chain = Chain.uniform(depth, act_bytes=per_layer, name=f"LinearResNet-{depth}")
+    return replace(chain, buffer_bytes=resnet.weights_bytes,
+                   meta={"batch": batch, "image_size": image_size, "resnet_activation_bytes": total_activation})

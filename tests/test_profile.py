@@ -1,0 +1,105 @@
+"""The estimator is held against the measured peak of real training steps."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import pytest
+import torch
+
+from edgetrain import estimate_memory, keep_all, measure_training_step, profile, simulate
+from edgetrain.models import get_model_spec
+from edgetrain.optim import make_optimizer
+from edgetrain.profile import LiveBytesTracker
+from edgetrain.profile.tracker import storage_bytes
+
+CASES = [("resnet18", 2, 64), ("resnet18", 4, 96), ("resnet50", 1, 64), ("resnet50", 3, 64),
+         ("mobilenet_v2", 2, 64), ("mobilenet_v2", 5, 48), ("transformer_small", 4, 32),
+         ("transformer_small", 8, 64)]
+
+
+def measured_peak(name: str, batch: int, size: int, optimizer: str) -> int:
+    spec = get_model_spec(name)
+    torch.manual_seed(0)
+    model = spec.build()
+    return measure_training_step(model, spec.example_input(batch, size), spec.example_target(batch),
+                                 optimizer=optimizer).peak_bytes
+
+
+@pytest.mark.parametrize("name, batch, size", CASES)
+def test_meta_estimate_within_5_percent_of_measured_step(name: str, batch: int, size: int) -> None:
+    estimate = estimate_memory(name, batch, size)
+    measured = measured_peak(name, batch, size, "sgd")
+    assert estimate.total_bytes == pytest.approx(measured, rel=0.05)
+    # The breakdown adds up to the total.
+    parts = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_bytes + estimate.activations_bytes
+    assert parts == estimate.total_bytes
+
+
+@pytest.mark.parametrize("name", ["resnet18", "transformer_small"])
+def test_adam_estimate_within_5_percent(name: str) -> None:
+    estimate = estimate_memory(name, 2, 32, optimizer="adam")
+    assert estimate.total_bytes == pytest.approx(measured_peak(name, 2, 32, "adam"), rel=0.05)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_optimizer_state_bytes_match_a_real_optimizer(optimizer: str) -> None:
+    spec = get_model_spec("mobilenet_v2")
+    model = spec.build(num_classes=10)
+    chain = profile(model, spec.example_input(2, 32), torch.zeros(2, dtype=torch.long), optimizer=optimizer,
+                    measure_time=False)
+    opt = make_optimizer(optimizer, model.parameters())
+    torch.nn.functional.cross_entropy(model(spec.example_input(2, 32)), torch.zeros(2, dtype=torch.long)).backward()
+    opt.step()
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    assert storage_bytes(state) == chain.optimizer_state_bytes
+
+
+def test_saved_bytes_from_hooks_equal_live_growth_and_cpu_equals_meta() -> None:
+    spec = get_model_spec("resnet18")
+    cpu = profile(spec.build(), spec.example_input(2, 64), spec.example_target(2), measure_time=False)
+    meta = estimate_memory("resnet18", 2, 64).chain
+    assert [s.saved_bytes for s in cpu.stages] == list(cpu.meta["saved_live_bytes"])
+    for a, b in zip(cpu.stages, meta.stages):
+        assert (a.out_bytes, a.saved_bytes, a.grad_bytes, a.input_saved, a.output_saved) == \
+               (b.out_bytes, b.saved_bytes, b.grad_bytes, b.input_saved, b.output_saved)
+
+
+def test_profile_times_real_stages_and_keeps_batchnorm_statistics() -> None:
+    spec = get_model_spec("resnet18")
+    model = spec.build(num_classes=10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    chain = profile(model, (2, 3, 32, 32), repeats=2)
+    assert chain.length == 11 and chain.stages[-1].name == "loss"
+    assert all(s.fwd_time_s > 0 and s.bwd_time_s > 0 for s in chain.stages[:-1])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert chain.meta["timed"] is True
+
+
+def test_huge_configuration_is_estimated_without_allocating() -> None:
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    estimate = estimate_memory("resnet152", 50, 1500)
+    elapsed = time.perf_counter() - start
+    assert estimate.total_bytes > 100 * 2**30  # hundreds of GiB: it could never be allocated here
+    assert elapsed < 60
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 2**20  # KiB: under 1 GiB grown
+
+
+def test_tracker_counts_views_once_and_sees_frees() -> None:
+    with LiveBytesTracker() as tracker:
+        a = torch.zeros(256)  # 1 KiB
+        view = a[:10]
+        b = a + 1
+        assert tracker.current_bytes == 2048
+        del b
+        assert tracker.current_bytes == 1024
+        del view, a
+    assert tracker.current_bytes == 0
+    assert tracker.peak_bytes == 2048
+
+
+def test_keep_all_simulation_is_the_plain_step_estimate() -> None:
+    estimate = estimate_memory("transformer_small", 2, 16)
+    assert simulate(estimate.chain, keep_all(estimate.chain.length)).peak_bytes == estimate.total_bytes
