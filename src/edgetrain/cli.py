@@ -41,6 +41,9 @@ def _clean_errors(command: F) -> F:
         except (EdgetrainError, ValueError) as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
             raise typer.Exit(2) from None
+        except OSError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.strerror or exc}: {exc.filename or ''}", highlight=False)
+            raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -65,7 +68,7 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
     if as_json:
         typer.echo(json.dumps([d.to_dict() for d in catalog], indent=1))
     else:
-        console.print(devices_table(catalog))
+        Console(width=max(console.width, 150)).print(devices_table(catalog))
 
 
 ModelOpt = typer.Option(..., "--model", "-m", help="Model name, e.g. resnet50, mobilenet_v2, transformer.")
@@ -110,6 +113,59 @@ def _print_memory_report(report: dict[str, Any]) -> None:
     margin = int(report["margin_bytes"])
     console.print(f"{report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}, "
                   f"margin {'+' if margin >= 0 else '-'}{format_bytes(abs(margin))}")
+
+
+@app.command("plan")
+@_clean_errors
+def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
+                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 2GiB."),
+                 recompute: Optional[float] = typer.Option(None, "--recompute", help="Largest recompute factor ρ >= 1."),
+                 strategy: str = typer.Option("auto", "--strategy", help="auto, uniform, revolve or optimal."),
+                 device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt,
+                 output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the schedule as JSON."),
+                 as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """The best checkpointing schedule for a memory budget (default: the device's memory) or a factor ρ."""
+    from .devices import get_device
+    from .planners import plan
+    from .profile import chain_for
+
+    target = get_device(device) if device else None
+    if memory is None and recompute is None:
+        if target is None or target.memory_bytes is None:
+            raise EdgetrainError("give --memory or --recompute (or a --device whose memory is the budget)")
+        memory = str(target.memory_bytes)
+    chain = chain_for(model, batch, image, optimizer=optimizer)
+    chosen = plan(chain, memory=memory, recompute=recompute, strategy=strategy)
+    if output is not None:
+        chosen.schedule.save(output)
+    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, **chosen.to_dict()}
+    if target is not None and target.memory_bytes is not None:
+        report.update(device=target.name, device_memory_bytes=target.memory_bytes,
+                      fits=chosen.predicted_peak_bytes <= target.memory_bytes)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    _print_plan(report, output)
+
+
+def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
+    params = ", ".join(f"{k}={v}" for k, v in report["params"].items() if k != "unit_bytes")
+    console.print(f"[bold]{report['model']}[/], batch {report['batch']}, size {report['size']}: "
+                  f"[bold]{report['strategy']}[/] ({params})")
+    console.print(f"  predicted peak {format_bytes(report['predicted_peak_bytes'])}, "
+                  f"recompute factor ρ = {report['recompute_factor']:.3f}, "
+                  f"{report['forward_advances']} forward recomputations")
+    baseline = report["baseline"]
+    if baseline is None:
+        console.print("  checkpoint_sequential: no segment count meets this request")
+    else:
+        console.print(f"  checkpoint_sequential at its best ({baseline['params']['segments']} segments): "
+                      f"peak {format_bytes(baseline['peak_bytes'])}, ρ = {baseline['recompute_factor']:.3f}")
+    if "fits" in report:
+        verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
+        console.print(f"  {report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}")
+    if output is not None:
+        console.print(f"  schedule written to {output}")
 
 
 @reproduce_app.command("tables")

@@ -173,7 +173,8 @@ class _State:
         for i in self.recorded:
             stage = chain.stages[i]
             mem += stage.saved_bytes - (0 if stage.output_saved else stage.out_bytes)
-        mem += sum(self.values[k] for k in range(len(self.values)) if self.alive(k) and not self.covered(k))
+        candidates = self.held | self.recorded | {i + 1 for i in self.recorded}
+        mem += sum(self.values[k] for k in candidates if self.alive(k) and not self.covered(k))
         if self.delta is not None and self.delta < chain.length:
             mem += self.values[self.delta]
         return mem

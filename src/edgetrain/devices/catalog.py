@@ -400,7 +400,7 @@ def devices_table(devices: Iterable[Device]) -> Table:
     for header, justify in (("name", "left"), ("title", "left"), ("memory", "right"), ("cores", "right"),
                             ("peak GFLOP/s", "right"), ("power W typ/peak", "right"), ("storage", "left"),
                             ("read/write MB/s", "right")):
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+        table.add_column(header, justify=justify, no_wrap=header != "title")  # type: ignore[arg-type]
     for device in devices:
         read = None if device.storage_read_bps is None else device.storage_read_bps / 1e6
         write = None if device.storage_write_bps is None else device.storage_write_bps / 1e6

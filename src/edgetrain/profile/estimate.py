@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..chain import Chain
+from ..errors import EdgetrainError
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -64,7 +65,13 @@ def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_
     net.train()
     sample = spec.example_input(batch, size, device="meta")
     target = spec.example_target(batch, device="meta")
-    chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
+    try:
+        chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
+    except ValueError as exc:
+        if "more than 1 value per channel" not in str(exc):
+            raise
+        raise EdgetrainError(f"{model} cannot train on batch {batch} at size {size}: BatchNorm would see a single "
+                             "value per channel (PyTorch refuses); use a batch of at least 2 or a larger size") from None
     return replace(chain, name=model)
 
 

@@ -1,0 +1,509 @@
+"""Optimal checkpointing of a heterogeneous chain by dynamic programming over memory units.
+
+O. Beaumont, L. Eyraud-Dubois, J. Herrmann, A. Joly, A. Shilova, "Optimal checkpointing for
+heterogeneous chains: how to train deep neural networks with limited memory", 2019
+(arXiv:1911.13214; the ``rotor`` library). As there, the work is split in two: *solve* a
+table of the least time of every sub-chain for every memory budget once, then *rebuild* the
+schedule of any budget from the recorded choices, so a budget sweep costs one solve. The
+recurrence is re-derived from edgetrain's simulator (NOTE [ The chain memory model ] in
+``chain.py``, ``schedule._State``), the oracle for every figure, including its
+``input_saved`` / ``output_saved`` flags, which the paper's model does not have.
+
+NOTE [ The optimal DP's sub-problem ]
+Notation: ``A(k) = value_bytes[k]``; ``d(k)`` the size of ``δ_k`` (``A(k)`` for ``0 < k < L``,
+zero for ``δ_0``, which is never made, and ``δ_L``, which the loss seeds); for stage ``j``:
+``f_j, b_j`` times, ``S_j`` saved bytes, ``G_j`` gradient bytes, ``wf_j, wr_j, wb_j``
+workspaces, ``is_j, os_j`` whether the record keeps its input / output; ``g(i..j)`` the
+gradients of stages ``i..j``.
+
+``P(s, t, e)`` back-propagates stages ``s..t``. On entry ``x_s`` is available, ``δ_{t+1}`` is
+present, nothing else of stages ``s..t`` is alive and the gradients of stages ``> t`` exist
+(the caller counts them). ``e = 1`` when ``x_s`` is held on its own (a checkpoint, or the
+output of a record that does not keep it): then ``P`` counts ``A(s)`` and frees it;
+``e = 0`` when ``x_s`` costs ``P`` nothing (``x_0``, or inside the record of stage ``s-1``).
+On exit stages ``s..t`` are done, ``δ_s`` is present and ``x_s``, ``x_{t+1}`` are gone.
+``C(s, t, m, e)`` is the least time when ``P``'s own memory, ``d(t+1) + e·A(s)`` on entry,
+never exceeds ``m``. Two ways to start:
+
+(a) *record* ``s``: ``Forward(s, all)``, ``P(s+1, t, 1 - os_s)`` if ``s < t``, ``Backward(s)``.
+    Recording drops ``x_s`` unless ``is_s``; the record holds ``e·is_s·A(s) + S_s`` of which
+    ``(1 - os_s)·A(s+1)`` is ``x_{s+1}``, counted by the child. Peaks:
+    ``d(t+1) + e·A(s) + S_s + wr_s`` (forward),
+    ``e·is_s·A(s) + S_s - [s < t](1 - os_s)A(s+1) + d(s+1) + g(s..t) + d(s) + wb_s`` (backward,
+    ``wb_s`` may be negative) and ``d(s) + g(s..t)`` (after it).
+(b) *checkpoint* ``x_k``, ``s < k <= t``: ``Forward(s, input)``, ``Forward(s+1..k-1, none)``,
+    then ``P(k, t, 1)`` with ``m - e·A(s)`` and ``P(s, k-1, e)`` with ``m - g(k..t)``. Peak of
+    the advances: ``d(t+1) + e·A(s) + max_j ([j > s]A(j) + A(j+1) + wf_j)``, ``j = s..k-1``.
+
+At the top, ``P(0, L-1, 0)`` gets ``budget - resident_bytes``, and the optimizer step must
+fit: ``resident + g(0..L-1) + optimizer_workspace <= budget``.
+
+The schedules this builds are *persistent*: a checkpoint lives until the backward of its
+stage. The simulator also allows releasing one by advancing from it with ``keep="none"``
+(re-creating it later from an earlier one); exhaustive search over tiny chains finds rare
+budgets where that is faster (see ``tests/test_planner_optimal.py``).
+
+Rounding: memory is counted in units of ``unit_bytes``. Each local peak is rounded up as a
+whole and each amount handed down to a child (``e·A(s)``, the record, ``g(k..t)``) on its
+own, so what fits in units fits in bytes and a rebuilt schedule never exceeds its budget.
+Nesting is at most ``L - 1`` deep, so a schedule is charged at most ``L`` roundings: the
+table finds every schedule whose simulated peak is ``L * unit_bytes`` below the budget. When
+every size is a multiple of a common divisor giving at most ``slots`` units, that divisor is
+the unit and the table is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from functools import cache, reduce
+from typing import Literal
+
+import numpy as np
+
+from ..chain import Chain
+from ..errors import InfeasibleBudgetError
+from ..schedule import Backward, Forward, Keep, Op, Schedule
+
+__all__ = ["OptimalTable", "solve", "optimal"]
+
+logger = logging.getLogger(__name__)
+
+Solver = Literal["fast", "reference"]
+
+
+def _ceil_div(n_bytes: int, unit_bytes: int) -> int:
+    return -(-n_bytes // unit_bytes)
+
+
+def _row(s: int, t: int) -> int:
+    """Row of ``P(s, t)`` in the packed triangular table; same layout as the kernel's."""
+    return t * (t + 1) // 2 + s
+
+
+# --- the recurrence in bytes -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Costs:
+    """The byte quantities of NOTE [ The optimal DP's sub-problem ], read once from a chain."""
+
+    chain: Chain
+    value_bytes: tuple[int, ...]        # A(k), k = 0..L
+    delta_bytes: tuple[int, ...]        # d(k), k = 0..L
+    grad_prefix_bytes: tuple[int, ...]  # g(0..k-1), k = 0..L
+    sweep_bytes: np.ndarray             # [L, L+1] max_{j=s..k-1} ([j > s]A(j) + A(j+1) + wf_j)
+
+    @classmethod
+    def of(cls, chain: Chain) -> _Costs:
+        length, values = chain.length, chain.value_bytes
+        deltas = tuple(values[k] if 0 < k < length else 0 for k in range(length + 1))
+        prefix = [0]
+        for stage in chain.stages:
+            prefix.append(prefix[-1] + stage.grad_bytes)
+        sweep = np.zeros((length, length + 1), np.int64)
+        for s in range(length):
+            peak = 0
+            for j in range(s, length):
+                held_input = values[j] if j > s else 0
+                peak = max(peak, held_input + values[j + 1] + chain.stages[j].fwd_workspace_bytes)
+                sweep[s, j + 1] = peak
+        return cls(chain, values, deltas, tuple(prefix), sweep)
+
+    def grads(self, first: int, last: int) -> int:
+        """``g(first..last)``; zero for an empty range."""
+        return self.grad_prefix_bytes[last + 1] - self.grad_prefix_bytes[first] if last >= first else 0
+
+    def entry(self, e: int, s: int) -> int:
+        """``e·A(s)``: what ``x_s`` costs the sub-problem on entry."""
+        return e * self.value_bytes[s]
+
+    def record_hold(self, e: int, s: int) -> int:
+        """Bytes of (a) that the child ``P(s+1, t)`` does not count: dropped ``x_s`` aside, the record."""
+        stage = self.chain.stages[s]
+        pinned = self.value_bytes[s] if e and stage.input_saved else 0
+        output = 0 if stage.output_saved else self.value_bytes[s + 1]
+        return pinned + stage.saved_bytes - output
+
+    def record_peak(self, e: int, s: int, t: int) -> int:
+        """Largest memory of (a) outside the child: forward, backward and the state after it."""
+        stage = self.chain.stages[s]
+        forward = self.delta_bytes[t + 1] + self.entry(e, s) + stage.saved_bytes + stage.rec_workspace_bytes
+        held = self.record_hold(e, s) if s < t else self.record_hold(e, s) + (
+            0 if stage.output_saved else self.value_bytes[s + 1])
+        backward = (held + self.delta_bytes[s + 1] + self.grads(s, t) + self.delta_bytes[s]
+                    + stage.bwd_workspace_bytes)
+        after = self.delta_bytes[s] + self.grads(s, t)
+        return max(forward, backward, after)
+
+    def sweep_peak(self, e: int, s: int, k: int, t: int) -> int:
+        """Largest memory of the advances ``x_s -> x_k`` of (b)."""
+        return self.delta_bytes[t + 1] + self.entry(e, s) + int(self.sweep_bytes[s, k])
+
+
+def _needed(chain: Chain) -> np.ndarray:
+    """``needed[e, s]``: whether any schedule reaches ``P(s, ., e)``.
+
+    ``x_0`` is never held on its own (``e = 0`` only); ``x_s`` with ``s > 0`` costs nothing
+    only inside a record of stage ``s-1`` that keeps its output.
+    """
+    needed = np.zeros((2, chain.length), np.bool_)
+    needed[0, 0] = True
+    for s in range(1, chain.length):
+        needed[1, s] = True
+        needed[0, s] = chain.stages[s - 1].output_saved
+    return needed
+
+
+def _exact_minimum_bytes(chain: Chain) -> int:
+    """Least budget, in bytes and without rounding, of any schedule the recurrence builds.
+
+    The same recurrence with ``max`` for memory in place of ``+`` for time (``O(L^3)``);
+    it tells a caller what a request needs when a table has no feasible entry.
+    """
+    costs, length = _Costs.of(chain), chain.length
+    child_entry = [0 if stage.output_saved else 1 for stage in chain.stages]
+
+    @cache
+    def least(s: int, t: int, e: int) -> int:
+        record = costs.record_peak(e, s, t)
+        if s < t:
+            record = max(record, costs.record_hold(e, s) + least(s + 1, t, child_entry[s]))
+        checkpoints = (max(costs.sweep_peak(e, s, k, t), costs.entry(e, s) + least(k, t, 1),
+                           costs.grads(k, t) + least(s, k - 1, e)) for k in range(s + 1, t + 1))
+        return min([record, *checkpoints])
+
+    for span in range(length):          # fill bottom-up so the recursion stays shallow
+        for s in range(length - span):
+            for e in (0, 1):
+                least(s, s + span, e)
+    step = chain.gradients_bytes + chain.optimizer_workspace_bytes
+    return chain.resident_bytes + max(least(0, length - 1, 0), step)
+
+
+# --- the recurrence in units -------------------------------------------------------------------
+
+def _common_unit_bytes(chain: Chain) -> int:
+    """Greatest common divisor of every size the recurrence adds (1 when they are all zero)."""
+    sizes = [*chain.value_bytes]
+    for stage in chain.stages:
+        sizes += [stage.saved_bytes, stage.grad_bytes, stage.fwd_workspace_bytes, stage.rec_workspace_bytes,
+                  abs(stage.bwd_workspace_bytes)]
+    return reduce(math.gcd, sizes, 0) or 1
+
+
+def _unit_bytes(chain: Chain, activation_budget_bytes: int, slots: int) -> int:
+    """The memory unit: the common divisor when it gives ``<= slots`` units (exact), else a slot."""
+    common = _common_unit_bytes(chain)
+    if activation_budget_bytes // common <= slots:
+        return common
+    return _ceil_div(activation_budget_bytes, slots)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The recurrence in memory units: what both solvers and the rebuild read.
+
+    Local peaks are rounded up as a whole, amounts handed to a child each on their own
+    (NOTE [ The optimal DP's sub-problem ]); indices ``[e, s, t]`` as in the note.
+    """
+
+    unit_bytes: int
+    max_units: int
+    needed: np.ndarray                 # [2, L] bool, see _needed
+    turn_time_s: np.ndarray            # [L] f_s + b_s
+    sweep_time_s: np.ndarray           # [L, L+1] f_s + ... + f_{k-1}
+    child_entry: np.ndarray            # [L] entry state of P(s+1, t) after recording s: 1 - os_s
+    record_need_units: np.ndarray      # [2, L, L] ceil(record_peak)
+    record_hold_units: np.ndarray      # [2, L] ceil(record_hold), at least 0
+    checkpoint_hold_units: np.ndarray  # [2, L] ceil(e·A(s))
+    entry_bytes: np.ndarray            # [2, L] e·A(s); with the next two, the advances' peak
+    sweep_bytes: np.ndarray            # [L, L+1]
+    delta_bytes: np.ndarray            # [L+1] d(k)
+    grad_units: np.ndarray             # [L+1, L] ceil(g(k..t)), 0 when k > t
+
+    @property
+    def length(self) -> int:
+        return int(self.turn_time_s.shape[0])
+
+
+def _discretise(chain: Chain, activation_budget_bytes: int, slots: int) -> _Grid:
+    length, costs = chain.length, _Costs.of(chain)
+    unit = _unit_bytes(chain, activation_budget_bytes, slots)
+    sweep_time = np.zeros((length, length + 1))
+    for s in range(length):
+        total = 0.0
+        for j in range(s, length):
+            total += chain.stages[j].fwd_time_s
+            sweep_time[s, j + 1] = total
+    record_need = np.zeros((2, length, length), np.int64)
+    grad_units = np.zeros((length + 1, length), np.int64)
+    for s in range(length):
+        for t in range(s, length):
+            grad_units[s, t] = _ceil_div(costs.grads(s, t), unit)
+            for e in (0, 1):
+                record_need[e, s, t] = _ceil_div(costs.record_peak(e, s, t), unit)
+    pairs = [(e, s) for e in (0, 1) for s in range(length)]
+    return _Grid(
+        unit_bytes=unit,
+        max_units=activation_budget_bytes // unit,
+        needed=_needed(chain),
+        turn_time_s=np.array([stage.fwd_time_s + stage.bwd_time_s for stage in chain.stages]),
+        sweep_time_s=sweep_time,
+        child_entry=np.array([0 if stage.output_saved else 1 for stage in chain.stages], np.int64),
+        record_need_units=record_need,
+        record_hold_units=np.array([max(0, _ceil_div(costs.record_hold(e, s), unit)) for e, s in pairs],
+                                   np.int64).reshape(2, length),
+        checkpoint_hold_units=np.array([_ceil_div(costs.entry(e, s), unit) for e, s in pairs],
+                                       np.int64).reshape(2, length),
+        entry_bytes=np.array([costs.entry(e, s) for e, s in pairs], np.int64).reshape(2, length),
+        sweep_bytes=costs.sweep_bytes,
+        delta_bytes=np.array(costs.delta_bytes, np.int64),
+        grad_units=grad_units,
+    )
+
+
+# --- the two solvers ---------------------------------------------------------------------------
+
+def _solve_reference(grid: _Grid) -> tuple[np.ndarray, np.ndarray]:
+    """Plain memoised recursion over ``C(s, t, m, e)``: the readable statement of the recurrence.
+
+    Returns ``(cost_s, choice)`` indexed ``[e, row(s, t), m]``. The fast kernel must reproduce
+    both arrays exactly: same additions in the same order, and among equal times the
+    smallest choice (recording ``s`` first, then checkpoints by increasing ``k``).
+    """
+    turn, sweep_time = grid.turn_time_s.tolist(), grid.sweep_time_s.tolist()
+    child_entry, record_need = grid.child_entry.tolist(), grid.record_need_units.tolist()
+    record_hold, checkpoint_hold = grid.record_hold_units.tolist(), grid.checkpoint_hold_units.tolist()
+    entry_bytes, sweep_bytes = grid.entry_bytes.tolist(), grid.sweep_bytes.tolist()
+    deltas, grads, unit = grid.delta_bytes.tolist(), grid.grad_units.tolist(), grid.unit_bytes
+
+    @cache
+    def best(s: int, t: int, m: int, e: int) -> tuple[float, int]:
+        """``(C(s, t, m, e), choice)``; ``(inf, -1)`` when no schedule fits in ``m`` units."""
+        if m < 0:
+            return math.inf, -1
+        best_s, choice = math.inf, -1
+        if record_need[e][s][t] <= m:                                           # (a) record s
+            rest_s = best(s + 1, t, m - record_hold[e][s], child_entry[s])[0] if s < t else 0.0
+            if turn[s] + rest_s < best_s:
+                best_s, choice = turn[s] + rest_s, s
+        for k in range(s + 1, t + 1):                                           # (b) checkpoint x_k
+            if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) > m:
+                continue
+            candidate = (sweep_time[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0]
+                         + best(s, k - 1, m - grads[k][t], e)[0])
+            if candidate < best_s:
+                best_s, choice = candidate, k
+        return best_s, choice
+
+    length, width = grid.length, grid.max_units + 1
+    cost_s = np.full((2, length * (length + 1) // 2, width), np.inf)
+    choice = np.full(cost_s.shape, -1, np.int32)
+    for span in range(length):          # bottom-up, so that the recursion stays shallow
+        for s in range(length - span):
+            for e in (0, 1):
+                if grid.needed[e, s]:
+                    for m in range(width):
+                        cost_s[e, _row(s, s + span), m], choice[e, _row(s, s + span), m] = best(s, s + span, m, e)
+    return cost_s, choice
+
+
+def _solve_fast(grid: _Grid) -> tuple[np.ndarray, np.ndarray]:
+    """The numba kernel; falls back to the reference (slowly) when numba is not installed."""
+    try:
+        from ._optimal_kernel import solve_table
+    except ImportError:
+        logger.warning("numba is not installed: solving the optimal table in pure Python (slow)")
+        return _solve_reference(grid)
+    return solve_table(grid.needed, grid.turn_time_s, grid.sweep_time_s, grid.child_entry, grid.record_need_units,
+                       grid.record_hold_units, grid.checkpoint_hold_units, grid.entry_bytes, grid.sweep_bytes,
+                       grid.delta_bytes, grid.grad_units, grid.unit_bytes, grid.max_units)
+
+
+def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudgetError:
+    """The error for a table with no feasible entry: below the exact minimum, or lost to rounding."""
+    minimum = _exact_minimum_bytes(chain)
+    name = chain.name or "this chain"
+    if budget_bytes < minimum:
+        return InfeasibleBudgetError(f"no checkpointing schedule of {name} fits in {budget_bytes} bytes: "
+                                     f"it needs at least {minimum} bytes", minimum_bytes=minimum,
+                                     budget_bytes=budget_bytes)
+    activation = budget_bytes - chain.resident_bytes
+    largest_unit_bytes = max(1, (budget_bytes - minimum) // chain.length)
+    return InfeasibleBudgetError(
+        f"{budget_bytes} bytes is at least the exact minimum {minimum} of {name} but too close to it for a "
+        f"grid of {slots} slots (each stage may lose a slot to rounding); use slots >= "
+        f"{_ceil_div(activation, largest_unit_bytes)} or a larger budget",
+        minimum_bytes=minimum, budget_bytes=budget_bytes)
+
+
+# --- the table and the public functions -------------------------------------------------------
+
+@dataclass(frozen=True)
+class OptimalTable:
+    """The solved table of one chain for every budget up to ``max_memory_bytes``.
+
+    ``cost_s[e, row(s, t), m]`` is the least time of sub-chain ``s..t`` in ``m`` memory units
+    and ``choice`` the decision reaching it (NOTE [ The optimal DP's sub-problem ]).
+
+    Example:
+        >>> from edgetrain.chain import Chain
+        >>> table = solve(Chain.uniform(10), 20)
+        >>> table.time_s(20), table.min_memory_bytes
+        (20.0, 5)
+    """
+
+    chain: Chain
+    max_memory_bytes: int
+    slots: int
+    grid: _Grid
+    cost_s: np.ndarray  # [2, L(L+1)/2, max_units + 1]
+    choice: np.ndarray  # [2, L(L+1)/2, max_units + 1]
+
+    @property
+    def unit_bytes(self) -> int:
+        """Size of one memory unit of the grid."""
+        return self.grid.unit_bytes
+
+    @property
+    def step_bytes(self) -> int:
+        """What the optimizer step needs whatever the schedule: resident state, all gradients, workspace."""
+        chain = self.chain
+        return chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
+
+    @property
+    def _top(self) -> np.ndarray:
+        return self.cost_s[0, _row(0, self.chain.length - 1)]
+
+    @property
+    def min_memory_bytes(self) -> int:
+        """Smallest budget on this table's grid that some schedule fits in."""
+        first_units = int(np.argmax(np.isfinite(self._top)))
+        return max(self.chain.resident_bytes + first_units * self.unit_bytes, self.step_bytes)
+
+    def _top_units(self, memory_bytes: int) -> int:
+        """Units of ``P(0, L-1)`` for ``memory_bytes``; raises when nothing fits."""
+        if memory_bytes > self.max_memory_bytes:
+            raise ValueError(f"budget {memory_bytes} bytes is above the table's maximum "
+                             f"{self.max_memory_bytes}; solve a table for it")
+        minimum = self.min_memory_bytes
+        if memory_bytes < minimum:
+            raise InfeasibleBudgetError(
+                f"no schedule of {self.chain.name or 'this chain'} fits in {memory_bytes} bytes on a grid of "
+                f"{self.unit_bytes}-byte units: the least is {minimum} bytes",
+                minimum_bytes=minimum, budget_bytes=memory_bytes)
+        return (memory_bytes - self.chain.resident_bytes) // self.unit_bytes
+
+    def time_s(self, memory_bytes: int) -> float:
+        """Time of the fastest schedule within ``memory_bytes`` (the whole peak of the step)."""
+        return float(self._top[self._top_units(memory_bytes)])
+
+    def schedule(self, memory_bytes: int) -> Schedule:
+        """Rebuild the fastest schedule within ``memory_bytes`` from the recorded choices.
+
+        Raises:
+            InfeasibleBudgetError: below :attr:`min_memory_bytes` (carried as ``minimum_bytes``).
+            ValueError: above the budget the table was solved for.
+        """
+        ops = _rebuild(self.grid, self.choice, self._top_units(memory_bytes))
+        return Schedule(ops, self.chain.length, strategy="optimal",
+                        params={"slots": self.slots, "budget_bytes": memory_bytes, "unit_bytes": self.unit_bytes})
+
+
+def _rebuild(grid: _Grid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
+    """Replay the choices from ``P(0, L-1, 0)``; an explicit stack, as chains outgrow Python's recursion."""
+    ops: list[Op] = []
+    stack: list[tuple[int, int, int, int] | Op] = [(0, grid.length - 1, units, 0)]
+    while stack:
+        task = stack.pop()
+        if not isinstance(task, tuple):
+            ops.append(task)
+            continue
+        s, t, m, e = task
+        k = int(choice[e, _row(s, t), m])
+        if k < 0:
+            raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
+        if k == s:   # (a) record s; what runs later is pushed first
+            stack.append(Backward(s))
+            if s < t:
+                stack.append((s + 1, t, m - int(grid.record_hold_units[e, s]), int(grid.child_entry[s])))
+            ops.append(Forward(s, Keep.ALL))
+        else:        # (b) checkpoint x_k
+            stack.append((s, k - 1, m - int(grid.grad_units[k, t]), e))
+            stack.append((k, t, m - int(grid.checkpoint_hold_units[e, s]), 1))
+            ops.append(Forward(s, Keep.INPUT))
+            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
+    return tuple(ops)
+
+
+def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solver = "fast") -> OptimalTable:
+    """Solve the optimal-checkpointing table of ``chain`` once for every budget up to ``max_memory_bytes``.
+
+    Args:
+        chain: the cost model.
+        max_memory_bytes: the largest budget the table answers for: the whole peak of a step
+            as :func:`~edgetrain.schedule.simulate` reports it (weights, optimizer state,
+            input, activations, gradients, workspaces).
+        slots: memory units the activation budget ``max_memory_bytes - chain.resident_bytes``
+            is cut into (fewer when a common divisor of all sizes makes the grid exact);
+            solve time and table size grow linearly with it.
+        solver: ``"fast"`` (numba) or ``"reference"`` (pure Python, for tests and tiny chains).
+
+    Returns:
+        An :class:`OptimalTable`; :meth:`~OptimalTable.schedule` rebuilds any budget.
+
+    Raises:
+        InfeasibleBudgetError: when nothing fits in ``max_memory_bytes`` on the grid; its
+            ``minimum_bytes`` is the exact least budget (no rounding) of this planner.
+        ValueError: for ``slots < 1`` or an unknown solver.
+
+    Example:
+        >>> from edgetrain.chain import Chain
+        >>> table = solve(Chain.uniform(8), 12)
+        >>> [table.time_s(b) for b in (5, 6, 12)]
+        [36.0, 24.0, 16.0]
+    """
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    if solver not in ("fast", "reference"):
+        raise ValueError(f"unknown solver {solver!r}; valid: fast, reference")
+    activation_bytes = max_memory_bytes - chain.resident_bytes
+    if activation_bytes < 0:
+        raise _infeasible(chain, max_memory_bytes, slots)
+    grid = _discretise(chain, activation_bytes, slots)
+    cost_s, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
+    table = OptimalTable(chain, max_memory_bytes, slots, grid, cost_s, choice)
+    if not np.isfinite(table._top[-1]) or table.step_bytes > max_memory_bytes:
+        raise _infeasible(chain, max_memory_bytes, slots)
+    logger.debug("optimal table of %d stages: %d units of %d bytes", chain.length, grid.max_units + 1,
+                 grid.unit_bytes)
+    return table
+
+
+def optimal(chain: Chain, memory_bytes: int, *, slots: int = 500) -> Schedule:
+    """The fastest schedule whose simulated peak stays within ``memory_bytes``.
+
+    Solves a table for this one budget and rebuilds it; to sweep budgets, call :func:`solve`
+    once with the largest and :meth:`OptimalTable.schedule` for each.
+
+    Args:
+        chain: the cost model.
+        memory_bytes: the whole peak of the step allowed (see :func:`solve`).
+        slots: memory units of the grid.
+
+    Returns:
+        A schedule with ``strategy="optimal"`` and ``params`` recording ``slots``,
+        ``budget_bytes`` and ``unit_bytes``.
+
+    Raises:
+        InfeasibleBudgetError: when nothing fits, carrying the least budget as ``minimum_bytes``.
+
+    Example:
+        >>> from edgetrain.chain import Chain
+        >>> from edgetrain.schedule import simulate
+        >>> stats = simulate(Chain.uniform(8), optimal(Chain.uniform(8), 6))
+        >>> stats.peak_bytes <= 6, stats.time_s
+        (True, 24.0)
+    """
+    return solve(chain, memory_bytes, slots=slots).schedule(memory_bytes)

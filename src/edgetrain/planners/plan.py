@@ -1,0 +1,227 @@
+"""Pick the best schedule for a memory budget or for a recompute factor.
+
+A memory budget means what a device's RAM means: the whole peak of a training step as
+:func:`~edgetrain.schedule.simulate` counts it. With ``memory=`` we return the fastest schedule
+within it; with ``recompute=ρ`` the schedule of least peak whose time stays within ``ρ`` times
+a step without recomputation (the founding paper's binary search over memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..chain import Chain
+from ..errors import InfeasibleBudgetError, UnknownNameError
+from ..schedule import Schedule, Stats, keep_all, simulate
+from ..units import format_bytes, parse_bytes
+from .optimal import OptimalTable, solve
+from .revolve import revolve
+from .uniform import uniform
+
+__all__ = ["Plan", "Candidate", "plan", "STRATEGIES"]
+
+STRATEGIES = ("auto", "uniform", "revolve", "optimal")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A schedule and what the simulator says it costs."""
+
+    schedule: Schedule
+    stats: Stats
+
+    @property
+    def strategy(self) -> str:
+        return self.schedule.strategy
+
+    def to_dict(self) -> dict[str, object]:
+        return {"strategy": self.strategy, "params": self.schedule.params, "peak_bytes": self.stats.peak_bytes,
+                "time_s": self.stats.time_s, "recompute_factor": self.stats.recompute_factor}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen schedule, its predicted cost, and PyTorch's ``checkpoint_sequential`` under the same request."""
+
+    chosen: Candidate
+    budget_bytes: int | None
+    recompute_limit: float | None
+    baseline: Candidate | None
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.chosen.schedule
+
+    @property
+    def stats(self) -> Stats:
+        return self.chosen.stats
+
+    @property
+    def strategy(self) -> str:
+        return self.chosen.strategy
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return self.stats.peak_bytes
+
+    @property
+    def predicted_time_s(self) -> float:
+        return self.stats.time_s
+
+    @property
+    def recompute_factor(self) -> float:
+        return self.stats.recompute_factor
+
+    def to_dict(self) -> dict[str, object]:
+        return {"strategy": self.strategy, "params": self.schedule.params,
+                "predicted_peak_bytes": self.predicted_peak_bytes, "predicted_time_s": self.predicted_time_s,
+                "recompute_factor": self.recompute_factor, "forward_advances": self.stats.forward_advances,
+                "budget_bytes": self.budget_bytes, "recompute_limit": self.recompute_limit,
+                "baseline": None if self.baseline is None else self.baseline.to_dict()}
+
+
+def plan(chain: Chain, memory: int | str | None = None, recompute: float | None = None, *,
+         strategy: str = "auto", slots: int = 500) -> Plan:
+    """The best checkpointing schedule for ``chain`` under a memory budget or a recompute factor.
+
+    Args:
+        chain: the cost model (from :func:`edgetrain.profile` or a zoo estimate).
+        memory: the whole peak allowed, in bytes or as text such as ``"300MiB"``.
+        recompute: the largest acceptable ``ρ = time / time without recomputation`` (>= 1).
+        strategy: ``"auto"`` (the best of all), ``"uniform"`` (checkpoint_sequential),
+            ``"revolve"`` (binomial) or ``"optimal"`` (dynamic programme).
+        slots: memory units of the ``optimal`` planner's table.
+
+    Raises:
+        InfeasibleBudgetError: the budget is below the least peak any schedule of the
+            strategy reaches; ``minimum_bytes`` carries that least peak.
+        ValueError: neither or both of ``memory`` and ``recompute``, ``ρ < 1``.
+        UnknownNameError: an unknown strategy.
+
+    Example:
+        >>> best = plan(Chain.uniform(20), recompute=1.5)
+        >>> best.recompute_factor <= 1.5
+        True
+    """
+    if strategy not in STRATEGIES:
+        raise UnknownNameError("strategy", strategy, STRATEGIES)
+    if (memory is None) == (recompute is None):
+        raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor ρ >= 1)")
+    names = STRATEGIES[1:] if strategy == "auto" else (strategy,)
+    if memory is not None:
+        budget = parse_bytes(memory)
+        best = min(_within_budget(chain, budget, names, slots), key=_fastest, default=None)
+        if best is None:
+            raise _below_minimum(chain, budget, names, slots)
+        baseline = min((c for c in _uniform_candidates(chain) if c.stats.peak_bytes <= budget), key=_fastest,
+                       default=None)
+        return Plan(best, budget, None, baseline)
+    assert recompute is not None
+    if recompute < 1:
+        raise ValueError(f"the recompute factor ρ is time with recomputation over time without: >= 1, got {recompute}")
+    best = min(_within_factor(chain, recompute, names, slots), key=_smallest)
+    baseline = min((c for c in _uniform_candidates(chain) if c.stats.recompute_factor <= recompute + 1e-12),
+                   key=_smallest, default=None)
+    return Plan(best, None, recompute, baseline)
+
+
+def _fastest(candidate: Candidate) -> tuple[float, int]:
+    return candidate.stats.time_s, candidate.stats.peak_bytes
+
+
+def _smallest(candidate: Candidate) -> tuple[int, float]:
+    return candidate.stats.peak_bytes, candidate.stats.time_s
+
+
+def _candidate(chain: Chain, schedule: Schedule) -> Candidate:
+    return Candidate(schedule, simulate(chain, schedule))
+
+
+def _uniform_candidates(chain: Chain) -> Iterator[Candidate]:
+    for segments in range(1, chain.length + 1):
+        yield _candidate(chain, uniform(chain, segments))
+
+
+def _revolve_candidates(chain: Chain) -> Iterator[Candidate]:
+    for slots in range(1, max(chain.length - 1, 1) + 1):
+        yield _candidate(chain, revolve(chain, slots))
+
+
+_ENUMERATED: dict[str, Callable[[Chain], Iterator[Candidate]]] = {
+    "uniform": _uniform_candidates, "revolve": _revolve_candidates}
+
+
+def _keep_all_peak(chain: Chain) -> int:
+    return simulate(chain, keep_all(chain.length)).peak_bytes
+
+
+def _optimal_table(chain: Chain, max_bytes: int, slots: int) -> OptimalTable:
+    return solve(chain, max_bytes, slots=slots)
+
+
+def _keep_all_as_optimal(chain: Chain) -> Candidate:
+    """No recomputation at all: the optimum whenever it fits, even where the table's rounding misses it."""
+    schedule = keep_all(chain.length)
+    return _candidate(chain, Schedule(schedule.ops, chain.length, strategy="optimal", params={"recompute": False}))
+
+
+def _within_budget(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
+    for name in names:
+        if name == "optimal":
+            everything = _keep_all_as_optimal(chain)
+            if everything.stats.peak_bytes <= budget:
+                yield everything
+                continue
+            try:
+                table = _optimal_table(chain, budget, slots)
+            except InfeasibleBudgetError:
+                continue
+            yield _candidate(chain, table.schedule(budget))
+        else:
+            yield from (c for c in _ENUMERATED[name](chain) if c.stats.peak_bytes <= budget)
+
+
+def _within_factor(chain: Chain, factor: float, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
+    limit = factor * chain.compute_time_s * (1 + 1e-12)
+    for name in names:
+        if name == "optimal":
+            yield _least_memory_within(chain, limit, slots)
+        else:
+            yield from (c for c in _ENUMERATED[name](chain) if c.stats.time_s <= limit)
+
+
+def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candidate:
+    """Binary search of the smallest budget whose optimal time is within the limit, on one table."""
+    table = _optimal_table(chain, _keep_all_peak(chain), slots)
+    low, high = table.min_memory_bytes, table.max_memory_bytes
+    step = table.unit_bytes
+    while high - low > step:
+        middle = low + (high - low) // 2
+        if table.time_s(middle) <= time_limit_s:
+            high = middle
+        else:
+            low = middle
+    budget = low if table.time_s(low) <= time_limit_s else high
+    if table.time_s(budget) > time_limit_s:  # only rounding keeps keep-all itself off the grid
+        return _keep_all_as_optimal(chain)
+    return _candidate(chain, table.schedule(budget))
+
+
+def _below_minimum(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> InfeasibleBudgetError:
+    minima = []
+    for name in names:
+        if name == "optimal":
+            try:
+                minima.append(_optimal_table(chain, _keep_all_peak(chain), slots).min_memory_bytes)
+            except InfeasibleBudgetError as exc:  # the optimizer step alone exceeds keep-all's peak
+                if exc.minimum_bytes is not None:
+                    minima.append(exc.minimum_bytes)
+        else:
+            minima.append(min(c.stats.peak_bytes for c in _ENUMERATED[name](chain)))
+    minimum = min(minima)
+    what = "any strategy" if len(names) > 1 else f"strategy {names[0]!r}"
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget)} ({budget} bytes) is below the feasible minimum of {what} for "
+        f"{chain.name or 'this chain'}: {format_bytes(minimum)} ({minimum} bytes)",
+        minimum_bytes=minimum, budget_bytes=budget)

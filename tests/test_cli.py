@@ -1,0 +1,93 @@
+"""The command line: every command runs, --json parses, bad input gives one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edgetrain.cli import app
+from edgetrain.schedule import Schedule
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_memory_json_has_the_public_keys() -> None:
+    code, out, _ = run("memory", "--model", "resnet18", "--batch", "2", "--image", "64", "--json")
+    assert code == 0
+    report = json.loads(out)
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"):
+        assert isinstance(report[key], int) and report[key] > 0
+    assert report["device_memory_bytes"] is None and report["fits"] is None
+    assert report["weights_bytes"] + report["gradients_bytes"] + report["optimizer_bytes"] + \
+        report["activations_bytes"] == report["total_bytes"]
+
+
+def test_memory_against_a_device_says_whether_it_fits() -> None:
+    code, out, _ = run("memory", "-m", "resnet50", "-b", "8", "--image", "500", "--device", "odroid-xu4", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["device_memory_bytes"] == 2 * 2**30
+    assert report["fits"] is False and report["margin_bytes"] < 0
+    code, out, _ = run("memory", "-m", "resnet18", "-b", "1", "--device", "odroid-xu4")
+    assert code == 0 and "fits" in out and "does not fit" not in out
+
+
+def test_adam_needs_more_than_sgd() -> None:
+    sgd = json.loads(run("memory", "-m", "resnet18", "-b", "2", "--image", "32", "--json")[1])
+    adam = json.loads(run("memory", "-m", "resnet18", "-b", "2", "--image", "32", "--json", "--optimizer", "adam")[1])
+    assert adam["optimizer_bytes"] == 2 * sgd["optimizer_bytes"] + 4 * 62  # 62 parameter tensors
+
+
+@pytest.mark.parametrize("args, message", [
+    (("memory", "-m", "resnet51", "-b", "1"), "unknown model 'resnet51'; valid names: mobilenet_v2"),
+    (("memory", "-m", "resnet18", "-b", "0"), "batch size must be >= 1"),
+    (("memory", "-m", "resnet18", "-b", "1", "--image", "16"), "at least 32 px"),
+    (("memory", "-m", "resnet18", "-b", "1", "--device", "pi"), "unknown device 'pi'; valid names:"),
+    (("memory", "-m", "resnet18", "-b", "1", "--optimizer", "lion"), "unknown optimizer 'lion'"),
+    (("memory", "-m", "resnet18", "-b", "1", "--image", "32"), "single value per channel"),
+    (("plan", "-m", "resnet18", "-b", "1", "--memory", "1MiB"), "below the feasible minimum"),
+    (("plan", "-m", "resnet18", "-b", "1", "--memory", "lots"), "not a byte quantity"),
+    (("plan", "-m", "resnet18", "-b", "1", "--recompute", "0.5"), ">= 1"),
+    (("plan", "-m", "resnet18", "-b", "1"), "give --memory or --recompute"),
+    (("plan", "-m", "resnet18", "-b", "1", "--memory", "1GiB", "--strategy", "magic"), "unknown strategy"),
+])
+def test_bad_input_is_one_clear_line(args: tuple[str, ...], message: str) -> None:
+    code, out, err = run(*args)
+    assert code == 2
+    assert "Traceback" not in out + err
+    assert message in " ".join(err.split())
+
+
+def test_plan_json_and_saved_schedule(tmp_path: Path) -> None:
+    path = tmp_path / "schedule.json"
+    code, out, _ = run("plan", "-m", "resnet18", "-b", "4", "--image", "64", "--recompute", "1.3", "--json",
+                       "-o", str(path))
+    assert code == 0
+    report = json.loads(out)
+    for key in ("strategy", "predicted_peak_bytes", "predicted_time_s", "recompute_factor", "baseline"):
+        assert key in report
+    assert report["recompute_factor"] <= 1.3
+    assert Schedule.load(path).length == 11
+
+
+def test_plan_with_a_device_uses_its_memory_as_budget() -> None:
+    code, out, _ = run("plan", "-m", "resnet18", "-b", "2", "--image", "64", "--device", "odroid-xu4", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["budget_bytes"] == 2 * 2**30 and report["fits"] is True
+
+
+def test_devices_lists_the_catalog() -> None:
+    code, out, _ = run("devices", "--json")
+    names = [d["name"] for d in json.loads(out)]
+    assert code == 0 and "odroid-xu4" in names and "this-machine" in names
+    code, out, _ = run("devices")
+    assert code == 0 and "jetson-agx-orin" in out

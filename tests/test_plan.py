@@ -1,0 +1,72 @@
+"""plan(): the best schedule for a budget or a recompute factor, never worse than its parts."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgetrain import Chain, InfeasibleBudgetError, simulate
+from edgetrain.planners import plan, revolve, uniform
+from edgetrain.profile import chain_for
+
+
+@pytest.fixture(scope="module")
+def resnet() -> Chain:
+    return chain_for("resnet18", 4, 96)
+
+
+def test_memory_request_is_met_and_beats_checkpoint_sequential(resnet: Chain) -> None:
+    keep_all_peak = simulate(resnet, uniform(resnet, 1)).peak_bytes
+    for fraction in (0.6, 0.7, 0.8, 0.9, 1.0):
+        budget = int(keep_all_peak * fraction)
+        try:
+            chosen = plan(resnet, memory=budget)
+        except InfeasibleBudgetError as exc:
+            assert exc.minimum_bytes is not None and exc.minimum_bytes > budget
+            continue
+        assert chosen.predicted_peak_bytes <= budget
+        assert simulate(resnet, chosen.schedule).peak_bytes == chosen.predicted_peak_bytes
+        fitting = [simulate(resnet, uniform(resnet, n)) for n in range(1, resnet.length + 1)]
+        fitting = [s for s in fitting if s.peak_bytes <= budget]
+        if fitting:
+            assert chosen.predicted_time_s <= min(s.time_s for s in fitting) + 1e-12
+            assert chosen.baseline is not None
+            assert chosen.baseline.stats.time_s == min(s.time_s for s in fitting)
+
+
+def test_budget_below_minimum_carries_the_minimum(resnet: Chain) -> None:
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        plan(resnet, memory="1MiB")
+    minimum = caught.value.minimum_bytes
+    assert minimum is not None
+    assert plan(resnet, memory=minimum).predicted_peak_bytes <= minimum
+
+
+def test_recompute_request_gives_least_memory_within_the_factor() -> None:
+    chain = Chain.uniform(30)
+    for factor in (1.0, 1.25, 1.5, 2.0, 3.0):
+        chosen = plan(chain, recompute=factor)
+        assert chosen.recompute_factor <= factor + 1e-12
+        for slots in range(1, 30):
+            stats = simulate(chain, revolve(chain, slots))
+            if stats.recompute_factor <= factor:
+                assert chosen.predicted_peak_bytes <= stats.peak_bytes
+
+
+def test_memory_falls_as_the_factor_grows() -> None:
+    chain = Chain.uniform(40)
+    peaks = [plan(chain, recompute=f).predicted_peak_bytes for f in (1.0, 1.2, 1.5, 2.0, 3.0)]
+    assert peaks == sorted(peaks, reverse=True)
+    assert peaks[0] > peaks[-1]
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "revolve", "optimal"])
+def test_each_strategy_can_be_forced(strategy: str) -> None:
+    chosen = plan(Chain.uniform(12), recompute=1.5, strategy=strategy)
+    assert chosen.strategy == strategy
+
+
+def test_exactly_one_request() -> None:
+    with pytest.raises(ValueError):
+        plan(Chain.uniform(3))
+    with pytest.raises(ValueError):
+        plan(Chain.uniform(3), memory=10, recompute=1.5)
