@@ -91,3 +91,14 @@ def test_devices_lists_the_catalog() -> None:
     assert code == 0 and "odroid-xu4" in names and "this-machine" in names
     code, out, _ = run("devices")
     assert code == 0 and "jetson-agx-orin" in out
+
+
+def test_demo_reports_fit_and_plans_what_does_not_fit(tmp_path: Path) -> None:
+    code, _, _ = run("demo", "--out", str(tmp_path))
+    assert code == 0
+    rows = json.loads((tmp_path / "demo_memory.json").read_text())
+    assert len(rows) == 5
+    for row in rows:
+        assert row["fits"] == (row["total_bytes"] <= row["device_memory_bytes"])
+        if not row["fits"]:
+            assert row["plan"]["predicted_peak_bytes"] <= row["device_memory_bytes"]

@@ -189,21 +189,60 @@ def reproduce_tables(out: Path = typer.Option(Path("out/tables"), "--out", "-o",
                   f"{sum(not c.fits for c in cells)} cells do not fit {format_bytes(budget)}")
 
 
+@reproduce_app.command("figure1")
+@_clean_errors
+def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o", help="Output directory."),
+                      device: str = typer.Option("odroid-xu4", "--device", "-d",
+                                                 help="Whose memory is the horizontal line.")) -> None:
+    """Fig. 1 of Kukreja et al. 2019: peak memory vs recompute factor, LinearResNet and real ResNets."""
+    from .devices import get_device
+    from .reports.figure1 import CLAIM_RHO, FAMILIES
+    from .reports.figure1 import reproduce_figure1 as build
+
+    budget = get_device(device).memory_bytes
+    if budget is None:
+        raise EdgetrainError(f"device {device!r} has no known memory size")
+    with _progress() as bar:
+        task = bar.add_task("computing curves", total=None)
+        figure = build(out, budget, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    console.print(f"wrote {out}/figure1_linear.png, figure1_resnet.png, figure1.csv, figure1.md")
+    for family in FAMILIES:
+        factors = ", ".join(f"{d}: {'-' if f is None else f'{f:.2f}'}" for d, f in figure.claim(family).items())
+        verdict = "[green]holds[/]" if figure.claim_holds(family) else "[red]does not hold[/]"
+        console.print(f"{family}, batch 8 at 500 px, least ρ that fits {format_bytes(budget)} per depth: {factors}; "
+                      f"claim 'all fit with ρ > {CLAIM_RHO}' {verdict}")
+
+
 @app.command()
 @_clean_errors
 def demo(out: Path = typer.Option(Path("out"), "--out", "-o", help="Where results are written.")) -> None:
-    """The main job on built-in defaults: does ResNet-50 training fit the Waggle node (ODROID XU4)?"""
+    """The main job on built-in defaults: which ResNet trainings fit the Waggle node, and how to make them fit."""
     from .devices import get_device
+    from .errors import InfeasibleBudgetError
+    from .planners import plan
     from .profile import estimate_memory
 
     node = get_device("odroid-xu4")
-    console.rule("edgetrain demo: training memory on the Waggle node's ODROID XU4")
+    assert node.memory_bytes is not None
+    console.rule(f"edgetrain demo: training on the Waggle node's ODROID XU4 ({format_bytes(node.memory_bytes)})")
     rows = []
-    for model, batch, image in (("resnet18", 8, 224), ("resnet50", 1, 224), ("resnet50", 8, 224),
-                                ("resnet50", 8, 500), ("mobilenet_v2", 32, 224)):
-        report = estimate_memory(model, batch, image).to_dict(node)
-        rows.append(report)
+    for model, batch, image in (("resnet18", 8, 224), ("resnet50", 8, 224), ("resnet50", 8, 500),
+                                ("resnet152", 8, 500), ("mobilenet_v2", 32, 224)):
+        estimate = estimate_memory(model, batch, image)
+        report = estimate.to_dict(node)
         _print_memory_report(report)
+        if not report["fits"]:
+            try:
+                chosen = plan(estimate.chain, memory=node.memory_bytes)
+                report["plan"] = chosen.to_dict()
+                console.print(f"  with checkpointing ({chosen.strategy}): peak "
+                              f"{format_bytes(chosen.predicted_peak_bytes)}, recompute factor "
+                              f"ρ = {chosen.recompute_factor:.3f} -> [green]fits[/]")
+            except InfeasibleBudgetError as exc:
+                report["plan"] = {"feasible": False, "minimum_bytes": exc.minimum_bytes}
+                console.print(f"  even with checkpointing: [red]does not fit[/] (least peak "
+                              f"{format_bytes(exc.minimum_bytes or 0)})")
+        rows.append(report)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_memory.json").write_text(json.dumps(rows, indent=1))
     console.print(f"wrote {out / 'demo_memory.json'}")

@@ -1,0 +1,193 @@
+"""Figure 1 of the founding paper: peak memory against the recompute factor ρ, and its claim.
+
+Kukreja et al. (PAISE 2019, §VI, Fig. 1) plot, for LinearResNet-18..152 at 224 and 500 px and
+batch 1 and 8, the least memory Revolve needs for a recompute factor ρ, against a 2 GB node,
+and claim that at batch 8 and 500 px "all models fit into the 2GB memory with ρ > 1.6".
+
+Cost convention for ρ (NOTE [ Recompute factor ]): ρ is the simulated time of a training step
+with recomputation over the time of the same step without (every stage's forward and backward
+once). LinearResNet has unit forward and unit backward per layer, so ``ρ = (2l + advances) / 2l``,
+the paper's ``2ρl`` budget of forward and backward steps. For the real ResNets, stage times are
+FLOPs counted on the meta device (backward about twice forward), so ρ is FLOP-weighted.
+
+Memory: LinearResNet counts what the paper counts, weights plus activations (our simulator also
+keeps the input batch and the activation gradient of the step being reversed). The real
+ResNets count the whole training step: weights, gradients, SGD momentum, input, activations and
+workspace, as a device's RAM has to hold them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..chain import Chain
+from ..errors import InfeasibleBudgetError
+from ..models.linear import LINEAR_RESNET_DEPTHS, linear_resnet
+from ..planners.optimal import solve
+from ..planners.revolve import revolve
+from ..profile.estimate import chain_for
+from ..schedule import Schedule, keep_all, simulate
+from ..units import format_bytes
+
+__all__ = ["CurvePoint", "Curve", "PANELS", "CLAIM_RHO", "linear_curve", "resnet_curve", "reproduce_figure1"]
+
+PANELS = ((224, 1), (224, 8), (500, 1), (500, 8))  # the paper's panels (a)-(d): image, batch
+CLAIM_RHO = 1.6
+FAMILIES = ("LinearResNet (Revolve)", "ResNet (optimal)")
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    recompute_factor: float
+    peak_bytes: int
+    strategy: str
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The least peak reachable at each recompute factor for one model, batch and image size."""
+
+    family: str
+    depth: int
+    batch: int
+    image: int
+    points: tuple[CurvePoint, ...]  # Pareto front: ρ ascending, peak strictly descending
+
+    def least_factor_within(self, budget_bytes: int) -> float | None:
+        """The smallest ρ whose schedule fits ``budget_bytes``, or None if none does."""
+        return next((p.recompute_factor for p in self.points if p.peak_bytes <= budget_bytes), None)
+
+
+def _pareto(points: Iterable[CurvePoint]) -> tuple[CurvePoint, ...]:
+    front: list[CurvePoint] = []
+    for point in sorted(points, key=lambda p: (p.recompute_factor, p.peak_bytes)):
+        if not front or point.peak_bytes < front[-1].peak_bytes:
+            front.append(point)
+    return tuple(front)
+
+
+def _point(chain: Chain, schedule: Schedule) -> CurvePoint:
+    stats = simulate(chain, schedule)
+    return CurvePoint(stats.recompute_factor, stats.peak_bytes, schedule.strategy)
+
+
+def linear_curve(depth: int, batch: int, image: int) -> Curve:
+    """Revolve on LinearResNet-``depth``: one point per number of checkpoint slots, plus no checkpointing."""
+    chain = linear_resnet(depth, batch, image)
+    points = [_point(chain, keep_all(depth))]
+    points += [_point(chain, revolve(chain, slots)) for slots in range(1, depth)]
+    return Curve(FAMILIES[0], depth, batch, image, _pareto(points))
+
+
+def resnet_curve(depth: int, batch: int, image: int, budgets: int = 150) -> Curve:
+    """The optimal planner on the real ResNet-``depth``: one table, rebuilt at evenly spaced budgets."""
+    chain = chain_for(f"resnet{depth}", batch, image)
+    plain = keep_all(chain.length)
+    points = [_point(chain, plain)]
+    try:
+        table = solve(chain, points[0].peak_bytes)
+    except InfeasibleBudgetError:  # resident state dominates: nothing to trade below keep-all
+        return Curve(FAMILIES[1], depth, batch, image, tuple(points))
+    low, high = table.min_memory_bytes, table.max_memory_bytes
+    for index in range(budgets):
+        budget = low + (high - low) * index // max(budgets - 1, 1)
+        points.append(_point(chain, table.schedule(budget)))
+    return Curve(FAMILIES[1], depth, batch, image, _pareto(points))
+
+
+@dataclass(frozen=True)
+class Figure1:
+    curves: tuple[Curve, ...]
+    budget_bytes: int
+
+    def claim(self, family: str) -> dict[int, float | None]:
+        """Least ρ that fits the budget for each depth at batch 8 and 500 px."""
+        return {c.depth: c.least_factor_within(self.budget_bytes) for c in self.curves
+                if c.family == family and (c.image, c.batch) == (500, 8)}
+
+    def claim_holds(self, family: str) -> bool:
+        factors = self.claim(family).values()
+        return all(f is not None and f <= CLAIM_RHO for f in factors)
+
+
+def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int, ...] = LINEAR_RESNET_DEPTHS,
+                      progress: Callable[[int, int], None] | None = None) -> Figure1:
+    """Compute every curve, write ``figure1.csv``, ``figure1.md`` and the two PNG figures."""
+    jobs = [(family, depth, image, batch) for family in FAMILIES for image, batch in PANELS for depth in depths]
+    curves = []
+    for index, (family, depth, image, batch) in enumerate(jobs):
+        build = linear_curve if family == FAMILIES[0] else resnet_curve
+        curves.append(build(depth, batch, image))
+        if progress is not None:
+            progress(index + 1, len(jobs))
+    figure = Figure1(tuple(curves), budget_bytes)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "figure1.csv").write_text(_to_csv(figure))
+    (out / "figure1.md").write_text(_to_markdown(figure))
+    for family, name in zip(FAMILIES, ("figure1_linear.png", "figure1_resnet.png")):
+        _plot(figure, family, out / name)
+    return figure
+
+
+def _to_csv(figure: Figure1) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["family", "model", "batch", "image", "recompute_factor", "peak_bytes", "strategy"])
+    for c in figure.curves:
+        for p in c.points:
+            writer.writerow([c.family, f"resnet{c.depth}", c.batch, c.image, f"{p.recompute_factor:.6f}",
+                             p.peak_bytes, p.strategy])
+    return buffer.getvalue()
+
+
+def _verdict_lines(figure: Figure1, family: str) -> list[str]:
+    factors = figure.claim(family)
+    holds = figure.claim_holds(family)
+    lines = [f"### {family}", "", "| model | least ρ that fits |", "|---|---|"]
+    lines += [f"| {depth} | {'does not fit at any ρ' if f is None else f'{f:.3f}'} |" for depth, f in factors.items()]
+    lines += ["", f"Claim \"batch 8 at 500 px: all models fit into {format_bytes(figure.budget_bytes)} with "
+                  f"ρ > {CLAIM_RHO}\": **{'holds' if holds else 'does not hold'}**.", ""]
+    return lines
+
+
+def _to_markdown(figure: Figure1) -> str:
+    lines = ["# Figure 1, regenerated: peak memory vs recompute factor", "",
+             "ρ = simulated step time with recomputation / without. LinearResNet: unit forward and backward per",
+             "layer, weights + activations (the paper's accounting), Revolve. ResNet: FLOP-weighted stage times,",
+             "the whole training step (weights, gradients, SGD momentum, activations), the optimal planner.",
+             "Regenerate with `edgetrain reproduce figure1`; points are in figure1.csv.", ""]
+    for family in FAMILIES:
+        lines += _verdict_lines(figure, family)
+    return "\n".join(lines) + "\n"
+
+
+def _plot(figure: Figure1, family: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8), sharey=False)
+    for axis, (image, batch), letter in zip(axes, PANELS, "abcd"):
+        for curve in (c for c in figure.curves if c.family == family and (c.image, c.batch) == (image, batch)):
+            xs = [p.recompute_factor for p in curve.points] + [3.0]
+            ys = [p.peak_bytes / 2**30 for p in curve.points]
+            ys.append(ys[-1])
+            axis.step(xs, ys, where="post", label=f"{'Linear' if 'Linear' in family else ''}ResNet-{curve.depth}")
+        axis.axhline(figure.budget_bytes / 2**30, color="black", linestyle="--", linewidth=1, label="2 GiB node")
+        axis.set_xlim(1.0, 3.0)
+        axis.set_yscale("log")
+        axis.set_title(f"({letter}) {image}x{image} px, batch {batch}")
+        axis.set_xlabel("recompute factor ρ")
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("peak memory (GiB)")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(f"Peak memory vs recompute factor: {family}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
