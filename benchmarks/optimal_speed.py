@@ -1,0 +1,112 @@
+"""Solve time of the optimal planner's table (target: 152 stages, 500 slots, under 1 s on 2 cores).
+
+Prints one JSON object:
+
+* ``first_call``: seconds of ``import edgetrain`` and of a fresh process's first ``solve``
+  on a 3-stage chain, with an empty numba cache (``cold_cache``: the solve compiles the
+  kernel) and then with the cache that run left (``warm_cache``: it loads it), each in a
+  subprocess;
+* ``cases``: per chain, the median wall and CPU seconds of ``solve`` over ``--repeats`` runs
+  at budgets up to plain backprop's peak, the grid (units and unit size), the time of one
+  rebuild, and the least budget as a fraction of that peak.
+
+Usage: ``python benchmarks/optimal_speed.py [--repeats N] [--skip-resnet]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+from edgetrain.chain import Chain, StageCost
+from edgetrain.planners.optimal import solve
+from edgetrain.schedule import keep_all, simulate
+
+log = logging.getLogger("optimal_speed")
+
+FIRST_CALL = """
+import time
+start = time.perf_counter()
+from edgetrain.chain import Chain
+from edgetrain.planners.optimal import solve
+imported = time.perf_counter()
+solve(Chain.uniform(3), 10)
+print(imported - start, time.perf_counter() - imported)
+"""
+
+
+def synthetic_chain(length: int, seed: int = 0) -> Chain:
+    """Heterogeneous stages with ResNet-like spreads of size (1-64x) and time; some records keep no input."""
+    rng = random.Random(seed)
+    stages = [StageCost(f"s{i}", fwd_time_s=rng.uniform(0.5, 2.0), bwd_time_s=rng.uniform(1.0, 4.0),
+                        out_bytes=rng.randint(1, 64) * 100_000, saved_bytes=rng.randint(64, 200) * 100_000,
+                        grad_bytes=rng.randint(0, 50) * 10_000, bwd_workspace_bytes=rng.randint(-5, 20) * 10_000,
+                        input_saved=rng.random() < 0.8)
+              for i in range(length)]
+    return Chain(tuple(stages), input_bytes=5_000_000, name=f"synthetic{length}")
+
+
+def first_call_s(cache_dir: str) -> dict[str, float]:
+    """Seconds of ``import edgetrain`` and of a first tiny solve in a fresh interpreter using ``cache_dir``."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", FIRST_CALL], env=env, check=True, capture_output=True, text=True)
+    import_s, solve_s = (float(word) for word in out.stdout.split())
+    return {"import_s": import_s, "first_solve_s": solve_s}
+
+
+def time_case(chain: Chain, slots: int, repeats: int) -> dict[str, object]:
+    top = simulate(chain, keep_all(chain.length)).peak_bytes
+    walls, cpus = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        table = solve(chain, top, slots=slots)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    budget = (table.min_memory_bytes + top) // 2
+    start = time.perf_counter()
+    table.schedule(budget)
+    rebuild_s = time.perf_counter() - start
+    return {"chain": chain.name, "length": chain.length, "slots": slots, "units": table.grid.max_units + 1,
+            "unit_bytes": table.unit_bytes, "solve_s": statistics.median(walls),
+            "solve_cpu_s": statistics.median(cpus), "solve_all_s": walls, "rebuild_s": rebuild_s,
+            "min_memory_fraction": table.min_memory_bytes / top}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-resnet", action="store_true", help="skip the estimator-built ResNet chains")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        first = {"cold_cache": first_call_s(cache_dir), "warm_cache": first_call_s(cache_dir)}
+    solve(Chain.uniform(3), 10)   # compile or load the kernel in this process before timing
+
+    chains = [synthetic_chain(52), synthetic_chain(152)]
+    if not args.skip_resnet:
+        from edgetrain.models.linear import linear_resnet
+        from edgetrain.profile.estimate import chain_for
+        chains += [replace(chain_for("resnet152", 8, 224), name="resnet152-b8-224"), linear_resnet(152, 8, 224)]
+    cases = []
+    for chain in chains:
+        log.info("timing %s (%d stages)", chain.name, chain.length)
+        cases.append(time_case(chain, 500, args.repeats))
+
+    from numba import get_num_threads
+
+    print(json.dumps({"numba_threads": get_num_threads(), "cpu_count": os.cpu_count(), "first_call": first,
+                      "cases": cases}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
