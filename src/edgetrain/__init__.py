@@ -6,6 +6,7 @@ for a memory budget or a recompute factor, simulate it, and run it.
 
 from .chain import Chain, StageCost
 from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
+from .planners import Plan, plan
 from .profile import estimate_memory, measure_training_step, profile
 from .schedule import Backward, Discard, Forward, Keep, Schedule, Stats, keep_all, simulate, validate
 from .units import format_bytes, parse_bytes
@@ -14,6 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "keep_all",
-    "simulate", "validate", "profile", "estimate_memory", "measure_training_step",
+    "simulate", "validate", "profile", "estimate_memory", "measure_training_step", "plan", "Plan",
     "EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError", "parse_bytes", "format_bytes",
 ]

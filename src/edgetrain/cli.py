@@ -53,9 +53,25 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what t
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True)
+T = TypeVar("T")
+
+
+def _with_progress(description: str, work: Callable[[Callable[[int, int], None]], T]) -> T:
+    """Run ``work(progress)`` under a progress bar on stderr; ``progress(done, total)`` advances it."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(description, total=None)
+        return work(lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def _memory_of(device: str) -> int:
+    """Memory of a catalog device, for commands that need it as a budget."""
+    from .devices import get_device
+
+    memory_bytes = get_device(device).memory_bytes
+    if memory_bytes is None:
+        raise EdgetrainError(f"device {device!r} has no known memory size")
+    return memory_bytes
 
 
 @app.command()
@@ -174,15 +190,10 @@ def reproduce_tables(out: Path = typer.Option(Path("out/tables"), "--out", "-o",
                      device: str = typer.Option("odroid-xu4", "--device", "-d",
                                                 help="Whose memory marks cells that do not fit.")) -> None:
     """Tables I-III of Kukreja et al. 2019: our estimate, the published value and their ratio."""
-    from .devices import get_device
     from .reports.tables import reproduce_tables as build
 
-    budget = get_device(device).memory_bytes
-    if budget is None:
-        raise EdgetrainError(f"device {device!r} has no known memory size")
-    with _progress() as bar:
-        task = bar.add_task("estimating cells", total=None)
-        cells = build(out, budget, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    budget = _memory_of(device)
+    cells = _with_progress("estimating cells", lambda progress: build(out, budget, progress=progress))
     ratios = [c.ratio for c in cells]
     console.print(f"wrote {out / 'tables.md'} and {out / 'tables.csv'}: {len(cells)} cells, "
                   f"ratio ours/paper {min(ratios):.2f}..{max(ratios):.2f}; "
@@ -195,16 +206,11 @@ def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o
                       device: str = typer.Option("odroid-xu4", "--device", "-d",
                                                  help="Whose memory is the horizontal line.")) -> None:
     """Fig. 1 of Kukreja et al. 2019: peak memory vs recompute factor, LinearResNet and real ResNets."""
-    from .devices import get_device
     from .reports.figure1 import CLAIM_RHO, FAMILIES
     from .reports.figure1 import reproduce_figure1 as build
 
-    budget = get_device(device).memory_bytes
-    if budget is None:
-        raise EdgetrainError(f"device {device!r} has no known memory size")
-    with _progress() as bar:
-        task = bar.add_task("computing curves", total=None)
-        figure = build(out, budget, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    budget = _memory_of(device)
+    figure = _with_progress("computing curves", lambda progress: build(out, budget, progress=progress))
     console.print(f"wrote {out}/figure1_linear.png, figure1_resnet.png, figure1.csv, figure1.md")
     for family in FAMILIES:
         factors = ", ".join(f"{d}: {'-' if f is None else f'{f:.2f}'}" for d, f in figure.claim(family).items())
@@ -223,8 +229,8 @@ def demo(out: Path = typer.Option(Path("out"), "--out", "-o", help="Where result
     from .profile import estimate_memory
 
     node = get_device("odroid-xu4")
-    assert node.memory_bytes is not None
-    console.rule(f"edgetrain demo: training on the Waggle node's ODROID XU4 ({format_bytes(node.memory_bytes)})")
+    node_memory = _memory_of(node.name)
+    console.rule(f"edgetrain demo: training on the Waggle node's ODROID XU4 ({format_bytes(node_memory)})")
     rows = []
     for model, batch, image in (("resnet18", 8, 224), ("resnet50", 8, 224), ("resnet50", 8, 500),
                                 ("resnet152", 8, 500), ("mobilenet_v2", 32, 224)):
@@ -233,7 +239,7 @@ def demo(out: Path = typer.Option(Path("out"), "--out", "-o", help="Where result
         _print_memory_report(report)
         if not report["fits"]:
             try:
-                chosen = plan(estimate.chain, memory=node.memory_bytes)
+                chosen = plan(estimate.chain, memory=node_memory)
                 report["plan"] = chosen.to_dict()
                 console.print(f"  with checkpointing ({chosen.strategy}): peak "
                               f"{format_bytes(chosen.predicted_peak_bytes)}, recompute factor "
