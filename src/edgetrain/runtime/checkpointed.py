@@ -1,0 +1,223 @@
+"""A model wrapper that trains with a planned checkpointing schedule inside a normal training loop.
+
+NOTE [ Checkpointed in a user loop ]
+The schedule of a step covers the loss too (the last stage of every chain is the loss, so
+planners see its memory), but a user loop computes the loss itself::
+
+    loss = loss_fn(model(x), y); loss.backward(); opt.step()
+
+So a training-mode ``forward(x)`` runs the schedule's ops up to the loss stage's recorded
+forward inside a custom autograd function and returns the model output; the user's loss
+plays the loss stage, and ``loss.backward()`` reaches that function's backward with the
+output gradient ``δ``, which runs the rest of the schedule (recomputations and stage
+backwards). One chain (profiled *with* ``loss_fn``) and one plan serve both this and
+:meth:`Checkpointed.step_loss`, which runs the whole schedule, loss included; the plan's
+predicted peak holds for the user loop as long as the loss computed there is ``loss_fn``.
+
+The wrapper is transparent otherwise: in eval mode or under ``torch.no_grad()`` ``forward``
+is the plain model; ``parameters()`` are the model's own and ``state_dict()`` /
+``load_state_dict()`` use the model's keys, so optimizers and checkpoints work unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..chain import Chain
+from ..planners import Plan, plan
+from ..profile import profile
+from ..stages import LossFn, training_stages
+from .executor import Executor, PendingBackward
+
+__all__ = ["Checkpointed"]
+
+log = logging.getLogger(__name__)
+
+_InputKey = tuple[tuple[int, ...], torch.dtype, torch.device]
+
+
+class _ScheduledForward(torch.autograd.Function):
+    """The schedule up to the loss as one autograd node; its backward is the rest of the schedule.
+
+    ``anchor`` (a 0-element leaf that requires grad) makes the output require grad; the
+    parameter gradients are accumulated by the inner stage backwards, not returned here.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, x: torch.Tensor, executor: Executor) -> torch.Tensor:
+        output, pending = executor.forward(x)
+        ctx.pending = pending
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[None, None, None]:
+        pending: PendingBackward = ctx.pending
+        pending(grad_output)
+        return None, None, None
+
+
+class Checkpointed(nn.Module):
+    """Train ``model`` within a memory budget (or a recompute factor) by planned recomputation.
+
+    The model is profiled on ``sample`` into a :class:`~edgetrain.chain.Chain` (loss
+    included), a schedule is planned with :func:`edgetrain.planners.plan`, and training
+    steps follow it (see NOTE [ Checkpointed in a user loop ]). A batch of another shape,
+    dtype or device is profiled and planned again (logged as a warning: profiling takes
+    time and the new plan may differ); plans are kept per input shape, so a smaller last
+    batch costs one re-plan per run, not one per epoch. Inputs of ever-changing shape
+    (unpadded sequences) re-profile each new shape: pad them to a few fixed lengths.
+
+    Args:
+        model: a chain-able model (``stages()`` or ``nn.Sequential``).
+        sample: an example input batch of the shape training will use.
+        memory: the whole peak of a step allowed, in bytes or as text (``"300MiB"``).
+        recompute: instead of ``memory``, the largest acceptable time / plain time (>= 1).
+        strategy: ``"auto"``, ``"uniform"``, ``"revolve"`` or ``"optimal"``.
+        loss_fn: the loss the user loop computes (cross-entropy by default); profiled and
+            used by :meth:`step_loss`.
+        optimizer: ``"sgd"`` or ``"adam"``: its state is part of the budget.
+        target: example labels for profiling (class 0 everywhere when omitted); re-plans
+            for another batch size repeat or cut it along the first dimension.
+        measure_time: time stages on real tensors (else FLOP counts stand for times).
+
+    Attributes:
+        plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
+        chain: the profiled chain it was planned on.
+
+    Example:
+        >>> model = Checkpointed(resnet18(), sample=x, memory="300MiB")
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> loss = F.cross_entropy(model(x), y); loss.backward(); opt.step()
+    """
+
+    def __init__(self, model: nn.Module, *, sample: torch.Tensor, memory: int | str | None = None,
+                 recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
+                 optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True) -> None:
+        super().__init__()
+        if (memory is None) == (recompute is None):
+            raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
+        self.model = model
+        # A plain list: the stages share the model's modules and must not be registered twice.
+        self._stages: list[nn.Module] = training_stages(model, loss_fn)
+        self._loss_fn = loss_fn
+        self._request: dict[str, Any] = {"memory": memory, "recompute": recompute, "strategy": strategy}
+        self._optimizer = optimizer
+        self._measure_time = measure_time
+        self._example_target = target
+        self.plan: Plan
+        self.chain: Chain
+        self._executor: Executor
+        self._input_key: _InputKey = _input_key(sample)
+        self._plans: dict[_InputKey, tuple[Chain, Plan, Executor]] = {}
+        self._replan(sample, target)
+
+    # --- training ------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model output; in training with autograd on, produced by the planned schedule."""
+        if not (self.training and torch.is_grad_enabled()):
+            return self.model(x)
+        if x.requires_grad:
+            raise ValueError("Checkpointed does not compute the gradient of its input batch; pass x.detach()")
+        self._ensure_plan(x, None)
+        anchor = torch.empty(0, device=x.device, requires_grad=True)
+        return _ScheduledForward.apply(anchor, x, self._executor)
+
+    def step_loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Forward, ``loss_fn`` and backward of one batch by the schedule; returns the detached loss.
+
+        Parameter gradients accumulate into ``.grad`` as ``loss.backward()`` would; call the
+        optimizer's ``step()`` after it.
+        """
+        self._ensure_plan(x, target)
+        return self._executor.step(x, target)
+
+    # --- planning ------------------------------------------------------------------------------
+    def _ensure_plan(self, x: torch.Tensor, target: torch.Tensor | None) -> None:
+        key = _input_key(x)
+        if key == self._input_key:
+            return
+        if key in self._plans:
+            self._use(key)
+            return
+        log.warning("Checkpointed: input %s differs from the planned %s; profiling and planning again",
+                    _describe(key), _describe(self._input_key))
+        self._replan(x, target if target is not None else _resize_batch(self._example_target, x.shape[0]))
+
+    def _replan(self, sample: torch.Tensor, target: torch.Tensor | None) -> None:
+        """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched) and plan."""
+        with _training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
+            chain = profile(self.model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
+                            measure_time=self._measure_time)
+        chosen = plan(chain, **self._request)
+        key = _input_key(sample)
+        self._plans[key] = (chain, chosen, Executor(self._stages, chosen.schedule, chain))
+        self._use(key)
+        log.info("Checkpointed %s: %s schedule, predicted peak %d bytes, recompute factor %.3f",
+                 chain.name, chosen.strategy, chosen.predicted_peak_bytes, chosen.recompute_factor)
+
+    def _use(self, key: _InputKey) -> None:
+        """Switch to the plan of an input already seen (a smaller last batch of every epoch, say)."""
+        self.chain, self.plan, self._executor = self._plans[key]
+        self._input_key = key
+
+    # --- the wrapped model's state -------------------------------------------------------------
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's state dict (same keys), so checkpoints load into the bare model."""
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def _input_key(x: torch.Tensor) -> _InputKey:
+    return tuple(x.shape), x.dtype, x.device
+
+
+def _describe(key: _InputKey) -> str:
+    shape, dtype, device = key
+    return f"{list(shape)} {dtype} on {device}"
+
+
+def _resize_batch(target: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+    """Example labels for another batch size: the first ``batch`` of them, repeated if too few."""
+    if target is None or target.dim() == 0:
+        return target
+    index = torch.arange(batch, device=target.device) % target.shape[0]
+    return target[index]
+
+
+@contextlib.contextmanager
+def _training_mode(model: nn.Module) -> Iterator[None]:
+    """Profile what training runs (dropout, batch statistics), whatever mode the model is in."""
+    modes = {module: module.training for module in model.modules()}
+    model.train()
+    try:
+        yield
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
+@contextlib.contextmanager
+def _preserved_grads(model: nn.Module) -> Iterator[None]:
+    """Profiling resets ``.grad``; keep what a gradient-accumulating loop has gathered so far."""
+    grads = [(p, p.grad) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for p, grad in grads:
+            p.grad = grad
+
+
+@contextlib.contextmanager
+def _forked_rng(device: torch.device) -> Iterator[None]:
+    """Profiling draws dropout masks: keep the caller's random stream as if it never ran."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield

@@ -1,0 +1,444 @@
+"""Run a checkpointing :class:`~edgetrain.schedule.Schedule` in a real training step, op by op.
+
+NOTE [ Executor memory semantics ]
+The executor is a dumb dispatcher: it owns no policy, it does what each op says, and holds a
+tensor exactly as long as the simulator (``schedule._State.memory``) counts it, so that the
+live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
+
+* ``values[k]`` is the executor's one reference to ``x_k``; an op that releases ``x_k`` pops it.
+  ``x_0`` is the caller's batch and is never popped.
+* A recorded stage is fed a *non-leaf alias* of ``x_i`` made by :class:`_CatchInputGrad` (a
+  ``detach`` sharing the storage, hung under a 0-element leaf that requires grad). Autograd
+  keeps the storage of ``x_i`` alive only if the stage saved it (``StageCost.input_saved``):
+  a leaf input would be pinned by its ``AccumulateGrad`` node whether saved or not. The
+  alias's backward stores the incoming gradient ``δ_i`` in a box and stops there, so each
+  stage's graph is separate and ``δ_i`` is handed to the next ``Backward`` by hand.
+* A record keeps the output's :class:`~torch.autograd.graph.GradientEdge`, never the output:
+  ``x_{i+1}`` lives after it is released only if the stage saved it (``output_saved``), and
+  then a weak reference to its storage finds it again if a later op needs it.
+* ``Backward(i)`` calls ``torch.autograd.backward`` on that edge with ``δ_{i+1}`` (the loss
+  seeds itself); parameter gradients accumulate into ``.grad`` through the stage's own
+  ``AccumulateGrad`` nodes exactly as in plain autograd.
+
+NOTE [ Recomputation is invisible ]
+A stage forwarded more than once in a step must behave as if it ran once:
+
+* RNG: the state (CPU, and every initialised CUDA device) is captured before the stage's
+  first forward and replayed on each later forward, restoring the global state afterwards,
+  so dropout draws the same mask and the generator ends where a plain step leaves it (first
+  forwards happen in stage order, exactly as in the plain step).
+* Normalisation statistics: the running statistics of BatchNorm-like modules (and
+  ``num_batches_tracked``) are saved before every later forward and restored after it, so
+  they are updated once per step with the first forward's input, the one plain autograd sees.
+
+Stages must not modify their input in place: a checkpointed input would be corrupted for
+its recomputation (``torch.utils.checkpoint`` has the same rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from ..chain import Chain
+from ..errors import ScheduleError
+from ..schedule import Backward, Discard, Forward, Keep, Op, Schedule, validate
+from ..stages import LossStage
+
+__all__ = ["Executor", "PendingBackward", "run_schedule"]
+
+log = logging.getLogger(__name__)
+
+OpCallback = Callable[[int, Op], None]
+
+
+# --- autograd plumbing -------------------------------------------------------------------------
+
+class _GradBox:
+    """Where :class:`_CatchInputGrad` puts the gradient of a stage input (``δ_i``)."""
+
+    __slots__ = ("grad",)
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None
+
+
+class _CatchInputGrad(torch.autograd.Function):
+    """Identity on ``value`` whose backward stores the incoming gradient and stops the graph there.
+
+    ``anchor`` is a 0-element leaf that requires grad: it makes the output require grad
+    without making ``value`` a leaf (whose ``AccumulateGrad`` node would pin its storage).
+    The output is a ``detach`` of ``value`` (same storage, not an autograd view), so stages
+    that work in place on their input behave as on a plain intermediate tensor.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, value: torch.Tensor, box: _GradBox) -> torch.Tensor:
+        ctx.box = box
+        return value.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.box.grad = grad
+        return None, None, None
+
+
+class _ValueRef:
+    """A weak handle on a stage output's storage: finds ``x_{i+1}`` again while a record keeps it."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._storage = weakref.ref(tensor.untyped_storage())
+        self._dtype = tensor.dtype
+        self._size = tensor.size()
+        self._stride = tensor.stride()
+        self._offset = tensor.storage_offset()
+
+    def get(self) -> torch.Tensor | None:
+        storage = self._storage()
+        if storage is None:
+            return None
+        empty = torch.empty(0, dtype=self._dtype, device=storage.device)
+        return empty.set_(storage, self._offset, self._size, self._stride)
+
+
+@dataclass
+class _Record:
+    """What a recorded stage leaves for its backward: no tensor of its own beyond autograd's."""
+
+    output_edge: GradientEdge | None   # None when the output does not require grad
+    input_grad: _GradBox | None        # None for stage 0 and non-float inputs
+    output_ref: _ValueRef
+
+
+# --- recomputation: RNG and normalisation statistics -------------------------------------------
+
+@dataclass
+class _RngState:
+    cpu: torch.Tensor
+    cuda: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def capture(cls) -> _RngState:
+        cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
+        return cls(torch.get_rng_state(), cuda)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+def _cuda_rng_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+@contextlib.contextmanager
+def _replayed_rng(state: _RngState) -> Iterator[None]:
+    """Run with the RNG as it was at the stage's first forward; put the global state back after."""
+    now = _RngState.capture()
+    state.restore()
+    try:
+        yield
+    finally:
+        now.restore()
+
+
+def _norm_buffers(stage: nn.Module) -> list[torch.Tensor]:
+    """Running statistics a training-mode forward updates (BatchNorm, InstanceNorm with tracking)."""
+    buffers: list[torch.Tensor] = []
+    for module in stage.modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats and module.training:
+            buffers += [b for b in (module.running_mean, module.running_var, module.num_batches_tracked)
+                        if b is not None]
+    return buffers
+
+
+@contextlib.contextmanager
+def _frozen_statistics(stage: nn.Module) -> Iterator[None]:
+    """Undo whatever a recomputing forward does to the stage's running statistics.
+
+    The restore writes through ``.data``, which has its own version counter: a recorded
+    BatchNorm saves its running statistics for backward (read only in eval mode), and a
+    visible in-place write would make autograd reject the record as modified.
+    """
+    buffers = _norm_buffers(stage)
+    saved = [b.clone() for b in buffers]
+    try:
+        yield
+    finally:
+        for buffer, value in zip(buffers, saved):
+            buffer.data.copy_(value)
+
+
+# --- one step in flight ----------------------------------------------------------------------
+
+class _Run:
+    """The live state of one step: held values, records and the current gradient."""
+
+    def __init__(self, stages: Sequence[nn.Module], repeated: frozenset[int], x: torch.Tensor,
+                 on_op: OpCallback | None) -> None:
+        self.stages = stages
+        self.repeated = repeated
+        self.on_op = on_op
+        self.values: dict[int, torch.Tensor] = {0: x}
+        self.records: dict[int, _Record] = {}
+        self.delta: torch.Tensor | None = None   # δ of the last back-propagated stage's input
+        self.forwarded: set[int] = set()
+        self.rng: dict[int, _RngState] = {}
+        self.loss: torch.Tensor | None = None
+        self.anchor = torch.empty(0, device=x.device, requires_grad=True)
+
+    def run(self, ops: Sequence[tuple[int, Op]]) -> None:
+        for index, op in ops:
+            if isinstance(op, Forward):
+                self.forward(op.stage, op.keep)
+            elif isinstance(op, Backward):
+                self.backward(op.stage)
+            elif isinstance(op, Discard):
+                self.values.pop(op.value, None)
+            else:
+                raise ScheduleError(f"op {index} {op!r}: unknown op type")
+            if self.on_op is not None:
+                self.on_op(index, op)
+
+    def value(self, k: int) -> torch.Tensor:
+        """``x_k``: held by the executor, or kept by the record of the stage that produced it."""
+        held = self.values.get(k)
+        if held is not None:
+            return held
+        record = self.records.get(k - 1)
+        found = record.output_ref.get() if record is not None else None
+        if found is None:
+            raise ScheduleError(f"x_{k} is not in memory: it was released and stage {k - 1}'s record did not "
+                                "save it (the chain's output_saved does not match this model)")
+        return found
+
+    def forward(self, i: int, keep: Keep) -> None:
+        x = self.value(i)
+        stage = self.stages[i]
+        version = x._version
+        with self._as_first_forward(i):
+            if keep is Keep.ALL:
+                y = self._record(i, stage, x)
+            else:
+                with torch.no_grad():
+                    y = stage(x)
+        if x._version != version and (keep is Keep.INPUT or i == 0):
+            raise RuntimeError(f"stage {i} ({type(stage).__name__}) modified its input in place, but the schedule "
+                               "keeps that input to recompute from it; make the stage out-of-place "
+                               "(e.g. nn.ReLU(inplace=False))")
+        del x
+        if keep is not Keep.INPUT and i > 0:
+            self.values.pop(i, None)
+        self.values[i + 1] = y
+        if i == len(self.stages) - 1:
+            self.loss = y.detach()
+
+    @contextlib.contextmanager
+    def _as_first_forward(self, i: int) -> Iterator[None]:
+        """First forward: note the RNG if the stage will be recomputed. Later: replay it, keep statistics."""
+        if i not in self.forwarded:
+            self.forwarded.add(i)
+            if i in self.repeated:
+                self.rng[i] = _RngState.capture()
+            yield
+            return
+        with _replayed_rng(self.rng[i]), _frozen_statistics(self.stages[i]):
+            yield
+
+    def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        box: _GradBox | None = None
+        with torch.enable_grad():
+            if i > 0 and (x.is_floating_point() or x.is_complex()):
+                box = _GradBox()
+                stage_input = _CatchInputGrad.apply(self.anchor, x.detach(), box)
+            else:
+                stage_input = x.detach()  # the batch needs no gradient; cut any outer graph
+            y = stage(stage_input)
+            del stage_input
+            edge = get_gradient_edge(y) if y.requires_grad else None
+        self.records[i] = _Record(edge, box, _ValueRef(y))
+        return y
+
+    def backward(self, i: int) -> None:
+        record = self.records.pop(i)
+        grad_output, self.delta = self.delta, None
+        is_loss = i == len(self.stages) - 1
+        if record.output_edge is not None and (grad_output is not None or is_loss):
+            torch.autograd.backward(record.output_edge, grad_output)
+        # else: nothing downstream depends on this stage's output; no gradient flows through it.
+        del grad_output
+        self.values.pop(i + 1, None)
+        if i > 0:
+            self.values.pop(i, None)
+        self.delta = record.input_grad.grad if record.input_grad is not None else None
+
+
+# --- the public executor -----------------------------------------------------------------------
+
+class Executor:
+    """Runs one schedule on one list of stages, as many steps as asked.
+
+    Args:
+        stages: modules whose composition is the training step; the last is the loss (a
+            :class:`~edgetrain.stages.LossStage` when a target is passed to :meth:`step`).
+        schedule: the ops of one step, for ``len(stages)`` stages.
+        chain: the cost model the schedule was planned on; when given, the schedule is
+            validated against it (else against a chain of the same length, which checks the
+            order of ops but not whether the model's records keep outputs alive).
+
+    Raises:
+        ScheduleError: a schedule that does not match the stages or cannot run.
+
+    Example:
+        >>> stages = training_stages(model)
+        >>> executor = Executor(stages, uniform(chain, 3), chain)
+        >>> loss = executor.step(x, y)   # grads accumulated in model parameters
+    """
+
+    def __init__(self, stages: Sequence[nn.Module], schedule: Schedule, chain: Chain | None = None) -> None:
+        stages = list(stages)
+        if not stages:
+            raise ScheduleError("no stages to run")
+        if schedule.length != len(stages):
+            raise ScheduleError(f"the schedule is for {schedule.length} stages but {len(stages)} stages were given "
+                                "(the last stage must be the loss: see edgetrain.stages.training_stages)")
+        if chain is not None and chain.length != len(stages):
+            raise ScheduleError(f"the chain has {chain.length} stages but {len(stages)} stages were given")
+        validate(chain if chain is not None else Chain.uniform(len(stages)), schedule)
+        self.stages = stages
+        self.schedule = schedule
+        counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
+        self._repeated = frozenset(stage for stage, count in counts.items() if count > 1)
+        self._handoff, self._resume = self._loss_positions()
+
+    @property
+    def loss_stage(self) -> int:
+        return len(self.stages) - 1
+
+    def step(self, x: torch.Tensor, target: torch.Tensor | None = None, *,
+             on_op: OpCallback | None = None) -> torch.Tensor:
+        """Forward, loss and backward of one batch; parameter gradients accumulate in ``.grad``.
+
+        Args:
+            x: the input batch (it gets no gradient).
+            target: set on the final :class:`LossStage` for this step; None when the last
+                stage computes the loss by itself.
+            on_op: called as ``on_op(op_index, op)`` after every op (for tracing memory).
+
+        Returns:
+            The loss, detached.
+        """
+        with self._target(target):
+            run = _Run(self.stages, self._repeated, x, on_op)
+            run.run(list(enumerate(self.schedule.ops)))
+        assert run.loss is not None
+        return run.loss
+
+    def forward(self, x: torch.Tensor, *, on_op: OpCallback | None = None) -> tuple[torch.Tensor, PendingBackward]:
+        """The ops before the loss, whose recorded forward and backward the caller does.
+
+        Returns the model output ``x_{L-1}`` (the loss stage's input; detached from the
+        executor's graphs) and a :class:`PendingBackward` to call with its gradient. This is
+        how :class:`~edgetrain.runtime.Checkpointed` lets a user loop compute the loss.
+        """
+        run = _Run(self.stages, self._repeated, x, on_op)
+        loss = self.loss_stage
+        ops = [(index, op) for index, op in enumerate(self.schedule.ops) if index < self._resume]
+        run.run([(index, op) for index, op in ops if index != self._handoff and not _touches(op, loss)])
+        output = run.value(loss).detach()
+        run.values.pop(loss, None)   # as the loss's recorded forward would release it
+        return output, PendingBackward(run, [(index, op) for index, op in enumerate(self.schedule.ops)
+                                             if index > self._resume and not _touches(op, loss)])
+
+    def _loss_positions(self) -> tuple[int, int]:
+        """Indices of the loss stage's recorded forward and of its backward in the schedule."""
+        loss = len(self.stages) - 1
+        ops = self.schedule.ops
+        handoff = next(i for i, op in enumerate(ops) if isinstance(op, Forward) and op.stage == loss
+                       and op.keep is Keep.ALL)
+        resume = next(i for i, op in enumerate(ops) if isinstance(op, Backward) and op.stage == loss)
+        return handoff, resume
+
+    @contextlib.contextmanager
+    def _target(self, target: torch.Tensor | None) -> Iterator[None]:
+        last = self.stages[-1]
+        if target is None:
+            yield
+            return
+        if not isinstance(last, LossStage):
+            raise TypeError(f"a target was given but the last stage is a {type(last).__name__}, not a LossStage")
+        last.target = target
+        try:
+            yield
+        finally:
+            last.target = None
+
+
+def _touches(op: Op, stage: int) -> bool:
+    """Whether ``op`` works on the loss stage (forward, backward) or its output (discard)."""
+    if isinstance(op, Discard):
+        return op.value == stage + 1
+    return op.stage == stage
+
+
+class PendingBackward:
+    """The rest of a step started by :meth:`Executor.forward`: call it once with the output's gradient."""
+
+    def __init__(self, run: _Run, ops: list[tuple[int, Op]]) -> None:
+        self._run: _Run | None = run
+        self._ops = ops
+
+    def __call__(self, grad_output: torch.Tensor) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            raise RuntimeError("this step was already back-propagated (a checkpointed step cannot retain its graph)")
+        run.delta = grad_output
+        run.run(self._ops)
+        del run
+
+    @property
+    def done(self) -> bool:
+        return self._run is None
+
+
+def run_schedule(stages: Sequence[nn.Module], schedule: Schedule, x: torch.Tensor,
+                 target: torch.Tensor | None = None, *, chain: Chain | None = None,
+                 on_op: OpCallback | None = None) -> torch.Tensor:
+    """Run one training step's forward, loss and backward of ``stages`` following ``schedule``.
+
+    Gradients accumulate into each parameter's ``.grad`` as plain autograd does (set when
+    ``None``, added otherwise); BatchNorm statistics are updated once and the RNG ends where
+    a plain step leaves it, however many times the schedule recomputes a stage (see
+    NOTE [ Recomputation is invisible ]). Live memory follows the simulator's accounting
+    (NOTE [ Executor memory semantics ]).
+
+    Args:
+        stages: e.g. :func:`edgetrain.stages.training_stages` ``(model, loss_fn)``.
+        schedule: a schedule for ``len(stages)`` stages (a planner's output).
+        x: the input batch.
+        target: labels set on the final :class:`~edgetrain.stages.LossStage`.
+        chain: the chain the schedule was planned on, to validate against.
+        on_op: called as ``on_op(op_index, op)`` after every op.
+
+    Returns:
+        The loss, detached.
+
+    Raises:
+        ScheduleError: the schedule does not fit the stages, or an op cannot run.
+
+    Example:
+        >>> stages = training_stages(model)
+        >>> loss = run_schedule(stages, revolve(chain, 3), x, y)
+        >>> optimizer.step()
+    """
+    return Executor(stages, schedule, chain).step(x, target, on_op=on_op)
