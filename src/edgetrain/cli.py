@@ -25,6 +25,8 @@ app = typer.Typer(help="Make deep-learning training fit and run well on small ed
                   no_args_is_help=True, add_completion=False)
 reproduce_app = typer.Typer(help="Regenerate the founding paper's results from the code.", no_args_is_help=True)
 app.add_typer(reproduce_app, name="reproduce")
+bench_app = typer.Typer(help="Systems measurements on this machine.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -217,6 +219,43 @@ def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o
         verdict = "[green]holds[/]" if figure.claim_holds(family) else "[red]does not hold[/]"
         console.print(f"{family}, batch 8 at 500 px, least ρ that fits {format_bytes(budget)} per depth: {factors}; "
                       f"claim 'all fit with ρ > {CLAIM_RHO}' {verdict}")
+
+
+@bench_app.command("batch")
+@_clean_errors
+def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
+                device: str = typer.Option("odroid-xu4", "--device", "-d", help="Whose memory is the budget."),
+                memory: Optional[str] = typer.Option(None, "--memory", help="Budget instead of the device's memory."),
+                max_run_batch: int = typer.Option(64, "--max-run-batch", help="Largest batch actually run here."),
+                reps: int = typer.Option(3, "--reps", help="Timed steps per point (median)."),
+                out: Path = typer.Option(Path("out/bench_batch"), "--out", "-o", help="Output directory."),
+                as_json: bool = typer.Option(False, "--json", help="Print the sweep as JSON.")) -> None:
+    """Throughput and peak memory vs batch size, with and without planning, and the largest batch that fits."""
+    from .reports.batch_sweep import plot_sweep, sweep_batches
+    from .units import parse_bytes
+
+    budget = parse_bytes(memory) if memory is not None else _memory_of(device)
+    sweep = _with_progress("batch sizes", lambda progress: sweep_batches(
+        model, image, budget, max_run_batch=max_run_batch, reps=reps, progress=progress))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_batch.json").write_text(json.dumps(sweep.to_dict(), indent=1))
+    plot_sweep(sweep, out / "bench_batch.png")
+    if as_json:
+        typer.echo(json.dumps(sweep.to_dict()))
+        return
+    table = Table(title=f"{model} at {image} px, budget {format_bytes(budget)}")
+    for column in ("batch", "plain peak", "planned peak", "ρ", "plain samples/s", "planned samples/s"):
+        table.add_column(column, justify="right")
+    for p in sweep.points:
+        table.add_row(str(p.batch), format_bytes(p.plain_peak_bytes),
+                      "-" if p.planned_peak_bytes is None else format_bytes(p.planned_peak_bytes),
+                      "-" if p.planned_recompute_factor is None else f"{p.planned_recompute_factor:.3f}",
+                      "-" if p.plain_samples_per_s is None else f"{p.plain_samples_per_s:.1f}",
+                      "-" if p.planned_samples_per_s is None else f"{p.planned_samples_per_s:.1f}")
+    console.print(table)
+    console.print(f"largest batch within {format_bytes(budget)}: plain {sweep.largest_plain_batch}, "
+                  f"with planning {sweep.largest_planned_batch}; wrote {out / 'bench_batch.json'} and "
+                  f"{out / 'bench_batch.png'}")
 
 
 @app.command()

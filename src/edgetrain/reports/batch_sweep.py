@@ -1,0 +1,192 @@
+"""Throughput and peak memory against batch size, with and without a checkpointing plan.
+
+Edge studies (e.g. Mwase et al., AAAI 2024, on Raspberry Pi 4) find throughput grows with the
+batch until memory stops it. This sweep shows both sides for a model on this machine and where
+a device's memory cuts off: the largest batch that trains plainly, and the largest that trains
+with the best schedule that fits (found on the meta device by doubling then bisection, so
+batches far beyond this machine's memory are answered too).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import EdgetrainError, InfeasibleBudgetError
+from ..models import get_model_spec
+from ..optim import make_optimizer
+from ..planners import plan
+from ..profile.estimate import chain_for
+from ..runtime import Executor
+from ..schedule import keep_all, simulate
+from ..stages import training_stages
+
+__all__ = ["BatchPoint", "BatchSweep", "largest_batch", "sweep_batches"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    batch: int
+    plain_peak_bytes: int
+    planned_peak_bytes: int | None  # None: no schedule fits the budget
+    planned_recompute_factor: float | None
+    plain_samples_per_s: float | None  # None: not run here (beyond --max-run-batch or budget)
+    planned_samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class BatchSweep:
+    model: str
+    image: int
+    budget_bytes: int
+    points: tuple[BatchPoint, ...]
+    largest_plain_batch: int
+    largest_planned_batch: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"model": self.model, "image": self.image, "budget_bytes": self.budget_bytes,
+                "largest_plain_batch": self.largest_plain_batch, "largest_planned_batch": self.largest_planned_batch,
+                "points": [asdict(p) for p in self.points]}
+
+
+def _plain_peak(model: str, batch: int, image: int) -> int:
+    chain = chain_for(model, batch, image)
+    return simulate(chain, keep_all(chain.length)).peak_bytes
+
+
+def _trainable(model: str, batch: int, image: int) -> bool:
+    try:
+        chain_for(model, batch, image)
+    except EdgetrainError:
+        return False
+    return True
+
+
+def _planned_fits(model: str, batch: int, image: int, budget_bytes: int) -> bool:
+    try:
+        plan(chain_for(model, batch, image), memory=budget_bytes)
+    except InfeasibleBudgetError:
+        return False
+    return True
+
+
+def largest_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20) -> int:
+    """Largest batch for which ``fits`` holds, assuming it is monotone from ``start``; 0 if not even there."""
+    if not fits(start):
+        return 0
+    low = start
+    while low * 2 <= limit and fits(low * 2):
+        low *= 2
+    high = min(low * 2, limit + 1)  # fits(low) and not fits(high), or high beyond the limit
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _time_steps(step: Callable[[], None], reps: int) -> float:
+    step()  # warm-up: allocator, optimizer state
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _throughput(model_name: str, batch: int, image: int, budget_bytes: int | None, reps: int) -> float:
+    """Samples per second of SGD steps, plain (budget None) or following the plan for the budget."""
+    spec = get_model_spec(model_name)
+    torch.manual_seed(0)
+    model = spec.build()
+    x, y = spec.example_input(batch, image), spec.example_target(batch)
+    opt = make_optimizer("sgd", model.parameters())
+    if budget_bytes is None:
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    else:
+        chain = chain_for(model_name, batch, image)
+        executor = Executor(training_stages(model), plan(chain, memory=budget_bytes).schedule, chain)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            executor.step(x, y)
+            opt.step()
+    return batch / _time_steps(step, reps)
+
+
+def sweep_batches(model: str, image: int, budget_bytes: int, *, batches: tuple[int, ...] = (),
+                  max_run_batch: int = 64, reps: int = 3,
+                  progress: Callable[[int, int], None] | None = None) -> BatchSweep:
+    """Peak memory (estimated) and throughput (measured up to ``max_run_batch``) for each batch.
+
+    Batches default to powers of two up to the largest plan-able one. Throughput with planning
+    is measured only where plain training would not fit the budget, since below that the best
+    plan is plain training itself.
+    """
+    smallest = 1 if _trainable(model, 1, image) else 2  # BatchNorm needs two values per channel
+    largest_plain = largest_batch(lambda b: _plain_peak(model, b, image) <= budget_bytes, smallest)
+    largest_planned = largest_batch(lambda b: _planned_fits(model, b, image, budget_bytes), smallest)
+    if largest_planned == 0:
+        raise EdgetrainError(f"{model} at {image} px does not fit the budget even at batch {smallest} "
+                             "with checkpointing")
+    powers = {1 << k for k in range(smallest - 1, largest_planned.bit_length())}
+    sizes = batches or tuple(sorted(powers | {b for b in (largest_plain, largest_planned) if b > 0}))
+    points = []
+    for index, batch in enumerate(sizes):
+        plain_peak = _plain_peak(model, batch, image)
+        try:
+            chosen = plan(chain_for(model, batch, image), memory=budget_bytes)
+            planned_peak, factor = chosen.predicted_peak_bytes, chosen.recompute_factor
+        except InfeasibleBudgetError:
+            planned_peak, factor = None, None
+        runnable = batch <= max_run_batch
+        plain_rate = _throughput(model, batch, image, None, reps) if runnable else None
+        needs_plan = planned_peak is not None and plain_peak > budget_bytes
+        planned_rate = (_throughput(model, batch, image, budget_bytes, reps) if runnable and needs_plan
+                        else plain_rate if planned_peak is not None else None)
+        points.append(BatchPoint(batch, plain_peak, planned_peak, factor, plain_rate, planned_rate))
+        log.info("batch %d: %s", batch, points[-1])
+        if progress is not None:
+            progress(index + 1, len(sizes))
+    return BatchSweep(model, image, budget_bytes, tuple(points), largest_plain, largest_planned)
+
+
+def plot_sweep(sweep: BatchSweep, path: Path) -> None:
+    """Two panels: throughput and peak memory against batch size (log-2 axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    batches = [p.batch for p in sweep.points]
+    for label, rates in (("plain", [p.plain_samples_per_s for p in sweep.points]),
+                         ("with plan", [p.planned_samples_per_s for p in sweep.points])):
+        xs = [b for b, r in zip(batches, rates) if r is not None]
+        left.plot(xs, [r for r in rates if r is not None], marker="o", label=label)
+    left.set(xscale="log", xlabel="batch size", ylabel="samples / s (this machine)", title="Throughput")
+    right.plot(batches, [p.plain_peak_bytes / 2**30 for p in sweep.points], marker="o", label="plain")
+    planned = [(p.batch, p.planned_peak_bytes) for p in sweep.points if p.planned_peak_bytes is not None]
+    right.plot([b for b, _ in planned], [m / 2**30 for _, m in planned], marker="s", label="with plan")
+    right.axhline(sweep.budget_bytes / 2**30, color="black", linestyle="--", label="budget")
+    right.set(xscale="log", yscale="log", xlabel="batch size", ylabel="peak memory (GiB)", title="Peak memory")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    fig.suptitle(f"{sweep.model} at {sweep.image} px: largest batch plain {sweep.largest_plain_batch}, "
+                 f"with plan {sweep.largest_planned_batch}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
