@@ -258,36 +258,134 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
                   f"{out / 'bench_batch.png'}")
 
 
+@app.command("train")
+@_clean_errors
+def train_command(
+        model: str = typer.Option("resnet18", "--model", "-m", help="Model name from the zoo."),
+        data: str = typer.Option("synthetic", "--data", help="'synthetic', an image folder or a CIFAR-10 folder."),
+        samples: int = typer.Option(1000, "--samples", help="Size of the synthetic dataset."),
+        batch: int = typer.Option(8, "--batch", "-b", help="Batch size."),
+        image: int = typer.Option(64, "--image", "--size", help="Image side in pixels."),
+        memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 300MiB."),
+        recompute: Optional[float] = typer.Option(None, "--recompute", help="Largest recompute factor ρ >= 1."),
+        device: Optional[str] = DeviceOpt,
+        strategy: str = typer.Option("auto", "--strategy", help="auto, uniform, revolve or optimal."),
+        epochs: int = typer.Option(3, "--epochs", help="Passes over the training split."),
+        optimizer: str = OptimizerOpt,
+        lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 0.01 SGD, 0.001 Adam)."),
+        workers: int = typer.Option(0, "--workers", help="DataLoader worker processes."),
+        run_dir: Path = typer.Option(Path("runs/latest"), "--run-dir", help="Metrics, state and summary go here."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir exactly."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the data, the model and the order."),
+        save_every: int = typer.Option(50, "--save-every", help="Save the training state every N steps."),
+        skip_corrupt: bool = typer.Option(False, "--skip-corrupt", help="Skip and count unreadable samples.")) -> None:
+    """Train a model within a memory budget: plan, train with the plan, evaluate every epoch, save state."""
+    from .train import TrainConfig, train
+
+    if memory is not None and recompute is not None:
+        raise EdgetrainError("give --memory or --recompute, not both")
+    config = TrainConfig(model=model, data=data, samples=samples, batch=batch, image=image, memory=memory,
+                         recompute=recompute, device=device, strategy=strategy, epochs=epochs, optimizer=optimizer,
+                         lr=lr, workers=workers, run_dir=run_dir, resume=resume, seed=seed, save_every=save_every,
+                         skip_corrupt=skip_corrupt)
+    summary = _train_with_progress(config)
+    _print_summary(summary, run_dir)
+
+
+def _train_with_progress(config: Any) -> Any:
+    from rich.progress import TimeRemainingColumn
+
+    from .train import train
+
+    columns = (TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[rate]:.1f} samples/s"),
+               TextColumn("peak {task.fields[peak]}"), TimeRemainingColumn())
+    with Progress(*columns, console=err_console) as bar:
+        task = bar.add_task("train", total=None, epoch=0, loss=float("nan"), rate=0.0, peak="?")
+        peak = {"bytes": 0}
+
+        def on_step(metrics: Any, total: int) -> None:
+            peak["bytes"] = max(peak["bytes"], metrics.peak_bytes or 0)
+            bar.update(task, completed=metrics.step, total=total, epoch=metrics.epoch, loss=metrics.loss,
+                       rate=metrics.samples_per_s, peak=format_bytes(peak["bytes"]) if peak["bytes"] else "?")
+
+        return train(config, progress=on_step)
+
+
+def _print_summary(summary: Any, run_dir: Path) -> None:
+    budget = "no budget" if summary.budget_bytes is None else f"budget {format_bytes(summary.budget_bytes)}"
+    console.print(f"accuracy {summary.accuracy:.3f} (chance {summary.chance_accuracy:.3f}), "
+                  f"val loss {summary.val_loss:.4f}")
+    console.print(f"measured peak {format_bytes(summary.measured_peak_bytes)} vs {budget} "
+                  f"(predicted {format_bytes(summary.predicted_peak_bytes)}); plan {summary.strategy}, "
+                  f"ρ = {summary.recompute_factor:.3f}; {summary.steps} steps in {summary.wall_time_s:.1f} s")
+    console.print(f"metrics: {run_dir / 'metrics.jsonl'}, summary: {run_dir / 'summary.json'}")
+
+
 @app.command()
 @_clean_errors
-def demo(out: Path = typer.Option(Path("out"), "--out", "-o", help="Where results are written.")) -> None:
-    """The main job on built-in defaults: which ResNet trainings fit the Waggle node, and how to make them fit."""
-    from .devices import get_device
+def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where results are written."),
+         samples: int = typer.Option(1000, "--samples", help="Size of the generated dataset."),
+         epochs: int = typer.Option(3, "--epochs", help="Training epochs.")) -> None:
+    """The main job on built-in defaults: what fits the Waggle node, then a real training run under a squeezed budget.
+
+    The demo budget puts this small run under the same squeeze the node's 2 GiB puts on
+    ResNet-50 at batch 8 and 500 px: the same fraction of what plain training needs.
+    """
+    from .profile import estimate_memory
+    from .train import TrainConfig
+
+    node_memory = _memory_of("odroid-xu4")
+    console.rule(f"1. Does training fit the Waggle node's ODROID XU4 ({format_bytes(node_memory)})?")
+    rows = _with_progress("estimating", lambda progress: _node_fit_rows(node_memory, progress))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "node_fit.json").write_text(json.dumps(rows, indent=1))
+    squeeze = node_memory / next(r["total_bytes"] for r in rows if (r["model"], r["batch"], r["size"]) == DEMO_SQUEEZE)
+
+    model, batch, image = "mobilenet_v2", 32, 48
+    plain = estimate_memory(model, batch, image, num_classes=10).total_bytes
+    budget = int(plain * squeeze)
+    console.rule(f"2. Train {model} within {format_bytes(budget)}")
+    console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training needs "
+                  f"{format_bytes(plain)}; the budget is {squeeze:.2f} of that, the fraction the node leaves "
+                  f"ResNet-50 at batch 8 and 500 px, so plain training does not fit.")
+    config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image, memory=budget,
+                         epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data")
+    summary = _train_with_progress(config)
+    _print_summary(summary, config.run_dir)
+
+
+DEMO_SQUEEZE = ("resnet50", 8, 500)
+
+
+def _node_fit_rows(node_memory: int, progress: Callable[[int, int], None]) -> list[dict[str, Any]]:
+    """Plain peak of a few trainings, and the best plan within the node's memory where plain does not fit."""
     from .errors import InfeasibleBudgetError
     from .planners import plan
     from .profile import estimate_memory
 
-    node = get_device("odroid-xu4")
-    node_memory = _memory_of(node.name)
-    console.rule(f"edgetrain demo: training on the Waggle node's ODROID XU4 ({format_bytes(node_memory)})")
+    configs = (("resnet18", 8, 224), ("resnet50", 8, 224), DEMO_SQUEEZE, ("resnet152", 8, 500),
+               ("mobilenet_v2", 32, 224))
+    table = Table()
+    for column in ("model", "batch", "image", "plain peak", "fits", "with plan", "ρ"):
+        table.add_column(column, justify="right")
     rows = []
-    for model, batch, image in (("resnet18", 8, 224), ("resnet50", 8, 224), ("resnet50", 8, 500),
-                                ("resnet152", 8, 500), ("mobilenet_v2", 32, 224)):
+    for index, (model, batch, image) in enumerate(configs):
         estimate = estimate_memory(model, batch, image)
-        report = estimate.to_dict(node)
-        _print_memory_report(report)
-        if not report["fits"]:
+        row: dict[str, Any] = estimate.to_dict()
+        row["fits"] = estimate.total_bytes <= node_memory
+        planned, factor = "-", "-"
+        if not row["fits"]:
             try:
                 chosen = plan(estimate.chain, memory=node_memory)
-                report["plan"] = chosen.to_dict()
-                console.print(f"  with checkpointing ({chosen.strategy}): peak "
-                              f"{format_bytes(chosen.predicted_peak_bytes)}, recompute factor "
-                              f"ρ = {chosen.recompute_factor:.3f} -> [green]fits[/]")
+                row["plan"] = chosen.to_dict()
+                planned, factor = format_bytes(chosen.predicted_peak_bytes), f"{chosen.recompute_factor:.3f}"
             except InfeasibleBudgetError as exc:
-                report["plan"] = {"feasible": False, "minimum_bytes": exc.minimum_bytes}
-                console.print(f"  even with checkpointing: [red]does not fit[/] (least peak "
-                              f"{format_bytes(exc.minimum_bytes or 0)})")
-        rows.append(report)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "demo_memory.json").write_text(json.dumps(rows, indent=1))
-    console.print(f"wrote {out / 'demo_memory.json'}")
+                row["plan"] = {"feasible": False, "minimum_bytes": exc.minimum_bytes}
+                planned = f"no (needs {format_bytes(exc.minimum_bytes or 0)})"
+        table.add_row(model, str(batch), str(image), format_bytes(estimate.total_bytes),
+                      "[green]yes[/]" if row["fits"] else "[red]no[/]", planned, factor)
+        rows.append(row)
+        progress(index + 1, len(configs))
+    console.print(table)
+    return rows

@@ -1,0 +1,85 @@
+"""edgetrain train: a real run within a budget, its files, and exact resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgetrain.train import StateStore, TrainConfig, train
+
+SMALL = ["--model", "resnet18", "--image", "32", "--batch", "8", "--samples", "160", "--epochs", "2",
+         "--recompute", "1.5", "--save-every", "2"]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "edgetrain", *args]
+
+
+def step_losses(run_dir: Path) -> list[tuple[int, float]]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in lines if "loss" in r]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = StateStore(run_dir / "state").load_latest()
+    assert state is not None
+    return state.model
+
+
+def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
+    config = TrainConfig(model="resnet18", image=32, batch=8, samples=120, epochs=2, memory="140MiB",
+                         run_dir=tmp_path / "run", data_root=tmp_path / "data", save_every=5)
+    summary = train(config)
+    assert summary.steps == 2 * (96 // 8)
+    assert 0.0 <= summary.accuracy <= 1.0 and summary.chance_accuracy == 0.1
+    assert summary.budget_bytes == 140 * 2**20
+    assert summary.measured_peak_bytes <= summary.predicted_peak_bytes * 1.05
+    assert summary.predicted_peak_bytes <= summary.budget_bytes
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("accuracy", "measured_peak_bytes", "budget_bytes", "recompute_factor", "wall_time_s"):
+        assert key in saved
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, summary.steps + 1))
+    assert all({"step", "epoch", "loss"} <= set(r) for r in steps)
+    assert sum("val_accuracy" in r for r in records) == 2
+
+
+def test_budget_below_minimum_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run(cli("train", *SMALL[:10], "--memory", "10MiB", "--run-dir", str(tmp_path)),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "below the feasible minimum" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    subprocess.run(cli("train", *SMALL, "--run-dir", str(whole)), check=True, capture_output=True, timeout=600)
+    # Each run generates its synthetic data under its own run dir: they share nothing but the seed.
+    process = subprocess.Popen(cli("train", *SMALL, "--run-dir", str(broken)), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    metrics = broken / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(step_losses(broken)) >= 7:
+            break
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = len(step_losses(broken))
+    assert 7 <= killed_at < 32, "the run must be killed mid-training"
+    subprocess.run(cli("train", *SMALL, "--run-dir", str(broken), "--resume"), check=True, capture_output=True,
+                   timeout=600)
+    assert step_losses(broken) == step_losses(whole)
+    expected = final_weights(whole)
+    for name, tensor in final_weights(broken).items():
+        assert torch.equal(tensor, expected[name]), name
