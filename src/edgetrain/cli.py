@@ -258,6 +258,39 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
                   f"{out / 'bench_batch.png'}")
 
 
+@bench_app.command("data")
+@_clean_errors
+def bench_data(model: str = typer.Option("resnet18", "--model", "-m", help="Model whose step is the compute."),
+               data: str = typer.Option("synthetic", "--data", help="'synthetic' or a dataset folder."),
+               samples: int = typer.Option(512, "--samples", help="Size of the synthetic dataset."),
+               image: int = typer.Option(64, "--image", "--size", help="Image side in pixels."),
+               batch: int = typer.Option(16, "--batch", "-b", help="Batch size."),
+               workers: str = typer.Option("0,1,2", "--workers", help="Loader worker counts to try, e.g. 0,1,2."),
+               batches: int = typer.Option(10, "--batches", help="Timed batches per run (median)."),
+               device: Optional[str] = typer.Option(None, "--device", "-d",
+                                                    help="Emulate this device's storage read bandwidth."),
+               data_root: Path = typer.Option(Path("out/data"), "--data-root", help="Where synthetic data goes."),
+               as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+    """Data-stall analysis: fetch / pre-process / compute per batch for 0..N loader workers."""
+    from .data import analyze_stalls, make_step_fn, open_dataset, stall_table
+    from .devices import get_device
+    from .models import get_model_spec
+
+    try:
+        counts = tuple(int(w) for w in workers.split(","))
+    except ValueError:
+        raise EdgetrainError(f"--workers takes comma-separated integers, got {workers!r}") from None
+    train_set, _, classes = open_dataset(data, image_size=image, samples=samples, root=data_root)
+    net = get_model_spec(model).build(classes)
+    read_bps = get_device(device).storage_read_bps if device else None
+    report = _with_progress("worker counts", lambda progress: analyze_stalls(
+        make_step_fn(net), train_set, batch, workers=counts, batches=batches, read_bps=read_bps))
+    if as_json:
+        typer.echo(json.dumps(report.to_dict()))
+    else:
+        Console(width=max(console.width, 140)).print(stall_table(report))
+
+
 @app.command("train")
 @_clean_errors
 def train_command(

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
-from ..data import open_dataset
+from ..data import collate_skip_corrupt, open_dataset
 from ..devices import get_device
 from ..errors import EdgetrainError
 from ..models import check_input, get_model_spec
@@ -197,7 +197,7 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float
     model.eval()
     correct, total, loss_sum = 0, 0, 0.0
     with torch.no_grad():
-        for x, y in DataLoader(dataset, batch_size=batch):
+        for x, y in (b for b in DataLoader(dataset, batch_size=batch, collate_fn=collate_skip_corrupt) if b):
             logits = model(x)
             loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(dim=1) == y).sum())
@@ -240,8 +240,9 @@ def _batches(dataset: Dataset[Any], sampler: ResumableSampler, config: TrainConf
     # Workers draw their seeds from this generator, not from the global RNG the step uses.
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
     loader = DataLoader(dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
-                        drop_last=True, generator=generator, persistent_workers=False)
-    yield from loader
+                        drop_last=True, generator=generator, persistent_workers=False,
+                        collate_fn=collate_skip_corrupt)
+    yield from (batch for batch in loader if batch is not None)  # None: every sample was corrupt and skipped
 
 
 def _train_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
