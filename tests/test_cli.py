@@ -93,12 +93,26 @@ def test_devices_lists_the_catalog() -> None:
     assert code == 0 and "jetson-agx-orin" in out
 
 
-def test_demo_reports_fit_and_plans_what_does_not_fit(tmp_path: Path) -> None:
-    code, _, _ = run("demo", "--out", str(tmp_path))
-    assert code == 0
-    rows = json.loads((tmp_path / "demo_memory.json").read_text())
+def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -> None:
+    code, _, err = run("demo", "--out", str(tmp_path), "--samples", "80", "--epochs", "1")
+    assert code == 0, err
+    rows = json.loads((tmp_path / "node_fit.json").read_text())
     assert len(rows) == 5
     for row in rows:
-        assert row["fits"] == (row["total_bytes"] <= row["device_memory_bytes"])
-        if not row["fits"]:
-            assert row["plan"]["predicted_peak_bytes"] <= row["device_memory_bytes"]
+        assert row["fits"] == (row["total_bytes"] <= 2 * 2**30)
+        if not row["fits"] and row["plan"].get("feasible", True):
+            assert row["plan"]["predicted_peak_bytes"] <= 2 * 2**30
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["predicted_peak_bytes"] <= summary["budget_bytes"]
+    assert summary["measured_peak_bytes"] <= summary["budget_bytes"] * 1.05
+    assert summary["recompute_factor"] > 1.0  # plain training does not fit the demo budget
+
+
+def test_bench_data_reports_shares_per_worker_count(tmp_path: Path) -> None:
+    code, out, err = run("bench", "data", "--samples", "32", "--image", "32", "--batch", "4", "--workers", "0",
+                         "--batches", "2", "--data-root", str(tmp_path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["recommended_workers"] == 0
+    code, _, err = run("bench", "data", "--workers", "zero", "--data-root", str(tmp_path))
+    assert code == 2 and "comma-separated integers" in err
