@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
-from ..data import collate_skip_corrupt, open_dataset
+from ..data import CachingReader, MinIOCache, collate_skip_corrupt, open_dataset
 from ..devices import get_device
 from ..errors import EdgetrainError
 from ..models import check_input, get_model_spec
@@ -151,6 +151,9 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
     log.info("plan: %s, predicted peak %d bytes, recompute factor %.3f", chosen.strategy,
              chosen.predicted_peak_bytes, chosen.recompute_factor)
 
+    cache = _sample_cache(chosen, config)
+    if cache is not None:
+        train_set = train_set.with_reader(CachingReader(cache))
     epoch, step = 0, 0
     if resumed is not None:
         resumed.restore(model, optimizer, sampler=sampler)
@@ -176,7 +179,11 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
                     store.save(_capture(step, epoch, model, optimizer, chosen.schedule, sampler,
                                         (step - epoch * steps_per_epoch) * config.batch))
             accuracy, val_loss = evaluate(model, val_set, config.batch)
-            metrics_log.append({"step": step, "epoch": epoch, "val_accuracy": accuracy, "val_loss": val_loss})
+            record = {"step": step, "epoch": epoch, "val_accuracy": accuracy, "val_loss": val_loss}
+            if cache is not None:
+                record.update(cache_hit_rate=cache.stats.hit_rate, cache_bytes=cache.used_bytes)
+                cache.stats.reset()
+            metrics_log.append(record)
             epoch += 1
             sampler.set_epoch(epoch)
             store.save(_capture(step, epoch, model, optimizer, chosen.schedule, sampler, 0))
@@ -233,6 +240,19 @@ def _plan_training(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: T
     if config.recompute is not None:
         return chain, plan(chain, recompute=config.recompute, strategy=config.strategy)
     return chain, plan(chain, memory=budget, strategy=config.strategy)
+
+
+def _sample_cache(chosen: Plan, config: TrainConfig) -> MinIOCache | None:
+    """An epoch-aware cache of encoded samples in what the budget leaves beside the planned peak.
+
+    MinIO-style (Mohan et al., VLDB 2021): the first samples that fit stay for the whole run,
+    so every shuffled epoch after the first hits the cached fraction. Only without loader
+    workers, which would each fill a private copy and overspend the budget.
+    """
+    budget = config.budget_bytes()
+    if budget is None or config.workers > 0 or budget <= chosen.predicted_peak_bytes:
+        return None
+    return MinIOCache(capacity_bytes=budget - chosen.predicted_peak_bytes)
 
 
 def _batches(dataset: Dataset[Any], sampler: ResumableSampler, config: TrainConfig,
