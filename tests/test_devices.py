@@ -19,12 +19,12 @@ from edgetrain.devices import (
     load_devices_file,
     this_machine,
 )
-from edgetrain.devices.catalog import NUMERIC_FIELDS, _detect_this_machine
+from edgetrain.devices.catalog import ENERGY_FIELDS, NUMERIC_FIELDS, _detect_this_machine
 from edgetrain.errors import UnknownNameError
 
 CLI_NAMES = ["odroid-xu4", "rpi4", "rpi4-8gb", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
              "jetson-agx-xavier", "jetson-agx-orin", "mkr1000", "nrf52840", "this-machine"]
-UNIT_SUFFIXES = ("_bytes", "_hz", "_w", "_bps", "_gflops")
+UNIT_SUFFIXES = ("_bytes", "_hz", "_w", "_bps", "_gflops", "_flops_per_s", "_s")
 GIB = 1024**3
 
 MINIMAL = """
@@ -173,6 +173,9 @@ def test_a_valid_file_loads_with_hand_checked_values(tmp_path: Path) -> None:
     (lambda t: t.replace("peak_power_w = 5\n", "peak_power_w = -5\n"), "must be > 0"),
     (lambda t: t.replace("memory_bytes = 1073741824", "memory_bytes = -1"), "must be > 0"),
     (lambda t: t.replace("peak_power_w = 5\n", "peak_power_w = 0\n"), "never write 0"),
+    (lambda t: t.replace("peak_power_w = 5\n", "peak_power_w = 5\npagein_bps = -1.0\n"), "must be > 0"),
+    (lambda t: t.replace("peak_power_w = 5\n", "peak_power_w = 5\ncompute_flops_per_s = 1e6\n"),
+     "no entry in sources"),
     (lambda t: t.replace("peak_power_w = 5\n", "peak_power_w = 5\npower_watts = 5\n"), "unknown field"),
     (lambda t: t.replace('memory_bytes = "vendor page"', 'memory_bytes = "vendor page"\nram = "x"'),
      "unknown fields"),
@@ -182,7 +185,8 @@ def test_a_valid_file_loads_with_hand_checked_values(tmp_path: Path) -> None:
                 .replace("[devices.my-board.sources]", "[devices.this-machine.sources]"), "detected at run time"),
     (lambda t: t + "\n[extra]\nx = 1\n", "unknown top-level"),
     (lambda t: t.replace('title = "My board"', "title = My board"), "not valid TOML"),
-], ids=["missing-source", "negative-power", "negative-memory", "zero", "unknown-field", "unknown-source-key",
+], ids=["missing-source", "negative-power", "negative-memory", "zero", "negative-pagein-rate",
+        "unsourced-compute-rate", "unknown-field", "unknown-source-key",
         "float-bytes", "missing-cpu", "this-machine-in-file", "top-level-key", "bad-toml"])
 def test_bad_files_are_rejected_with_a_clear_message(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "devices.toml"
@@ -192,6 +196,17 @@ def test_bad_files_are_rejected_with_a_clear_message(tmp_path: Path, edit, messa
         load_devices_file(path)
 
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["mkr1000", "nrf52840", "rpi4", "rpi4-8gb", "jetson-tx2", "odroid-xu4"])
+def test_energy_figures_cite_poet_or_say_why_not(name: str) -> None:
+    device = get_device(name)
+
+    for key in ENERGY_FIELDS:
+        source = device.sources[key]
+        assert ("POET" in source) if getattr(device, key) is not None else source.startswith("unknown"), key
+    if device.compute_flops_per_s is not None:  # an achieved rate, far below any peak
+        assert device.compute_flops_per_s < (device.peak_fp32_gflops or float("inf")) * 1e9
 
 
 def test_device_is_frozen_and_its_sources_read_only() -> None:

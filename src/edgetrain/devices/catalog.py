@@ -14,9 +14,15 @@ The figures live in ``devices.toml`` (package data), one table per device, read 
 * no figure is zero or negative, and a field name the record does not have is an error.
 
 ``this-machine`` is not in the file: :func:`this_machine` detects it at run time and says so in
-its sources. Energy figures (compute rate, page-in / page-out cost per byte) are left to a later
-change; they will be new fields with units in their names under the same rules, so a planner
-can ask for them and get ``None`` with a reason rather than a made-up number.
+its sources.
+
+The energy figures (:data:`ENERGY_FIELDS`) follow the same rules: ``compute_flops_per_s`` is an
+*achieved* training rate measured on the device (POET's, not the datasheet peak in
+``peak_fp32_gflops``), ``compute_power_w`` the power drawn while computing, and
+``pagein_*`` / ``pageout_*`` the latency per transfer, throughput and power of paging to the
+device's flash or SD card. :mod:`edgetrain.energy` turns them into an
+:class:`~edgetrain.energy.EnergyProfile` and refuses a device that lacks any of them, naming
+the fields, rather than guessing.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Device",
     "DeviceCatalogError",
+    "ENERGY_FIELDS",
     "INT_FIELDS",
     "NUMERIC_FIELDS",
     "THIS_MACHINE",
@@ -62,8 +69,11 @@ logger = logging.getLogger(__name__)
 
 THIS_MACHINE = "this-machine"
 INT_FIELDS = ("memory_bytes", "flash_bytes", "cpu_cores")
+# The figures an energy cost model needs (see edgetrain.energy), each in its unit.
+ENERGY_FIELDS = ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
+                 "pageout_latency_s", "pageout_bps", "pageout_power_w")
 FLOAT_FIELDS = ("cpu_max_freq_hz", "peak_fp32_gflops", "typical_power_w", "peak_power_w",
-                "storage_read_bps", "storage_write_bps")
+                "storage_read_bps", "storage_write_bps") + ENERGY_FIELDS
 NUMERIC_FIELDS = INT_FIELDS + FLOAT_FIELDS
 TEXT_FIELDS = ("title", "cpu", "accelerator", "storage")
 _REQUIRED = ("title", "memory_bytes", "cpu")
@@ -96,6 +106,15 @@ class Device:
         storage_read_bps: sequential read bandwidth of that storage, in bytes per second.
         storage_write_bps: sequential write bandwidth of that storage, in bytes per second.
         flash_bytes: on-chip program flash of a microcontroller, in bytes.
+        compute_flops_per_s: achieved (measured) training compute rate in FLOP/s, not a peak.
+        compute_power_w: power drawn while computing, in watts (``notes`` say whether it is the
+            whole board or the increment above idle).
+        pagein_latency_s: fixed latency of one page-in (storage to RAM) transfer, in seconds.
+        pagein_bps: page-in throughput, in bytes per second.
+        pagein_power_w: power drawn while paging in, in watts.
+        pageout_latency_s: fixed latency of one page-out (RAM to storage) transfer, in seconds.
+        pageout_bps: page-out throughput, in bytes per second.
+        pageout_power_w: power drawn while paging out, in watts.
         sources: field name -> where the figure comes from, or why it is unknown.
         notes: field name (or ``"device"``) -> a remark on the figure.
     """
@@ -114,6 +133,14 @@ class Device:
     storage_read_bps: float | None = None
     storage_write_bps: float | None = None
     flash_bytes: int | None = None
+    compute_flops_per_s: float | None = None
+    compute_power_w: float | None = None
+    pagein_latency_s: float | None = None
+    pagein_bps: float | None = None
+    pagein_power_w: float | None = None
+    pageout_latency_s: float | None = None
+    pageout_bps: float | None = None
+    pageout_power_w: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict, hash=False)
     notes: Mapping[str, str] = field(default_factory=dict, hash=False)
 
@@ -345,6 +372,7 @@ def _detect_this_machine(proc: Path = Path("/proc"), sys_dir: Path = Path("/sys"
         "storage_read_bps": _NOT_MEASURED,
         "storage_write_bps": _NOT_MEASURED,
         "flash_bytes": "not applicable: a machine that runs CPython and PyTorch is not a microcontroller",
+        **{key: _NOT_MEASURED for key in ENERGY_FIELDS},
     }
     notes = {"device": "Detected at run time from the operating system; no benchmark is run.",
              "storage": "Storage type is not detected."}
@@ -371,7 +399,8 @@ def this_machine() -> Device:
     Memory comes from ``/proc/meminfo`` (else ``os.sysconf``), cores from ``os.cpu_count()``, the
     CPU model from ``/proc/cpuinfo`` (else :mod:`platform`), the fastest core clock from
     ``cpufreq`` in sysfs, NVIDIA GPUs from ``/proc/driver/nvidia``. Nothing is benchmarked:
-    FLOP/s, power and storage figures are ``None`` with ``"unknown: not measured"`` as source.
+    FLOP/s, power, storage and energy figures are ``None`` with ``"unknown: not measured"`` as
+    source.
 
     Raises:
         EdgetrainError: when not even the memory size can be detected.
