@@ -83,3 +83,17 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path: Path) -> No
     expected = final_weights(whole)
     for name, tensor in final_weights(broken).items():
         assert torch.equal(tensor, expected[name]), name
+
+
+def test_tensorboard_scalars_when_installed(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = TrainConfig(model="resnet18", image=32, batch=8, samples=40, epochs=1, run_dir=tmp_path / "run",
+                         data_root=tmp_path / "data")
+    summary = train(config)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    losses = events.Scalars("loss")
+    assert [e.step for e in losses] == list(range(1, summary.steps + 1))
+    assert events.Scalars("val_accuracy")[-1].value == pytest.approx(summary.accuracy)

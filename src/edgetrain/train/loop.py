@@ -298,21 +298,37 @@ def _capture(step: int, epoch: int, model: nn.Module, optimizer: torch.optim.Opt
 
 
 class _MetricsLog:
-    """Append-only JSON lines, flushed per line so a crash loses at most the line being written."""
+    """Append-only JSON lines, flushed per line so a crash loses at most the line being written.
+
+    When TensorBoard is installed, every numeric field is also logged as a scalar under
+    ``run_dir/tensorboard`` (x axis: the step).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.board: Any = None
 
     def __enter__(self) -> _MetricsLog:
         self.file = self.path.open("a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            return self
+        self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
         return self
 
     def append(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if self.board is not None:
+            for key, value in record.items():
+                if key not in ("step", "epoch") and isinstance(value, (int, float)) and value is not None:
+                    self.board.add_scalar(key, value, record["step"])
 
     def __exit__(self, *exc: object) -> None:
         self.file.close()
+        if self.board is not None:
+            self.board.close()
 
 
 def _truncate_metrics(path: Path, state: TrainingState) -> None:
