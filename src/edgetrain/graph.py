@@ -53,7 +53,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from .errors import EdgetrainError
-from .profile.tracker import storage_bytes, storage_key
+from .profile.tracker import SavedTensors, storage_bytes, storage_key
 from .stages import LossFn
 
 __all__ = ["GraphNode", "Graph", "capture_graph"]
@@ -377,18 +377,9 @@ def _measure(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     args, kwargs = tree_map(fresh, (args, kwargs))
     existing = set(original_keys) | param_keys
-    saved: dict[int, int] = {}
-    saved_keys: set[int] = set()
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key = storage_key(tensor)
-        saved_keys.add(key)
-        if key not in existing:
-            saved[key] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with FlopCounterMode(display=False) as fwd_counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with FlopCounterMode(display=False) as fwd_counter, SavedTensors(existing) as recorded:
         out = fn(*args, **kwargs)
+    saved, saved_keys = recorded.new_bytes, recorded.keys
     outs = [t for t in _tensors(out) if t.grad_fn is not None]
     out_keys = {storage_key(t) for t in _tensors(out)}
     bwd_flops = 0

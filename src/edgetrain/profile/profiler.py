@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..chain import Chain, StageCost
 from ..stages import LossFn, LossStage, training_stages
-from .tracker import LiveBytesTracker, storage_bytes, storage_key
+from .tracker import LiveBytesTracker, SavedTensors, storage_bytes, storage_key
 
 __all__ = ["profile", "NOMINAL_FLOPS_PER_S"]
 
@@ -128,22 +128,13 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker
     # 2. Recorded: saved tensors (hooks) and recorded-forward workspace.
     x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
     existing = tracker.live_keys()
-    saved: dict[int, int] = {}
-    saved_keys: set[int] = set()
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key = storage_key(tensor)
-        saved_keys.add(key)
-        if key not in existing:
-            saved[key] = tensor.untyped_storage().nbytes()
-        return tensor
-
     before = tracker.current_bytes
     tracker.reset_peak()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensors(existing) as recorded:
         y = module(x_rec)
     after = tracker.current_bytes
-    output_saved = storage_key(y) in saved_keys
+    output_saved = storage_key(y) in recorded.keys
+    saved = dict(recorded.new_bytes)
     if storage_key(y) not in existing:
         saved[storage_key(y)] = y.untyped_storage().nbytes()
     saved_bytes = sum(saved.values())
@@ -172,7 +163,7 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker
                      saved_bytes=saved_bytes, param_bytes=storage_bytes(module.parameters()) if params else 0,
                      grad_bytes=grad_bytes, fwd_workspace_bytes=fwd_workspace,
                      rec_workspace_bytes=rec_workspace, bwd_workspace_bytes=bwd_workspace,
-                     input_saved=storage_key(x_rec) in saved_keys, output_saved=output_saved)
+                     input_saved=storage_key(x_rec) in recorded.keys, output_saved=output_saved)
     log.debug("profiled %s: %s", name, cost)
     return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=saved_live)
 

@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveBytesTracker", "storage_key", "storage_bytes"]
+__all__ = ["LiveBytesTracker", "SavedTensors", "storage_key", "storage_bytes"]
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -87,3 +87,41 @@ class LiveBytesTracker(TorchDispatchMode):
             if isinstance(item, torch.Tensor):
                 self._track(item)
         return out
+
+
+class SavedTensors:
+    """Record the storages autograd saves for backward while active.
+
+    ``keys`` holds every saved storage (to ask whether an input or output was kept);
+    ``new_bytes`` the size of each one not in ``existing`` (weights and inputs are not the
+    op's to pay for).
+
+    Example:
+        >>> with SavedTensors(existing={storage_key(w)}) as saved:
+        ...     y = torch.relu(x @ w)
+        >>> sum(saved.new_bytes.values())
+    """
+
+    def __init__(self, existing: set[int]) -> None:
+        self.existing = existing
+        self.keys: set[int] = set()
+        self.new_bytes: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = storage_key(tensor)
+        self.keys.add(key)
+        if key not in self.existing:
+            self.new_bytes[key] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    def __enter__(self) -> SavedTensors:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
