@@ -31,7 +31,9 @@ Configurations are timed in rounds; in every round each configuration runs once,
 of ``BLOCK`` with a plain PyTorch step before and after each block. A configuration's ratio
 in a round is its time over the mean of the two plain steps bracketing its block, and its
 ``time_ratio`` is the median over rounds, robust to load drifting between rounds. The order
-of the configurations rotates (and reverses) from round to round.
+of the configurations rotates (and reverses) from round to round. Wall-clock and process CPU
+time are both kept (``time_ratio``, ``cpu_time_ratio``); CPU time does not count the time the
+process was descheduled by other jobs.
 
 torch runs on one thread by default here. On a 2-core machine that other jobs share, two
 intra-op threads stall whenever one of them is descheduled: plain ResNet-18 steps measured
@@ -48,7 +50,7 @@ configurations that run exactly the plain step (``pytorch`` itself and
 
 Usage::
 
-    .venv/bin/python benchmarks/planners.py                      # full run, 10-30 min
+    .venv/bin/python benchmarks/planners.py                      # full run, about 26 min here
     .venv/bin/python benchmarks/planners.py --quick              # smoke check, < 1 min
     .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 5 --budgets 6
     .venv/bin/python benchmarks/planners.py --rescore out/bench_planners.json   # tables of a run
@@ -94,7 +96,7 @@ log = logging.getLogger("bench_planners")
 
 MiB = 2**20
 # (model, batch, image side or sequence length). The encoder is BERT-base-shaped (12 layers,
-# d_model 768, 110 M parameters): batch 4 of 128 tokens takes about 2 s a step here.
+# d_model 768, 110 M parameters): batch 4 of 128 tokens takes about 3.5 s a step here (one thread).
 FULL_CASES = (("resnet18", 8, 224), ("resnet50", 8, 224), ("transformer", 4, 128))
 QUICK_CASES = (("resnet18", 2, 64), ("transformer_small", 4, 32))
 BLOCK = 3                 # configurations between two plain PyTorch reference steps
@@ -144,7 +146,7 @@ def torch_sequential_schedule(chain: Chain, segments: int) -> Schedule:
     return Schedule(tuple(ops), chain.length, strategy="checkpoint_sequential", params={"segments": segments})
 
 
-def best_revolve(chain: Chain, budget_bytes: int, candidates: Sequence[tuple[Schedule, Stats]]) -> Schedule | None:
+def best_revolve(budget_bytes: int, candidates: Sequence[tuple[Schedule, Stats]]) -> Schedule | None:
     """The revolve slot count with the least simulated time (then peak) within the budget."""
     fitting = [(stats.time_s, stats.peak_bytes, schedule) for schedule, stats in candidates
                if stats.peak_bytes <= budget_bytes]
@@ -404,7 +406,7 @@ def bench_model(name: str, batch: int, size: int, reps: int, n_budgets: int, slo
     revolve_points: list[tuple[int, Config | None]] = []
     optimal_points: list[tuple[int, Config]] = []
     for budget in budgets:
-        chosen = best_revolve(chain, budget, revolve_candidates)
+        chosen = best_revolve(budget, revolve_candidates)
         revolve_points.append((budget, None if chosen is None else add(
             "revolve", chosen, lambda c=chosen: bench.executed(c, chain))))  # type: ignore[misc]
         schedule = everything_schedule if everything.peak_bytes <= budget else table.schedule(budget)
