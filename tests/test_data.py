@@ -164,15 +164,6 @@ def test_synthetic_rejects_impossible_specs(tmp_path: Path, kwargs: dict[str, ob
         generate_synthetic(tmp_path / "bad", **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Tiny models run faster on one thread, and much faster on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_a_small_cnn_learns_synthetic_well_above_chance(tmp_path: Path) -> None:
     torch.manual_seed(0)

@@ -154,14 +154,6 @@ def test_report_serialises_and_renders(images: Path) -> None:
     assert "Recommended workers" in text and "cold ms" in text
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_make_step_fn_trains_a_real_model(images: Path) -> None:
     torch.manual_seed(0)
