@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np

@@ -7,7 +7,6 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
