@@ -353,6 +353,7 @@ class Search:
         """``(op, peak while it runs, time, next node)`` for every op the simulator accepts."""
         out, before = [], self.memory(node)
         next_backward = -1 if node.delta is None else node.delta - 1
+        chain_length = self.chain.length
         for i in range(next_backward + 1):
             if i in node.recorded or not (i in node.held or self.covered(i, node.recorded)):
                 continue
@@ -362,7 +363,8 @@ class Search:
                     continue
                 if self.restricted and keep is Keep.ALL and (i + 1) in node.recorded:
                     continue
-                held = set(node.held) | {i + 1}
+                output_dead = node.delta is not None and i + 1 == node.delta < chain_length  # stage i+1 done
+                held = set(node.held) | (set() if output_dead else {i + 1})
                 if keep is not Keep.INPUT and i > 0:
                     held.discard(i)
                 recorded = node.recorded | {i} if keep is Keep.ALL else node.recorded

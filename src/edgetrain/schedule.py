@@ -12,25 +12,47 @@ A schedule is a tuple of op records over the stages of a :class:`~edgetrain.chai
   stage, the loss, seeds itself), produces ``δ_stage`` (not for stage 0: the input needs no
   gradient), frees the stage's record, and releases ``x_stage`` and ``x_{stage+1}``.
 * ``Discard(value)`` releases a held value ``x_value`` early.
+* ``PageOut(value)`` writes ``x_value`` to storage (flash, an SD card) and frees its RAM; the
+  value stays *alive*: a record that saved it, or a later forward, needs it back first.
+* ``PageIn(value)`` reads a paged-out ``x_value`` back into RAM and deletes its copy on disk.
 
-``x_0`` is the caller's input batch: always available, never released.
+``x_0`` is the caller's input batch: always available, never released, never paged.
+
+NOTE [ Dead outputs ]
+A forward of stage ``i`` whose successor ``i + 1`` is already back-propagated (the last stage
+of a recomputed segment) makes an ``x_{i+1}`` that nothing will read: it is released as
+soon as the forward returns unless the record keeps it (``output_saved``), as torch's own
+checkpoint does. The loss ``x_L`` is kept: the step returns it.
+
+NOTE [ Paging time and energy ]
+Paging is charged *serially*: an op waits for its transfer, ``latency + bytes / throughput``
+(POET's per-transfer formula, :func:`edgetrain.energy.page_time_s`). The executor overlaps
+transfers with compute on background threads, so a real step can only be faster than this
+price, and a deadline met here is met there. A paged-out value's copy on disk is deleted when
+it is paged in or when the value dies; ``peak_disk_bytes`` is the most the step keeps there.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Union
+import struct
+from typing import TYPE_CHECKING, Union
 
 from .chain import Chain
 from .errors import ScheduleError
 
-__all__ = ["Keep", "Forward", "Backward", "Discard", "Op", "Schedule", "Stats", "validate", "simulate",
-           "keep_all"]
+if TYPE_CHECKING:
+    from .energy import EnergyProfile
 
-SCHEDULE_VERSION = 1
+__all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "Op", "Schedule", "Stats", "validate",
+           "simulate", "keep_all", "OpMemory", "memory_timeline"]
+
+SCHEDULE_VERSION = 2
+READABLE_VERSIONS = (1, 2)   # version 1 had no paging ops
 
 
 class Keep(str, Enum):
@@ -58,7 +80,17 @@ class Discard:
     value: int
 
 
-Op = Union[Forward, Backward, Discard]
+@dataclass(frozen=True)
+class PageOut:
+    value: int
+
+
+@dataclass(frozen=True)
+class PageIn:
+    value: int
+
+
+Op = Union[Forward, Backward, Discard, PageOut, PageIn]
 
 
 @dataclass(frozen=True)
@@ -80,8 +112,9 @@ class Schedule:
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Schedule:
         version = data.get("version")
-        if version != SCHEDULE_VERSION:
-            raise ScheduleError(f"unsupported schedule version {version!r}; this edgetrain reads {SCHEDULE_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise ScheduleError(f"unsupported schedule version {version!r}; this edgetrain reads "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}")
         ops = tuple(_op_from_list(item) for item in data["ops"])  # type: ignore[union-attr]
         return cls(ops=ops, length=int(data["length"]), strategy=str(data.get("strategy", "")),  # type: ignore[arg-type]
                    params=dict(data.get("params", {})))  # type: ignore[arg-type]
@@ -93,12 +126,73 @@ class Schedule:
     def load(cls, path: str | Path) -> Schedule:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
+    def to_bytes(self) -> bytes:
+        """The compact form a device receives, as POET sends its schedule tables.
+
+        Six header bytes (magic, version, length), then one byte per op: a 3-bit kind and a
+        5-bit stage or value index; indices of 31 and above take two more bytes. Strategy and
+        params are left out: the ops and the length are all an executor needs.
+        """
+        body = b"".join(_pack_op(op) for op in self.ops)
+        return _COMPACT_MAGIC + struct.pack("<BBH", SCHEDULE_VERSION, 0, self.length) + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Schedule:
+        """Read :meth:`to_bytes` output back; raises :class:`ScheduleError` on anything malformed."""
+        if len(data) < 6 or data[:2] != _COMPACT_MAGIC:
+            raise ScheduleError("not a compact edgetrain schedule (bad magic)")
+        version, _, length = struct.unpack("<BBH", data[2:6])
+        if version not in READABLE_VERSIONS:
+            raise ScheduleError(f"unsupported compact schedule version {version}")
+        ops, at = [], 6
+        while at < len(data):
+            op, at = _unpack_op(data, at)
+            ops.append(op)
+        return cls(tuple(ops), length, strategy="compact")
+
+
+_COMPACT_MAGIC = b"ES"
+# kind codes of the compact form: forward by keep, then the one-index ops
+_COMPACT_KINDS: tuple[tuple[type, Keep | None], ...] = (
+    (Forward, Keep.NONE), (Forward, Keep.INPUT), (Forward, Keep.ALL), (Backward, None), (Discard, None),
+    (PageOut, None), (PageIn, None))
+
+
+def _pack_op(op: Op) -> bytes:
+    """One op: ``kind << 5 | index`` when ``index < 31``; else ``kind << 5 | 31`` and a uint16 index."""
+    keep = op.keep if isinstance(op, Forward) else None
+    kind = _COMPACT_KINDS.index((type(op), keep))
+    index = op.stage if isinstance(op, (Forward, Backward)) else op.value
+    if index < 31:
+        return bytes([kind << 5 | index])
+    if index >= 2**16:
+        raise ScheduleError(f"op {op}: index {index} is too large for the compact form")
+    return bytes([kind << 5 | 31]) + struct.pack("<H", index)
+
+
+def _unpack_op(data: bytes, at: int) -> tuple[Op, int]:
+    kind, index = data[at] >> 5, data[at] & 31
+    at += 1
+    if index == 31:
+        if at + 2 > len(data):
+            raise ScheduleError("compact schedule ends inside an op")
+        (index,) = struct.unpack("<H", data[at:at + 2])
+        at += 2
+    if kind >= len(_COMPACT_KINDS):
+        raise ScheduleError(f"unknown compact op kind {kind}")
+    op_type, keep = _COMPACT_KINDS[kind]
+    return (Forward(index, keep) if keep is not None else op_type(index)), at
+
 
 def _op_to_list(op: Op) -> list[object]:
     if isinstance(op, Forward):
         return ["F", op.stage, op.keep.value]
     if isinstance(op, Backward):
         return ["B", op.stage]
+    if isinstance(op, PageOut):
+        return ["O", op.value]
+    if isinstance(op, PageIn):
+        return ["I", op.value]
     return ["D", op.value]
 
 
@@ -111,6 +205,10 @@ def _op_from_list(item: list[object]) -> Op:
             return Backward(int(args[0]))  # type: ignore[call-overload]
         if kind == "D":
             return Discard(int(args[0]))  # type: ignore[call-overload]
+        if kind == "O":
+            return PageOut(int(args[0]))  # type: ignore[call-overload]
+        if kind == "I":
+            return PageIn(int(args[0]))  # type: ignore[call-overload]
     except (IndexError, ValueError) as exc:
         raise ScheduleError(f"malformed op {item!r}: {exc}") from exc
     raise ScheduleError(f"unknown op kind {kind!r} in {item!r}")
@@ -129,6 +227,8 @@ class Stats:
 
     ``forward_advances`` counts forwards that do not record (Griewank's "advances"); every
     stage is recorded exactly once, so ``forward_count = length + forward_advances``.
+    ``time_s`` is compute plus paging time (NOTE [ Paging time and energy ]); the energy
+    fields are None unless :func:`simulate` was given a device profile.
     """
 
     peak_bytes: int
@@ -140,11 +240,28 @@ class Stats:
     resident_bytes: int
     recompute_factor: float
     peak_grad_bytes: int = 0
+    compute_time_s: float = 0.0
+    page_time_s: float = 0.0
+    pageout_count: int = 0
+    pageout_bytes: int = 0
+    pagein_count: int = 0
+    pagein_bytes: int = 0
+    peak_disk_bytes: int = 0
+    energy_compute_j: float | None = None
+    energy_pagein_j: float | None = None
+    energy_pageout_j: float | None = None
 
     @property
     def activation_peak_bytes(self) -> int:
         """Peak above the resident weights, optimizer state and input."""
         return self.peak_bytes - self.resident_bytes
+
+    @property
+    def energy_j(self) -> float | None:
+        """Compute + page-in + page-out energy of the step, J (None without a device profile)."""
+        if self.energy_compute_j is None or self.energy_pagein_j is None or self.energy_pageout_j is None:
+            return None
+        return self.energy_compute_j + self.energy_pagein_j + self.energy_pageout_j
 
 
 class _State:
@@ -156,6 +273,7 @@ class _State:
         self.held: set[int] = {0}
         self.recorded: set[int] = set()
         self.done: set[int] = set()
+        self.on_disk: set[int] = set()
         self.delta: int | None = chain.length  # δ_L: the loss seeds its own gradient (0 bytes)
         self.grads = 0
 
@@ -163,91 +281,170 @@ class _State:
         """Whether ``x_value`` is part of the record of the stage that produced it."""
         return (value - 1) in self.recorded and self.chain.stages[value - 1].output_saved
 
+    def pinned(self, value: int) -> bool:
+        """Whether the record of the stage that reads ``x_value`` keeps it."""
+        return value in self.recorded and self.chain.stages[value].input_saved
+
     def alive(self, value: int) -> bool:
-        pinned = value in self.recorded and self.chain.stages[value].input_saved
-        return value in self.held or pinned or self.covered(value)
+        return value in self.held or self.pinned(value) or self.covered(value)
+
+    def in_ram(self, value: int) -> bool:
+        return self.alive(value) and value not in self.on_disk
+
+    def drop_dead_copies(self) -> None:
+        """A value that died while paged out needs its copy on disk no more."""
+        self.on_disk = {k for k in self.on_disk if self.alive(k)}
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(self.values[k] for k in self.on_disk)
 
     def memory(self) -> int:
+        """RAM of the state: resident state, gradients, records' own tensors, live values in RAM, δ."""
         chain = self.chain
         mem = chain.weights_bytes + chain.optimizer_state_bytes + self.grads
-        for i in self.recorded:
-            stage = chain.stages[i]
-            mem += stage.saved_bytes - (0 if stage.output_saved else stage.out_bytes)
+        for i in self.recorded:   # the record's own tensors; its input and output count as values
+            mem += chain.stages[i].saved_bytes - chain.stages[i].out_bytes
         candidates = self.held | self.recorded | {i + 1 for i in self.recorded}
-        mem += sum(self.values[k] for k in candidates if self.alive(k) and not self.covered(k))
+        mem += sum(self.values[k] for k in candidates if self.in_ram(k))
         if self.delta is not None and self.delta < chain.length:
             mem += self.values[self.delta]
         return mem
 
 
-def _run(chain: Chain, schedule: Schedule) -> Stats:
-    """Check every op against the state and account memory and time; raise on the first bad op."""
+@dataclass
+class _Tally:
+    """Counters of one simulated step."""
+
+    compute_time_s: float = 0.0
+    advances: int = 0
+    forwards: int = 0
+    backwards: int = 0
+    pagein_transfers: list[int] = field(default_factory=list)
+    pageout_transfers: list[int] = field(default_factory=list)
+
+
+def _forward(state: _State, tally: _Tally, op: Forward, before: int, fail: Callable[[str], ScheduleError]) -> int:
+    chain, i = state.chain, op.stage
+    if not 0 <= i < chain.length:
+        raise fail(f"no stage {i} in a chain of {chain.length}")
+    if i in state.done:
+        raise fail(f"stage {i} was already back-propagated")
+    if i in state.recorded:
+        raise fail(f"stage {i} is already recorded")
+    if not (i in state.held or state.covered(i)):
+        raise fail(f"its input x_{i} is not in memory")
+    if i in state.on_disk:
+        raise fail(f"its input x_{i} is paged out (PageIn({i}) first)")
+    stage = chain.stages[i]
+    if op.keep is Keep.ALL:
+        transient = before + stage.saved_bytes + stage.rec_workspace_bytes
+        state.recorded.add(i)
+    else:
+        transient = before + stage.out_bytes + stage.fwd_workspace_bytes
+        tally.advances += 1
+    if op.keep is not Keep.INPUT and i > 0:
+        state.held.discard(i)
+    output_dead = i + 1 < chain.length and i + 1 in state.done   # NOTE [ Dead outputs ]
+    if not output_dead:
+        state.held.add(i + 1)
+    tally.compute_time_s += stage.fwd_time_s
+    tally.forwards += 1
+    return transient
+
+
+def _backward(state: _State, tally: _Tally, op: Backward, before: int, fail: Callable[[str], ScheduleError]) -> int:
+    chain, i = state.chain, op.stage
+    if not 0 <= i < chain.length:
+        raise fail(f"no stage {i} in a chain of {chain.length}")
+    if i in state.done:
+        raise fail(f"stage {i} was already back-propagated")
+    if i not in state.recorded:
+        raise fail(f"stage {i} is not recorded (run Forward({i}, keep='all') first)")
+    if state.delta != i + 1:
+        raise fail(f"the gradient δ_{i + 1} of its output is not available")
+    stage = chain.stages[i]
+    for k, kept in ((i, stage.input_saved and i > 0), (i + 1, stage.output_saved)):
+        if kept and k in state.on_disk:
+            raise fail(f"its record needs x_{k}, which is paged out (PageIn({k}) first)")
+    grad_in = state.values[i] if i > 0 else 0
+    transient = before + grad_in + stage.grad_bytes + stage.bwd_workspace_bytes
+    state.recorded.discard(i)
+    state.done.add(i)
+    state.held.discard(i + 1)
+    if i > 0:
+        state.held.discard(i)
+    state.delta = i if i > 0 else None
+    state.grads += stage.grad_bytes
+    tally.compute_time_s += stage.bwd_time_s
+    tally.backwards += 1
+    return transient
+
+
+def _page(state: _State, tally: _Tally, op: PageOut | PageIn, before: int,
+          fail: Callable[[str], ScheduleError]) -> int:
+    k, chain = op.value, state.chain
+    if not 0 < k < chain.length:
+        raise fail("only stage outputs x_1 .. x_{L-1} can be paged (x_0 is the caller's batch)")
+    if not state.alive(k):
+        raise fail(f"x_{k} is not alive (nothing holds or keeps it)")
+    size = state.values[k]
+    if isinstance(op, PageOut):
+        if k in state.on_disk:
+            raise fail(f"x_{k} is already paged out")
+        state.on_disk.add(k)
+        tally.pageout_transfers.append(size)
+        return before            # the value stays in RAM until its write completes
+    if k not in state.on_disk:
+        raise fail(f"x_{k} is not paged out")
+    state.on_disk.discard(k)
+    tally.pagein_transfers.append(size)
+    return before + size
+
+
+@dataclass(frozen=True)
+class OpMemory:
+    """RAM of the step while one op runs (``transient_bytes``) and once it returns (``after_bytes``)."""
+
+    transient_bytes: int
+    after_bytes: int
+
+
+def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
+         timeline: list[OpMemory] | None = None) -> Stats:
+    """Check every op against the state and account memory, time and energy; raise on the first bad op."""
     if schedule.length != chain.length:
         raise ScheduleError(f"schedule is for {schedule.length} stages, chain has {chain.length}")
-    state = _State(chain)
-    peak, peak_op, peak_grads = state.memory(), None, 0
-    time_s, advances, forwards, backwards = 0.0, 0, 0, 0
-
-    def fail(index: int, op: Op, why: str) -> ScheduleError:
-        return ScheduleError(f"op {index} {op}: {why}")
+    state, tally = _State(chain), _Tally()
+    peak, peak_op, peak_grads, peak_disk = state.memory(), None, 0, 0
 
     for index, op in enumerate(schedule.ops):
+        def fail(why: str, index: int = index, op: Op = op) -> ScheduleError:
+            return ScheduleError(f"op {index} {op}: {why}")
+
         before = state.memory()
         if isinstance(op, Forward):
-            i = op.stage
-            if not 0 <= i < chain.length:
-                raise fail(index, op, f"no stage {i} in a chain of {chain.length}")
-            if i in state.done:
-                raise fail(index, op, f"stage {i} was already back-propagated")
-            if i in state.recorded:
-                raise fail(index, op, f"stage {i} is already recorded")
-            if not (i in state.held or state.covered(i)):
-                raise fail(index, op, f"its input x_{i} is not in memory")
-            stage = chain.stages[i]
-            if op.keep is Keep.ALL:
-                transient = before + stage.saved_bytes + stage.rec_workspace_bytes
-                state.recorded.add(i)
-            else:
-                transient = before + stage.out_bytes + stage.fwd_workspace_bytes
-                advances += 1
-            if op.keep is not Keep.INPUT and i > 0:
-                state.held.discard(i)
-            state.held.add(i + 1)
-            time_s += stage.fwd_time_s
-            forwards += 1
+            transient = _forward(state, tally, op, before, fail)
         elif isinstance(op, Backward):
-            i = op.stage
-            if not 0 <= i < chain.length:
-                raise fail(index, op, f"no stage {i} in a chain of {chain.length}")
-            if i in state.done:
-                raise fail(index, op, f"stage {i} was already back-propagated")
-            if i not in state.recorded:
-                raise fail(index, op, f"stage {i} is not recorded (run Forward({i}, keep='all') first)")
-            if state.delta != i + 1:
-                raise fail(index, op, f"the gradient δ_{i + 1} of its output is not available")
-            stage = chain.stages[i]
-            grad_in = state.values[i] if i > 0 else 0
-            transient = before + grad_in + stage.grad_bytes + stage.bwd_workspace_bytes
-            state.recorded.discard(i)
-            state.done.add(i)
-            state.held.discard(i + 1)
-            if i > 0:
-                state.held.discard(i)
-            state.delta = i if i > 0 else None
-            state.grads += stage.grad_bytes
-            time_s += stage.bwd_time_s
-            backwards += 1
+            transient = _backward(state, tally, op, before, fail)
+        elif isinstance(op, (PageOut, PageIn)):
+            transient = _page(state, tally, op, before, fail)
         elif isinstance(op, Discard):
             k = op.value
             if k == 0:
-                raise fail(index, op, "x_0 is the caller's input and stays in memory")
+                raise fail("x_0 is the caller's input and stays in memory")
             if k not in state.held:
-                raise fail(index, op, f"x_{k} is not held")
+                raise fail(f"x_{k} is not held")
             state.held.discard(k)
             transient = before
         else:
-            raise fail(index, op, "unknown op type")
-        transient = max(transient, state.memory())
+            raise fail("unknown op type")
+        peak_disk = max(peak_disk, state.disk_bytes)
+        state.drop_dead_copies()
+        after = state.memory()
+        transient = max(transient, after)
+        if timeline is not None:
+            timeline.append(OpMemory(transient, after))
         if transient > peak:
             peak, peak_op = transient, index
             peak_grads = state.grads
@@ -258,11 +455,31 @@ def _run(chain: Chain, schedule: Schedule) -> Stats:
                  + chain.optimizer_workspace_bytes)
     if step_peak > peak:
         peak, peak_op, peak_grads = step_peak, None, state.grads
+    return _stats(chain, tally, profile, peak=peak, peak_op=peak_op, peak_grads=peak_grads, peak_disk=peak_disk)
+
+
+def _stats(chain: Chain, tally: _Tally, profile: EnergyProfile | None, *, peak: int, peak_op: int | None,
+           peak_grads: int, peak_disk: int) -> Stats:
+    page_time_s = 0.0
+    energies: dict[str, float | None] = {"energy_compute_j": None, "energy_pagein_j": None, "energy_pageout_j": None}
+    if profile is not None:
+        from .energy import page_energy_j, page_time_s as transfer_s
+
+        page_time_s = (sum(transfer_s(n, profile, "in") for n in tally.pagein_transfers)
+                       + sum(transfer_s(n, profile, "out") for n in tally.pageout_transfers))
+        energies = {"energy_compute_j": profile.compute_power_w * tally.compute_time_s,
+                    "energy_pagein_j": sum(page_energy_j(n, profile, "in") for n in tally.pagein_transfers),
+                    "energy_pageout_j": sum(page_energy_j(n, profile, "out") for n in tally.pageout_transfers)}
+    time_s = tally.compute_time_s + page_time_s
     baseline = chain.compute_time_s
-    return Stats(peak_bytes=peak, time_s=time_s, forward_advances=advances,
-                 forward_count=forwards, backward_count=backwards, peak_op=peak_op,
+    return Stats(peak_bytes=peak, time_s=time_s, forward_advances=tally.advances,
+                 forward_count=tally.forwards, backward_count=tally.backwards, peak_op=peak_op,
                  resident_bytes=chain.resident_bytes,
-                 recompute_factor=time_s / baseline if baseline > 0 else 1.0, peak_grad_bytes=peak_grads)
+                 recompute_factor=time_s / baseline if baseline > 0 else 1.0, peak_grad_bytes=peak_grads,
+                 compute_time_s=tally.compute_time_s, page_time_s=page_time_s,
+                 pageout_count=len(tally.pageout_transfers), pageout_bytes=sum(tally.pageout_transfers),
+                 pagein_count=len(tally.pagein_transfers), pagein_bytes=sum(tally.pagein_transfers),
+                 peak_disk_bytes=peak_disk, **energies)
 
 
 def validate(chain: Chain, schedule: Schedule) -> None:
@@ -270,10 +487,28 @@ def validate(chain: Chain, schedule: Schedule) -> None:
     _run(chain, schedule)
 
 
-def simulate(chain: Chain, schedule: Schedule) -> Stats:
-    """Peak bytes, time and forward counts of ``schedule`` on ``chain``; validates on the way.
+def simulate(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None) -> Stats:
+    """Peak bytes, time, forward counts (and energy) of ``schedule`` on ``chain``; validates on the way.
 
     The peak includes everything a step holds: weights, optimizer state, the input batch,
     activations, gradients and transient workspace, and the optimizer step itself.
+
+    Args:
+        chain: the cost model; its stage times must be the target device's when ``profile``
+            is given (see :func:`edgetrain.energy.scale_chain`).
+        schedule: the ops of one step.
+        profile: a device's energy profile: prices paging time (else paging is free) and fills
+            the energy fields (compute = power x compute time; paging per transfer).
     """
-    return _run(chain, schedule)
+    return _run(chain, schedule, profile)
+
+
+def memory_timeline(chain: Chain, schedule: Schedule) -> tuple[OpMemory, ...]:
+    """The simulated RAM at every op of ``schedule``: what an executor may overlap I/O into.
+
+    ``max(m.transient_bytes)`` is the step's peak before the optimizer step (:func:`simulate`
+    also counts that); ``peak - m.transient_bytes`` is the headroom while op ``i`` runs.
+    """
+    timeline: list[OpMemory] = []
+    _run(chain, schedule, timeline=timeline)
+    return tuple(timeline)

@@ -29,8 +29,9 @@ never exceeds ``m``. Two ways to start:
     Recording drops ``x_s`` unless ``is_s``; the record holds ``e·is_s·A(s) + S_s`` of which
     ``(1 - os_s)·A(s+1)`` is ``x_{s+1}``, counted by the child. Peaks:
     ``d(t+1) + e·A(s) + S_s + wr_s`` (forward),
-    ``e·is_s·A(s) + S_s - [s < t](1 - os_s)A(s+1) + d(s+1) + g(s..t) + d(s) + wb_s`` (backward,
-    ``wb_s`` may be negative) and ``d(s) + g(s..t)`` (after it).
+    ``e·is_s·A(s) + S_s - (1 - os_s)A(s+1) + d(s+1) + g(s..t) + d(s) + wb_s`` (backward,
+    ``wb_s`` may be negative; an unsaved ``x_{s+1}`` is the child's or, when ``s = t``, dead
+    after the forward, the loss ``x_L`` aside) and ``d(s) + g(s..t)`` (after it).
 (b) *checkpoint* ``x_k``, ``s < k <= t``: ``Forward(s, input)``, ``Forward(s+1..k-1, none)``,
     then ``P(k, t, 1)`` with ``m - e·A(s)`` and ``P(s, k-1, e)`` with ``m - g(k..t)``. Peak of
     the advances: ``d(t+1) + e·A(s) + max_j ([j > s]A(j) + A(j+1) + wf_j)``, ``j = s..k-1``.
@@ -134,8 +135,10 @@ class _Costs:
         """Largest memory of (a) outside the child: forward, backward and the state after it."""
         stage = self.chain.stages[s]
         forward = self.delta_bytes[t + 1] + self.entry(e, s) + stage.saved_bytes + stage.rec_workspace_bytes
-        held = self.record_hold(e, s) if s < t else self.record_hold(e, s) + (
-            0 if stage.output_saved else self.value_bytes[s + 1])
+        # x_{t+1} of the last stage is dead once its forward returns (NOTE [ Dead outputs ] in
+        # schedule.py), except the loss x_L, which the step returns.
+        loss_output = 0 if stage.output_saved or t + 1 < self.chain.length else self.value_bytes[s + 1]
+        held = self.record_hold(e, s) + (0 if s < t else loss_output)
         backward = (held + self.delta_bytes[s + 1] + self.grads(s, t) + self.delta_bytes[s]
                     + stage.bwd_workspace_bytes)
         after = self.delta_bytes[s] + self.grads(s, t)

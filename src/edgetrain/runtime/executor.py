@@ -51,7 +51,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from ..chain import Chain
 from ..errors import ScheduleError
-from ..schedule import Backward, Discard, Forward, Keep, Op, Schedule, validate
+from ..schedule import Backward, Discard, Forward, Keep, Op, Schedule, keep_all, validate
 from ..stages import LossStage
 
 __all__ = ["Executor", "PendingBackward", "run_schedule"]
@@ -193,6 +193,7 @@ class _Run:
         self.records: dict[int, _Record] = {}
         self.delta: torch.Tensor | None = None   # δ of the last back-propagated stage's input
         self.forwarded: set[int] = set()
+        self.done: set[int] = set()
         self.rng: dict[int, _RngState] = {}
         self.loss: torch.Tensor | None = None
         self.anchor = torch.empty(0, device=x.device, requires_grad=True)
@@ -239,9 +240,10 @@ class _Run:
         del x
         if keep is not Keep.INPUT and i > 0:
             self.values.pop(i, None)
-        self.values[i + 1] = y
         if i == len(self.stages) - 1:
             self.loss = y.detach()
+        if i + 1 not in self.done or i == len(self.stages) - 1:   # NOTE [ Dead outputs ] in schedule.py
+            self.values[i + 1] = y
 
     @contextlib.contextmanager
     def _as_first_forward(self, i: int) -> Iterator[None]:
@@ -280,6 +282,7 @@ class _Run:
         self.values.pop(i + 1, None)
         if i > 0:
             self.values.pop(i, None)
+        self.done.add(i)
         self.delta = record.input_grad.grad if record.input_grad is not None else None
 
 
@@ -320,6 +323,7 @@ class Executor:
         counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
         self._repeated = frozenset(stage for stage, count in counts.items() if count > 1)
         self._handoff, self._resume = self._loss_positions()
+        self._plain = schedule.ops == keep_all(len(stages)).ops
 
     @property
     def loss_stage(self) -> int:
@@ -339,10 +343,33 @@ class Executor:
             The loss, detached.
         """
         with self._target(target):
+            if self._plain:
+                return self._plain_step(x, on_op)
             run = _Run(self.stages, self._repeated, x, on_op)
             run.run(list(enumerate(self.schedule.ops)))
         assert run.loss is not None
         return run.loss
+
+    def _plain_step(self, x: torch.Tensor, on_op: OpCallback | None) -> torch.Tensor:
+        """Keep-all is plain backprop: one autograd graph and one backward call, no per-stage plumbing.
+
+        It holds exactly what the op-by-op run holds (records keep what autograd saves) and
+        frees each ``δ`` as soon as it is used, without the per-stage hand-over's cost. ``on_op``
+        sees each forward as it ends and every backward once the single backward returns.
+        """
+        ops = self.schedule.ops
+        with torch.enable_grad():
+            y = x.detach()
+            for index, stage in enumerate(self.stages):
+                y = stage(y)
+                if on_op is not None:
+                    on_op(index, ops[index])
+            if y.requires_grad:
+                y.backward()
+        if on_op is not None:
+            for index in range(len(self.stages), len(ops)):
+                on_op(index, ops[index])
+        return y.detach()
 
     def forward(self, x: torch.Tensor, *, on_op: OpCallback | None = None) -> tuple[torch.Tensor, PendingBackward]:
         """The ops before the loss, whose recorded forward and backward the caller does.
