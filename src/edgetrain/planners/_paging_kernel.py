@@ -1,0 +1,157 @@
+"""The compiled (numba) solver of the paging table; see ``paging.py``.
+
+It is ``_optimal_kernel.py``'s loop (same saturation trick: a candidate that is constant from
+some memory on is entered once as a "tail" and spread by a running minimum) with costs in
+place of times and the two paged moves of NOTE [ The paging DP ], evaluated after the
+unpaged ones so that, as in ``paging._solve_reference``, ties go to the smallest choice code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["solve_paging_table"]
+
+
+@njit(cache=True, nogil=True)
+def _row(s: int, t: int) -> int:
+    """Row of ``P(s, t)`` in the packed triangular table (rows grouped by ``t``)."""
+    return t * (t + 1) // 2 + s
+
+
+@njit(cache=True, nogil=True)
+def _better(value: float, index: int, best_value: float, best_index: int) -> bool:
+    """Whether ``(value, index)`` is lexicographically below ``(best_value, best_index)``."""
+    return value < best_value or (value == best_value and index < best_index)
+
+
+@njit(cache=True, nogil=True)
+def _ceil_div(n_bytes: int, unit_bytes: int) -> int:
+    return -((-n_bytes) // unit_bytes)
+
+
+@njit(cache=True, nogil=True)
+def _move(out: int, const: float, code: int, low: int, high: int, width: int, child_a: int, hold_a: int,
+          child_b: int, hold_b: int, cost_s: np.ndarray, choice: np.ndarray, tail_cost: np.ndarray,
+          tail_choice: np.ndarray) -> None:
+    """Enter ``const + row_a[m - hold_a] + row_b[m - hold_b]`` for ``m`` in ``[low, high)`` and its tail.
+
+    ``child_a`` / ``child_b`` are flat row offsets; ``child_b < 0`` means no second child.
+    """
+    last = width - 1
+    for m in range(low, high):
+        at = np.uint64(out + m)
+        candidate = const + cost_s[np.uint64(child_a - hold_a + m)]
+        if child_b >= 0:
+            candidate += cost_s[np.uint64(child_b - hold_b + m)]
+        if candidate < cost_s[at]:
+            cost_s[at] = candidate
+            choice[at] = code
+    if high < width:
+        candidate = const + cost_s[child_a + last]
+        if child_b >= 0:
+            candidate += cost_s[child_b + last]
+        if _better(candidate, code, tail_cost[high], tail_choice[high]):
+            tail_cost[high] = candidate
+            tail_choice[high] = code
+
+
+@njit(cache=True, nogil=True)
+def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.ndarray, child_entry: np.ndarray,
+               record_need_units: np.ndarray, record_hold_units: np.ndarray, checkpoint_hold_units: np.ndarray,
+               entry_bytes: np.ndarray, sweep_bytes: np.ndarray, delta_bytes: np.ndarray, grad_units: np.ndarray,
+               unit_bytes: int, pageout_cost: np.ndarray, pagein_cost: np.ndarray,
+               paged_record_hold_units: np.ndarray, paged_sweep_bytes: np.ndarray, rows: int, width: int,
+               cost_s: np.ndarray, choice: np.ndarray, first: np.ndarray, saturated: np.ndarray) -> None:
+    length = turn_cost.shape[0]
+    out = (e * rows + _row(s, t)) * width
+    tail_cost = np.full(width, np.inf)
+    tail_choice = np.full(width, -1, np.int32)
+    none = -1
+    # (a) record s
+    need = record_need_units[e, s, t]
+    if s < t:
+        entry = child_entry[s]
+        hold = record_hold_units[e, s]
+        low = max(need, first[entry, s + 1, t] + hold)
+        high = min(max(low, saturated[entry, s + 1, t] + hold), width)
+        _move(out, turn_cost[s], s, low, high, width, (entry * rows + _row(s + 1, t)) * width, hold, none, 0,
+              cost_s, choice, tail_cost, tail_choice)
+    elif need < width:
+        if _better(turn_cost[s], s, tail_cost[need], tail_choice[need]):
+            tail_cost[need] = turn_cost[s]
+            tail_choice[need] = s
+    # (b) checkpoint x_k
+    hold = checkpoint_hold_units[e, s]
+    for k in range(s + 1, t + 1):
+        need = _ceil_div(delta_bytes[t + 1] + entry_bytes[e, s] + sweep_bytes[s, k], unit_bytes)
+        grads = grad_units[k, t]
+        low = max(need, first[1, k, t] + hold, first[e, s, k - 1] + grads)
+        high = min(max(low, saturated[1, k, t] + hold, saturated[e, s, k - 1] + grads), width)
+        _move(out, sweep_cost[s, k], k, low, high, width, (rows + _row(k, t)) * width, hold,
+              (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice, tail_cost, tail_choice)
+    if e == 1:
+        paging = pageout_cost[s] + pagein_cost[s]
+        # (a') record s, page out its input
+        paged_hold = paged_record_hold_units[s]
+        if s < t and paged_hold >= 0 and np.isfinite(paging):
+            entry = child_entry[s]
+            low = max(record_need_units[e, s, t], first[entry, s + 1, t] + paged_hold)
+            high = min(max(low, saturated[entry, s + 1, t] + paged_hold), width)
+            _move(out, turn_cost[s] + paging, length + s, low, high, width,
+                  (entry * rows + _row(s + 1, t)) * width, paged_hold, none, 0, cost_s, choice, tail_cost,
+                  tail_choice)
+        # (b') checkpoint x_k, page out x_s
+        if np.isfinite(paging):
+            for k in range(s + 1, t + 1):
+                need = _ceil_div(delta_bytes[t + 1] + paged_sweep_bytes[s, k], unit_bytes)
+                grads = grad_units[k, t]
+                low = max(need, first[1, k, t], first[e, s, k - 1] + grads)
+                high = min(max(low, saturated[1, k, t], saturated[e, s, k - 1] + grads), width)
+                _move(out, sweep_cost[s, k] + paging, length + k, low, high, width, (rows + _row(k, t)) * width, 0,
+                      (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice, tail_cost, tail_choice)
+    # spread the tails, then note where the row becomes feasible and where it saturates
+    last = width - 1
+    run_cost, run_choice = np.inf, -1
+    for m in range(width):
+        if _better(tail_cost[m], tail_choice[m], run_cost, run_choice):
+            run_cost, run_choice = tail_cost[m], tail_choice[m]
+        if _better(run_cost, run_choice, cost_s[out + m], choice[out + m]):
+            cost_s[out + m], choice[out + m] = run_cost, run_choice
+    for m in range(width):
+        if choice[out + m] >= 0:
+            first[e, s, t] = m
+            break
+    if choice[out + last] >= 0:
+        m = last
+        while m > 0 and cost_s[out + m - 1] == cost_s[out + last]:
+            m -= 1
+        saturated[e, s, t] = m
+
+
+@njit(cache=True, nogil=True)
+def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np.ndarray, child_entry: np.ndarray,
+                       record_need_units: np.ndarray, record_hold_units: np.ndarray,
+                       checkpoint_hold_units: np.ndarray, entry_bytes: np.ndarray, sweep_bytes: np.ndarray,
+                       delta_bytes: np.ndarray, grad_units: np.ndarray, unit_bytes: int, max_units: int,
+                       pageout_cost: np.ndarray, pagein_cost: np.ndarray, paged_record_hold_units: np.ndarray,
+                       paged_sweep_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fill ``cost[e, row(s, t), m]`` and ``choice[e, row(s, t), m]`` (codes as in ``paging.py``)."""
+    length = turn_cost.shape[0]
+    width = max_units + 1
+    rows = length * (length + 1) // 2
+    cost_s = np.full(2 * rows * width, np.inf)
+    choice = np.full(2 * rows * width, -1, np.int32)
+    first = np.full((2, length, length), width, np.int64)
+    saturated = np.full((2, length, length), width, np.int64)
+    for span in range(length):
+        for s in range(length - span):
+            for e in range(2):
+                if not needed[e, s]:
+                    continue
+                _solve_row(e, s, s + span, turn_cost, sweep_cost, child_entry, record_need_units,
+                           record_hold_units, checkpoint_hold_units, entry_bytes, sweep_bytes, delta_bytes,
+                           grad_units, unit_bytes, pageout_cost, pagein_cost, paged_record_hold_units,
+                           paged_sweep_bytes, rows, width, cost_s, choice, first, saturated)
+    return cost_s.reshape((2, rows, width)), choice.reshape((2, rows, width))

@@ -1,0 +1,148 @@
+"""paging-dp: the recompute DP with paging, priced in energy; checked against the simulator and ``optimal``."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from edgetrain import Chain
+from edgetrain.chain import StageCost
+from edgetrain.energy import EnergyProfile, page_energy_j
+from edgetrain.errors import InfeasibleBudgetError
+from edgetrain.planners.optimal import solve
+from edgetrain.planners.paging import CostWeights, paging_dp, solve_paging
+from edgetrain.schedule import Backward, Forward, PageIn, PageOut, Schedule, keep_all, simulate
+
+MB = 1_000_000
+# cheap storage: 100 MB/s in at 1 W, 50 MB/s out at 1.5 W, 1 ms latency; compute at 3 W
+CHEAP = EnergyProfile("cheap", 1e9, 3.0, 1e-3, 1e8, 1.0, 1e-3, 5e7, 1.5)
+# storage so slow that paging never pays
+SLOW = EnergyProfile("slow", 1e9, 3.0, 1e3, 1.0, 1.0, 1e3, 1.0, 1.5)
+
+
+def random_chain(rng: random.Random, length: int) -> Chain:
+    stages = []
+    for i in range(length):
+        out = rng.randint(1, 8) * MB
+        stages.append(StageCost(f"s{i}", rng.uniform(0.01, 0.2), rng.uniform(0.02, 0.4), out,
+                                out + rng.randint(0, 4) * MB, grad_bytes=rng.randint(0, 2) * MB,
+                                fwd_workspace_bytes=rng.randint(0, 1) * MB,
+                                input_saved=rng.random() < 0.8, output_saved=rng.random() < 0.5))
+    return Chain(tuple(stages), input_bytes=2 * MB, name="random")
+
+
+def keep_all_peak(chain: Chain) -> int:
+    return simulate(chain, keep_all(chain.length)).peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_kernel_equals_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    chain = random_chain(rng, rng.randint(1, 6))
+    top = keep_all_peak(chain)
+    reference = solve_paging(chain, CHEAP, top, slots=60, solver="reference")
+    fast = solve_paging(chain, CHEAP, top, slots=60, solver="fast")
+    np.testing.assert_array_equal(reference.top_cost, fast.top_cost)
+    np.testing.assert_array_equal(reference.choice, fast.choice)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rebuilt_schedules_fit_and_cost_what_the_table_says(seed: int) -> None:
+    """The table's cost is the simulator's energy of the rebuilt schedule, to rounding; its peak is within budget."""
+    rng = random.Random(100 + seed)
+    chain = random_chain(rng, rng.randint(2, 8))
+    top = keep_all_peak(chain)
+    table = solve_paging(chain, CHEAP, top, slots=80)
+    for budget in np.linspace(table.min_memory_bytes, top, 7).astype(int):
+        stats = simulate(chain, table.schedule(int(budget)), CHEAP)
+        assert stats.peak_bytes <= budget
+        assert stats.energy_j == pytest.approx(table.cost(int(budget)), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_without_affordable_paging_it_is_the_optimal_recompute_dp(seed: int) -> None:
+    """Storage too slow to use: energy = compute power x optimal's least time, at every budget."""
+    rng = random.Random(200 + seed)
+    chain = random_chain(rng, rng.randint(2, 8))
+    top = keep_all_peak(chain)
+    recompute_only = solve(chain, top, slots=80)
+    table = solve_paging(chain, SLOW, top, slots=80)
+    assert table.min_memory_bytes <= recompute_only.min_memory_bytes   # paging still fits more budgets
+    for budget in np.linspace(recompute_only.min_memory_bytes, top, 6).astype(int):
+        assert table.cost(int(budget)) == pytest.approx(SLOW.compute_power_w * recompute_only.time_s(int(budget)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_paging_never_costs_more_energy_than_recompute_only(seed: int) -> None:
+    rng = random.Random(300 + seed)
+    chain = random_chain(rng, rng.randint(2, 8))
+    top = keep_all_peak(chain)
+    recompute_only = solve(chain, top, slots=80)
+    table = solve_paging(chain, CHEAP, top, slots=80)
+    assert table.min_memory_bytes <= recompute_only.min_memory_bytes
+    for budget in np.linspace(recompute_only.min_memory_bytes, top, 6).astype(int):
+        assert table.cost(int(budget)) <= CHEAP.compute_power_w * recompute_only.time_s(int(budget)) * (1 + 1e-12)
+
+
+def test_paging_instead_of_recomputing_by_hand() -> None:
+    """Four unit stages whose records keep their input (as a convolution does), unit powers.
+
+    Keep-all peaks at 6 bytes (x_0..x_3, the loss output x_4 and δ_3 at the last backward).
+    With storage at 1 byte per µs and 1 µs latency, each 1-byte transfer costs 2e-6 J. At 5
+    bytes the best is keep-all with x_2 paged out while stage 3 runs (8 J + 2 transfers); at
+    4 bytes x_1 and x_2 both (8 J + 4 transfers). Recompute-only pays 10 J and 13 J there.
+    """
+    stages = tuple(StageCost(f"s{i}", 1.0, 1.0, 1, 1, input_saved=True, output_saved=False) for i in range(4))
+    chain = Chain(stages, input_bytes=1)
+    profile = EnergyProfile("unit", 1.0, 1.0, 1e-6, 1e6, 1.0, 1e-6, 1e6, 1.0)
+    assert keep_all_peak(chain) == 6
+    table, recompute_only = solve_paging(chain, profile, 6, slots=10), solve(chain, 6)
+    transfer_j = page_energy_j(1, profile, "in")
+    assert transfer_j == pytest.approx(2e-6)
+    for budget, paged, recompute_j in ((6, (), 8.0), (5, (2,), 10.0), (4, (1, 2), 13.0)):
+        schedule = table.schedule(budget)
+        assert table.cost(budget) == pytest.approx(8.0 + 2 * transfer_j * len(paged), abs=1e-12)
+        assert tuple(op.value for op in schedule.ops if isinstance(op, PageOut)) == paged
+        assert sum(isinstance(op, Forward) for op in schedule.ops) == 4   # no recomputation
+        assert simulate(chain, schedule).peak_bytes <= budget
+        assert recompute_only.time_s(budget) == recompute_j
+
+
+def test_deadline_trades_energy_for_time() -> None:
+    """Storage frugal in energy but slow: under a deadline the DP recomputes instead of paging.
+
+    The chain of the test above at 5 bytes: paging x_2 costs two 1.5 s transfers at 0.01 W
+    (8 s x 3 W + 0.03 J = 24.03 J, 11 s); recomputing costs two more forwards (30 J, 10 s).
+    """
+    stages = tuple(StageCost(f"s{i}", 1.0, 1.0, 1, 1, input_saved=True, output_saved=False) for i in range(4))
+    chain = Chain(stages, input_bytes=1)
+    profile = EnergyProfile("slow-io", 1.0, 3.0, 1e-9, 1 / 1.5, 0.01, 1e-9, 1 / 1.5, 0.01)
+    free = paging_dp(chain, profile, 5, slots=10)
+    assert free.deadline_met and free.stats.pageout_count == 1
+    assert free.stats.energy_j == pytest.approx(24.03, abs=1e-6)
+    assert free.stats.time_s == pytest.approx(11.0, abs=1e-6)
+    tight = paging_dp(chain, profile, 5, deadline_s=10.5, slots=10)
+    assert tight.deadline_met and tight.stats.pageout_count == 0
+    assert (tight.stats.energy_j, tight.stats.time_s) == (pytest.approx(30.0), pytest.approx(10.0))
+    impossible = paging_dp(chain, profile, 5, deadline_s=9.0, slots=10)
+    assert not impossible.deadline_met
+
+
+def test_infeasible_budget_reports_a_floor() -> None:
+    chain = Chain.uniform(5, act_bytes=MB)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve_paging(chain, CHEAP, 2 * MB)
+    assert info.value.minimum_bytes is not None and info.value.minimum_bytes > 2 * MB
+
+
+def test_paging_dp_schedule_round_trips_through_compact_form() -> None:
+    rng = random.Random(7)
+    chain = random_chain(rng, 8)
+    table = solve_paging(chain, CHEAP, keep_all_peak(chain), slots=80)
+    schedule = table.schedule(table.min_memory_bytes)
+    data = schedule.to_bytes()
+    assert Schedule.from_bytes(data).ops == schedule.ops
+    assert len(data) == 6 + len(schedule.ops)
+    assert any(isinstance(op, (PageIn, Backward)) for op in Schedule.from_bytes(data).ops)
