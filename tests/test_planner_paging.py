@@ -146,3 +146,19 @@ def test_paging_dp_schedule_round_trips_through_compact_form() -> None:
     assert Schedule.from_bytes(data).ops == schedule.ops
     assert len(data) == 6 + len(schedule.ops)
     assert any(isinstance(op, (PageIn, Backward)) for op in Schedule.from_bytes(data).ops)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_paging_only_never_recomputes_and_matches_reference(seed: int) -> None:
+    rng = random.Random(400 + seed)
+    chain = random_chain(rng, rng.randint(1, 6))
+    top = keep_all_peak(chain)
+    fast = solve_paging(chain, CHEAP, top, slots=60, recompute=False)
+    reference = solve_paging(chain, CHEAP, top, slots=60, recompute=False, solver="reference")
+    np.testing.assert_array_equal(fast.choice, reference.choice)
+    full = solve_paging(chain, CHEAP, top, slots=60)
+    assert fast.min_memory_bytes >= full.min_memory_bytes
+    for budget in np.linspace(fast.min_memory_bytes, top, 5).astype(int):
+        stats = simulate(chain, fast.schedule(int(budget)), CHEAP)
+        assert stats.forward_advances == 0 and stats.peak_bytes <= budget
+        assert full.cost(int(budget)) <= fast.cost(int(budget)) * (1 + 1e-12)

@@ -62,7 +62,8 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
                record_need_units: np.ndarray, record_hold_units: np.ndarray, checkpoint_hold_units: np.ndarray,
                entry_bytes: np.ndarray, sweep_bytes: np.ndarray, delta_bytes: np.ndarray, grad_units: np.ndarray,
                unit_bytes: int, pageout_cost: np.ndarray, pagein_cost: np.ndarray,
-               paged_record_hold_units: np.ndarray, paged_sweep_bytes: np.ndarray, rows: int, width: int,
+               paged_record_hold_units: np.ndarray, paged_sweep_bytes: np.ndarray, recompute: bool, rows: int,
+               width: int,
                cost_s: np.ndarray, choice: np.ndarray, first: np.ndarray, saturated: np.ndarray) -> None:
     length = turn_cost.shape[0]
     out = (e * rows + _row(s, t)) * width
@@ -84,7 +85,7 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
             tail_choice[need] = s
     # (b) checkpoint x_k
     hold = checkpoint_hold_units[e, s]
-    for k in range(s + 1, t + 1):
+    for k in range(s + 1, t + 1 if recompute else s + 1):
         need = _ceil_div(delta_bytes[t + 1] + entry_bytes[e, s] + sweep_bytes[s, k], unit_bytes)
         grads = grad_units[k, t]
         low = max(need, first[1, k, t] + hold, first[e, s, k - 1] + grads)
@@ -103,7 +104,7 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
                   (entry * rows + _row(s + 1, t)) * width, paged_hold, none, 0, cost_s, choice, tail_cost,
                   tail_choice)
         # (b') checkpoint x_k, page out x_s
-        if np.isfinite(paging):
+        if np.isfinite(paging) and recompute:
             for k in range(s + 1, t + 1):
                 need = _ceil_div(delta_bytes[t + 1] + paged_sweep_bytes[s, k], unit_bytes)
                 grads = grad_units[k, t]
@@ -136,7 +137,7 @@ def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np
                        checkpoint_hold_units: np.ndarray, entry_bytes: np.ndarray, sweep_bytes: np.ndarray,
                        delta_bytes: np.ndarray, grad_units: np.ndarray, unit_bytes: int, max_units: int,
                        pageout_cost: np.ndarray, pagein_cost: np.ndarray, paged_record_hold_units: np.ndarray,
-                       paged_sweep_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                       paged_sweep_bytes: np.ndarray, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``cost[e, row(s, t), m]`` and ``choice[e, row(s, t), m]`` (codes as in ``paging.py``)."""
     length = turn_cost.shape[0]
     width = max_units + 1
@@ -153,5 +154,5 @@ def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np
                 _solve_row(e, s, s + span, turn_cost, sweep_cost, child_entry, record_need_units,
                            record_hold_units, checkpoint_hold_units, entry_bytes, sweep_bytes, delta_bytes,
                            grad_units, unit_bytes, pageout_cost, pagein_cost, paged_record_hold_units,
-                           paged_sweep_bytes, rows, width, cost_s, choice, first, saturated)
+                           paged_sweep_bytes, recompute, rows, width, cost_s, choice, first, saturated)
     return cost_s.reshape((2, rows, width)), choice.reshape((2, rows, width))

@@ -86,6 +86,7 @@ class _PagingGrid:
     pagein_cost: np.ndarray          # [L]
     paged_record_hold_units: np.ndarray  # [L] ceil(record hold without x_s); -1 where (a') is not allowed
     paged_sweep_bytes: np.ndarray    # [L, L+1] peak of the advances of (b') above d(t+1)
+    recompute: bool                  # False: records only, moves (a) and (a'): paging without recomputation
 
 
 def _paged_sweep_bytes(chain: Chain) -> np.ndarray:
@@ -101,7 +102,7 @@ def _paged_sweep_bytes(chain: Chain) -> np.ndarray:
 
 
 def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, weights: CostWeights,
-                       profile: EnergyProfile) -> _PagingGrid:
+                       profile: EnergyProfile, recompute: bool) -> _PagingGrid:
     base = _discretise(chain, activation_budget_bytes, slots)
     costs, length, unit = _Costs.of(chain), chain.length, base.unit_bytes
     pageout = np.full(length, math.inf)
@@ -117,7 +118,8 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
             paged_hold[s] = max(0, _ceil_div(costs.record_hold(0, s), unit))
     return _PagingGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
                        sweep_cost=weights.compute * base.sweep_time_s, pageout_cost=pageout, pagein_cost=pagein,
-                       paged_record_hold_units=paged_hold, paged_sweep_bytes=_paged_sweep_bytes(chain))
+                       paged_record_hold_units=paged_hold, paged_sweep_bytes=_paged_sweep_bytes(chain),
+                       recompute=recompute)
 
 
 # Choices: s (record), L + s (record, page x_s), k in s+1..t (checkpoint), L + k (checkpoint, page x_s).
@@ -150,7 +152,7 @@ def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
             if e == 1 and s < t and paged_hold[s] >= 0:
                 rest = best(s + 1, t, m - paged_hold[s], child_entry[s])[0]
                 found.append(((turn[s] + paging) + rest, length + s))
-        for k in range(s + 1, t + 1):                                            # (b), (b')
+        for k in range(s + 1, t + 1 if grid.recompute else s + 1):               # (b), (b')
             lower = best(s, k - 1, m - grads[k][t], e)[0]
             if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) <= m:
                 found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0] + lower, k))
@@ -183,7 +185,8 @@ def _solve_fast(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
     return solve_paging_table(g.needed, grid.turn_cost, grid.sweep_cost, g.child_entry, g.record_need_units,
                               g.record_hold_units, g.checkpoint_hold_units, g.entry_bytes, g.sweep_bytes,
                               g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.pageout_cost,
-                              grid.pagein_cost, grid.paged_record_hold_units, grid.paged_sweep_bytes)
+                              grid.pagein_cost, grid.paged_record_hold_units, grid.paged_sweep_bytes,
+                              grid.recompute)
 
 
 def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
@@ -275,7 +278,7 @@ class PagingTable:
 
 
 def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *, weights: CostWeights | None = None,
-                 slots: int = 500, solver: str = "fast") -> PagingTable:
+                 slots: int = 500, solver: str = "fast", recompute: bool = True) -> PagingTable:
     """Solve the paging table of ``chain`` on a device for every budget up to ``max_memory_bytes``.
 
     Args:
@@ -286,6 +289,8 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
             powers, so the cost is the step's energy in J.
         slots: memory units of the grid (as :func:`~edgetrain.planners.solve`).
         solver: ``"fast"`` (numba) or ``"reference"`` (pure Python).
+        recompute: False restricts the table to schedules without recomputation (records
+            only, inputs paged): the paging-only baseline.
 
     Raises:
         InfeasibleBudgetError: nothing fits; ``minimum_bytes`` is a lower bound of the least
@@ -300,7 +305,7 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
         raise _infeasible(chain, max_memory_bytes)
-    grid = _discretise_paging(chain, activation_bytes, slots, weights, profile)
+    grid = _discretise_paging(chain, activation_bytes, slots, weights, profile, recompute)
     cost, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
     table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid,
                         cost[0, _row(0, chain.length - 1)].copy(), choice)
@@ -340,7 +345,7 @@ class PagingResult:
 
 
 def paging_dp(chain: Chain, profile: EnergyProfile, memory_bytes: int, *, deadline_s: float | None = None,
-              slots: int = 500, iterations: int = 30) -> PagingResult:
+              slots: int = 500, iterations: int = 30, recompute: bool = True) -> PagingResult:
     """The least-energy recompute + paging schedule within ``memory_bytes`` (and ``deadline_s``).
 
     Without a deadline, or when the least-energy schedule meets it, the result is the DP's
@@ -353,7 +358,8 @@ def paging_dp(chain: Chain, profile: EnergyProfile, memory_bytes: int, *, deadli
     """
     def at(weight: float | None) -> PagingResult:
         weights = CostWeights.time() if weight is None else CostWeights.energy(profile, weight)
-        schedule = solve_paging(chain, profile, memory_bytes, weights=weights, slots=slots).schedule(memory_bytes)
+        table = solve_paging(chain, profile, memory_bytes, weights=weights, slots=slots, recompute=recompute)
+        schedule = table.schedule(memory_bytes)
         stats = simulate(chain, schedule, profile)
         met = deadline_s is None or stats.time_s <= deadline_s * (1 + 1e-12)
         return PagingResult(replace(schedule, params={**schedule.params, "time_weight": weight}), stats,
