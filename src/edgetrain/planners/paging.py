@@ -84,8 +84,12 @@ class _PagingGrid:
     sweep_cost: np.ndarray           # [L, L+1] weight x (f_s + ... + f_{k-1})
     pageout_cost: np.ndarray         # [L] cost of writing x_s (inf where x_s never pages)
     pagein_cost: np.ndarray          # [L]
-    paged_record_hold_units: np.ndarray  # [L] ceil(record hold without x_s); -1 where (a') is not allowed
-    paged_sweep_bytes: np.ndarray    # [L, L+1] peak of the advances of (b') above d(t+1)
+    can_page: np.ndarray             # [2, L] whether P(s, ., e) may page x_s
+    paged_record_need_units: np.ndarray   # [2, L, L] ceil of (a')'s peaks, its page-in included
+    paged_record_hold_units: np.ndarray   # [2, L] what (a') holds from the child; < 0 when it frees x_s
+    paged_checkpoint_hold_units: np.ndarray  # [2, L] what (b') holds from P(k, t): 0, or minus x_s
+    paged_sweep_bytes: np.ndarray    # [2, L, L+1] peak of (b')'s advances above d(t+1)
+    input_saved: np.ndarray          # [L] is_s: (a') with e = 1 pages a record's pinned input
     recompute: bool                  # False: records only, moves (a) and (a'): paging without recomputation
 
 
@@ -103,22 +107,40 @@ def _paged_sweep_bytes(chain: Chain) -> np.ndarray:
 
 def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, weights: CostWeights,
                        profile: EnergyProfile, recompute: bool) -> _PagingGrid:
+    """The arrays of NOTE [ The paging DP ]; sizes rounded so that what fits in units fits in bytes.
+
+    Memory a move *frees* for a child (``x_s`` counted by the parent's record, ``e = 0``) is
+    rounded down, memory it holds rounded up.
+    """
     base = _discretise(chain, activation_budget_bytes, slots)
-    costs, length, unit = _Costs.of(chain), chain.length, base.unit_bytes
-    pageout = np.full(length, math.inf)
-    pagein = np.full(length, math.inf)
-    paged_hold = np.full(length, -1, np.int64)
+    costs, length, unit, values = _Costs.of(chain), chain.length, base.unit_bytes, chain.value_bytes
+    pageout, pagein = np.full(length, math.inf), np.full(length, math.inf)
+    can_page = np.zeros((2, length), np.bool_)
+    record_need = np.zeros((2, length, length), np.int64)
+    record_hold = np.zeros((2, length), np.int64)
+    checkpoint_hold = np.zeros((2, length), np.int64)
+    unpaged_sweep, paged_sweep = costs.sweep_bytes, _paged_sweep_bytes(chain)
+    sweep = np.stack([unpaged_sweep, paged_sweep])
     for s in range(1, length):
-        size = chain.value_bytes[s]
-        if size == 0:
+        if values[s] == 0:
             continue
-        pageout[s] = weights.pageout * page_time_s(size, profile, "out")
-        pagein[s] = weights.pagein * page_time_s(size, profile, "in")
-        if chain.stages[s].input_saved:
-            paged_hold[s] = max(0, _ceil_div(costs.record_hold(0, s), unit))
+        pageout[s] = weights.pageout * page_time_s(values[s], profile, "out")
+        pagein[s] = weights.pagein * page_time_s(values[s], profile, "in")
+        can_page[1, s] = True
+        can_page[0, s] = chain.stages[s - 1].output_saved   # x_s inside the parent's record
+        credit = values[s] // unit
+        record_hold[1, s] = max(0, _ceil_div(costs.record_hold(0, s), unit))
+        record_hold[0, s] = max(0, _ceil_div(costs.record_hold(0, s), unit)) - credit
+        checkpoint_hold[0, s] = -credit
+        for e in (0, 1):
+            for t in range(s, length):
+                page_in = costs.record_hold(e, s) + costs.delta_bytes[s + 1] + costs.grads(s + 1, t)
+                record_need[e, s, t] = _ceil_div(max(costs.record_peak(e, s, t), page_in), unit)
     return _PagingGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
                        sweep_cost=weights.compute * base.sweep_time_s, pageout_cost=pageout, pagein_cost=pagein,
-                       paged_record_hold_units=paged_hold, paged_sweep_bytes=_paged_sweep_bytes(chain),
+                       can_page=can_page, paged_record_need_units=record_need, paged_record_hold_units=record_hold,
+                       paged_checkpoint_hold_units=checkpoint_hold, paged_sweep_bytes=sweep,
+                       input_saved=np.array([stage.input_saved for stage in chain.stages], np.bool_),
                        recompute=recompute)
 
 
@@ -134,7 +156,10 @@ def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
     length = g.length
     turn, sweep_cost = grid.turn_cost.tolist(), grid.sweep_cost.tolist()
     pageout, pagein = grid.pageout_cost.tolist(), grid.pagein_cost.tolist()
-    paged_hold, paged_sweep = grid.paged_record_hold_units.tolist(), grid.paged_sweep_bytes.tolist()
+    can_page, paged_need = grid.can_page.tolist(), grid.paged_record_need_units.tolist()
+    paged_hold, paged_checkpoint = grid.paged_record_hold_units.tolist(), grid.paged_checkpoint_hold_units.tolist()
+    paged_sweep, top = grid.paged_sweep_bytes.tolist(), g.max_units
+    stages_input_saved = grid.input_saved.tolist()
     child_entry, record_need = g.child_entry.tolist(), g.record_need_units.tolist()
     record_hold, checkpoint_hold = g.record_hold_units.tolist(), g.checkpoint_hold_units.tolist()
     entry_bytes, sweep_bytes = g.entry_bytes.tolist(), g.sweep_bytes.tolist()
@@ -145,19 +170,20 @@ def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
         if m < 0:
             return math.inf, -1
         found: list[tuple[float, int]] = []
-        paging = pageout[s] + pagein[s]
-        if record_need[e][s][t] <= m:                                            # (a), (a')
+        paging, pages = pageout[s] + pagein[s], can_page[e][s] and math.isfinite(pageout[s] + pagein[s])
+        if record_need[e][s][t] <= m:                                            # (a)
             rest = best(s + 1, t, m - record_hold[e][s], child_entry[s])[0] if s < t else 0.0
             found.append((turn[s] + rest, s))
-            if e == 1 and s < t and paged_hold[s] >= 0:
-                rest = best(s + 1, t, m - paged_hold[s], child_entry[s])[0]
-                found.append(((turn[s] + paging) + rest, length + s))
+        if pages and s < t and paged_need[e][s][t] <= m and (e == 0 or stages_input_saved[s]):   # (a')
+            rest = best(s + 1, t, min(m - paged_hold[e][s], top), child_entry[s])[0]
+            found.append(((turn[s] + paging) + rest, length + s))
         for k in range(s + 1, t + 1 if grid.recompute else s + 1):               # (b), (b')
             lower = best(s, k - 1, m - grads[k][t], e)[0]
             if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) <= m:
                 found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0] + lower, k))
-            if e == 1 and _ceil_div(deltas[t + 1] + paged_sweep[s][k], unit) <= m:
-                found.append(((sweep_cost[s][k] + paging) + best(k, t, m, 1)[0] + lower, length + k))
+            if pages and _ceil_div(deltas[t + 1] + paged_sweep[e][s][k], unit) <= m:
+                upper = best(k, t, min(m - paged_checkpoint[e][s], top), 1)[0]
+                found.append(((sweep_cost[s][k] + paging) + upper + lower, length + k))
         found = [(value, code) for value, code in found if math.isfinite(value)]
         return min(found, default=(math.inf, -1))
 
@@ -185,8 +211,9 @@ def _solve_fast(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
     return solve_paging_table(g.needed, grid.turn_cost, grid.sweep_cost, g.child_entry, g.record_need_units,
                               g.record_hold_units, g.checkpoint_hold_units, g.entry_bytes, g.sweep_bytes,
                               g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.pageout_cost,
-                              grid.pagein_cost, grid.paged_record_hold_units, grid.paged_sweep_bytes,
-                              grid.recompute)
+                              grid.pagein_cost, grid.can_page, grid.paged_record_need_units,
+                              grid.paged_record_hold_units, grid.paged_checkpoint_hold_units, grid.paged_sweep_bytes,
+                              grid.input_saved, grid.recompute)
 
 
 def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
@@ -210,8 +237,8 @@ def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...
             if paged:
                 stack.append(PageIn(s))
             if s < t:
-                hold = int(grid.paged_record_hold_units[s]) if paged else int(g.record_hold_units[e, s])
-                stack.append((s + 1, t, m - hold, int(g.child_entry[s])))
+                hold = int(grid.paged_record_hold_units[e, s]) if paged else int(g.record_hold_units[e, s])
+                stack.append((s + 1, t, min(m - hold, g.max_units), int(g.child_entry[s])))
             ops.append(Forward(s, Keep.ALL))
             if paged:
                 ops.append(PageOut(s))
@@ -219,7 +246,8 @@ def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...
             stack.append((s, k - 1, m - int(g.grad_units[k, t]), e))
             if paged:
                 stack.append(PageIn(s))
-            stack.append((k, t, m if paged else m - int(g.checkpoint_hold_units[e, s]), 1))
+            hold = int(grid.paged_checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
+            stack.append((k, t, min(m - hold, g.max_units), 1))
             ops.append(Forward(s, Keep.INPUT))
             if paged:
                 ops.append(PageOut(s))
