@@ -9,13 +9,13 @@ from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, Unknow
 from .planners import Plan, plan
 from .profile import estimate_memory, measure_training_step, profile
 from .runtime import Checkpointed, Executor, run_schedule
-from .schedule import Backward, Discard, Forward, Keep, PageIn, PageOut, Schedule, Stats, keep_all, simulate, validate
+from .schedule import Backward, Discard, Forward, Keep, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule, Stats, keep_all, simulate, validate
 from .units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "PageOut", "PageIn", "keep_all",
+    "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "keep_all",
     "simulate", "validate", "profile", "estimate_memory", "measure_training_step", "plan", "Plan",
     "Checkpointed", "Executor", "run_schedule",
     "EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError", "parse_bytes", "format_bytes",

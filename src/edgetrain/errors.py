@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["EdgetrainError", "UnknownNameError", "InfeasibleBudgetError", "ScheduleError"]
+__all__ = ["EdgetrainError", "UnknownNameError", "InfeasibleBudgetError", "ScheduleError", "PagingError"]
 
 
 class EdgetrainError(Exception):
@@ -32,3 +32,9 @@ class InfeasibleBudgetError(EdgetrainError):
 
 class ScheduleError(EdgetrainError):
     """A schedule that cannot run on its chain; the message names the offending op."""
+
+
+class PagingError(EdgetrainError):
+    """Paging activations to storage failed: the page directory, the disk budget, a full disk or
+    a failed transfer; the message names the path and the OS's reason. A step never falls back
+    to keeping the value in RAM: that would break the memory plan."""

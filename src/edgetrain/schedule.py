@@ -15,6 +15,9 @@ A schedule is a tuple of op records over the stages of a :class:`~edgetrain.chai
 * ``PageOut(value)`` writes ``x_value`` to storage (flash, an SD card) and frees its RAM; the
   value stays *alive*: a record that saved it, or a later forward, needs it back first.
 * ``PageIn(value)`` reads a paged-out ``x_value`` back into RAM and deletes its copy on disk.
+* ``PageOutRecord(stage)`` / ``PageInRecord(stage)`` do the same for a record's own saved
+  tensors (``saved_bytes - out_bytes``: what autograd keeps besides the stage's input and
+  output, e.g. a convolution's output inside a block); ``Backward(stage)`` needs them in RAM.
 
 ``x_0`` is the caller's input batch: always available, never released, never paged.
 
@@ -48,7 +51,7 @@ from .errors import ScheduleError
 if TYPE_CHECKING:
     from .energy import EnergyProfile
 
-__all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "Op", "Schedule", "Stats", "validate",
+__all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "Op", "Schedule", "Stats", "validate",
            "simulate", "keep_all", "OpMemory", "memory_timeline"]
 
 SCHEDULE_VERSION = 2
@@ -90,7 +93,17 @@ class PageIn:
     value: int
 
 
-Op = Union[Forward, Backward, Discard, PageOut, PageIn]
+@dataclass(frozen=True)
+class PageOutRecord:
+    stage: int
+
+
+@dataclass(frozen=True)
+class PageInRecord:
+    stage: int
+
+
+Op = Union[Forward, Backward, Discard, PageOut, PageIn, PageOutRecord, PageInRecord]
 
 
 @dataclass(frozen=True)
@@ -129,8 +142,8 @@ class Schedule:
     def to_bytes(self) -> bytes:
         """The compact form a device receives, as POET sends its schedule tables.
 
-        Six header bytes (magic, version, length), then one byte per op: a 3-bit kind and a
-        5-bit stage or value index; indices of 31 and above take two more bytes. Strategy and
+        Six header bytes (magic, version, length), then one byte per op: a 4-bit kind and a
+        4-bit stage or value index; indices of 15 and above take two more bytes. Strategy and
         params are left out: the ops and the length are all an executor needs.
         """
         body = b"".join(_pack_op(op) for op in self.ops)
@@ -155,25 +168,30 @@ _COMPACT_MAGIC = b"ES"
 # kind codes of the compact form: forward by keep, then the one-index ops
 _COMPACT_KINDS: tuple[tuple[type, Keep | None], ...] = (
     (Forward, Keep.NONE), (Forward, Keep.INPUT), (Forward, Keep.ALL), (Backward, None), (Discard, None),
-    (PageOut, None), (PageIn, None))
+    (PageOut, None), (PageIn, None), (PageOutRecord, None), (PageInRecord, None))
+_ESCAPE = 15
+
+
+def _op_index(op: Op) -> int:
+    return op.value if isinstance(op, (Discard, PageOut, PageIn)) else op.stage
 
 
 def _pack_op(op: Op) -> bytes:
-    """One op: ``kind << 5 | index`` when ``index < 31``; else ``kind << 5 | 31`` and a uint16 index."""
+    """One op: ``kind << 4 | index`` when ``index < 15``; else ``kind << 4 | 15`` and a uint16 index."""
     keep = op.keep if isinstance(op, Forward) else None
     kind = _COMPACT_KINDS.index((type(op), keep))
-    index = op.stage if isinstance(op, (Forward, Backward)) else op.value
-    if index < 31:
-        return bytes([kind << 5 | index])
+    index = _op_index(op)
+    if index < _ESCAPE:
+        return bytes([kind << 4 | index])
     if index >= 2**16:
         raise ScheduleError(f"op {op}: index {index} is too large for the compact form")
-    return bytes([kind << 5 | 31]) + struct.pack("<H", index)
+    return bytes([kind << 4 | _ESCAPE]) + struct.pack("<H", index)
 
 
 def _unpack_op(data: bytes, at: int) -> tuple[Op, int]:
-    kind, index = data[at] >> 5, data[at] & 31
+    kind, index = data[at] >> 4, data[at] & 15
     at += 1
-    if index == 31:
+    if index == _ESCAPE:
         if at + 2 > len(data):
             raise ScheduleError("compact schedule ends inside an op")
         (index,) = struct.unpack("<H", data[at:at + 2])
@@ -193,6 +211,10 @@ def _op_to_list(op: Op) -> list[object]:
         return ["O", op.value]
     if isinstance(op, PageIn):
         return ["I", op.value]
+    if isinstance(op, PageOutRecord):
+        return ["OR", op.stage]
+    if isinstance(op, PageInRecord):
+        return ["IR", op.stage]
     return ["D", op.value]
 
 
@@ -209,6 +231,10 @@ def _op_from_list(item: list[object]) -> Op:
             return PageOut(int(args[0]))  # type: ignore[call-overload]
         if kind == "I":
             return PageIn(int(args[0]))  # type: ignore[call-overload]
+        if kind == "OR":
+            return PageOutRecord(int(args[0]))  # type: ignore[call-overload]
+        if kind == "IR":
+            return PageInRecord(int(args[0]))  # type: ignore[call-overload]
     except (IndexError, ValueError) as exc:
         raise ScheduleError(f"malformed op {item!r}: {exc}") from exc
     raise ScheduleError(f"unknown op kind {kind!r} in {item!r}")
@@ -274,6 +300,7 @@ class _State:
         self.recorded: set[int] = set()
         self.done: set[int] = set()
         self.on_disk: set[int] = set()
+        self.paged_records: set[int] = set()
         self.delta: int | None = chain.length  # δ_L: the loss seeds its own gradient (0 bytes)
         self.grads = 0
 
@@ -295,16 +322,20 @@ class _State:
         """A value that died while paged out needs its copy on disk no more."""
         self.on_disk = {k for k in self.on_disk if self.alive(k)}
 
+    def internals(self, stage: int) -> int:
+        """Bytes of a record besides its stage's input and output."""
+        return self.chain.stages[stage].saved_bytes - self.chain.stages[stage].out_bytes
+
     @property
     def disk_bytes(self) -> int:
-        return sum(self.values[k] for k in self.on_disk)
+        return sum(self.values[k] for k in self.on_disk) + sum(self.internals(i) for i in self.paged_records)
 
     def memory(self) -> int:
         """RAM of the state: resident state, gradients, records' own tensors, live values in RAM, δ."""
         chain = self.chain
         mem = chain.weights_bytes + chain.optimizer_state_bytes + self.grads
-        for i in self.recorded:   # the record's own tensors; its input and output count as values
-            mem += chain.stages[i].saved_bytes - chain.stages[i].out_bytes
+        for i in self.recorded - self.paged_records:   # a record's own tensors; its input and output are values
+            mem += self.internals(i)
         candidates = self.held | self.recorded | {i + 1 for i in self.recorded}
         mem += sum(self.values[k] for k in candidates if self.in_ram(k))
         if self.delta is not None and self.delta < chain.length:
@@ -363,6 +394,8 @@ def _backward(state: _State, tally: _Tally, op: Backward, before: int, fail: Cal
         raise fail(f"stage {i} is not recorded (run Forward({i}, keep='all') first)")
     if state.delta != i + 1:
         raise fail(f"the gradient δ_{i + 1} of its output is not available")
+    if i in state.paged_records:
+        raise fail(f"its record is paged out (PageInRecord({i}) first)")
     stage = chain.stages[i]
     for k, kept in ((i, stage.input_saved and i > 0), (i + 1, stage.output_saved)):
         if kept and k in state.on_disk:
@@ -410,6 +443,27 @@ class OpMemory:
     after_bytes: int
 
 
+def _page_record(state: _State, tally: _Tally, op: PageOutRecord | PageInRecord, before: int,
+                 fail: Callable[[str], ScheduleError]) -> int:
+    i = op.stage
+    if i not in state.recorded:
+        raise fail(f"stage {i} is not recorded")
+    size = state.internals(i)
+    if isinstance(op, PageOutRecord):
+        if i in state.paged_records:
+            raise fail(f"the record of stage {i} is already paged out")
+        if size <= 0:
+            raise fail(f"the record of stage {i} keeps nothing besides its input and output")
+        state.paged_records.add(i)
+        tally.pageout_transfers.append(size)
+        return before
+    if i not in state.paged_records:
+        raise fail(f"the record of stage {i} is not paged out")
+    state.paged_records.discard(i)
+    tally.pagein_transfers.append(size)
+    return before + size
+
+
 def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
          timeline: list[OpMemory] | None = None) -> Stats:
     """Check every op against the state and account memory, time and energy; raise on the first bad op."""
@@ -429,6 +483,8 @@ def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
             transient = _backward(state, tally, op, before, fail)
         elif isinstance(op, (PageOut, PageIn)):
             transient = _page(state, tally, op, before, fail)
+        elif isinstance(op, (PageOutRecord, PageInRecord)):
+            transient = _page_record(state, tally, op, before, fail)
         elif isinstance(op, Discard):
             k = op.value
             if k == 0:

@@ -2,8 +2,9 @@
 
 It is ``_optimal_kernel.py``'s loop (same saturation trick: a candidate that is constant from
 some memory on is entered once as a "tail" and spread by a running minimum) with costs in
-place of times and the two paged moves of NOTE [ The paging DP ], evaluated after the
-unpaged ones so that, as in ``paging._solve_reference``, ties go to the smallest choice code.
+place of times and the paged moves of NOTE [ The paging DP ], evaluated after the unpaged
+ones and in increasing choice code so that, as in ``paging._solve_reference``, ties go to the
+smallest code.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def _move(out: int, const: float, code: int, low: int, high: int, width: int, ch
 def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.ndarray, child_entry: np.ndarray,
                record_need_units: np.ndarray, record_hold_units: np.ndarray, checkpoint_hold_units: np.ndarray,
                entry_bytes: np.ndarray, sweep_bytes: np.ndarray, delta_bytes: np.ndarray, grad_units: np.ndarray,
-               unit_bytes: int, pageout_cost: np.ndarray, pagein_cost: np.ndarray,
-               can_page: np.ndarray, paged_record_need_units: np.ndarray, paged_record_hold_units: np.ndarray,
-               paged_checkpoint_hold_units: np.ndarray, paged_sweep_bytes: np.ndarray, input_saved: np.ndarray,
-               recompute: bool, rows: int, width: int,
+               unit_bytes: int, value_paging_cost: np.ndarray, value_can_page: np.ndarray,
+               record_can_page: np.ndarray, record_paging_cost: np.ndarray, record_hold_units_paged: np.ndarray,
+               record_need_units_paged: np.ndarray, checkpoint_hold_units_paged: np.ndarray,
+               paged_sweep_bytes: np.ndarray, recompute: bool, rows: int, width: int,
                cost_s: np.ndarray, choice: np.ndarray, first: np.ndarray, saturated: np.ndarray) -> None:
     length = turn_cost.shape[0]
     out = (e * rows + _row(s, t)) * width
@@ -93,26 +94,28 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
         high = min(max(low, saturated[1, k, t] + hold, saturated[e, s, k - 1] + grads), width)
         _move(out, sweep_cost[s, k], k, low, high, width, (rows + _row(k, t)) * width, hold,
               (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice, tail_cost, tail_choice)
-    paging = pageout_cost[s] + pagein_cost[s]
-    if can_page[e, s] and np.isfinite(paging):
-        # (a') record s, page out x_s (a pinned input, or the parent's record's output)
-        if s < t and (e == 0 or input_saved[s]):
-            entry = child_entry[s]
-            hold = paged_record_hold_units[e, s]
-            low = max(paged_record_need_units[e, s, t], first[entry, s + 1, t] + hold)
+    # (a') record s and page (v = 0) x_s, (1) the record's internals, (2) both
+    if s < t:
+        entry = child_entry[s]
+        for v in range(3):
+            if not record_can_page[v, e, s] or record_need_units_paged[e, s, t] >= width:
+                continue
+            hold = record_hold_units_paged[v, e, s]
+            low = max(record_need_units_paged[e, s, t], first[entry, s + 1, t] + hold)
             high = min(max(low, saturated[entry, s + 1, t] + hold), width)
-            _move(out, turn_cost[s] + paging, length + s, low, high, width,
+            _move(out, turn_cost[s] + record_paging_cost[v, s], (v + 1) * length + s, low, high, width,
                   (entry * rows + _row(s + 1, t)) * width, hold, none, 0, cost_s, choice, tail_cost, tail_choice)
-        # (b') checkpoint x_k, page out x_s
-        if recompute:
-            hold = paged_checkpoint_hold_units[e, s]
-            for k in range(s + 1, t + 1):
-                need = _ceil_div(delta_bytes[t + 1] + paged_sweep_bytes[e, s, k], unit_bytes)
-                grads = grad_units[k, t]
-                low = max(need, first[1, k, t] + hold, first[e, s, k - 1] + grads)
-                high = min(max(low, saturated[1, k, t] + hold, saturated[e, s, k - 1] + grads), width)
-                _move(out, sweep_cost[s, k] + paging, length + k, low, high, width, (rows + _row(k, t)) * width,
-                      hold, (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice, tail_cost, tail_choice)
+    # (b') checkpoint x_k, page out x_s
+    if value_can_page[e, s] and recompute:
+        hold = checkpoint_hold_units_paged[e, s]
+        for k in range(s + 1, t + 1):
+            need = _ceil_div(delta_bytes[t + 1] + paged_sweep_bytes[e, s, k], unit_bytes)
+            grads = grad_units[k, t]
+            low = max(need, first[1, k, t] + hold, first[e, s, k - 1] + grads)
+            high = min(max(low, saturated[1, k, t] + hold, saturated[e, s, k - 1] + grads), width)
+            _move(out, sweep_cost[s, k] + value_paging_cost[s], 4 * length + k, low, high, width,
+                  (rows + _row(k, t)) * width, hold, (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice,
+                  tail_cost, tail_choice)
     # spread the tails, then note where the row becomes feasible and where it saturates
     last = width - 1
     run_cost, run_choice = np.inf, -1
@@ -137,10 +140,10 @@ def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np
                        record_need_units: np.ndarray, record_hold_units: np.ndarray,
                        checkpoint_hold_units: np.ndarray, entry_bytes: np.ndarray, sweep_bytes: np.ndarray,
                        delta_bytes: np.ndarray, grad_units: np.ndarray, unit_bytes: int, max_units: int,
-                       pageout_cost: np.ndarray, pagein_cost: np.ndarray, can_page: np.ndarray,
-                       paged_record_need_units: np.ndarray, paged_record_hold_units: np.ndarray,
-                       paged_checkpoint_hold_units: np.ndarray, paged_sweep_bytes: np.ndarray,
-                       input_saved: np.ndarray, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
+                       value_paging_cost: np.ndarray, value_can_page: np.ndarray, record_can_page: np.ndarray,
+                       record_paging_cost: np.ndarray, record_hold_units_paged: np.ndarray,
+                       record_need_units_paged: np.ndarray, checkpoint_hold_units_paged: np.ndarray,
+                       paged_sweep_bytes: np.ndarray, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``cost[e, row(s, t), m]`` and ``choice[e, row(s, t), m]`` (codes as in ``paging.py``)."""
     length = turn_cost.shape[0]
     width = max_units + 1
@@ -156,7 +159,8 @@ def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np
                     continue
                 _solve_row(e, s, s + span, turn_cost, sweep_cost, child_entry, record_need_units,
                            record_hold_units, checkpoint_hold_units, entry_bytes, sweep_bytes, delta_bytes,
-                           grad_units, unit_bytes, pageout_cost, pagein_cost, can_page, paged_record_need_units,
-                           paged_record_hold_units, paged_checkpoint_hold_units, paged_sweep_bytes, input_saved,
-                           recompute, rows, width, cost_s, choice, first, saturated)
+                           grad_units, unit_bytes, value_paging_cost, value_can_page, record_can_page,
+                           record_paging_cost, record_hold_units_paged, record_need_units_paged,
+                           checkpoint_hold_units_paged, paged_sweep_bytes, recompute, rows, width, cost_s, choice,
+                           first, saturated)
     return cost_s.reshape((2, rows, width)), choice.reshape((2, rows, width))

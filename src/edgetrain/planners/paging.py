@@ -48,7 +48,8 @@ import numpy as np
 from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
-from ..schedule import Backward, Forward, Keep, Op, PageIn, PageOut, Schedule, Stats, simulate
+from ..schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
+                        Stats, simulate)
 from .optimal import _ceil_div, _Costs, _discretise, _exact_minimum_bytes, _Grid, _row
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
@@ -75,6 +76,10 @@ class CostWeights:
         return cls(1.0, 1.0, 1.0)
 
 
+# What move (a') pages of record s: its input x_s (pinned, or the parent's), its internals, or both.
+RECORD_VARIANTS = ("value", "internals", "both")
+
+
 @dataclass(frozen=True, eq=False)
 class _PagingGrid:
     """``optimal``'s grid with costs in place of times and the arrays of moves (a') and (b')."""
@@ -82,14 +87,14 @@ class _PagingGrid:
     base: _Grid
     turn_cost: np.ndarray            # [L] weight x (f_s + b_s)
     sweep_cost: np.ndarray           # [L, L+1] weight x (f_s + ... + f_{k-1})
-    pageout_cost: np.ndarray         # [L] cost of writing x_s (inf where x_s never pages)
-    pagein_cost: np.ndarray          # [L]
-    can_page: np.ndarray             # [2, L] whether P(s, ., e) may page x_s
-    paged_record_need_units: np.ndarray   # [2, L, L] ceil of (a')'s peaks, its page-in included
-    paged_record_hold_units: np.ndarray   # [2, L] what (a') holds from the child; < 0 when it frees x_s
-    paged_checkpoint_hold_units: np.ndarray  # [2, L] what (b') holds from P(k, t): 0, or minus x_s
+    value_paging_cost: np.ndarray    # [L] page-out + page-in of x_s (inf where x_s never pages)
+    value_can_page: np.ndarray       # [2, L] whether P(s, ., e) may page x_s
+    record_can_page: np.ndarray      # [3, 2, L] whether (a') variant v applies
+    record_paging_cost: np.ndarray   # [3, L] its transfers, both ways
+    record_hold_units: np.ndarray    # [3, 2, L] what it holds from the child; < 0 when it frees the parent's x_s
+    record_need_units: np.ndarray    # [2, L, L] ceil of (a')'s peaks, its page-ins included
+    checkpoint_hold_units: np.ndarray  # [2, L] what (b') holds from P(k, t): 0, or minus the parent's x_s
     paged_sweep_bytes: np.ndarray    # [2, L, L+1] peak of (b')'s advances above d(t+1)
-    input_saved: np.ndarray          # [L] is_s: (a') with e = 1 pages a record's pinned input
     recompute: bool                  # False: records only, moves (a) and (a'): paging without recomputation
 
 
@@ -105,6 +110,14 @@ def _paged_sweep_bytes(chain: Chain) -> np.ndarray:
     return sweep
 
 
+def _transfers_cost(n_bytes: int, weights: CostWeights, profile: EnergyProfile) -> float:
+    """Weighted cost of writing ``n_bytes`` out and reading them back; inf for nothing to move."""
+    if n_bytes <= 0:
+        return math.inf
+    return (weights.pageout * page_time_s(n_bytes, profile, "out")
+            + weights.pagein * page_time_s(n_bytes, profile, "in"))
+
+
 def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, weights: CostWeights,
                        profile: EnergyProfile, recompute: bool) -> _PagingGrid:
     """The arrays of NOTE [ The paging DP ]; sizes rounded so that what fits in units fits in bytes.
@@ -114,52 +127,57 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
     """
     base = _discretise(chain, activation_budget_bytes, slots)
     costs, length, unit, values = _Costs.of(chain), chain.length, base.unit_bytes, chain.value_bytes
-    pageout, pagein = np.full(length, math.inf), np.full(length, math.inf)
-    can_page = np.zeros((2, length), np.bool_)
+    value_cost = np.array([_transfers_cost(values[s] if s > 0 else 0, weights, profile) for s in range(length)])
+    value_can = np.zeros((2, length), np.bool_)
+    record_can = np.zeros((3, 2, length), np.bool_)
+    record_cost = np.full((3, length), math.inf)
+    record_hold = np.zeros((3, 2, length), np.int64)
     record_need = np.zeros((2, length, length), np.int64)
-    record_hold = np.zeros((2, length), np.int64)
     checkpoint_hold = np.zeros((2, length), np.int64)
-    unpaged_sweep, paged_sweep = costs.sweep_bytes, _paged_sweep_bytes(chain)
-    sweep = np.stack([unpaged_sweep, paged_sweep])
-    for s in range(1, length):
-        if values[s] == 0:
-            continue
-        pageout[s] = weights.pageout * page_time_s(values[s], profile, "out")
-        pagein[s] = weights.pagein * page_time_s(values[s], profile, "in")
-        can_page[1, s] = True
-        can_page[0, s] = chain.stages[s - 1].output_saved   # x_s inside the parent's record
-        credit = values[s] // unit
-        record_hold[1, s] = max(0, _ceil_div(costs.record_hold(0, s), unit))
-        record_hold[0, s] = max(0, _ceil_div(costs.record_hold(0, s), unit)) - credit
+    for s in range(length):
+        stage = chain.stages[s]
+        internals = stage.saved_bytes - stage.out_bytes
+        value_can[1, s] = s > 0 and values[s] > 0
+        value_can[0, s] = s > 0 and values[s] > 0 and chain.stages[s - 1].output_saved  # in the parent's record
+        credit = values[s] // unit if value_can[0, s] else 0
         checkpoint_hold[0, s] = -credit
+        record_cost[:, s] = (value_cost[s], _transfers_cost(internals, weights, profile),
+                             value_cost[s] + _transfers_cost(internals, weights, profile))
         for e in (0, 1):
+            value = value_can[e, s] and (e == 0 or stage.input_saved)   # e = 1: only a pinned input frees memory
+            held = costs.record_hold(e, s)
+            pinned = values[s] if e == 1 else 0
+            record_can[:, e, s] = (value, internals > 0, value and internals > 0)
+            record_hold[:, e, s] = (_ceil_div(held - pinned, unit) - credit * (1 - e),
+                                    _ceil_div(held - internals, unit),
+                                    _ceil_div(held - pinned - internals, unit) - credit * (1 - e))
             for t in range(s, length):
-                page_in = costs.record_hold(e, s) + costs.delta_bytes[s + 1] + costs.grads(s + 1, t)
+                page_in = held + costs.delta_bytes[s + 1] + costs.grads(s + 1, t)
                 record_need[e, s, t] = _ceil_div(max(costs.record_peak(e, s, t), page_in), unit)
     return _PagingGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
-                       sweep_cost=weights.compute * base.sweep_time_s, pageout_cost=pageout, pagein_cost=pagein,
-                       can_page=can_page, paged_record_need_units=record_need, paged_record_hold_units=record_hold,
-                       paged_checkpoint_hold_units=checkpoint_hold, paged_sweep_bytes=sweep,
-                       input_saved=np.array([stage.input_saved for stage in chain.stages], np.bool_),
-                       recompute=recompute)
+                       sweep_cost=weights.compute * base.sweep_time_s, value_paging_cost=value_cost,
+                       value_can_page=value_can, record_can_page=record_can, record_paging_cost=record_cost,
+                       record_hold_units=record_hold, record_need_units=record_need,
+                       checkpoint_hold_units=checkpoint_hold,
+                       paged_sweep_bytes=np.stack([costs.sweep_bytes, _paged_sweep_bytes(chain)]), recompute=recompute)
 
 
-# Choices: s (record), L + s (record, page x_s), k in s+1..t (checkpoint), L + k (checkpoint, page x_s).
+# Choice codes: s (record), (v+1)·L + s (record, page variant v), k in s+1..t (checkpoint x_k),
+# 4·L + k (checkpoint x_k, page x_s).
 
 def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
-    """Memoised recursion over ``C(s, t, m, e)`` with the four moves; the statement the kernel follows.
+    """Memoised recursion over ``C(s, t, m, e)`` with every move; the statement the kernel follows.
 
     Returns ``(cost, choice)`` indexed ``[e, row(s, t), m]``. Ties go to the smallest choice
-    code (recording first, then checkpoints by increasing ``k``, then the paged moves).
+    code; sums are formed as in the kernel (move's own cost first, then children in order).
     """
     g = grid.base
-    length = g.length
+    length, top = g.length, g.max_units
     turn, sweep_cost = grid.turn_cost.tolist(), grid.sweep_cost.tolist()
-    pageout, pagein = grid.pageout_cost.tolist(), grid.pagein_cost.tolist()
-    can_page, paged_need = grid.can_page.tolist(), grid.paged_record_need_units.tolist()
-    paged_hold, paged_checkpoint = grid.paged_record_hold_units.tolist(), grid.paged_checkpoint_hold_units.tolist()
-    paged_sweep, top = grid.paged_sweep_bytes.tolist(), g.max_units
-    stages_input_saved = grid.input_saved.tolist()
+    value_cost, value_can = grid.value_paging_cost.tolist(), grid.value_can_page.tolist()
+    record_can, record_cost = grid.record_can_page.tolist(), grid.record_paging_cost.tolist()
+    paged_hold, paged_need = grid.record_hold_units.tolist(), grid.record_need_units.tolist()
+    paged_checkpoint, paged_sweep = grid.checkpoint_hold_units.tolist(), grid.paged_sweep_bytes.tolist()
     child_entry, record_need = g.child_entry.tolist(), g.record_need_units.tolist()
     record_hold, checkpoint_hold = g.record_hold_units.tolist(), g.checkpoint_hold_units.tolist()
     entry_bytes, sweep_bytes = g.entry_bytes.tolist(), g.sweep_bytes.tolist()
@@ -170,20 +188,23 @@ def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
         if m < 0:
             return math.inf, -1
         found: list[tuple[float, int]] = []
-        paging, pages = pageout[s] + pagein[s], can_page[e][s] and math.isfinite(pageout[s] + pagein[s])
         if record_need[e][s][t] <= m:                                            # (a)
             rest = best(s + 1, t, m - record_hold[e][s], child_entry[s])[0] if s < t else 0.0
             found.append((turn[s] + rest, s))
-        if pages and s < t and paged_need[e][s][t] <= m and (e == 0 or stages_input_saved[s]):   # (a')
-            rest = best(s + 1, t, min(m - paged_hold[e][s], top), child_entry[s])[0]
-            found.append(((turn[s] + paging) + rest, length + s))
-        for k in range(s + 1, t + 1 if grid.recompute else s + 1):               # (b), (b')
-            lower = best(s, k - 1, m - grads[k][t], e)[0]
+        for k in range(s + 1, t + 1 if grid.recompute else s + 1):               # (b)
             if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) <= m:
-                found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0] + lower, k))
-            if pages and _ceil_div(deltas[t + 1] + paged_sweep[e][s][k], unit) <= m:
-                upper = best(k, t, min(m - paged_checkpoint[e][s], top), 1)[0]
-                found.append(((sweep_cost[s][k] + paging) + upper + lower, length + k))
+                found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0]
+                              + best(s, k - 1, m - grads[k][t], e)[0], k))
+        for v in range(3):                                                       # (a')
+            if record_can[v][e][s] and s < t and paged_need[e][s][t] <= m:
+                rest = best(s + 1, t, min(m - paged_hold[v][e][s], top), child_entry[s])[0]
+                found.append(((turn[s] + record_cost[v][s]) + rest, (v + 1) * length + s))
+        if value_can[e][s] and grid.recompute:                                   # (b')
+            for k in range(s + 1, t + 1):
+                if _ceil_div(deltas[t + 1] + paged_sweep[e][s][k], unit) <= m:
+                    upper = best(k, t, min(m - paged_checkpoint[e][s], top), 1)[0]
+                    lower = best(s, k - 1, m - grads[k][t], e)[0]
+                    found.append(((sweep_cost[s][k] + value_cost[s]) + upper + lower, 4 * length + k))
         found = [(value, code) for value, code in found if math.isfinite(value)]
         return min(found, default=(math.inf, -1))
 
@@ -210,10 +231,10 @@ def _solve_fast(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
     g = grid.base
     return solve_paging_table(g.needed, grid.turn_cost, grid.sweep_cost, g.child_entry, g.record_need_units,
                               g.record_hold_units, g.checkpoint_hold_units, g.entry_bytes, g.sweep_bytes,
-                              g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.pageout_cost,
-                              grid.pagein_cost, grid.can_page, grid.paged_record_need_units,
-                              grid.paged_record_hold_units, grid.paged_checkpoint_hold_units, grid.paged_sweep_bytes,
-                              grid.input_saved, grid.recompute)
+                              g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.value_paging_cost,
+                              grid.value_can_page, grid.record_can_page, grid.record_paging_cost,
+                              grid.record_hold_units, grid.record_need_units, grid.checkpoint_hold_units,
+                              grid.paged_sweep_bytes, grid.recompute)
 
 
 def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
@@ -231,22 +252,28 @@ def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...
         code = int(choice[e, _row(s, t), m])
         if code < 0:
             raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
-        paged, k = code >= length, code % length
-        if k == s:                         # (a) / (a'): what runs later is pushed first
+        kind, k = divmod(code, length)
+        if k == s and kind < 4:            # (a) / (a'): what runs later is pushed first
+            variant = RECORD_VARIANTS[kind - 1] if kind else None
             stack.append(Backward(s))
-            if paged:
+            if variant in ("internals", "both"):
+                stack.append(PageInRecord(s))
+            if variant in ("value", "both"):
                 stack.append(PageIn(s))
             if s < t:
-                hold = int(grid.paged_record_hold_units[e, s]) if paged else int(g.record_hold_units[e, s])
+                hold = int(g.record_hold_units[e, s]) if kind == 0 else int(grid.record_hold_units[kind - 1, e, s])
                 stack.append((s + 1, t, min(m - hold, g.max_units), int(g.child_entry[s])))
             ops.append(Forward(s, Keep.ALL))
-            if paged:
+            if variant in ("value", "both"):
                 ops.append(PageOut(s))
+            if variant in ("internals", "both"):
+                ops.append(PageOutRecord(s))
         else:                              # (b) / (b')
+            paged = kind == 4
             stack.append((s, k - 1, m - int(g.grad_units[k, t]), e))
             if paged:
                 stack.append(PageIn(s))
-            hold = int(grid.paged_checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
+            hold = int(grid.checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
             stack.append((k, t, min(m - hold, g.max_units), 1))
             ops.append(Forward(s, Keep.INPUT))
             if paged:

@@ -33,12 +33,29 @@ A stage forwarded more than once in a step must behave as if it ran once:
 
 Stages must not modify their input in place: a checkpointed input would be corrupted for
 its recomputation (``torch.utils.checkpoint`` has the same rule).
+
+NOTE [ Paged values ]
+``PageOut(k)`` must leave no reference to ``x_k``'s storage in RAM, yet a record that saved
+``x_k`` (its stage's input, ``input_saved``, or output, ``output_saved``) needs it back for
+its backward. So while a stage whose input or output the schedule pages is recorded,
+``saved_tensors_hooks`` pack every saved tensor that shares the storage of ``x_i`` or
+``x_{i+1}`` as a :class:`_Saved` handle on a :class:`_Slot` -- the executor's one reference to
+that value -- plus the view's dtype, size, stride and offset. The output is only known once
+the forward returns: until then each saved tensor is held as it is, and handles whose storage
+turns out to be the output's are bound to its slot then. Other saved tensors (the stage's
+internals) stay plain references. ``PageOut`` empties the slot (and ``values``), ``PageIn``
+fills it with the tensor read back; unpacking rebuilds each view over the slot's current
+storage, which the schedule has paged in before the backward. A slot lives as long as a record
+holds it, so the value dies when plain autograd would free it; a value that dies on disk has
+its copy deleted. Transfers run on background threads (``paging.py``, NOTE [ How a page
+travels ] and NOTE [ Overlap without a higher peak ]).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -50,9 +67,12 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from ..chain import Chain
-from ..errors import ScheduleError
-from ..schedule import Backward, Discard, Forward, Keep, Op, Schedule, keep_all, validate
+from ..errors import PagingError, ScheduleError
+from ..profile.tracker import storage_key
+from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageOut, Schedule, keep_all, memory_timeline,
+                        simulate, validate)
 from ..stages import LossStage
+from .paging import OverlapPlan, PageSession, PageStore, PagingStats, plan_overlap
 
 __all__ = ["Executor", "PendingBackward", "run_schedule"]
 
@@ -117,6 +137,116 @@ class _Record:
     output_edge: GradientEdge | None   # None when the output does not require grad
     input_grad: _GradBox | None        # None for stage 0 and non-float inputs
     output_ref: _ValueRef
+
+
+# --- paging: value slots, saved-tensor handles, the step's pager ---------------------------------
+
+class _Slot:
+    """The executor's one reference to a pageable value ``x_k`` that records saved (NOTE [ Paged values ])."""
+
+    __slots__ = ("value", "tensor", "__weakref__")
+
+    def __init__(self, value: int, tensor: torch.Tensor) -> None:
+        self.value = value
+        self.tensor: torch.Tensor | None = tensor   # None while paged out
+
+
+class _Saved:
+    """What a record keeps for one saved tensor: the tensor itself, or a view of a slot's value."""
+
+    __slots__ = ("tensor", "key", "slot", "dtype", "size", "stride", "offset")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = tensor
+        self.slot: _Slot | None = None
+        try:
+            self.key: int | None = storage_key(tensor)
+        except (RuntimeError, NotImplementedError):   # sparse and other storage-less tensors
+            self.key = None
+
+    def bind(self, slot: _Slot) -> None:
+        """Keep the view's geometry and the slot instead of the tensor."""
+        tensor = self.tensor
+        assert tensor is not None
+        self.dtype, self.size, self.stride, self.offset = (tensor.dtype, tensor.size(), tensor.stride(),
+                                                           tensor.storage_offset())
+        self.slot, self.tensor = slot, None
+
+    def unpack(self) -> torch.Tensor:
+        if self.slot is None:
+            assert self.tensor is not None
+            return self.tensor
+        base = self.slot.tensor
+        if base is None:
+            raise ScheduleError(f"a backward needs x_{self.slot.value}, which is paged out "
+                                f"(the schedule must PageIn({self.slot.value}) before it)")
+        view = torch.empty(0, dtype=self.dtype, device=base.device)
+        return view.set_(base.untyped_storage(), self.offset, self.size, self.stride)
+
+
+class _Pager:
+    """The paging side of one step: the page session, the overlap plan, slots and held paged values."""
+
+    def __init__(self, session: PageSession, plan: OverlapPlan, ops: Sequence[Op]) -> None:
+        self.session = session
+        self.plan = plan
+        self.page_ops = {j: op.value for j, op in enumerate(ops) if isinstance(op, (PageOut, PageIn))}
+        self.pageable = frozenset(op.value for op in ops if isinstance(op, PageOut))
+        self.writes_due: dict[int, list[int]] = {}   # op index -> values whose writes must be settled by then
+        for j, before in plan.release_before.items():
+            self.writes_due.setdefault(before, []).append(self.page_ops[j])
+        self.reads_due: dict[int, list[int]] = {}    # op index -> values to prefetch before it
+        for j, before in plan.issue_before.items():
+            if before < j:
+                self.reads_due.setdefault(before, []).append(self.page_ops[j])
+        self.deferred: list[int] = []   # prefetches due whose value's write was still running
+        self.slots: dict[int, weakref.ref[_Slot]] = {}
+        self.held_on_disk: set[int] = set()   # paged values the executor itself holds (not only records)
+
+    def slot(self, k: int, tensor: torch.Tensor) -> _Slot:
+        """The live slot of ``x_k`` over ``tensor``'s storage, or a new one (the caller's to keep)."""
+        slot = self.live_slot(k)
+        if slot is not None and slot.tensor is not None and storage_key(slot.tensor) == storage_key(tensor):
+            return slot
+        slot = _Slot(k, tensor)
+        self.slots[k] = weakref.ref(slot)
+        return slot
+
+    def live_slot(self, k: int) -> _Slot | None:
+        ref = self.slots.get(k)
+        return ref() if ref is not None else None
+
+    def before(self, index: int) -> None:
+        """Settle what must be settled before op ``index`` and issue the reads planned there."""
+        session = self.session
+        session.reap()
+        for key in self.writes_due.get(index, ()):
+            if not session.write_done(key):
+                session.wait_write(key)
+        self.drop_dead_copies()
+        due, self.deferred = self.deferred + self.reads_due.get(index, []), []
+        for key in due:
+            if session.reading(key) or key not in session.on_disk():
+                continue                       # read at its PageIn already, or died
+            if session.write_done(key):
+                session.start_read(key, prefetch=True)
+            else:
+                self.deferred.append(key)      # never wait for a write to prefetch
+
+    def settle_write(self, index: int, k: int) -> None:
+        """After ``PageOut(k)`` at op ``index``: wait for the write unless the plan lets it overlap."""
+        if self.plan.release_before.get(index, index + 1) <= index + 1:
+            self.session.wait_write(k)
+
+    def drop_dead_copies(self) -> None:
+        """A value that died while paged out needs its copy on disk no more."""
+        for k in self.session.on_disk():
+            if k not in self.held_on_disk and self.live_slot(k) is None:
+                self.session.discard(k)
+
+    def finish(self) -> None:
+        self.drop_dead_copies()
+        self.session.finish()
 
 
 # --- recomputation: RNG and normalisation statistics -------------------------------------------
@@ -185,8 +315,9 @@ class _Run:
     """The live state of one step: held values, records and the current gradient."""
 
     def __init__(self, stages: Sequence[nn.Module], repeated: frozenset[int], x: torch.Tensor,
-                 on_op: OpCallback | None) -> None:
+                 on_op: OpCallback | None, pager: _Pager | None = None) -> None:
         self.stages = stages
+        self.pager = pager
         self.repeated = repeated
         self.on_op = on_op
         self.values: dict[int, torch.Tensor] = {0: x}
@@ -200,12 +331,18 @@ class _Run:
 
     def run(self, ops: Sequence[tuple[int, Op]]) -> None:
         for index, op in ops:
+            if self.pager is not None:
+                self.pager.before(index)
             if isinstance(op, Forward):
                 self.forward(op.stage, op.keep)
             elif isinstance(op, Backward):
                 self.backward(op.stage)
             elif isinstance(op, Discard):
-                self.values.pop(op.value, None)
+                self.release(op.value)
+            elif isinstance(op, PageOut) and self.pager is not None:
+                self.page_out(index, op.value)
+            elif isinstance(op, PageIn) and self.pager is not None:
+                self.page_in(op.value)
             else:
                 raise ScheduleError(f"op {index} {op!r}: unknown op type")
             if self.on_op is not None:
@@ -216,12 +353,46 @@ class _Run:
         held = self.values.get(k)
         if held is not None:
             return held
+        slot = self.pager.live_slot(k) if self.pager is not None else None
+        if slot is not None and slot.tensor is not None:
+            return slot.tensor
         record = self.records.get(k - 1)
         found = record.output_ref.get() if record is not None else None
         if found is None:
             raise ScheduleError(f"x_{k} is not in memory: it was released and stage {k - 1}'s record did not "
                                 "save it (the chain's output_saved does not match this model)")
         return found
+
+    def release(self, k: int) -> None:
+        """The executor lets go of ``x_k`` (in RAM or paged out); records may still keep it."""
+        self.values.pop(k, None)
+        if self.pager is not None:
+            self.pager.held_on_disk.discard(k)
+
+    def page_out(self, index: int, k: int) -> None:
+        """Drop every reference to ``x_k`` but the writer's (NOTE [ Paged values ])."""
+        assert self.pager is not None
+        tensor = self.value(k)
+        if self.values.pop(k, None) is not None:
+            self.pager.held_on_disk.add(k)
+        slot = self.pager.live_slot(k)
+        if slot is not None:
+            slot.tensor = None
+        del slot
+        self.pager.session.write(k, tensor)
+        del tensor
+        self.pager.settle_write(index, k)
+
+    def page_in(self, k: int) -> None:
+        """Read ``x_k`` back and give it to whoever held it: the executor and/or the records' slot."""
+        assert self.pager is not None
+        tensor = self.pager.session.finish_read(k)
+        slot = self.pager.live_slot(k)
+        if slot is not None:
+            slot.tensor = tensor
+        if k in self.pager.held_on_disk:
+            self.pager.held_on_disk.discard(k)
+            self.values[k] = tensor
 
     def forward(self, i: int, keep: Keep) -> None:
         x = self.value(i)
@@ -239,7 +410,7 @@ class _Run:
                                "(e.g. nn.ReLU(inplace=False))")
         del x
         if keep is not Keep.INPUT and i > 0:
-            self.values.pop(i, None)
+            self.release(i)
         if i == len(self.stages) - 1:
             self.loss = y.detach()
         if i + 1 not in self.done or i == len(self.stages) - 1:   # NOTE [ Dead outputs ] in schedule.py
@@ -259,7 +430,7 @@ class _Run:
 
     def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
         box: _GradBox | None = None
-        with torch.enable_grad():
+        with torch.enable_grad(), self._slot_hooks(i, x) as pending:
             if i > 0 and (x.is_floating_point() or x.is_complex()):
                 box = _GradBox()
                 stage_input = _CatchInputGrad.apply(self.anchor, x.detach(), box)
@@ -268,8 +439,52 @@ class _Run:
             y = stage(stage_input)
             del stage_input
             edge = get_gradient_edge(y) if y.requires_grad else None
+        self._bind_output(i, y, pending)
         self.records[i] = _Record(edge, box, _ValueRef(y))
         return y
+
+    @contextlib.contextmanager
+    def _slot_hooks(self, i: int, x: torch.Tensor) -> Iterator[list[_Saved]]:
+        """While stage ``i`` records: saved views of a pageable ``x_i`` go to its slot; the rest wait.
+
+        Yields the handles not bound yet, for :meth:`_bind_output` (NOTE [ Paged values ]).
+        """
+        pending: list[_Saved] = []
+        pager = self.pager
+        if pager is None or not {i, i + 1} & pager.pageable:
+            yield pending
+            return
+        slot = pager.slot(i, x) if i in pager.pageable else None
+        input_key = storage_key(x) if slot is not None else None
+
+        def pack(tensor: torch.Tensor) -> _Saved:
+            saved = _Saved(tensor)
+            if slot is not None and saved.key == input_key:
+                saved.bind(slot)
+            else:
+                pending.append(saved)
+            return saved
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, _Saved.unpack):
+                yield pending
+        finally:
+            # Every saved tensor's hook object keeps ``pack`` (and its closure) alive until
+            # backward: the slot must not live on through it when nothing saved the input.
+            slot = None
+
+    def _bind_output(self, i: int, y: torch.Tensor, pending: list[_Saved]) -> None:
+        """Saved tensors that turn out to share the output's storage now reach it through its slot."""
+        if self.pager is None or i + 1 not in self.pager.pageable:
+            pending.clear()
+            return
+        key = storage_key(y)
+        mine = [saved for saved in pending if saved.key == key]
+        pending.clear()
+        if mine:
+            slot = self.pager.slot(i + 1, y)
+            for saved in mine:
+                saved.bind(slot)
 
     def backward(self, i: int) -> None:
         record = self.records.pop(i)
@@ -279,9 +494,9 @@ class _Run:
             torch.autograd.backward(record.output_edge, grad_output)
         # else: nothing downstream depends on this stage's output; no gradient flows through it.
         del grad_output
-        self.values.pop(i + 1, None)
+        self.release(i + 1)
         if i > 0:
-            self.values.pop(i, None)
+            self.release(i)
         self.done.add(i)
         self.delta = record.input_grad.grad if record.input_grad is not None else None
 
@@ -297,10 +512,24 @@ class Executor:
         schedule: the ops of one step, for ``len(stages)`` stages.
         chain: the cost model the schedule was planned on; when given, the schedule is
             validated against it (else against a chain of the same length, which checks the
-            order of ops but not whether the model's records keep outputs alive).
+            order of ops but not whether the model's records keep outputs alive). A paging
+            schedule overlaps its transfers with compute only where the chain's simulated
+            memory leaves room (NOTE [ Overlap without a higher peak ]); without a chain every
+            transfer is waited for at its own op.
+        page_dir: where ``PageOut`` writes (an SD card, flash); None for the temp directory.
+            Each step uses its own subdirectory, removed when the step ends or fails. A
+            :class:`~edgetrain.runtime.paging.PageStore` is used as it is (its own budget and
+            I/O timeout).
+        disk_budget_bytes: the most a step may keep on storage; a page-out beyond it raises
+            :class:`PagingError` before writing.
 
     Raises:
         ScheduleError: a schedule that does not match the stages or cannot run.
+        PagingError: the page directory is missing or not writable, or (with a chain) the
+            schedule's simulated ``peak_disk_bytes`` exceeds ``disk_budget_bytes``.
+
+    ``last_paging`` holds the :class:`~edgetrain.runtime.paging.PagingStats` of the last step
+    of a paging schedule (None before one ran, or for a schedule that does not page).
 
     Example:
         >>> stages = training_stages(model)
@@ -308,7 +537,9 @@ class Executor:
         >>> loss = executor.step(x, y)   # grads accumulated in model parameters
     """
 
-    def __init__(self, stages: Sequence[nn.Module], schedule: Schedule, chain: Chain | None = None) -> None:
+    def __init__(self, stages: Sequence[nn.Module], schedule: Schedule, chain: Chain | None = None, *,
+                 page_dir: str | os.PathLike[str] | PageStore | None = None,
+                 disk_budget_bytes: int | None = None) -> None:
         stages = list(stages)
         if not stages:
             raise ScheduleError("no stages to run")
@@ -324,6 +555,29 @@ class Executor:
         self._repeated = frozenset(stage for stage, count in counts.items() if count > 1)
         self._handoff, self._resume = self._loss_positions()
         self._plain = schedule.ops == keep_all(len(stages)).ops
+        self.last_paging: PagingStats | None = None
+        self._store: PageStore | None = None
+        self._overlap: OverlapPlan | None = None
+        if any(isinstance(op, (PageOut, PageIn)) for op in schedule.ops):
+            self._store, self._overlap = self._paging_setup(chain, page_dir, disk_budget_bytes)
+
+    def _paging_setup(self, chain: Chain | None, page_dir: str | os.PathLike[str] | PageStore | None,
+                      disk_budget_bytes: int | None) -> tuple[PageStore, OverlapPlan]:
+        """The page store (which cleans up after dead steps) and when each transfer may overlap."""
+        ops = self.schedule.ops
+        if chain is None:
+            plan = OverlapPlan.serial(ops)
+        else:
+            needed = simulate(chain, self.schedule).peak_disk_bytes
+            if disk_budget_bytes is not None and needed > disk_budget_bytes:
+                raise PagingError(f"the schedule keeps up to {needed} bytes on disk, over the disk budget of "
+                                  f"{disk_budget_bytes} bytes")
+            plan = plan_overlap(ops, memory_timeline(chain, self.schedule), chain.value_bytes)
+        if isinstance(page_dir, PageStore):
+            if disk_budget_bytes is not None:
+                raise PagingError("give the disk budget to the PageStore, not with it")
+            return page_dir, plan
+        return PageStore(page_dir, disk_budget_bytes=disk_budget_bytes), plan
 
     @property
     def loss_stage(self) -> int:
@@ -345,10 +599,30 @@ class Executor:
         with self._target(target):
             if self._plain:
                 return self._plain_step(x, on_op)
-            run = _Run(self.stages, self._repeated, x, on_op)
-            run.run(list(enumerate(self.schedule.ops)))
+            with self._paging() as pager:
+                run = _Run(self.stages, self._repeated, x, on_op, pager)
+                run.run(list(enumerate(self.schedule.ops)))
+                if pager is not None:
+                    pager.finish()
         assert run.loss is not None
         return run.loss
+
+    @contextlib.contextmanager
+    def _paging(self) -> Iterator[_Pager | None]:
+        """A step's pager, its files removed however the step ends; None for a schedule that does not page."""
+        if self._store is None:
+            yield None
+            return
+        session = self._store.open()
+        try:
+            yield self._pager(session)
+        finally:
+            self.last_paging = session.stats
+            session.close()
+
+    def _pager(self, session: PageSession) -> _Pager:
+        assert self._overlap is not None
+        return _Pager(session, self._overlap, self.schedule.ops)
 
     def _plain_step(self, x: torch.Tensor, on_op: OpCallback | None) -> torch.Tensor:
         """Keep-all is plain backprop: one autograd graph and one backward call, no per-stage plumbing.
@@ -378,14 +652,23 @@ class Executor:
         executor's graphs) and a :class:`PendingBackward` to call with its gradient. This is
         how :class:`~edgetrain.runtime.Checkpointed` lets a user loop compute the loss.
         """
-        run = _Run(self.stages, self._repeated, x, on_op)
-        loss = self.loss_stage
-        ops = [(index, op) for index, op in enumerate(self.schedule.ops) if index < self._resume]
-        run.run([(index, op) for index, op in ops if index != self._handoff and not _touches(op, loss)])
-        output = run.value(loss).detach()
-        run.values.pop(loss, None)   # as the loss's recorded forward would release it
-        return output, PendingBackward(run, [(index, op) for index, op in enumerate(self.schedule.ops)
-                                             if index > self._resume and not _touches(op, loss)])
+        session = self._store.open() if self._store is not None else None
+        pager = self._pager(session) if session is not None else None
+        try:
+            run = _Run(self.stages, self._repeated, x, on_op, pager)
+            loss = self.loss_stage
+            ops = [(index, op) for index, op in enumerate(self.schedule.ops) if index < self._resume]
+            run.run([(index, op) for index, op in ops if index != self._handoff and not _touches(op, loss)])
+            output = run.value(loss).detach()
+            run.release(loss)   # as the loss's recorded forward would release it
+        except BaseException:
+            if session is not None:
+                self.last_paging = session.stats
+                session.close()
+            raise
+        rest = [(index, op) for index, op in enumerate(self.schedule.ops)
+                if index > self._resume and not _touches(op, loss)]
+        return output, PendingBackward(run, rest, self)
 
     def _loss_positions(self) -> tuple[int, int]:
         """Indices of the loss stage's recorded forward and of its backward in the schedule."""
@@ -412,25 +695,40 @@ class Executor:
 
 
 def _touches(op: Op, stage: int) -> bool:
-    """Whether ``op`` works on the loss stage (forward, backward) or its output (discard)."""
+    """Whether ``op`` works on the loss stage (forward, backward), its output (discard) or its
+    input (paging: the caller's autograd holds that one)."""
     if isinstance(op, Discard):
         return op.value == stage + 1
+    if isinstance(op, (PageOut, PageIn)):
+        return op.value == stage
     return op.stage == stage
 
 
 class PendingBackward:
     """The rest of a step started by :meth:`Executor.forward`: call it once with the output's gradient."""
 
-    def __init__(self, run: _Run, ops: list[tuple[int, Op]]) -> None:
+    def __init__(self, run: _Run, ops: list[tuple[int, Op]], executor: Executor | None = None) -> None:
         self._run: _Run | None = run
         self._ops = ops
+        self._executor = executor
+        # A step abandoned between its halves must still remove its page files.
+        session = run.pager.session if run.pager is not None else None
+        self._cleanup = weakref.finalize(self, session.close) if session is not None else None
 
     def __call__(self, grad_output: torch.Tensor) -> None:
         run, self._run = self._run, None
         if run is None:
             raise RuntimeError("this step was already back-propagated (a checkpointed step cannot retain its graph)")
-        run.delta = grad_output
-        run.run(self._ops)
+        try:
+            run.delta = grad_output
+            run.run(self._ops)
+            if run.pager is not None:
+                run.pager.finish()
+        finally:
+            if run.pager is not None and self._executor is not None:
+                self._executor.last_paging = run.pager.session.stats
+            if self._cleanup is not None:
+                self._cleanup()
         del run
 
     @property
@@ -440,7 +738,8 @@ class PendingBackward:
 
 def run_schedule(stages: Sequence[nn.Module], schedule: Schedule, x: torch.Tensor,
                  target: torch.Tensor | None = None, *, chain: Chain | None = None,
-                 on_op: OpCallback | None = None) -> torch.Tensor:
+                 on_op: OpCallback | None = None, page_dir: str | os.PathLike[str] | None = None,
+                 disk_budget_bytes: int | None = None) -> torch.Tensor:
     """Run one training step's forward, loss and backward of ``stages`` following ``schedule``.
 
     Gradients accumulate into each parameter's ``.grad`` as plain autograd does (set when
@@ -456,16 +755,21 @@ def run_schedule(stages: Sequence[nn.Module], schedule: Schedule, x: torch.Tenso
         target: labels set on the final :class:`~edgetrain.stages.LossStage`.
         chain: the chain the schedule was planned on, to validate against.
         on_op: called as ``on_op(op_index, op)`` after every op.
+        page_dir: where ``PageOut`` ops write (see :class:`Executor`); None for the temp directory.
+        disk_budget_bytes: the most the step may keep on storage; None for no limit.
 
     Returns:
         The loss, detached.
 
     Raises:
         ScheduleError: the schedule does not fit the stages, or an op cannot run.
+        PagingError: paging failed (directory, disk budget, full disk, failed transfer); the
+            step's page files are removed.
 
     Example:
         >>> stages = training_stages(model)
         >>> loss = run_schedule(stages, revolve(chain, 3), x, y)
         >>> optimizer.step()
     """
-    return Executor(stages, schedule, chain).step(x, target, on_op=on_op)
+    executor = Executor(stages, schedule, chain, page_dir=page_dir, disk_budget_bytes=disk_budget_bytes)
+    return executor.step(x, target, on_op=on_op)

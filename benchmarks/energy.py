@@ -1,0 +1,116 @@
+"""Energy of a training step against the memory budget (POET's figure), and how fast the paging DP solves.
+
+Runs :func:`edgetrain.reports.poet.reproduce_poet` on ResNet-18 (batch 8 at 224 px: at 32 px the
+activations are 3% of the step's RAM, weights, momentum and gradients the rest, so no budget
+sweep is possible; at 224 px they are about half) and the BERT-base-like ``transformer`` encoder
+(batch 8, 256 tokens, activations about two thirds of the step) on every catalog device
+with energy figures, with POET's MILP on ResNet-18 when :mod:`edgetrain.planners.milp` imports.
+Then times :func:`~edgetrain.planners.paging.solve_paging` (500 slots, the rpi4 profile) on
+152-stage chains: ``Chain.uniform(152)`` and LinearResNet-152 (batch 8, 224 px); target < 1 s.
+
+Usage::
+
+    nice -n 10 python benchmarks/energy.py            # full run (docs/energy.md has its numbers)
+    python benchmarks/energy.py --quick               # small inputs, 4 budgets, no MILP: a smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from edgetrain.chain import Chain
+from edgetrain.devices import get_device
+from edgetrain.energy import EnergyProfile
+from edgetrain.models.linear import linear_resnet
+from edgetrain.planners.paging import solve_paging
+from edgetrain.reports.poet import PoetFigure, reproduce_poet
+from edgetrain.schedule import keep_all, simulate
+
+FULL_MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
+QUICK_MODELS = (("resnet18", 2, 128), ("transformer_small", 4, 32))
+DEVICES = ("mkr1000", "nrf52840", "rpi4", "jetson-tx2")
+TIMING_SLOTS = 500
+
+
+def _best_of(repeats: int, run: Callable[[], object]) -> float:
+    """Least wall-clock seconds of ``repeats`` calls: the cost of the work, not of whatever else ran."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def time_solve_paging(chains: dict[str, Chain], profile: EnergyProfile, repeats: int) -> dict[str, float]:
+    """Seconds of one :func:`solve_paging` up to keep-all's peak per chain (after a warm-up that loads numba)."""
+    solve_paging(Chain.uniform(4), profile, simulate(Chain.uniform(4), keep_all(4)).peak_bytes)
+    seconds = {}
+    for name, chain in chains.items():
+        top = simulate(chain, keep_all(chain.length)).peak_bytes
+        seconds[name] = _best_of(repeats, lambda: solve_paging(chain, profile, top, slots=TIMING_SLOTS))
+    return seconds
+
+
+def milp_solve_times(figure: PoetFigure) -> dict[str, object]:
+    """Per device, the MILP's solve seconds (max and median over budgets) and statuses; else why it is missing."""
+    found: dict[str, object] = {}
+    for panel in figure.data["panels"]:  # type: ignore[attr-defined]
+        if "unavailable" in panel:
+            found[panel["device"]] = panel["unavailable"]["milp"]
+            continue
+        runs = [p["strategies"].get("milp") for p in panel["points"]]
+        if not any(r is not None for r in runs) and panel["model"] != "resnet18":
+            continue
+        solved = [r for r in runs if r is not None]
+        found[panel["device"]] = {
+            "max_s": max((r["solve_time_s"] for r in solved), default=None),
+            "median_s": statistics.median([r["solve_time_s"] for r in solved]) if solved else None,
+            "statuses": sorted({r["status"] for r in solved}), "budgets_without_schedule": len(runs) - len(solved)}
+    return found
+
+
+def summary(figure: PoetFigure, timings: dict[str, float], milp: dict[str, object]) -> str:
+    lines = [figure.md_path.read_text(), "## Solve times", ""]
+    lines += [f"- solve_paging, {name}, {TIMING_SLOTS} slots: {seconds:.3f} s" for name, seconds in timings.items()]
+    lines += [f"- milp (ResNet-18) on {device}: {info}" for device, info in milp.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small inputs, 4 budgets, no MILP: a smoke check")
+    parser.add_argument("--out", type=Path, default=Path("out/energy"), help="directory for poet.* and timings")
+    parser.add_argument("--budgets", type=int, help="budgets per panel (default 12; 4 with --quick)")
+    parser.add_argument("--milp-time-limit", type=float, default=60.0, help="HiGHS seconds per budget")
+    parser.add_argument("--repeats", type=int, default=3, help="timed solves per chain (best is reported)")
+    args = parser.parse_args(argv)
+
+    budgets = args.budgets or (4 if args.quick else 12)
+    models = QUICK_MODELS if args.quick else FULL_MODELS
+    start = time.perf_counter()
+    figure = reproduce_poet(args.out, models=models, devices=DEVICES, budgets=budgets, include_milp=not args.quick,
+                            milp_time_limit_s=args.milp_time_limit,
+                            progress=lambda done, total: print(f"  panel {done}/{total}", flush=True))
+    sweep_s = time.perf_counter() - start
+
+    rpi4 = EnergyProfile.from_device(get_device("rpi4"))
+    chains = {"Chain.uniform(152)": Chain.uniform(152)}
+    if not args.quick:
+        chains["LinearResNet-152 b8 224px"] = linear_resnet(152, batch=8, image_size=224)
+    timings = time_solve_paging(chains, rpi4, args.repeats)
+    milp = milp_solve_times(figure) if not args.quick else {}
+    (args.out / "timings.json").write_text(json.dumps(
+        {"sweep_s": sweep_s, "solve_paging_s": timings, "slots": TIMING_SLOTS, "milp": milp}, indent=1))
+    print(summary(figure, timings, milp))
+    print(f"sweep took {sweep_s:.1f} s; files in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,579 @@
+"""Paging activations to storage: the page store, its per-step session, and the overlap plan.
+
+NOTE [ How a page travels ]
+``PageOut(k)`` hands ``x_k``'s whole storage to a background *writer* thread, which writes its
+raw bytes to ``<step dir>/x<k>.page``; dtype, size, stride and offset stay in memory. The
+executor has dropped every other reference, so once the write is *reaped* (the main thread
+drops the writer's reference, see below) the storage is freed. ``PageIn(k)`` allocates the
+bytes in the calling thread -- RAM is taken when the read is issued, as the simulator counts
+it -- and a background *reader* thread fills them and deletes the file. The rebuilt tensor
+has the old storage's bytes, so it is bitwise identical.
+
+Only the main thread ever drops the last reference to a paged storage: memory trackers (and
+``weakref`` finalizers) then run where the step runs, never on a worker thread.
+
+NOTE [ Page files and cleanup ]
+Each step writes into its own directory ``edgetrain-pages-<pid>-<random>`` under the page
+directory, removed when the step ends, on any error (the session is a context manager), and
+by the next :class:`PageStore` on the same directory when the process that made it is gone
+(a step killed by SIGKILL cannot clean up after itself). Files are scratch: no fsync.
+
+NOTE [ Overlap without a higher peak ]
+The simulator charges paging serially: ``x_k``'s RAM is freed when ``PageOut(k)`` returns and
+taken when ``PageIn(k)`` starts. :func:`plan_overlap` lets a write keep its storage while
+later ops run, and a read take its bytes some ops early (prefetch), only over ops whose
+simulated RAM (:func:`~edgetrain.schedule.memory_timeline`) plus every other transfer planned
+over them leaves room for the value under the step's simulated peak. Elsewhere the executor
+waits: for the write before the next op, for the read at the ``PageIn`` itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import errno
+import logging
+import os
+import queue
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+from functools import partial
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import PagingError
+from ..schedule import OpMemory, Op, PageIn, PageOut
+
+__all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "STEP_DIR_PREFIX"]
+
+log = logging.getLogger(__name__)
+
+STEP_DIR_PREFIX = "edgetrain-pages-"
+_STEP_DIR = re.compile(re.escape(STEP_DIR_PREFIX) + r"(\d+)-[0-9a-f]+")
+_POLL_S = 0.05          # how often a waiting step checks that the worker thread is still alive
+_JOIN_S = 2.0           # how long closing a session waits for a running transfer before leaving it behind
+
+
+# --- raw file I/O (module functions: tests replace them to simulate a full or failing disk) --------
+
+def _write_bytes(path: Path, data: memoryview) -> None:
+    """Write ``data`` to a new file at ``path``, looping over short writes."""
+    with open(path, "wb", buffering=0) as f:
+        done = 0
+        while done < len(data):
+            done += f.write(data[done:])
+
+
+def _read_bytes(path: Path, into: memoryview) -> None:
+    """Fill ``into`` from the file at ``path``; a file of another size is an error."""
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < len(into):
+            n = f.readinto(into[done:])
+            if not n:
+                raise OSError(errno.EIO, f"page file is {done} bytes, expected {len(into)}")
+            done += n
+        if f.read(1):
+            raise OSError(errno.EIO, f"page file is longer than the expected {len(into)} bytes")
+
+
+def _byte_view(storage_holder: torch.Tensor) -> torch.Tensor:
+    """A uint8 tensor over the whole storage of ``storage_holder`` (keeps the storage alive)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage_holder.device).set_(storage_holder.untyped_storage())
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+@dataclass
+class PagingStats:
+    """What paging did in one step.
+
+    ``write_s`` / ``read_s`` are the worker threads' time on the files; ``wait_s`` is the time
+    the step itself stood still waiting for them (what overlap did not hide).
+    ``overlapped_writes`` counts writes released after their ``PageOut`` op returned;
+    ``prefetched_reads`` reads issued before their ``PageIn`` op.
+    """
+
+    pageouts: int = 0
+    pageins: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    write_s: float = 0.0
+    read_s: float = 0.0
+    wait_s: float = 0.0
+    peak_disk_bytes: int = 0
+    overlapped_writes: int = 0
+    prefetched_reads: int = 0
+
+
+# --- worker threads ------------------------------------------------------------------------------
+
+class _Worker(threading.Thread):
+    """One daemon thread running jobs in order; each job's outcome goes to its future."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], float], cf.Future[float]] | None] = queue.SimpleQueue()
+
+    def submit(self, fn: Callable[[], float]) -> cf.Future[float]:
+        future: cf.Future[float] = cf.Future()
+        self._jobs.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, future = job
+            del job
+            if not future.set_running_or_notify_cancel():
+                continue
+            # Drop the job (and the tensor bytes it holds) before the step can see the outcome:
+            # the step's thread must be the one that frees them (NOTE [ How a page travels ]).
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - every failure belongs to the step
+                del fn
+                if exc.__traceback__ is not None:
+                    traceback.clear_frames(exc.__traceback__)
+                future.set_exception(exc)
+            else:
+                del fn
+                future.set_result(result)
+            del future
+
+
+# --- pages of one step -------------------------------------------------------------------------
+
+@dataclass
+class _Page:
+    """One value on its way to, on, or back from storage; the geometry stays in RAM."""
+
+    key: int
+    path: Path
+    nbytes: int
+    dtype: torch.dtype
+    device: torch.device
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+    source: torch.Tensor | None = None      # the bytes being written: dropped when the write is reaped
+    write: cf.Future[float] | None = None
+    buffer: torch.Tensor | None = None      # the bytes being read back
+    read: cf.Future[float] | None = None
+    prefetched: bool = False
+    overlapped: bool = False
+
+
+class PageSession:
+    """The pages of one step, in their own directory, with a writer and a reader thread.
+
+    Use as a context manager (or call :meth:`close`): the directory and every file in it are
+    removed however the step ends. Every method is called from the step's thread.
+    """
+
+    def __init__(self, store: PageStore) -> None:
+        self.store = store
+        self.stats = PagingStats()
+        self.path = store.directory / f"{STEP_DIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(self.path, 0o700)
+        except OSError as exc:
+            raise _os_error(f"cannot create the step's page directory {self.path}", exc) from exc
+        self._pages: dict[int, _Page] = {}
+        self._disk_bytes = 0
+        self._writer, self._reader = store._workers()
+        self._closed = False
+
+    def __enter__(self) -> PageSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes this step has on storage now (reserved when a write is issued)."""
+        return self._disk_bytes
+
+    def on_disk(self) -> list[int]:
+        """Keys of the values written out and not read back or discarded."""
+        return [key for key, page in self._pages.items() if page.read is None]
+
+    # -- writing --
+
+    def write(self, key: int, tensor: torch.Tensor) -> None:
+        """Start writing ``tensor``'s storage; the caller must drop its own references to it.
+
+        Raises:
+            PagingError: the value is already paged, or the write would exceed the disk budget
+                (raised before anything is written).
+        """
+        if key in self._pages:
+            raise PagingError(f"x_{key} is already paged out")
+        if tensor.device.type != "cpu":
+            raise PagingError(f"x_{key} is on {tensor.device}: paging writes CPU storage only")
+        source = _byte_view(tensor)
+        nbytes = source.numel()
+        budget = self.store.disk_budget_bytes
+        if budget is not None and self._disk_bytes + nbytes > budget:
+            raise PagingError(f"paging out x_{key} needs {nbytes} bytes on disk with {self._disk_bytes} already "
+                              f"there, over the disk budget of {budget} bytes (page directory {self.store.directory})")
+        page = _Page(key, self.path / f"x{key}.page", nbytes, tensor.dtype, tensor.device, tensor.size(),
+                     tensor.stride(), tensor.storage_offset(), source=source)
+        del tensor
+        page.write = self._writer.submit(partial(_write_job, page.path, source.numpy()))
+        self._pages[key] = page
+        self._disk_bytes += nbytes
+        self.stats.peak_disk_bytes = max(self.stats.peak_disk_bytes, self._disk_bytes)
+        self.stats.pageouts += 1
+        self.stats.bytes_written += nbytes
+
+    def write_done(self, key: int) -> bool:
+        page = self._pages.get(key)
+        return page is None or page.write is None or page.write.done()
+
+    def wait_write(self, key: int) -> None:
+        """Block until ``x_key``'s write ends, then drop its bytes from RAM; raise if it failed."""
+        page = self._pages[key]
+        if page.write is not None:
+            self._wait(page.write, self._writer, f"writing x_{key} to {page.path}")
+            self._release_write(page)
+
+    def reap(self) -> None:
+        """Drop the RAM of every finished write; raise :class:`PagingError` for a failed one."""
+        for page in list(self._pages.values()):
+            if page.write is not None and page.write.done():
+                self._release_write(page, overlapped=True)
+            if page.read is not None and page.read.done() and page.read.exception() is not None:
+                self._wait(page.read, self._reader, f"reading x_{page.key} from {page.path}")
+
+    def _release_write(self, page: _Page, overlapped: bool = False) -> None:
+        assert page.write is not None
+        future, page.write = page.write, None
+        page.source = None          # the storage dies here, on the step's thread
+        page.overlapped = overlapped
+        self.stats.overlapped_writes += overlapped
+        self._raise_failed(future, f"writing x_{page.key} ({page.nbytes} bytes) to {page.path}")
+        self.stats.write_s += future.result()
+
+    # -- reading --
+
+    def start_read(self, key: int, *, prefetch: bool = False) -> None:
+        """Take ``x_key``'s bytes in RAM now and have the reader fill them (its write must be done)."""
+        page = self._pages[key]
+        if page.read is not None:
+            return
+        self.wait_write(key)
+        page.buffer = torch.empty(page.nbytes, dtype=torch.uint8, device=page.device)
+        page.read = self._reader.submit(partial(_read_job, page.path, page.buffer.numpy()))
+        page.prefetched = prefetch
+        self.stats.prefetched_reads += prefetch
+
+    def reading(self, key: int) -> bool:
+        page = self._pages.get(key)
+        return page is not None and page.read is not None
+
+    def finish_read(self, key: int) -> torch.Tensor:
+        """Wait for ``x_key``'s read and return the value as it was written (same bytes and geometry)."""
+        self.start_read(key)
+        page = self._pages[key]
+        assert page.read is not None and page.buffer is not None
+        self._wait(page.read, self._reader, f"reading x_{key} from {page.path}")
+        self.stats.read_s += page.read.result()
+        buffer, page.buffer = page.buffer, None
+        del self._pages[key]
+        self._disk_bytes -= page.nbytes
+        self.stats.pageins += 1
+        self.stats.bytes_read += page.nbytes
+        value = torch.empty(0, dtype=page.dtype, device=page.device)
+        return value.set_(buffer.untyped_storage(), page.offset, page.size, page.stride)
+
+    # -- dead values and the end of the step --
+
+    def discard(self, key: int) -> None:
+        """``x_key`` died while paged out: forget it and delete its file."""
+        page = self._pages.pop(key)
+        if page.write is not None:
+            if not page.write.cancel():
+                self._wait(page.write, self._writer, f"writing x_{key} to {page.path}")
+            page.write, page.source = None, None
+        with contextlib.suppress(FileNotFoundError):
+            page.path.unlink()
+        self._disk_bytes -= page.nbytes
+
+    def finish(self) -> None:
+        """The step's ops are done: settle every outstanding write (raising its failure)."""
+        for key in [key for key, page in self._pages.items() if page.write is not None]:
+            self.wait_write(key)
+
+    def close(self) -> None:
+        """Cancel what has not started, let a running transfer end (briefly), drop every page
+        from RAM and remove the step's directory. A worker still busy after that is left behind:
+        the store starts new ones for the next step."""
+        if self._closed:
+            return
+        self._closed = True
+        running = [future for page in self._pages.values() for future in (page.write, page.read)
+                   if future is not None and not future.cancel()]
+        _, stuck = cf.wait(running, timeout=_JOIN_S)
+        if stuck:
+            log.warning("a paging thread is still busy on %s; leaving it behind", self.path)
+            self.store._abandon_workers()
+        self._pages.clear()
+        shutil.rmtree(self.path, onerror=_log_rmtree_error)
+
+    # -- waiting --
+
+    def _wait(self, future: cf.Future[float], worker: _Worker, what: str) -> None:
+        """Wait for a transfer, never forever: a dead worker or the store's timeout is an error."""
+        start = time.perf_counter()
+        timeout = self.store.io_timeout_s
+        try:
+            while not future.done():
+                cf.wait([future], timeout=_POLL_S)
+                if future.done():
+                    break
+                if not worker.is_alive():
+                    raise PagingError(f"{what}: the paging thread {worker.name} died before finishing")
+                if timeout is not None and time.perf_counter() - start > timeout:
+                    raise PagingError(f"{what} did not finish within {timeout} s (is the page device stuck?)")
+        finally:
+            self.stats.wait_s += time.perf_counter() - start
+        self._raise_failed(future, what)
+
+    @staticmethod
+    def _raise_failed(future: cf.Future[float], what: str) -> None:
+        if future.cancelled():
+            raise PagingError(f"{what} was cancelled")
+        exc = future.exception()
+        if exc is None:
+            return
+        if isinstance(exc, OSError):
+            raise _os_error(what, exc) from exc
+        raise PagingError(f"{what} failed: {exc!r}") from exc
+
+
+def _write_job(path: Path, array: Any) -> float:
+    """The writer's job: the bytes to a new file; returns the seconds it took."""
+    start = time.perf_counter()
+    _write_bytes(path, memoryview(array).cast("B"))
+    return time.perf_counter() - start
+
+
+def _read_job(path: Path, array: Any) -> float:
+    """The reader's job: the file into the bytes taken for it, then the file is deleted."""
+    start = time.perf_counter()
+    _read_bytes(path, memoryview(array).cast("B"))
+    path.unlink()
+    return time.perf_counter() - start
+
+
+def _os_error(what: str, exc: OSError) -> PagingError:
+    """A :class:`PagingError` that names the file, the OS's reason and the errno."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else "?"
+    reason = exc.strerror or str(exc)
+    hint = " (the page device is full: free space or lower the step's paging)" if exc.errno == errno.ENOSPC else ""
+    error = PagingError(f"{what} failed: {reason} [errno {code}]{hint}")
+    error.errno = exc.errno  # type: ignore[attr-defined]
+    return error
+
+
+def _log_rmtree_error(function: Any, path: str, exc_info: Any) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):
+        log.warning("could not remove page file %s: %s", path, exc_info[1])
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+class PageStore:
+    """Where a step's pages go: a directory (an SD card, flash), a disk budget and an I/O timeout.
+
+    Creating a store checks the directory and removes step directories left behind by
+    processes that no longer run (NOTE [ Page files and cleanup ]).
+
+    Args:
+        directory: an existing, writable directory; None for the system's temp directory.
+        disk_budget_bytes: the most a step may keep on storage at once; None for no limit.
+        io_timeout_s: the longest a step waits for one transfer; None to wait as long as the
+            worker thread is alive.
+
+    Raises:
+        PagingError: the directory is missing, not a directory, or not writable.
+
+    Example:
+        >>> store = PageStore("/mnt/sdcard/edgetrain", disk_budget_bytes=2 << 30)  # doctest: +SKIP
+        >>> with store.session() as pages:  # doctest: +SKIP
+        ...     pages.write(3, x3); del x3
+        ...     x3 = pages.finish_read(3)
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, disk_budget_bytes: int | None = None,
+                 io_timeout_s: float | None = None) -> None:
+        if disk_budget_bytes is not None and disk_budget_bytes < 0:
+            raise PagingError(f"disk_budget_bytes must be >= 0, got {disk_budget_bytes}")
+        self.directory = Path(directory if directory is not None else tempfile.gettempdir())
+        self.disk_budget_bytes = disk_budget_bytes
+        self.io_timeout_s = io_timeout_s
+        self._check_directory()
+        self.removed_stale = self.clean_stale()
+        self._threads: tuple[_Worker, _Worker] | None = None
+        self._stop_threads: weakref.finalize | None = None
+
+    def _workers(self) -> tuple[_Worker, _Worker]:
+        """The writer and reader threads, started on first use and kept across steps (starting
+        and joining threads every step would cost more than a small step's transfers)."""
+        threads = self._threads
+        if threads is None or not all(t.is_alive() for t in threads):
+            self._abandon_workers()
+            threads = (_Worker("edgetrain-page-writer"), _Worker("edgetrain-page-reader"))
+            for thread in threads:
+                thread.start()
+            self._threads = threads
+            self._stop_threads = weakref.finalize(self, _stop_workers, threads)
+        return threads
+
+    def _abandon_workers(self) -> None:
+        """Let the current threads end once they are free; the next step gets new ones."""
+        if self._stop_threads is not None:
+            self._stop_threads()
+        self._threads, self._stop_threads = None, None
+
+    def close(self) -> None:
+        """Stop the store's threads (also done when the store is garbage-collected)."""
+        self._abandon_workers()
+
+    def _check_directory(self) -> None:
+        where = f"page directory {self.directory}"
+        if not self.directory.exists():
+            raise PagingError(f"{where} does not exist (is the storage mounted?)")
+        if not self.directory.is_dir():
+            raise PagingError(f"{where} is not a directory")
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise PagingError(f"{where} is not writable: {os.strerror(errno.EACCES)} [errno EACCES]")
+
+    def clean_stale(self) -> list[Path]:
+        """Remove step directories whose process is gone; returns what was removed."""
+        removed: list[Path] = []
+        try:
+            entries = list(self.directory.iterdir())
+        except OSError as exc:
+            raise _os_error(f"listing page directory {self.directory}", exc) from exc
+        for entry in entries:
+            match = _STEP_DIR.fullmatch(entry.name)
+            if match is None or _pid_running(int(match.group(1))) or not entry.is_dir():
+                continue
+            log.info("removing pages left by a dead process: %s", entry)
+            shutil.rmtree(entry, onerror=_log_rmtree_error)
+            removed.append(entry)
+        return removed
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[PageSession]:
+        """The pages of one step; everything is removed when the block ends, however it ends."""
+        pages = PageSession(self)
+        try:
+            yield pages
+        finally:
+            pages.close()
+
+    def open(self) -> PageSession:
+        """A session the caller must :meth:`PageSession.close` (when a step spans two calls)."""
+        return PageSession(self)
+
+
+def _stop_workers(threads: tuple[_Worker, ...]) -> None:
+    for thread in threads:
+        thread.stop()
+
+
+def _pid_running(pid: int) -> bool:
+    """Whether process ``pid`` exists (a PID reused since is taken as running: its files stay)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- the overlap plan ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OverlapPlan:
+    """When each transfer of a schedule must be settled (NOTE [ Overlap without a higher peak ]).
+
+    ``release_before[j]`` for a ``PageOut`` at op ``j``: the op before which its write must
+    have finished and its RAM been dropped (``j + 1``: no overlap). ``issue_before[j]`` for a
+    ``PageIn`` at op ``j``: the earliest op before which its read may be issued (``j``: no
+    prefetch); it waits past that while the value's write is still running.
+    """
+
+    release_before: dict[int, int] = field(default_factory=dict)
+    issue_before: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def serial(cls, ops: Sequence[Op]) -> OverlapPlan:
+        """No overlap: what the executor does without a chain to plan with."""
+        return cls({j: j + 1 for j, op in enumerate(ops) if isinstance(op, PageOut)},
+                   {j: j for j, op in enumerate(ops) if isinstance(op, PageIn)})
+
+
+def plan_overlap(ops: Sequence[Op], timeline: Sequence[OpMemory], sizes: Sequence[int]) -> OverlapPlan:
+    """Stretch each write forward and each read backward while the simulated RAM leaves room.
+
+    Transfers are placed in op order; each one adds its size to the RAM of the ops it spans,
+    so later transfers see the room earlier ones took. A read may be planned over its own
+    value's write window (both are counted there, which over-counts): the executor issues it
+    only once that write has been settled, later than planned if need be, never earlier.
+
+    Args:
+        ops: the schedule's ops.
+        timeline: :func:`~edgetrain.schedule.memory_timeline` of the schedule.
+        sizes: bytes of each value ``x_k`` (``chain.value_bytes``).
+    """
+    if len(ops) != len(timeline):
+        raise ValueError("the timeline must have one entry per op")
+    peak = max((m.transient_bytes for m in timeline), default=0)
+    extra = [0] * len(ops)
+    plan = OverlapPlan()
+    written_at: dict[int, int] = {}   # value -> index of its last PageOut
+
+    def fits(t: int, size: int) -> bool:
+        return timeline[t].transient_bytes + extra[t] + size <= peak
+
+    for j, op in enumerate(ops):
+        if isinstance(op, PageOut):
+            size, end = sizes[op.value], j + 1
+            while end < len(ops) and ops[end] != PageIn(op.value) and fits(end, size):
+                end += 1
+            for t in range(j + 1, end):
+                extra[t] += size
+            plan.release_before[j] = end
+            written_at[op.value] = j
+        elif isinstance(op, PageIn):
+            size, start = sizes[op.value], j
+            earliest = written_at.get(op.value, -1) + 1
+            while start - 1 >= earliest and fits(start - 1, size):
+                start -= 1
+            for t in range(start, j):
+                extra[t] += size
+            plan.issue_before[j] = start
+    return plan

@@ -1,0 +1,566 @@
+"""Paging activations to storage: the page store, and the executor running PageOut/PageIn schedules.
+
+Schedules are built by hand from keep-all and uniform checkpointing: each chosen value is paged
+out right after an op that leaves it alive and paged in just before the next op that needs it
+in RAM. The executor must give plain autograd's gradients, hold what the simulator counts
+(measured peak within 5% of the simulated one; RAM freed exactly when a serial ``PageOut``
+returns) and leave no file behind, however the step ends.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from edgetrain.chain import Chain
+from edgetrain.energy import EnergyProfile
+from edgetrain.errors import PagingError, ScheduleError
+from edgetrain.models import get_model_spec
+from edgetrain.optim import make_optimizer
+from edgetrain.planners import uniform
+from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.runtime import Executor, PageStore, run_schedule
+from edgetrain.runtime import paging
+from edgetrain.schedule import (Backward, Forward, Keep, Op, PageIn, PageOut, Schedule, keep_all, memory_timeline,
+                                simulate)
+from edgetrain.stages import training_stages
+
+log = logging.getLogger(__name__)
+
+SEED = 1234
+# (batch, image side or sequence length): activations large enough to matter next to the weights.
+SIZES = {"resnet18": (8, 96), "transformer_small": (16, 64)}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread: None) -> None:
+    """Bitwise comparisons and timings on one thread (the machine is shared)."""
+
+
+@dataclass
+class Case:
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    chain: Chain
+
+    def fresh_model(self) -> nn.Module:
+        return copy.deepcopy(self.model)
+
+
+@functools.cache
+def case(name: str) -> Case:
+    spec = get_model_spec(name)
+    batch, size = SIZES[name]
+    torch.manual_seed(0)
+    model = spec.build(num_classes=10)
+    x, y = spec.example_input(batch, size), spec.example_target(batch, num_classes=10)
+    return Case(model, x, y, profile(model, x, y, measure_time=False))
+
+
+# --- building paging schedules by hand ---------------------------------------------------------------
+
+def _needs_in_ram(op: Op, k: int, chain: Chain) -> bool:
+    """Whether ``op`` reads ``x_k`` from RAM (a forward of stage k, or a backward whose record kept it)."""
+    if isinstance(op, Forward):
+        return op.stage == k
+    if isinstance(op, Backward):
+        return (op.stage == k and chain.stages[k].input_saved) or (op.stage == k - 1 and chain.stages[k - 1].output_saved)
+    return False
+
+
+def _touches_value(op: Op, k: int) -> bool:
+    return isinstance(op, (Forward, Backward)) and op.stage in (k - 1, k)
+
+
+def with_paging(schedule: Schedule, chain: Chain, values: Sequence[int]) -> Schedule:
+    """``schedule`` with each of ``values`` paged out over every gap between the ops that use it.
+
+    A gap starts after an op on stage ``k - 1`` or ``k`` and ends at the next op that needs
+    ``x_k`` in RAM; a gap where the value is dead is left alone (the simulator says so).
+    """
+    ops = list(schedule.ops)
+    for k in values:
+        at = 0
+        while at < len(ops):
+            if not _touches_value(ops[at], k):
+                at += 1
+                continue
+            later = [b for b in range(at + 1, len(ops)) if _touches_value(ops[b], k)]
+            if (not later or not _needs_in_ram(ops[later[0]], k, chain)
+                    or not any(isinstance(op, (Forward, Backward)) for op in ops[at + 1:later[0]])):
+                at += 1
+                continue
+            trial = ops[:at + 1] + [PageOut(k)] + ops[at + 1:later[0]] + [PageIn(k)] + ops[later[0]:]
+            try:
+                simulate(chain, Schedule(tuple(trial), schedule.length))
+            except ScheduleError:
+                at += 1
+                continue
+            ops, at = trial, later[0] + 2
+    return Schedule(tuple(ops), schedule.length, strategy=f"{schedule.strategy}+paging")
+
+
+def paged_schedules(name: str) -> dict[str, Schedule]:
+    c = case(name)
+    inner = range(1, c.chain.length - 1)
+    return {"keep_all": with_paging(keep_all(c.chain.length), c.chain, inner),
+            "uniform3": with_paging(uniform(c.chain, 3), c.chain, inner)}
+
+
+def test_hand_built_schedules_page_and_lower_the_simulated_peak() -> None:
+    for name in SIZES:
+        c = case(name)
+        for kind, schedule in paged_schedules(name).items():
+            base = keep_all(c.chain.length) if kind == "keep_all" else uniform(c.chain, 3)
+            paged, plain = simulate(c.chain, schedule), simulate(c.chain, base)
+            log.info("%s %s: %d page-outs, peak %d -> %d, disk %d", name, kind, paged.pageout_count,
+                     plain.peak_bytes, paged.peak_bytes, paged.peak_disk_bytes)
+            assert paged.pageout_count >= 1 and paged.pagein_count == paged.pageout_count
+            if (name, kind) == ("transformer_small", "keep_all"):
+                # Its layers keep neither input nor output: only the head's input can be paged,
+                # and it is back before the peak (the backward of the last layer).
+                assert paged.peak_bytes == plain.peak_bytes
+            else:
+                assert paged.peak_bytes < plain.peak_bytes
+            assert paged.peak_disk_bytes > 0
+
+
+# --- exactness ----------------------------------------------------------------------------------------
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    grads: list[torch.Tensor | None]
+    buffers: list[torch.Tensor]
+    rng: torch.Tensor
+
+
+def observe(model: nn.Module, loss: torch.Tensor) -> StepResult:
+    return StepResult(loss.detach(), [p.grad for p in model.parameters()], [b.clone() for b in model.buffers()],
+                      torch.get_rng_state())
+
+
+@functools.cache
+def plain_step(name: str) -> StepResult:
+    c = case(name)
+    model = c.fresh_model()
+    torch.manual_seed(SEED)
+    loss = nn.functional.cross_entropy(model(c.x), c.y)
+    loss.backward()
+    return observe(model, loss)
+
+
+@pytest.mark.parametrize("kind", ["keep_all", "uniform3"])
+@pytest.mark.parametrize("name", list(SIZES))
+def test_paged_step_equals_plain_autograd(name: str, kind: str, tmp_path: Path) -> None:
+    c = case(name)
+    schedule = paged_schedules(name)[kind]
+    model = c.fresh_model()
+    executor = Executor(training_stages(model), schedule, c.chain, page_dir=tmp_path)
+    torch.manual_seed(SEED)
+    got, expected = observe(model, executor.step(c.x, c.y)), plain_step(name)
+
+    assert torch.equal(got.loss, expected.loss)
+    for mine, theirs in zip(got.grads, expected.grads):
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+    for mine, theirs in zip(got.buffers, expected.buffers):   # BN statistics updated once
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+    assert torch.equal(got.rng, expected.rng)
+    stats = executor.last_paging
+    assert stats is not None and stats.pageouts == stats.pageins == simulate(c.chain, schedule).pageout_count
+    assert stats.bytes_written == stats.bytes_read > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_page_round_trip_is_bitwise(tmp_path: Path) -> None:
+    """Odd dtypes and a strided view of a larger storage come back with the same bytes and geometry."""
+    base = torch.randn(6, 10)
+    values = {1: base[1:, ::3], 2: torch.randn(5, 3).to(torch.bfloat16), 3: torch.randint(0, 255, (7,), dtype=torch.uint8),
+              4: torch.empty(0), 5: torch.tensor(float("nan"))}
+    with PageStore(tmp_path).session() as pages:
+        for key, value in values.items():
+            pages.write(key, value)
+        for key, value in values.items():
+            back = pages.finish_read(key)
+            assert back.dtype == value.dtype and back.shape == value.shape and back.stride() == value.stride()
+            assert back.storage_offset() == value.storage_offset()
+            assert bytes(back.untyped_storage()) == bytes(value.untyped_storage())
+        assert pages.disk_bytes == 0 and list(pages.path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- memory against the simulator ---------------------------------------------------------------------
+
+def measured_step_peak(c: Case, schedule: Schedule, page_dir: Path) -> tuple[int, Executor]:
+    """Live-bytes peak of a steady-state SGD step (as in test_executor.measured_step_peak)."""
+    model = c.fresh_model()
+    opt = make_optimizer("sgd", model.parameters())
+    executor = Executor(training_stages(model), schedule, c.chain, page_dir=page_dir)
+    executor.step(c.x, c.y)  # creates the momentum buffers
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with LiveBytesTracker() as tracker:
+        tracker.register(model.parameters())
+        tracker.register(model.buffers())
+        tracker.register([c.x, c.y])
+        tracker.register(t for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+        executor.step(c.x, c.y)
+        opt.step()
+    return tracker.peak_bytes, executor
+
+
+@pytest.mark.parametrize("kind", ["keep_all", "uniform3"])
+@pytest.mark.parametrize("name", list(SIZES))
+def test_measured_peak_tracks_simulated_peak(name: str, kind: str, tmp_path: Path,
+                                             record_property: pytest.RecordProperty) -> None:
+    c = case(name)
+    schedule = paged_schedules(name)[kind]
+    simulated = simulate(c.chain, schedule).peak_bytes
+    measured, executor = measured_step_peak(c, schedule, tmp_path)
+    ratio = measured / simulated
+    record_property("measured_over_simulated", ratio)
+    log.info("%s %s paged: measured %d / simulated %d = %.4f; %s", name, kind, measured, simulated, ratio,
+             executor.last_paging)
+    assert simulated * 0.95 <= measured <= simulated * 1.05
+
+
+def test_page_out_frees_the_value_and_page_in_brings_it_back(tmp_path: Path) -> None:
+    """Serial paging (no chain: no overlap): RAM drops by x_k when PageOut returns, and no
+    reference to its storage survives; PageIn takes the bytes back."""
+    c = case("resnet18")
+    schedule = paged_schedules("resnet18")["keep_all"]
+    model = c.fresh_model()
+    stages = training_stages(model)
+    outputs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+    for i, stage in enumerate(stages[:-1]):
+        stage.register_forward_hook(lambda module, args, out, i=i: outputs.__setitem__(i + 1, weakref.ref(
+            out.untyped_storage())))
+    live: list[int] = []
+    freed: dict[int, bool] = {}
+
+    def on_op(index: int, op: Op) -> None:
+        live.append(tracker.current_bytes)
+        if isinstance(op, PageOut):
+            freed[op.value] = outputs[op.value]() is None
+
+    executor = Executor(stages, schedule, page_dir=tmp_path)   # no chain: every transfer waited for
+    with LiveBytesTracker() as tracker:
+        tracker.register(model.parameters())
+        tracker.register(model.buffers())
+        tracker.register([c.x, c.y])
+        executor.step(c.x, c.y, on_op=on_op)
+    # Op by op, the executor holds what the simulator counts (up to the 4-byte loss).
+    offsets = [measured - simulated.after_bytes for measured, simulated in zip(live, memory_timeline(c.chain, schedule))]
+    assert max(offsets) - min(offsets) <= 16
+    sizes = c.chain.value_bytes
+    for index, op in enumerate(schedule.ops):
+        if isinstance(op, PageOut):
+            assert live[index] - live[index - 1] == -sizes[op.value], op
+        if isinstance(op, PageIn):
+            assert live[index] - live[index - 1] == sizes[op.value], op
+    assert freed and all(freed.values())
+
+
+def test_overlap_stays_under_the_simulated_peak() -> None:
+    """The overlap plan only stretches a transfer over ops with room for it under the peak."""
+    for name in SIZES:
+        c = case(name)
+        for schedule in paged_schedules(name).values():
+            timeline = memory_timeline(c.chain, schedule)
+            plan = paging.plan_overlap(schedule.ops, timeline, c.chain.value_bytes)
+            peak = max(m.transient_bytes for m in timeline)
+            extra = [0] * len(schedule.ops)
+            for j, end in plan.release_before.items():
+                assert end > j
+                for t in range(j + 1, end):
+                    extra[t] += c.chain.value_bytes[schedule.ops[j].value]  # type: ignore[union-attr]
+            for j, start in plan.issue_before.items():
+                assert start <= j
+                for t in range(start, j):
+                    extra[t] += c.chain.value_bytes[schedule.ops[j].value]  # type: ignore[union-attr]
+            assert all(m.transient_bytes + e <= peak for m, e in zip(timeline, extra))
+            assert any(end > j + 1 for j, end in plan.release_before.items())   # it does overlap somewhere
+
+
+def median_step_s(executor: Executor, c: Case, model: nn.Module, repeats: int = 3) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        executor.step(c.x, c.y)
+        samples.append(time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    return sorted(samples)[len(samples) // 2]
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_step_time_against_the_simulator(name: str, tmp_path: Path, record_property: pytest.RecordProperty) -> None:
+    """Reported, not asserted: a paged step's wall time next to the unpaged one and the simulator's.
+
+    The simulator is priced with this host's own paging throughput (from the step's
+    ``write_s``/``read_s``), so its serial ``time_s`` is what the step would take without overlap.
+    """
+    c = case(name)
+    model = c.fresh_model()
+    timed = profile(model, c.x, c.y, measure_time=True)
+    unpaged = uniform(timed, 3)
+    paged = with_paging(unpaged, timed, range(1, timed.length - 1))
+    executor = Executor(training_stages(model), paged, timed, page_dir=tmp_path)
+    paged_s = median_step_s(executor, c, model)
+    unpaged_s = median_step_s(Executor(training_stages(model), unpaged, timed), c, model)
+    stats = executor.last_paging
+    assert stats is not None
+    host = EnergyProfile("host", 1e9, 1.0, 1e-6, stats.bytes_read / max(stats.read_s, 1e-9), 1.0,
+                         1e-6, stats.bytes_written / max(stats.write_s, 1e-9), 1.0)
+    simulated = simulate(timed, paged, host)
+    for key, value in {"paged_step_s": paged_s, "unpaged_step_s": unpaged_s, "simulated_time_s": simulated.time_s,
+                       "simulated_compute_s": simulated.compute_time_s, "paging_wait_s": stats.wait_s}.items():
+        record_property(key, value)
+    log.info("%s uniform3 paged: measured %.4f s (unpaged %.4f s); simulated %.4f s = compute %.4f + serial paging "
+             "%.4f at this host's %.0f/%.0f MB/s; the step waited %.4f s on I/O", name, paged_s, unpaged_s,
+             simulated.time_s, simulated.compute_time_s, simulated.page_time_s, host.pageout_bps / 1e6,
+             host.pagein_bps / 1e6, stats.wait_s)
+
+
+def test_split_step_with_paging_cleans_up(tmp_path: Path) -> None:
+    """Executor.forward + PendingBackward (the Checkpointed path) pages too, and removes its files
+    when the backward ends or when the pending half is dropped."""
+    c = case("resnet18")
+    model = c.fresh_model()
+    executor = Executor(training_stages(model), paged_schedules("resnet18")["uniform3"], c.chain, page_dir=tmp_path)
+    output, pending = executor.forward(c.x)
+    [step_dir] = list(tmp_path.iterdir())     # the step's pages live on between the halves
+    assert step_dir.name.startswith(f"edgetrain-pages-{os.getpid()}-")
+    output.requires_grad_()
+    nn.functional.cross_entropy(output, c.y).backward()
+    pending(output.grad)
+    assert list(tmp_path.iterdir()) == []
+    assert executor.last_paging is not None and executor.last_paging.pageins == executor.last_paging.pageouts
+    for mine, theirs in zip(model.parameters(), plain_step("resnet18").grads):
+        torch.testing.assert_close(mine.grad, theirs, rtol=0, atol=1e-6)
+
+    output, pending = executor.forward(c.x)
+    del output, pending
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- files and cleanup ----------------------------------------------------------------------------------
+
+class Boom(RuntimeError):
+    pass
+
+
+class Explode(nn.Module):
+    """An identity stage that raises on its first forward after ``armed`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed:
+            raise Boom("stage failed")
+        return x * 1.0
+
+
+def small_model() -> tuple[nn.Sequential, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), Explode(), nn.Linear(256, 4))
+    return model, torch.randn(32, 16), torch.randint(0, 4, (32,))
+
+
+def test_no_files_are_left_after_an_error_midway(tmp_path: Path) -> None:
+    model, x, y = small_model()
+    chain = profile(model, x, y, measure_time=False)
+    schedule = with_paging(keep_all(chain.length), chain, range(1, chain.length - 1))
+    explode = model[4]
+    executor = Executor(training_stages(model), schedule, chain, page_dir=tmp_path)
+    executor.step(x, y)
+    assert list(tmp_path.iterdir()) == []
+    explode.armed = True
+    seen: list[int] = []
+
+    def on_op(index: int, op: Op) -> None:
+        if isinstance(op, PageOut):
+            seen.append(len(list(next(tmp_path.iterdir()).iterdir())))
+
+    with pytest.raises(Boom):
+        executor.step(x, y, on_op=on_op)
+    assert seen and seen[-1] > 0          # pages were on disk when the stage failed
+    assert list(tmp_path.iterdir()) == []
+
+
+KILLED_STEP = textwrap.dedent("""
+    import sys, time, torch
+    from torch import nn
+    from edgetrain.runtime import Executor
+    from edgetrain.schedule import Forward, Backward, Keep, PageOut, PageIn, Schedule
+    from edgetrain.stages import training_stages
+
+    model = nn.Sequential(nn.Linear(16, 4096), nn.ReLU(), nn.Linear(4096, 4))
+    ops = (Forward(0, Keep.ALL), Forward(1, Keep.ALL), Forward(2, Keep.ALL), PageOut(2), Forward(3, Keep.ALL),
+           Backward(3), PageIn(2), Backward(2), Backward(1), Backward(0))
+
+    def on_op(index, op):
+        if isinstance(op, PageOut):
+            print("paged", flush=True)
+            time.sleep(60)
+
+    executor = Executor(training_stages(model), Schedule(ops, 4), page_dir=sys.argv[1])
+    executor.step(torch.randn(64, 16), torch.randint(0, 4, (64,)), on_op=on_op)
+""")
+
+
+def test_files_of_a_killed_step_are_removed_by_the_next_store(tmp_path: Path) -> None:
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_STEP, str(tmp_path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip() == "paged", child.stderr.read() if child.stderr else ""
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    [left] = list(tmp_path.iterdir())
+    assert left.name.startswith(f"edgetrain-pages-{child.pid}-")
+    assert [p.name for p in left.iterdir()] == ["x2.page"]
+
+    mine = tmp_path / f"edgetrain-pages-{os.getpid()}-0123abcd"   # a live process's step is left alone
+    mine.mkdir()
+    store = PageStore(tmp_path)
+    assert store.removed_stale == [left]
+    assert sorted(tmp_path.iterdir()) == [mine]
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+def one_page_step() -> tuple[nn.Sequential, Schedule, torch.Tensor, torch.Tensor]:
+    """A 4-stage model whose x_2 (256 x 256 floats, kept by two records) is paged over the loss."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 8))
+    ops = (Forward(0, Keep.ALL), Forward(1, Keep.ALL), Forward(2, Keep.ALL), PageOut(2), Forward(3, Keep.ALL),
+           Backward(3), PageIn(2), Backward(2), Backward(1), Backward(0))
+    return model, Schedule(ops, 4), torch.randn(256, 16), torch.randint(0, 8, (256,))
+
+
+def within(seconds: float, fn: Callable[[], object]) -> BaseException | None:
+    """Run ``fn`` on a thread; fail the test if it does not return in time; give back what it raised."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"did not finish within {seconds} s"
+    return outcome[0]
+
+
+def test_missing_or_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    model, schedule, x, y = one_page_step()
+    with pytest.raises(PagingError, match=r"page directory .*nowhere does not exist"):
+        Executor(training_stages(model), schedule, page_dir=tmp_path / "nowhere")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(PagingError, match="is not a directory"):
+        run_schedule(training_stages(model), schedule, x, y, page_dir=not_a_dir)
+
+
+def test_directory_that_becomes_unwritable_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, schedule, x, y = one_page_step()
+    executor = Executor(training_stages(model), schedule, page_dir=tmp_path)
+
+    def refuse(path: object, mode: int = 0o777) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(paging.os, "mkdir", refuse)
+    with pytest.raises(PagingError, match=r"cannot create the step's page directory .*Permission denied \[errno EACCES\]"):
+        executor.step(x, y)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_read_only_directory_is_refused(tmp_path: Path) -> None:
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(PagingError, match="is not writable"):
+            PageStore(tmp_path)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_disk_budget_is_checked_before_writing(tmp_path: Path) -> None:
+    model, schedule, x, y = one_page_step()
+    size = 256 * 256 * 4
+    with pytest.raises(PagingError, match=f"needs {size} bytes on disk .* over the disk budget of 1000 bytes"):
+        run_schedule(training_stages(model), schedule, x, y, page_dir=tmp_path, disk_budget_bytes=1000)
+    assert list(tmp_path.iterdir()) == []
+    # With the chain the executor refuses the schedule up front.
+    chain = profile(model, x, y, measure_time=False)
+    with pytest.raises(PagingError, match=f"keeps up to {size} bytes on disk, over the disk budget of 1000"):
+        Executor(training_stages(model), schedule, chain, page_dir=tmp_path, disk_budget_bytes=1000)
+    run_schedule(training_stages(model), schedule, x, y, page_dir=tmp_path, disk_budget_bytes=size)
+
+
+def test_full_disk_is_a_clear_error_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, schedule, x, y = one_page_step()
+    chain = profile(model, x, y, measure_time=False)
+
+    def full(path: Path, data: memoryview) -> None:
+        path.write_bytes(bytes(data[:10]))     # a partial file, as a full disk leaves
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(paging, "_write_bytes", full)
+    for with_chain in (None, chain):   # serial, and overlapped where the plan allows it
+        executor = Executor(training_stages(model), schedule, with_chain, page_dir=tmp_path)
+        error = within(30, lambda: executor.step(x, y))
+        assert isinstance(error, PagingError), error
+        assert "No space left on device [errno ENOSPC]" in str(error) and "x2.page" in str(error)
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_dead_or_stuck_paging_thread_is_an_error_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, schedule, x, y = one_page_step()
+    monkeypatch.setattr(paging._Worker, "run", lambda self: None)   # the worker exits at once
+    error = within(30, lambda: run_schedule(training_stages(model), schedule, x, y, page_dir=tmp_path))
+    assert isinstance(error, PagingError) and "died before finishing" in str(error), error
+    monkeypatch.undo()
+
+    release = threading.Event()
+    monkeypatch.setattr(paging, "_write_bytes", lambda path, data: release.wait())
+    monkeypatch.setattr(paging, "_JOIN_S", 0.1)   # do not wait long for the stuck writer
+    store = PageStore(tmp_path, io_timeout_s=0.5)
+    try:
+        error = within(30, lambda: run_schedule(training_stages(model), schedule, x, y, page_dir=store))
+    finally:
+        release.set()
+    assert isinstance(error, PagingError) and "did not finish within 0.5 s" in str(error), error
+    assert list(tmp_path.iterdir()) == []
