@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..chain import Chain, StageCost
+from ..handover import GradBox, HandOver, seed_backward
 from ..stages import LossFn, LossStage, training_stages
 from .tracker import LiveBytesTracker, SavedTensors, storage_bytes, storage_key
 
@@ -141,15 +142,19 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker
     rec_workspace = max(0, tracker.peak_bytes - after)
     saved_live = after - before
 
-    # 3. Backward: gradient of the input, parameter gradients, workspace.
-    grad_out = None if y.dim() == 0 else torch.ones_like(y)
+    # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
+    #    is handed to the engine as the executor hands it (edgetrain.handover): freed once used.
+    box = GradBox()
+    seed = HandOver.apply(y, box) if y.requires_grad else None
+    box.grad = None if y.dim() == 0 else torch.ones_like(y)
     before = tracker.current_bytes
     tracker.reset_peak()
-    torch.autograd.backward(y, grad_out)
+    if seed is not None:
+        seed_backward(seed)
     grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
     grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None)
     bwd_workspace = tracker.peak_bytes - before - grad_in - grad_bytes
-    del y, grad_out
+    del y, seed, box
     x_rec.grad = None
     for p in params:
         p.grad = None

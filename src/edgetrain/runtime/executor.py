@@ -13,12 +13,14 @@ live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
   a leaf input would be pinned by its ``AccumulateGrad`` node whether saved or not. The
   alias's backward stores the incoming gradient ``δ_i`` in a box and stops there, so each
   stage's graph is separate and ``δ_i`` is handed to the next ``Backward`` by hand.
-* A record keeps the output's :class:`~torch.autograd.graph.GradientEdge`, never the output:
-  ``x_{i+1}`` lives after it is released only if the stage saved it (``output_saved``), and
-  then a weak reference to its storage finds it again if a later op needs it.
-* ``Backward(i)`` calls ``torch.autograd.backward`` on that edge with ``δ_{i+1}`` (the loss
-  seeds itself); parameter gradients accumulate into ``.grad`` through the stage's own
-  ``AccumulateGrad`` nodes exactly as in plain autograd.
+* A record keeps a :class:`~edgetrain.handover.HandOver` output hung on the stage output,
+  never the output: ``x_{i+1}`` lives after it is released only if the stage saved it
+  (``output_saved``), and then a weak reference to its storage finds it again if a later op
+  needs it.
+* ``Backward(i)`` puts ``δ_{i+1}`` in the hand-over's box and back-propagates from it, so the
+  engine holds the only reference to ``δ_{i+1}`` and frees it once consumed, as plain backprop
+  does (the loss seeds itself); parameter gradients accumulate into ``.grad`` through the
+  stage's own ``AccumulateGrad`` nodes exactly as in plain autograd.
 
 NOTE [ Recomputation is invisible ]
 A stage forwarded more than once in a step must behave as if it ran once:
@@ -64,10 +66,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
+from ..handover import GradBox, HandOver, seed_backward
 from ..profile.tracker import storage_key
 from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageOut, Schedule, keep_all, memory_timeline,
                         simulate, validate)
@@ -134,7 +136,8 @@ class _ValueRef:
 class _Record:
     """What a recorded stage leaves for its backward: no tensor of its own beyond autograd's."""
 
-    output_edge: GradientEdge | None   # None when the output does not require grad
+    seed: torch.Tensor | None          # a HandOver output on the stage output; None when it needs no grad
+    output_grad: GradBox                # where Backward puts δ_{i+1} for the seed to hand over
     input_grad: _GradBox | None        # None for stage 0 and non-float inputs
     output_ref: _ValueRef
 
@@ -438,9 +441,10 @@ class _Run:
                 stage_input = x.detach()  # the batch needs no gradient; cut any outer graph
             y = stage(stage_input)
             del stage_input
-            edge = get_gradient_edge(y) if y.requires_grad else None
+            output_grad = GradBox()
+            seed = HandOver.apply(y, output_grad) if y.requires_grad else None
         self._bind_output(i, y, pending)
-        self.records[i] = _Record(edge, box, _ValueRef(y))
+        self.records[i] = _Record(seed, output_grad, box, _ValueRef(y))
         return y
 
     @contextlib.contextmanager
@@ -488,12 +492,13 @@ class _Run:
 
     def backward(self, i: int) -> None:
         record = self.records.pop(i)
-        grad_output, self.delta = self.delta, None
         is_loss = i == len(self.stages) - 1
-        if record.output_edge is not None and (grad_output is not None or is_loss):
-            torch.autograd.backward(record.output_edge, grad_output)
+        if record.seed is not None and (self.delta is not None or is_loss):
+            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.handover)
+            record.output_grad.grad, self.delta = self.delta, None
+            seed_backward(record.seed)
         # else: nothing downstream depends on this stage's output; no gradient flows through it.
-        del grad_output
+        self.delta = None
         self.release(i + 1)
         if i > 0:
             self.release(i)
