@@ -116,3 +116,54 @@ def test_bench_data_reports_shares_per_worker_count(tmp_path: Path) -> None:
     assert report["recommended_workers"] == 0
     code, _, err = run("bench", "data", "--workers", "zero", "--data-root", str(tmp_path))
     assert code == 2 and "comma-separated integers" in err
+
+
+def energy_plan(*extra: str) -> dict[str, object]:
+    code, out, err = run("plan", "-m", "resnet18", "-b", "8", "--image", "224", "--device", "rpi4",
+                         "--objective", "energy", "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_energy_plan_json_has_the_energy_split() -> None:
+    report = energy_plan("--memory", "250MiB")
+    for key in ("strategy", "predicted_peak_bytes", "predicted_time_s", "recompute_factor", "baseline",
+                "energy_j", "energy_compute_j", "energy_pagein_j", "energy_pageout_j", "solve_time_s"):
+        assert key in report
+    assert report["strategy"] == "paging-dp" and report["predicted_peak_bytes"] <= 250 * 2**20
+    assert report["energy_j"] == pytest.approx(report["energy_compute_j"] + report["energy_pagein_j"]
+                                               + report["energy_pageout_j"])
+    assert report["energy_pageout_j"] > 0            # this budget is met by paging, not recomputation only
+    assert report["energy_j"] < report["recompute_only_energy_j"]
+
+
+def test_energy_plan_deadline_and_strategies() -> None:
+    free = energy_plan("--memory", "250MiB")
+    tight = energy_plan("--memory", "250MiB", "--deadline", "1.0")   # no slower than a step without either
+    assert tight["deadline_s"] == pytest.approx(tight["predicted_time_s"] / tight["recompute_factor"])
+    assert tight["deadline_met"] is False or tight["predicted_time_s"] <= tight["deadline_s"] * (1 + 1e-9)
+    assert free["deadline_s"] is None
+    best = energy_plan("--memory", "275MiB")["energy_j"]
+    for strategy in ("recompute", "paging-only", "capuchin"):
+        other = energy_plan("--memory", "275MiB", "--strategy", strategy)
+        assert other["strategy"] == strategy and other["predicted_peak_bytes"] <= 275 * 2**20
+        assert other["energy_j"] >= best * (1 - 1e-9)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--objective", "energy", "--memory", "250MiB"), "needs --device"),
+    (("--objective", "energy", "--device", "rpi4", "--memory", "100MiB"), "at least"),
+    (("--objective", "energy", "--device", "jetson-tx2", "--memory", "250MiB"), "compute_flops_per_s"),
+    (("--objective", "energy", "--device", "rpi4", "--memory", "250MiB", "--deadline", "fast"), "--deadline"),
+    (("--memory", "250MiB", "--deadline", "1.2"), "--objective energy"),
+])
+def test_energy_plan_bad_input_is_one_clear_line(args: tuple[str, ...], message: str) -> None:
+    code, _, err = run("plan", "-m", "resnet18", "-b", "8", "--image", "224", *args)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_reproduce_poet_writes_its_report(tmp_path: Path) -> None:
+    code, out, err = run("reproduce", "poet", "--out", str(tmp_path), "--budgets", "3")
+    assert code == 0, err
+    assert {"poet.json", "poet.png", "poet.md"} <= {p.name for p in tmp_path.iterdir()}
+    assert "jetson-tx2: skipped" in out

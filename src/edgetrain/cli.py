@@ -138,21 +138,36 @@ def _print_memory_report(report: dict[str, Any]) -> None:
 def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
                  memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 2GiB."),
                  recompute: Optional[float] = typer.Option(None, "--recompute", help="Largest recompute factor ρ >= 1."),
-                 strategy: str = typer.Option("auto", "--strategy", help="auto, uniform, revolve or optimal."),
+                 strategy: str = typer.Option(
+                     "auto", "--strategy", help="time: auto, uniform, revolve, optimal; energy: auto (= paging-dp), "
+                     "paging-dp, recompute, paging-only, capuchin, milp."),
                  device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt,
+                 objective: str = typer.Option("time", "--objective",
+                                               help="time (fastest schedule) or energy (least energy on --device)."),
+                 deadline: Optional[str] = typer.Option(
+                     None, "--deadline", help="Energy objective: longest step allowed, '1.2' = 1.2x the step without "
+                     "recomputation or paging on the device, '3.5s' = seconds."),
                  output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the schedule as JSON."),
                  as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """The best checkpointing schedule for a memory budget (default: the device's memory) or a factor ρ."""
+    """The best schedule for a memory budget (default: the device's memory) or a factor ρ; fastest or least energy."""
     from .devices import get_device
     from .planners import plan
     from .profile import chain_for
 
+    if objective not in ("time", "energy"):
+        raise EdgetrainError(f"--objective must be time or energy, got {objective!r}")
     target = get_device(device) if device else None
     if memory is None and recompute is None:
         if target is None or target.memory_bytes is None:
             raise EdgetrainError("give --memory or --recompute (or a --device whose memory is the budget)")
         memory = str(target.memory_bytes)
     chain = chain_for(model, batch, image, optimizer=optimizer)
+    if objective == "energy":
+        _plan_energy(chain, model, batch, image, optimizer, memory, recompute, deadline, strategy, target, output,
+                     as_json)
+        return
+    if deadline is not None:
+        raise EdgetrainError("--deadline applies to --objective energy")
     chosen = plan(chain, memory=memory, recompute=recompute, strategy=strategy)
     if output is not None:
         chosen.schedule.save(output)
@@ -164,6 +179,92 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         typer.echo(json.dumps(report))
         return
     _print_plan(report, output)
+
+
+def _deadline_seconds(deadline: str, base_time_s: float) -> float:
+    """``'1.2'`` is a factor of the step without recomputation or paging; ``'3.5s'`` is seconds."""
+    text = deadline.strip().lower()
+    try:
+        value = float(text[:-1]) if text.endswith("s") else float(text)
+    except ValueError:
+        raise EdgetrainError(f"--deadline must be a factor like 1.2 or seconds like 3.5s, got {deadline!r}") from None
+    if value <= 0:
+        raise EdgetrainError(f"--deadline must be > 0, got {deadline!r}")
+    if text.endswith("s"):
+        return value
+    if value < 1:
+        raise EdgetrainError(f"a --deadline factor below 1 ({deadline}) is faster than a step without recomputation")
+    return value * base_time_s
+
+
+def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str, memory: Optional[str],
+                 recompute: Optional[float], deadline: Optional[str], strategy: str, target: Any,
+                 output: Optional[Path], as_json: bool) -> None:
+    from .energy import EnergyProfile, scale_chain
+    from .planners import plan
+    from .planners.energy_plan import plan_energy
+
+    if target is None:
+        raise EdgetrainError("--objective energy needs --device (its power and storage figures price the plan)")
+    if recompute is not None or memory is None:
+        raise EdgetrainError("--objective energy takes a memory budget (--memory or the device's), not --recompute")
+    profile = EnergyProfile.from_device(target)
+    device_chain = scale_chain(chain, profile)
+    deadline_s = None if deadline is None else _deadline_seconds(deadline, device_chain.compute_time_s)
+    name = "paging-dp" if strategy == "auto" else strategy
+    if name == "milp":
+        from .planners.milp_plan import plan_milp
+
+        chosen = plan_milp(device_chain, profile, memory, deadline_s=deadline_s)
+    else:
+        chosen = plan_energy(device_chain, profile, memory, deadline_s=deadline_s, strategy=name)
+    if output is not None:
+        chosen.schedule.save(output)
+    report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
+                              "objective": "energy", **chosen.to_dict()}
+    recompute_only = plan_energy(device_chain, profile, chosen.budget_bytes, strategy="recompute") \
+        if _fits_recompute_only(device_chain, chosen.budget_bytes) else None
+    report["recompute_only_energy_j"] = None if recompute_only is None else recompute_only.stats.energy_j
+    baseline = plan(device_chain, memory=chosen.budget_bytes, strategy="uniform").baseline \
+        if _fits_recompute_only(device_chain, chosen.budget_bytes) else None
+    report["baseline"] = None if baseline is None else baseline.to_dict()
+    report.update(device_memory_bytes=target.memory_bytes,
+                  fits=None if target.memory_bytes is None else chosen.stats.peak_bytes <= target.memory_bytes)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    _print_energy_plan(report, output)
+
+
+def _fits_recompute_only(chain: Any, budget: int) -> bool:
+    from .planners.optimal import _exact_minimum_bytes
+
+    return _exact_minimum_bytes(chain) <= budget
+
+
+def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
+    console.print(f"[bold]{report['model']}[/], batch {report['batch']}, size {report['size']} on "
+                  f"[bold]{report['device']}[/]: [bold]{report['strategy']}[/] "
+                  f"(planned in {report['solve_time_s']:.2f} s)")
+    console.print(f"  energy per step {report['energy_j']:.4g} J = compute {report['energy_compute_j']:.4g} J "
+                  f"+ page-in {report['energy_pagein_j']:.4g} J + page-out {report['energy_pageout_j']:.4g} J")
+    console.print(f"  predicted peak {format_bytes(report['predicted_peak_bytes'])} "
+                  f"(budget {format_bytes(report['budget_bytes'])}), step {report['predicted_time_s']:.4g} s, "
+                  f"ρ = {report['recompute_factor']:.3f}, {format_bytes(report['paged_out_bytes'])} paged out "
+                  f"(disk peak {format_bytes(report['peak_disk_bytes'])})")
+    if report["deadline_s"] is not None:
+        verdict = "[green]met[/]" if report["deadline_met"] else "[red]missed (the fastest schedule is shown)[/]"
+        console.print(f"  deadline {report['deadline_s']:.4g} s: {verdict}")
+    if report["recompute_only_energy_j"] is None:
+        console.print("  recompute-only: does not fit this budget")
+    else:
+        extra = report["recompute_only_energy_j"] / report["energy_j"] - 1
+        console.print(f"  recompute-only: {report['recompute_only_energy_j']:.4g} J ({extra:+.1%})")
+    if report["fits"] is not None:
+        verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
+        console.print(f"  {report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}")
+    if output is not None:
+        console.print(f"  schedule written to {output}")
 
 
 def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -219,6 +320,28 @@ def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o
         verdict = "[green]holds[/]" if figure.claim_holds(family) else "[red]does not hold[/]"
         console.print(f"{family}, batch 8 at 500 px, least ρ that fits {format_bytes(budget)} per depth: {factors}; "
                       f"claim 'all fit with ρ > {CLAIM_RHO}' {verdict}")
+
+
+@reproduce_app.command("poet")
+@_clean_errors
+def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", help="Output directory."),
+                   budgets: int = typer.Option(12, "--budgets", help="Budgets per model and device."),
+                   milp: bool = typer.Option(False, "--milp", help="Add the MILP series (ResNet-18; slower).")) -> None:
+    """POET's Fig. 3 shape: energy per step vs memory budget, per device, for every energy strategy."""
+    from .reports.poet import reproduce_poet as build
+
+    figure = _with_progress("sweeping budgets",
+                            lambda progress: build(out, budgets=budgets, include_milp=milp, progress=progress))
+    console.print(f"wrote {figure.json_path}, {figure.png_path} and {figure.md_path}")
+    for panel in figure.data["panels"]:  # type: ignore[attr-defined]
+        claim = panel["claim"]
+        verdict = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "untestable"}[claim["holds"]]
+        lowest = claim.get("lowest_budget_pct")
+        console.print(f"  {panel['model']} on {panel['device']}: paging-dp within 1% of unconstrained energy down to "
+                      f"{'-' if lowest is None else f'{lowest:.0f}%'} of keep-all's peak "
+                      f"(least feasible {claim['least_feasible_pct']:.0f}%); POET's claim {verdict}")
+    for name, reason in figure.data["skipped_devices"].items():  # type: ignore[attr-defined]
+        console.print(f"  {name}: skipped ({reason})")
 
 
 @bench_app.command("batch")

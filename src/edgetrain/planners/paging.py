@@ -49,8 +49,8 @@ from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from ..schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
-                        Stats, simulate)
-from .optimal import _ceil_div, _Costs, _discretise, _exact_minimum_bytes, _Grid, _row
+                        Stats, keep_all, simulate)
+from .optimal import _ceil_div, _Costs, _discretise, _Grid, _row
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
 
@@ -348,9 +348,8 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
             only, inputs paged): the paging-only baseline.
 
     Raises:
-        InfeasibleBudgetError: nothing fits; ``minimum_bytes`` is a lower bound of the least
-            budget (the step's resident state, gradients and optimizer workspace, or the
-            least peak of any one stage's forward and backward).
+        InfeasibleBudgetError: nothing fits; ``minimum_bytes`` is the least budget of a
+            table solved up to keep-all's peak on the same grid.
     """
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
@@ -359,34 +358,30 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
     weights = weights or CostWeights.energy(profile)
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
-        raise _infeasible(chain, max_memory_bytes)
+        raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
     grid = _discretise_paging(chain, activation_bytes, slots, weights, profile, recompute)
     cost, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
     table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid,
                         cost[0, _row(0, chain.length - 1)].copy(), choice)
     if not np.isfinite(table.top_cost[-1]) or table.step_bytes > max_memory_bytes:
-        raise _infeasible(chain, max_memory_bytes)
+        raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
     return table
 
 
-def _infeasible(chain: Chain, budget_bytes: int) -> InfeasibleBudgetError:
-    """Below the recompute-only minimum paging may still fit; the floor it cannot go below is reported."""
-    floor = max(chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes,
-                chain.resident_bytes + max(_stage_floor_bytes(chain, i) for i in range(chain.length)))
-    floor = min(floor, _exact_minimum_bytes(chain))
+def _infeasible(chain: Chain, profile: EnergyProfile, weights: CostWeights, budget_bytes: int, slots: int,
+                recompute: bool) -> InfeasibleBudgetError:
+    """The error for a budget nothing fits in, with the least budget of a table solved up to keep-all's peak."""
+    top = simulate(chain, keep_all(chain.length)).peak_bytes
+    minimum = top
+    if budget_bytes < top:
+        try:
+            minimum = solve_paging(chain, profile, top, weights=weights, slots=slots, recompute=recompute).min_memory_bytes
+        except InfeasibleBudgetError:   # the optimizer step alone needs more than keep-all's peak
+            minimum = chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
+    kind = "paging" if recompute else "paging-only"
     return InfeasibleBudgetError(
-        f"no paging schedule of {chain.name or 'this chain'} fits in {budget_bytes} bytes; the recompute-only "
-        f"minimum is {_exact_minimum_bytes(chain)} bytes and no schedule goes below {floor} bytes",
-        minimum_bytes=floor, budget_bytes=budget_bytes)
-
-
-def _stage_floor_bytes(chain: Chain, i: int) -> int:
-    """Activation memory recording and back-propagating stage ``i`` needs whatever else is paged."""
-    stage, values = chain.stages[i], chain.value_bytes
-    delta_out = values[i + 1] if i + 1 < chain.length else 0
-    delta_in = values[i] if i > 0 else 0
-    return max(values[i] + stage.saved_bytes + stage.rec_workspace_bytes,
-               stage.saved_bytes + delta_out + delta_in + stage.bwd_workspace_bytes)
+        f"no {kind} schedule of {chain.name or 'this chain'} fits in {budget_bytes} bytes: the least budget on a "
+        f"grid of {slots} slots is {minimum} bytes", minimum_bytes=minimum, budget_bytes=budget_bytes)
 
 
 @dataclass(frozen=True)
