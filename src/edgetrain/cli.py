@@ -219,6 +219,9 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
     else:
         chosen = plan_energy(device_chain, profile, memory, deadline_s=deadline_s, strategy=name)
     if output is not None:
+        if chosen.schedule is None:
+            raise EdgetrainError("milp plans are reported, not saved as executor schedules yet; use --strategy "
+                                 "paging-dp for a schedule to run")
         chosen.schedule.save(output)
     report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
                               "objective": "energy", **chosen.to_dict()}
@@ -229,7 +232,7 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
         if _fits_recompute_only(device_chain, chosen.budget_bytes) else None
     report["baseline"] = None if baseline is None else baseline.to_dict()
     report.update(device_memory_bytes=target.memory_bytes,
-                  fits=None if target.memory_bytes is None else chosen.stats.peak_bytes <= target.memory_bytes)
+                  fits=None if target.memory_bytes is None else report["predicted_peak_bytes"] <= target.memory_bytes)
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -248,10 +251,14 @@ def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
                   f"(planned in {report['solve_time_s']:.2f} s)")
     console.print(f"  energy per step {report['energy_j']:.4g} J = compute {report['energy_compute_j']:.4g} J "
                   f"+ page-in {report['energy_pagein_j']:.4g} J + page-out {report['energy_pageout_j']:.4g} J")
+    paged = "" if report["paged_out_bytes"] is None else (
+        f", {format_bytes(report['paged_out_bytes'])} paged out (disk peak {format_bytes(report['peak_disk_bytes'])})")
     console.print(f"  predicted peak {format_bytes(report['predicted_peak_bytes'])} "
                   f"(budget {format_bytes(report['budget_bytes'])}), step {report['predicted_time_s']:.4g} s, "
-                  f"ρ = {report['recompute_factor']:.3f}, {format_bytes(report['paged_out_bytes'])} paged out "
-                  f"(disk peak {format_bytes(report['peak_disk_bytes'])})")
+                  f"ρ = {report['recompute_factor']:.3f}{paged}")
+    if report["strategy"] == "milp":
+        console.print(f"  MILP {report['status']}, gap {report['mip_gap']:.2g} (priced on its own graph model, "
+                      "not executable yet; see docs/milp.md)")
     if report["deadline_s"] is not None:
         verdict = "[green]met[/]" if report["deadline_met"] else "[red]missed (the fastest schedule is shown)[/]"
         console.print(f"  deadline {report['deadline_s']:.4g} s: {verdict}")
