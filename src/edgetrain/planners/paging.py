@@ -7,17 +7,20 @@ small devices. This module is the same dynamic programme as ``optimal.py`` (read
 optimal DP's sub-problem ] there first) with two more moves and a weighted cost.
 
 NOTE [ The paging DP ]
-Besides (a) *record s* and (b) *checkpoint x_k*, when ``x_s`` is held on its own (``e = 1``,
-so ``s > 0``):
+Besides (a) *record s* and (b) *checkpoint x_k*:
 
-(a') *record s and page out its input*, for a record that keeps ``x_s`` (``is_s``) and
-     ``s < t``: ``Forward(s, all)``, ``PageOut(s)``, ``P(s+1, t)``, ``PageIn(s)``,
-     ``Backward(s)``. The child runs with ``A(s)`` more memory; the record's peaks are (a)'s.
-     This is paging without recomputation: keep-all with every stage input paged is (a')
-     all the way down.
-(b') *checkpoint x_k and page out x_s*: ``Forward(s, input)``, ``PageOut(s)``, the advances
-     to ``x_k``, ``P(k, t, 1)`` with all of ``m``, ``PageIn(s)``, ``P(s, k-1, 1)`` with
-     ``m - g(k..t)``. Peak of the advances: ``d(t+1) + max(A(s) + A(s+1) + wf_s,
+(a') *record s and page*, for ``s < t``: ``Forward(s, all)``, then ``PageOut(s)`` and/or
+     ``PageOutRecord(s)``, ``P(s+1, t)``, the matching page-ins, ``Backward(s)``. Three
+     variants page ``x_s`` (a pinned input when ``e = 1``; when ``e = 0`` the parent's record
+     keeps ``x_s`` and paging it frees memory the parent counted: a *credit*, rounded down),
+     the record's internals (``saved_bytes - out_bytes``), or both. The child runs with that
+     much more memory; the peaks are (a)'s plus the state when everything is paged back in
+     before the backward. This is paging without recomputation: keep-all with every record
+     paged is (a') all the way down.
+(b') *checkpoint x_k and page out x_s* (``x_s`` held on its own, ``e = 1``, or in the parent's
+     record, ``e = 0``): ``Forward(s, input)``, ``PageOut(s)``, the advances to ``x_k``,
+     ``P(k, t, 1)`` with ``m`` (plus the credit), ``PageIn(s)``, ``P(s, k-1, e)`` with
+     ``m - g(k..t)``. Peak of the advances (``e = 1``): ``d(t+1) + max(A(s) + A(s+1) + wf_s,
      max_{j=s+1..k-1} A(j) + A(j+1) + wf_j)``; a page-out frees ``x_s`` only when it ends
      (NOTE [ Paging time and energy ] in ``schedule.py``), a page-in needs ``A(s)`` from its
      start, which the child's entry already counts.
@@ -31,9 +34,8 @@ is exact at ``λ = 0`` (the least-energy schedule meets the deadline) and otherw
 least energy among the schedules the weighted tables reach, not always the least energy under
 the deadline; the ``milp`` planner is exact there.
 
-Only values held on their own are paged (checkpoints and pinned stage inputs); a record's
-internal tensors and outputs it keeps stay in RAM, and ``x_0`` (the caller's batch) never moves.
-The schedules are persistent and in order, like ``optimal``'s.
+A record's output is paged by the child that reads it (as its ``e = 0`` input); ``x_0`` (the
+caller's batch) never moves. The schedules are persistent and in order, like ``optimal``'s.
 """
 
 from __future__ import annotations

@@ -45,12 +45,28 @@ its backward. So while a stage whose input or output the schedule pages is recor
 that value -- plus the view's dtype, size, stride and offset. The output is only known once
 the forward returns: until then each saved tensor is held as it is, and handles whose storage
 turns out to be the output's are bound to its slot then. Other saved tensors (the stage's
-internals) stay plain references. ``PageOut`` empties the slot (and ``values``), ``PageIn``
-fills it with the tensor read back; unpacking rebuilds each view over the slot's current
-storage, which the schedule has paged in before the backward. A slot lives as long as a record
+internals) stay plain references, unless the schedule pages the record (NOTE [ Paged
+records ]). ``PageOut`` empties the slot (and ``values``), ``PageIn`` fills it with the tensor
+read back; unpacking rebuilds each view over the slot's current storage, which the schedule
+has paged in before the backward. A slot lives as long as a record
 holds it, so the value dies when plain autograd would free it; a value that dies on disk has
 its copy deleted. Transfers run on background threads (``paging.py``, NOTE [ How a page
 travels ] and NOTE [ Overlap without a higher peak ]).
+
+NOTE [ Paged records ]
+``PageOutRecord(i)`` must free a record's *internals* -- what autograd saved while recording
+stage ``i`` besides ``x_i`` and ``x_{i+1}`` (the chain's ``saved_bytes - out_bytes``) -- and
+keep the record usable. So when the schedule pages record ``i``, the same hooks pack every
+saved tensor as a :class:`_Saved` handle while it records. Once the output is known, the
+handles are sorted: those sharing ``x_i``'s or ``x_{i+1}``'s storage are values (bound to
+their slot when the schedule pages that value, plain otherwise); those sharing a storage the
+stage itself holds (parameters, buffers, tensor attributes such as a loss stage's target)
+stay plain, as the profiler does not count them; the rest are the record's
+:class:`_Internals`. ``PageOutRecord(i)`` empties every internal handle (keeping its view's
+dtype, size, stride and offset) and writes each distinct storage once, so the RAM falls by
+exactly those storages; ``PageInRecord(i)`` reads them into new storages and each handle
+rebuilds its view over its own. The internals object holds its handles weakly: autograd
+frees each saved tensor when its node's backward is done, as without paging.
 """
 
 from __future__ import annotations
@@ -71,10 +87,10 @@ from ..chain import Chain
 from ..errors import PagingError, ScheduleError
 from ..handover import GradBox, HandOver, seed_backward
 from ..profile.tracker import storage_key
-from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageOut, Schedule, keep_all, memory_timeline,
-                        simulate, validate)
+from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
+                        keep_all, memory_timeline, simulate, validate)
 from ..stages import LossStage
-from .paging import OverlapPlan, PageSession, PageStore, PagingStats, plan_overlap
+from .paging import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
 
 __all__ = ["Executor", "PendingBackward", "run_schedule"]
 
@@ -140,6 +156,7 @@ class _Record:
     output_grad: GradBox                # where Backward puts δ_{i+1} for the seed to hand over
     input_grad: _GradBox | None        # None for stage 0 and non-float inputs
     output_ref: _ValueRef
+    internals: _Internals | None = None   # when the schedule pages this record (NOTE [ Paged records ])
 
 
 # --- paging: value slots, saved-tensor handles, the step's pager ---------------------------------
@@ -155,36 +172,107 @@ class _Slot:
 
 
 class _Saved:
-    """What a record keeps for one saved tensor: the tensor itself, or a view of a slot's value."""
+    """What a record keeps for one saved tensor: the tensor itself, a view of a slot's value, or
+    (while its record is paged out) only the view's geometry."""
 
-    __slots__ = ("tensor", "key", "slot", "dtype", "size", "stride", "offset")
+    __slots__ = ("tensor", "key", "slot", "dtype", "size", "stride", "offset", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor: torch.Tensor | None = tensor
         self.slot: _Slot | None = None
-        try:
-            self.key: int | None = storage_key(tensor)
-        except (RuntimeError, NotImplementedError):   # sparse and other storage-less tensors
-            self.key = None
+        self.key = _storage_key_or_none(tensor)
 
-    def bind(self, slot: _Slot) -> None:
-        """Keep the view's geometry and the slot instead of the tensor."""
-        tensor = self.tensor
+    def _let_go(self) -> torch.Tensor:
+        """Keep the view's geometry and drop the tensor, which is returned."""
+        tensor, self.tensor = self.tensor, None
         assert tensor is not None
         self.dtype, self.size, self.stride, self.offset = (tensor.dtype, tensor.size(), tensor.stride(),
                                                            tensor.storage_offset())
-        self.slot, self.tensor = slot, None
+        return tensor
+
+    def bind(self, slot: _Slot) -> None:
+        """Reach the tensor through ``slot`` from now on."""
+        self._let_go()
+        self.slot = slot
+
+    def page_out(self) -> torch.Tensor:
+        """Let go of the tensor (returned, for the page); :meth:`page_in` gives it back."""
+        return self._let_go()
+
+    def page_in(self, storage: torch.UntypedStorage) -> None:
+        self.tensor = self._view(storage)
+
+    def _view(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        view = torch.empty(0, dtype=self.dtype, device=storage.device)
+        return view.set_(storage, self.offset, self.size, self.stride)
 
     def unpack(self) -> torch.Tensor:
-        if self.slot is None:
-            assert self.tensor is not None
-            return self.tensor
-        base = self.slot.tensor
-        if base is None:
-            raise ScheduleError(f"a backward needs x_{self.slot.value}, which is paged out "
-                                f"(the schedule must PageIn({self.slot.value}) before it)")
-        view = torch.empty(0, dtype=self.dtype, device=base.device)
-        return view.set_(base.untyped_storage(), self.offset, self.size, self.stride)
+        if self.slot is not None:
+            base = self.slot.tensor
+            if base is None:
+                raise ScheduleError(f"a backward needs x_{self.slot.value}, which is paged out "
+                                    f"(the schedule must PageIn({self.slot.value}) before it)")
+            return self._view(base.untyped_storage())
+        if self.tensor is None:
+            raise ScheduleError("a backward needs a saved tensor of a record that is paged out "
+                                "(the schedule must PageInRecord before it)")
+        return self.tensor
+
+
+def _storage_key_or_none(tensor: torch.Tensor) -> int | None:
+    try:
+        return storage_key(tensor)
+    except (RuntimeError, NotImplementedError):   # sparse and other storage-less tensors
+        return None
+
+
+class _Internals:
+    """A paged record's saved tensors besides its stage's input and output (NOTE [ Paged records ]).
+
+    The handles are held weakly, so each saved tensor dies when autograd is done with it.
+    """
+
+    def __init__(self, stage: int) -> None:
+        self.stage = stage
+        self._handles: list[weakref.ref[_Saved]] = []
+        self._parts: list[int] = []   # while paged out: the storage (page part) of each handle
+
+    def add(self, saved: _Saved) -> None:
+        self._handles.append(weakref.ref(saved))
+
+    def page_out(self) -> list[torch.Tensor]:
+        """Empty every handle; returns one tensor per distinct storage, in page-part order."""
+        handles = [saved for saved in (ref() for ref in self._handles) if saved is not None]
+        self._handles = [weakref.ref(saved) for saved in handles]
+        parts: dict[int, int] = {}
+        storages: list[torch.Tensor] = []
+        self._parts = []
+        for saved in handles:
+            tensor = saved.page_out()
+            part = parts.setdefault(storage_key(tensor), len(storages))
+            if part == len(storages):
+                storages.append(tensor)
+            self._parts.append(part)
+        return storages
+
+    def page_in(self, storages: Sequence[torch.Tensor]) -> None:
+        """Give each handle its view over the storage read back for its part."""
+        for ref, part in zip(self._handles, self._parts):
+            saved = ref()
+            if saved is not None:
+                saved.page_in(storages[part].untyped_storage())
+        self._parts = []
+
+
+def _own_storages(stage: nn.Module) -> set[int]:
+    """Storages the stage itself holds (parameters, buffers, tensor attributes such as a loss
+    stage's target): autograd may save them, but they are not the record's to page."""
+    keys: set[int] = set()
+    for module in stage.modules():
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False),
+                   *(value for value in vars(module).values() if isinstance(value, torch.Tensor))]
+        keys.update(key for key in map(_storage_key_or_none, tensors) if key is not None)
+    return keys
 
 
 class _Pager:
@@ -193,16 +281,17 @@ class _Pager:
     def __init__(self, session: PageSession, plan: OverlapPlan, ops: Sequence[Op]) -> None:
         self.session = session
         self.plan = plan
-        self.page_ops = {j: op.value for j, op in enumerate(ops) if isinstance(op, (PageOut, PageIn))}
+        self.page_ops = {j: key for j, key in enumerate(map(page_key, ops)) if key is not None}
         self.pageable = frozenset(op.value for op in ops if isinstance(op, PageOut))
-        self.writes_due: dict[int, list[int]] = {}   # op index -> values whose writes must be settled by then
+        self.paged_records = frozenset(op.stage for op in ops if isinstance(op, PageOutRecord))
+        self.writes_due: dict[int, list[PageKey]] = {}   # op index -> pages whose writes must be settled by then
         for j, before in plan.release_before.items():
             self.writes_due.setdefault(before, []).append(self.page_ops[j])
-        self.reads_due: dict[int, list[int]] = {}    # op index -> values to prefetch before it
+        self.reads_due: dict[int, list[PageKey]] = {}    # op index -> pages to prefetch before it
         for j, before in plan.issue_before.items():
             if before < j:
                 self.reads_due.setdefault(before, []).append(self.page_ops[j])
-        self.deferred: list[int] = []   # prefetches due whose value's write was still running
+        self.deferred: list[PageKey] = []   # prefetches due whose page's write was still running
         self.slots: dict[int, weakref.ref[_Slot]] = {}
         self.held_on_disk: set[int] = set()   # paged values the executor itself holds (not only records)
 
@@ -236,15 +325,16 @@ class _Pager:
             else:
                 self.deferred.append(key)      # never wait for a write to prefetch
 
-    def settle_write(self, index: int, k: int) -> None:
-        """After ``PageOut(k)`` at op ``index``: wait for the write unless the plan lets it overlap."""
+    def settle_write(self, index: int, key: PageKey) -> None:
+        """After the page-out of ``key`` at op ``index``: wait for the write unless the plan lets it overlap."""
         if self.plan.release_before.get(index, index + 1) <= index + 1:
-            self.session.wait_write(k)
+            self.session.wait_write(key)
 
     def drop_dead_copies(self) -> None:
-        """A value that died while paged out needs its copy on disk no more."""
+        """A value that died while paged out needs its copy on disk no more (a paged record
+        cannot die: its backward needs it paged in)."""
         for k in self.session.on_disk():
-            if k not in self.held_on_disk and self.live_slot(k) is None:
+            if isinstance(k, int) and k not in self.held_on_disk and self.live_slot(k) is None:
                 self.session.discard(k)
 
     def finish(self) -> None:
@@ -346,6 +436,10 @@ class _Run:
                 self.page_out(index, op.value)
             elif isinstance(op, PageIn) and self.pager is not None:
                 self.page_in(op.value)
+            elif isinstance(op, PageOutRecord) and self.pager is not None:
+                self.page_out_record(index, op.stage)
+            elif isinstance(op, PageInRecord) and self.pager is not None:
+                self.page_in_record(op.stage)
             else:
                 raise ScheduleError(f"op {index} {op!r}: unknown op type")
             if self.on_op is not None:
@@ -397,6 +491,25 @@ class _Run:
             self.pager.held_on_disk.discard(k)
             self.values[k] = tensor
 
+    def page_out_record(self, index: int, i: int) -> None:
+        """Drop every reference to record ``i``'s internals but the writer's (NOTE [ Paged records ])."""
+        assert self.pager is not None
+        storages = self._internals(i).page_out()
+        self.pager.session.write_storages(RecordKey(i), storages)
+        del storages
+        self.pager.settle_write(index, RecordKey(i))
+
+    def page_in_record(self, i: int) -> None:
+        """Read record ``i``'s internals back; each saved tensor is rebuilt over its new storage."""
+        assert self.pager is not None
+        self._internals(i).page_in(self.pager.session.finish_read_storages(RecordKey(i)))
+
+    def _internals(self, i: int) -> _Internals:
+        record = self.records.get(i)
+        if record is None or record.internals is None:
+            raise ScheduleError(f"the record of stage {i} is not held, so it cannot be paged")
+        return record.internals
+
     def forward(self, i: int, keep: Keep) -> None:
         x = self.value(i)
         stage = self.stages[i]
@@ -443,19 +556,21 @@ class _Run:
             del stage_input
             output_grad = GradBox()
             seed = HandOver.apply(y, output_grad) if y.requires_grad else None
-        self._bind_output(i, y, pending)
-        self.records[i] = _Record(seed, output_grad, box, _ValueRef(y))
+        internals = self._sort_saved(i, stage, x, y, pending)
+        self.records[i] = _Record(seed, output_grad, box, _ValueRef(y), internals)
         return y
 
     @contextlib.contextmanager
     def _slot_hooks(self, i: int, x: torch.Tensor) -> Iterator[list[_Saved]]:
         """While stage ``i`` records: saved views of a pageable ``x_i`` go to its slot; the rest wait.
 
-        Yields the handles not bound yet, for :meth:`_bind_output` (NOTE [ Paged values ]).
+        Hooks are installed only when the schedule pages ``x_i``, ``x_{i+1}`` or this record.
+        Yields the handles not sorted yet, for :meth:`_sort_saved` (NOTE [ Paged values ],
+        NOTE [ Paged records ]).
         """
         pending: list[_Saved] = []
         pager = self.pager
-        if pager is None or not {i, i + 1} & pager.pageable:
+        if pager is None or not ({i, i + 1} & pager.pageable or i in pager.paged_records):
             yield pending
             return
         slot = pager.slot(i, x) if i in pager.pageable else None
@@ -477,18 +592,29 @@ class _Run:
             # backward: the slot must not live on through it when nothing saved the input.
             slot = None
 
-    def _bind_output(self, i: int, y: torch.Tensor, pending: list[_Saved]) -> None:
-        """Saved tensors that turn out to share the output's storage now reach it through its slot."""
-        if self.pager is None or i + 1 not in self.pager.pageable:
+    def _sort_saved(self, i: int, stage: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    pending: list[_Saved]) -> _Internals | None:
+        """Now that the output is known: views of a pageable ``x_{i+1}`` reach it through its slot,
+        and a paged record's internals are gathered (NOTE [ Paged records ])."""
+        pager = self.pager
+        if pager is None or not pending:
             pending.clear()
-            return
-        key = storage_key(y)
-        mine = [saved for saved in pending if saved.key == key]
-        pending.clear()
-        if mine:
-            slot = self.pager.slot(i + 1, y)
-            for saved in mine:
+            return None
+        output_key = _storage_key_or_none(y)
+        output = [saved for saved in pending if saved.key is not None and saved.key == output_key]
+        if output and i + 1 in pager.pageable:
+            slot = pager.slot(i + 1, y)
+            for saved in output:
                 saved.bind(slot)
+        internals = None
+        if i in pager.paged_records:
+            internals = _Internals(i)
+            values_and_own = {_storage_key_or_none(x), output_key, *_own_storages(stage)}
+            for saved in pending:
+                if saved.key is not None and saved.key not in values_and_own:
+                    internals.add(saved)
+        pending.clear()
+        return internals
 
     def backward(self, i: int) -> None:
         record = self.records.pop(i)
@@ -517,7 +643,8 @@ class Executor:
         schedule: the ops of one step, for ``len(stages)`` stages.
         chain: the cost model the schedule was planned on; when given, the schedule is
             validated against it (else against a chain of the same length, which checks the
-            order of ops but not whether the model's records keep outputs alive). A paging
+            order of ops but not whether the model's records keep outputs alive or have
+            internals to page). A paging
             schedule overlaps its transfers with compute only where the chain's simulated
             memory leaves room (NOTE [ Overlap without a higher peak ]); without a chain every
             transfer is waited for at its own op.
@@ -553,7 +680,8 @@ class Executor:
                                 "(the last stage must be the loss: see edgetrain.stages.training_stages)")
         if chain is not None and chain.length != len(stages):
             raise ScheduleError(f"the chain has {chain.length} stages but {len(stages)} stages were given")
-        validate(chain if chain is not None else Chain.uniform(len(stages)), schedule)
+        # Without a chain: one of the same length whose records keep internals, so that paging them validates.
+        validate(chain if chain is not None else Chain.uniform(len(stages), saved_bytes=2), schedule)
         self.stages = stages
         self.schedule = schedule
         counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
@@ -563,7 +691,7 @@ class Executor:
         self.last_paging: PagingStats | None = None
         self._store: PageStore | None = None
         self._overlap: OverlapPlan | None = None
-        if any(isinstance(op, (PageOut, PageIn)) for op in schedule.ops):
+        if any(page_key(op) is not None for op in schedule.ops):
             self._store, self._overlap = self._paging_setup(chain, page_dir, disk_budget_bytes)
 
     def _paging_setup(self, chain: Chain | None, page_dir: str | os.PathLike[str] | PageStore | None,
@@ -577,7 +705,8 @@ class Executor:
             if disk_budget_bytes is not None and needed > disk_budget_bytes:
                 raise PagingError(f"the schedule keeps up to {needed} bytes on disk, over the disk budget of "
                                   f"{disk_budget_bytes} bytes")
-            plan = plan_overlap(ops, memory_timeline(chain, self.schedule), chain.value_bytes)
+            internals = [stage.saved_bytes - stage.out_bytes for stage in chain.stages]
+            plan = plan_overlap(ops, memory_timeline(chain, self.schedule), chain.value_bytes, internals)
         if isinstance(page_dir, PageStore):
             if disk_budget_bytes is not None:
                 raise PagingError("give the disk budget to the PageStore, not with it")
@@ -700,8 +829,8 @@ class Executor:
 
 
 def _touches(op: Op, stage: int) -> bool:
-    """Whether ``op`` works on the loss stage (forward, backward), its output (discard) or its
-    input (paging: the caller's autograd holds that one)."""
+    """Whether ``op`` works on the loss stage (forward, backward, paging its record), its output
+    (discard) or its input (paging: the caller's autograd holds that one)."""
     if isinstance(op, Discard):
         return op.value == stage + 1
     if isinstance(op, (PageOut, PageIn)):

@@ -9,6 +9,11 @@ bytes in the calling thread -- RAM is taken when the read is issued, as the simu
 it -- and a background *reader* thread fills them and deletes the file. The rebuilt tensor
 has the old storage's bytes, so it is bitwise identical.
 
+``PageOutRecord(i)`` pages the distinct storages behind a record's internals the same way, as
+one page of several parts (``<step dir>/r<i>.<n>.page``, one file per storage, keyed by
+:class:`RecordKey`); ``PageInRecord(i)`` reads each into its own new storage, so the internals
+are freed one by one during the backward as plain autograd frees them.
+
 Only the main thread ever drops the last reference to a paged storage: memory trackers (and
 ``weakref`` finalizers) then run where the step runs, never on a worker thread.
 
@@ -47,14 +52,15 @@ from functools import partial
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import torch
 
 from ..errors import PagingError
-from ..schedule import OpMemory, Op, PageIn, PageOut
+from ..schedule import OpMemory, Op, PageIn, PageInRecord, PageOut, PageOutRecord
 
-__all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "STEP_DIR_PREFIX"]
+__all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "RecordKey", "PageKey",
+           "page_key", "STEP_DIR_PREFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,43 @@ STEP_DIR_PREFIX = "edgetrain-pages-"
 _STEP_DIR = re.compile(re.escape(STEP_DIR_PREFIX) + r"(\d+)-[0-9a-f]+")
 _POLL_S = 0.05          # how often a waiting step checks that the worker thread is still alive
 _JOIN_S = 2.0           # how long closing a session waits for a running transfer before leaving it behind
+
+
+# --- what a page is of -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RecordKey:
+    """The page of record ``stage``'s internals: its saved tensors besides its stage's input and output."""
+
+    stage: int
+
+    def __str__(self) -> str:
+        return f"the record of stage {self.stage}"
+
+
+PageKey = Union[int, RecordKey]   # a value x_k, or a record's internals
+
+
+def page_key(op: Op) -> PageKey | None:
+    """What a paging op moves; None for an op that pages nothing."""
+    if isinstance(op, (PageOut, PageIn)):
+        return op.value
+    if isinstance(op, (PageOutRecord, PageInRecord)):
+        return RecordKey(op.stage)
+    return None
+
+
+def _name(key: PageKey) -> str:
+    return f"x_{key}" if isinstance(key, int) else str(key)
+
+
+def _paths(directory: Path, key: PageKey, parts: int) -> tuple[list[Path], str]:
+    """The files of a page and how messages name them: ``x<k>.page`` for a value;
+    ``r<i>.<n>.page``, one per storage, for a record."""
+    if isinstance(key, int):
+        path = directory / f"x{key}.page"
+        return [path], str(path)
+    return [directory / f"r{key.stage}.{n}.page" for n in range(parts)], str(directory / f"r{key.stage}.*.page")
 
 
 # --- raw file I/O (module functions: tests replace them to simulate a full or failing disk) --------
@@ -159,24 +202,40 @@ class _Worker(threading.Thread):
 
 # --- pages of one step -------------------------------------------------------------------------
 
-@dataclass
-class _Page:
-    """One value on its way to, on, or back from storage; the geometry stays in RAM."""
+@dataclass(frozen=True)
+class _View:
+    """A value's dtype and geometry over its storage (kept in RAM while its bytes are paged)."""
 
-    key: int
-    path: Path
-    nbytes: int
     dtype: torch.dtype
-    device: torch.device
     size: torch.Size
     stride: tuple[int, ...]
     offset: int
-    source: torch.Tensor | None = None      # the bytes being written: dropped when the write is reaped
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> _View:
+        return cls(tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+
+@dataclass
+class _Page:
+    """One value or record on its way to, on, or back from storage: one file per storage."""
+
+    key: PageKey
+    paths: list[Path]
+    where: str                              # the file, or the files' pattern, for messages
+    sizes: list[int]                        # bytes of each storage
+    device: torch.device
+    view: _View | None                      # a value's geometry; None for a record's storages
+    sources: list[torch.Tensor] | None = None   # the bytes being written: dropped when the write is reaped
     write: cf.Future[float] | None = None
-    buffer: torch.Tensor | None = None      # the bytes being read back
+    buffers: list[torch.Tensor] | None = None   # the bytes being read back
     read: cf.Future[float] | None = None
     prefetched: bool = False
     overlapped: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
 
 
 class PageSession:
@@ -194,7 +253,7 @@ class PageSession:
             os.mkdir(self.path, 0o700)
         except OSError as exc:
             raise _os_error(f"cannot create the step's page directory {self.path}", exc) from exc
-        self._pages: dict[int, _Page] = {}
+        self._pages: dict[PageKey, _Page] = {}
         self._disk_bytes = 0
         self._writer, self._reader = store._workers()
         self._closed = False
@@ -210,48 +269,63 @@ class PageSession:
         """Bytes this step has on storage now (reserved when a write is issued)."""
         return self._disk_bytes
 
-    def on_disk(self) -> list[int]:
-        """Keys of the values written out and not read back or discarded."""
+    def on_disk(self) -> list[PageKey]:
+        """Keys of the values and records written out and not read back or discarded."""
         return [key for key, page in self._pages.items() if page.read is None]
 
     # -- writing --
 
     def write(self, key: int, tensor: torch.Tensor) -> None:
-        """Start writing ``tensor``'s storage; the caller must drop its own references to it.
+        """Start writing value ``x_key``'s storage; the caller must drop its own references to it.
 
         Raises:
             PagingError: the value is already paged, or the write would exceed the disk budget
                 (raised before anything is written).
         """
+        self._write(key, [tensor], _View.of(tensor))
+
+    def write_storages(self, key: RecordKey, tensors: Sequence[torch.Tensor]) -> None:
+        """Start writing the whole storage behind each of ``tensors`` (distinct storages), as one page.
+
+        The caller must drop its own references; :meth:`finish_read_storages` gives the storages
+        back in the same order. Raises as :meth:`write`.
+        """
+        self._write(key, tensors, None)
+
+    def _write(self, key: PageKey, tensors: Sequence[torch.Tensor], view: _View | None) -> None:
         if key in self._pages:
-            raise PagingError(f"x_{key} is already paged out")
-        if tensor.device.type != "cpu":
-            raise PagingError(f"x_{key} is on {tensor.device}: paging writes CPU storage only")
-        source = _byte_view(tensor)
-        nbytes = source.numel()
-        budget = self.store.disk_budget_bytes
+            raise PagingError(f"{_name(key)} is already paged out")
+        for tensor in tensors:
+            if tensor.device.type != "cpu":
+                raise PagingError(f"{_name(key)} is on {tensor.device}: paging writes CPU storage only")
+        sources = [_byte_view(tensor) for tensor in tensors]
+        sizes = [source.numel() for source in sources]
+        nbytes, budget = sum(sizes), self.store.disk_budget_bytes
         if budget is not None and self._disk_bytes + nbytes > budget:
-            raise PagingError(f"paging out x_{key} needs {nbytes} bytes on disk with {self._disk_bytes} already "
-                              f"there, over the disk budget of {budget} bytes (page directory {self.store.directory})")
-        page = _Page(key, self.path / f"x{key}.page", nbytes, tensor.dtype, tensor.device, tensor.size(),
-                     tensor.stride(), tensor.storage_offset(), source=source)
-        del tensor
-        page.write = self._writer.submit(partial(_write_job, page.path, source.numpy()))
+            raise PagingError(f"paging out {_name(key)} needs {nbytes} bytes on disk with {self._disk_bytes} "
+                              f"already there, over the disk budget of {budget} bytes (page directory "
+                              f"{self.store.directory})")
+        device = tensors[0].device if tensors else torch.device("cpu")
+        paths, where = _paths(self.path, key, len(sources))
+        page = _Page(key, paths, where, sizes, device, view, sources=sources)
+        del tensors
+        arrays = [source.numpy() for source in sources]
+        page.write = self._writer.submit(partial(_write_job, page.paths, arrays))
         self._pages[key] = page
         self._disk_bytes += nbytes
         self.stats.peak_disk_bytes = max(self.stats.peak_disk_bytes, self._disk_bytes)
         self.stats.pageouts += 1
         self.stats.bytes_written += nbytes
 
-    def write_done(self, key: int) -> bool:
+    def write_done(self, key: PageKey) -> bool:
         page = self._pages.get(key)
         return page is None or page.write is None or page.write.done()
 
-    def wait_write(self, key: int) -> None:
-        """Block until ``x_key``'s write ends, then drop its bytes from RAM; raise if it failed."""
+    def wait_write(self, key: PageKey) -> None:
+        """Block until the write of ``key`` ends, then drop its bytes from RAM; raise if it failed."""
         page = self._pages[key]
         if page.write is not None:
-            self._wait(page.write, self._writer, f"writing x_{key} to {page.path}")
+            self._wait(page.write, self._writer, f"writing {_name(key)} to {page.where}")
             self._release_write(page)
 
     def reap(self) -> None:
@@ -260,60 +334,71 @@ class PageSession:
             if page.write is not None and page.write.done():
                 self._release_write(page, overlapped=True)
             if page.read is not None and page.read.done() and page.read.exception() is not None:
-                self._wait(page.read, self._reader, f"reading x_{page.key} from {page.path}")
+                self._wait(page.read, self._reader, f"reading {_name(page.key)} from {page.where}")
 
     def _release_write(self, page: _Page, overlapped: bool = False) -> None:
         assert page.write is not None
         future, page.write = page.write, None
-        page.source = None          # the storage dies here, on the step's thread
+        page.sources = None          # the storages die here, on the step's thread
         page.overlapped = overlapped
         self.stats.overlapped_writes += overlapped
-        self._raise_failed(future, f"writing x_{page.key} ({page.nbytes} bytes) to {page.path}")
+        self._raise_failed(future, f"writing {_name(page.key)} ({page.nbytes} bytes) to {page.where}")
         self.stats.write_s += future.result()
 
     # -- reading --
 
-    def start_read(self, key: int, *, prefetch: bool = False) -> None:
-        """Take ``x_key``'s bytes in RAM now and have the reader fill them (its write must be done)."""
+    def start_read(self, key: PageKey, *, prefetch: bool = False) -> None:
+        """Take the bytes of ``key`` in RAM now and have the reader fill them (its write must be done)."""
         page = self._pages[key]
         if page.read is not None:
             return
         self.wait_write(key)
-        page.buffer = torch.empty(page.nbytes, dtype=torch.uint8, device=page.device)
-        page.read = self._reader.submit(partial(_read_job, page.path, page.buffer.numpy()))
+        page.buffers = [torch.empty(n, dtype=torch.uint8, device=page.device) for n in page.sizes]
+        page.read = self._reader.submit(partial(_read_job, page.paths, [b.numpy() for b in page.buffers]))
         page.prefetched = prefetch
         self.stats.prefetched_reads += prefetch
 
-    def reading(self, key: int) -> bool:
+    def reading(self, key: PageKey) -> bool:
         page = self._pages.get(key)
         return page is not None and page.read is not None
 
     def finish_read(self, key: int) -> torch.Tensor:
         """Wait for ``x_key``'s read and return the value as it was written (same bytes and geometry)."""
+        page, [buffer] = self._finish_read(key)
+        assert page.view is not None
+        view = page.view
+        value = torch.empty(0, dtype=view.dtype, device=page.device)
+        return value.set_(buffer.untyped_storage(), view.offset, view.size, view.stride)
+
+    def finish_read_storages(self, key: RecordKey) -> list[torch.Tensor]:
+        """Wait for a record's read: a uint8 tensor over each new storage, in the order written."""
+        return self._finish_read(key)[1]
+
+    def _finish_read(self, key: PageKey) -> tuple[_Page, list[torch.Tensor]]:
         self.start_read(key)
         page = self._pages[key]
-        assert page.read is not None and page.buffer is not None
-        self._wait(page.read, self._reader, f"reading x_{key} from {page.path}")
+        assert page.read is not None and page.buffers is not None
+        self._wait(page.read, self._reader, f"reading {_name(key)} from {page.where}")
         self.stats.read_s += page.read.result()
-        buffer, page.buffer = page.buffer, None
+        buffers, page.buffers = page.buffers, None
         del self._pages[key]
         self._disk_bytes -= page.nbytes
         self.stats.pageins += 1
         self.stats.bytes_read += page.nbytes
-        value = torch.empty(0, dtype=page.dtype, device=page.device)
-        return value.set_(buffer.untyped_storage(), page.offset, page.size, page.stride)
+        return page, buffers
 
     # -- dead values and the end of the step --
 
-    def discard(self, key: int) -> None:
-        """``x_key`` died while paged out: forget it and delete its file."""
+    def discard(self, key: PageKey) -> None:
+        """``key`` died while paged out: forget it and delete its files."""
         page = self._pages.pop(key)
         if page.write is not None:
             if not page.write.cancel():
-                self._wait(page.write, self._writer, f"writing x_{key} to {page.path}")
-            page.write, page.source = None, None
-        with contextlib.suppress(FileNotFoundError):
-            page.path.unlink()
+                self._wait(page.write, self._writer, f"writing {_name(key)} to {page.where}")
+            page.write, page.sources = None, None
+        for path in page.paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         self._disk_bytes -= page.nbytes
 
     def finish(self) -> None:
@@ -368,18 +453,20 @@ class PageSession:
         raise PagingError(f"{what} failed: {exc!r}") from exc
 
 
-def _write_job(path: Path, array: Any) -> float:
-    """The writer's job: the bytes to a new file; returns the seconds it took."""
+def _write_job(paths: Sequence[Path], arrays: Sequence[Any]) -> float:
+    """The writer's job: each storage's bytes to a new file; returns the seconds it took."""
     start = time.perf_counter()
-    _write_bytes(path, memoryview(array).cast("B"))
+    for path, array in zip(paths, arrays):
+        _write_bytes(path, memoryview(array).cast("B"))
     return time.perf_counter() - start
 
 
-def _read_job(path: Path, array: Any) -> float:
-    """The reader's job: the file into the bytes taken for it, then the file is deleted."""
+def _read_job(paths: Sequence[Path], arrays: Sequence[Any]) -> float:
+    """The reader's job: each file into the bytes taken for it, then the file is deleted."""
     start = time.perf_counter()
-    _read_bytes(path, memoryview(array).cast("B"))
-    path.unlink()
+    for path, array in zip(paths, arrays):
+        _read_bytes(path, memoryview(array).cast("B"))
+        path.unlink()
     return time.perf_counter() - start
 
 
@@ -520,10 +607,11 @@ def _pid_running(pid: int) -> bool:
 class OverlapPlan:
     """When each transfer of a schedule must be settled (NOTE [ Overlap without a higher peak ]).
 
-    ``release_before[j]`` for a ``PageOut`` at op ``j``: the op before which its write must
-    have finished and its RAM been dropped (``j + 1``: no overlap). ``issue_before[j]`` for a
-    ``PageIn`` at op ``j``: the earliest op before which its read may be issued (``j``: no
-    prefetch); it waits past that while the value's write is still running.
+    ``release_before[j]`` for a ``PageOut`` or ``PageOutRecord`` at op ``j``: the op before
+    which its write must have finished and its RAM been dropped (``j + 1``: no overlap).
+    ``issue_before[j]`` for a ``PageIn`` or ``PageInRecord`` at op ``j``: the earliest op
+    before which its read may be issued (``j``: no prefetch); it waits past that while the
+    same page's write is still running.
     """
 
     release_before: dict[int, int] = field(default_factory=dict)
@@ -532,45 +620,62 @@ class OverlapPlan:
     @classmethod
     def serial(cls, ops: Sequence[Op]) -> OverlapPlan:
         """No overlap: what the executor does without a chain to plan with."""
-        return cls({j: j + 1 for j, op in enumerate(ops) if isinstance(op, PageOut)},
-                   {j: j for j, op in enumerate(ops) if isinstance(op, PageIn)})
+        return cls({j: j + 1 for j, op in enumerate(ops) if _is_write(op)},
+                   {j: j for j, op in enumerate(ops) if _is_read(op)})
 
 
-def plan_overlap(ops: Sequence[Op], timeline: Sequence[OpMemory], sizes: Sequence[int]) -> OverlapPlan:
+def _is_write(op: Op) -> bool:
+    return isinstance(op, (PageOut, PageOutRecord))
+
+
+def _is_read(op: Op) -> bool:
+    return isinstance(op, (PageIn, PageInRecord))
+
+
+def plan_overlap(ops: Sequence[Op], timeline: Sequence[OpMemory], sizes: Sequence[int],
+                 record_sizes: Sequence[int] = ()) -> OverlapPlan:
     """Stretch each write forward and each read backward while the simulated RAM leaves room.
 
     Transfers are placed in op order; each one adds its size to the RAM of the ops it spans,
     so later transfers see the room earlier ones took. A read may be planned over its own
-    value's write window (both are counted there, which over-counts): the executor issues it
+    page's write window (both are counted there, which over-counts): the executor issues it
     only once that write has been settled, later than planned if need be, never earlier.
 
     Args:
         ops: the schedule's ops.
         timeline: :func:`~edgetrain.schedule.memory_timeline` of the schedule.
         sizes: bytes of each value ``x_k`` (``chain.value_bytes``).
+        record_sizes: bytes of each stage's record internals (``saved_bytes - out_bytes``, as
+            the simulator counts them); needed when ``ops`` page records.
     """
     if len(ops) != len(timeline):
         raise ValueError("the timeline must have one entry per op")
     peak = max((m.transient_bytes for m in timeline), default=0)
     extra = [0] * len(ops)
     plan = OverlapPlan()
-    written_at: dict[int, int] = {}   # value -> index of its last PageOut
+    written_at: dict[PageKey, int] = {}   # page -> index of its last write
 
     def fits(t: int, size: int) -> bool:
         return timeline[t].transient_bytes + extra[t] + size <= peak
 
+    def size_of(key: PageKey) -> int:
+        return sizes[key] if isinstance(key, int) else record_sizes[key.stage]
+
     for j, op in enumerate(ops):
-        if isinstance(op, PageOut):
-            size, end = sizes[op.value], j + 1
-            while end < len(ops) and ops[end] != PageIn(op.value) and fits(end, size):
+        key = page_key(op)
+        if key is None:
+            continue
+        size = size_of(key)
+        if _is_write(op):
+            end = j + 1
+            while end < len(ops) and not (_is_read(ops[end]) and page_key(ops[end]) == key) and fits(end, size):
                 end += 1
             for t in range(j + 1, end):
                 extra[t] += size
             plan.release_before[j] = end
-            written_at[op.value] = j
-        elif isinstance(op, PageIn):
-            size, start = sizes[op.value], j
-            earliest = written_at.get(op.value, -1) + 1
+            written_at[key] = j
+        else:
+            start, earliest = j, written_at.get(key, -1) + 1
             while start - 1 >= earliest and fits(start - 1, size):
                 start -= 1
             for t in range(start, j):
