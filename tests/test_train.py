@@ -97,3 +97,21 @@ def test_tensorboard_scalars_when_installed(tmp_path: Path) -> None:
     losses = events.Scalars("loss")
     assert [e.step for e in losses] == list(range(1, summary.steps + 1))
     assert events.Scalars("val_accuracy")[-1].value == pytest.approx(summary.accuracy)
+
+
+def test_another_schedule_gives_the_same_numbers(tmp_path: Path) -> None:
+    """Two runs of the same seed, one plain, one squeezed into a checkpointing schedule: same weights and metrics.
+
+    The schedule changes what is kept and recomputed, never the arithmetic, so accuracy and
+    validation loss agree to the last digit.
+    """
+    def run(name: str, recompute: float | None) -> tuple[object, dict[str, torch.Tensor]]:
+        config = TrainConfig(model="resnet18", image=32, batch=8, samples=96, epochs=1, recompute=recompute,
+                             run_dir=tmp_path / name, data_root=tmp_path / "data", save_every=100)
+        return train(config), final_weights(tmp_path / name)
+
+    plain, plain_weights = run("plain", None)
+    squeezed, squeezed_weights = run("squeezed", 1.5)   # the least memory within ρ = 1.5
+    assert squeezed.recompute_factor > 1.0 == plain.recompute_factor   # a different schedule really ran
+    assert (squeezed.accuracy, squeezed.val_loss) == (plain.accuracy, plain.val_loss)
+    assert all(torch.equal(plain_weights[k], squeezed_weights[k]) for k in plain_weights)

@@ -64,7 +64,7 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
                entry_bytes: np.ndarray, sweep_bytes: np.ndarray, delta_bytes: np.ndarray, grad_units: np.ndarray,
                unit_bytes: int, value_paging_cost: np.ndarray, value_can_page: np.ndarray,
                record_can_page: np.ndarray, record_paging_cost: np.ndarray, record_hold_units_paged: np.ndarray,
-               record_need_units_paged: np.ndarray, checkpoint_hold_units_paged: np.ndarray,
+               record_need_units_paged: np.ndarray, late: np.ndarray, checkpoint_hold_units_paged: np.ndarray,
                paged_sweep_bytes: np.ndarray, recompute: bool, rows: int, width: int,
                cost_s: np.ndarray, choice: np.ndarray, first: np.ndarray, saturated: np.ndarray) -> None:
     length = turn_cost.shape[0]
@@ -94,17 +94,24 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
         high = min(max(low, saturated[1, k, t] + hold, saturated[e, s, k - 1] + grads), width)
         _move(out, sweep_cost[s, k], k, low, high, width, (rows + _row(k, t)) * width, hold,
               (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice, tail_cost, tail_choice)
-    # (a') record s and page (v = 0) x_s, (1) the record's internals, (2) both
-    if s < t:
-        entry = child_entry[s]
-        for v in range(3):
-            if not record_can_page[v, e, s] or record_need_units_paged[e, s, t] >= width:
-                continue
+    # (a') record s and page (v = 0) x_s, (1) the record's internals, (2) both; with no child
+    #      only x_s when it stays out through the backward (late)
+    for v in range(3):
+        if not record_can_page[v, e, s] or record_need_units_paged[v, e, s, t] >= width:
+            continue
+        need = record_need_units_paged[v, e, s, t]
+        if s < t:
+            entry = child_entry[s]
             hold = record_hold_units_paged[v, e, s]
-            low = max(record_need_units_paged[e, s, t], first[entry, s + 1, t] + hold)
+            low = max(need, first[entry, s + 1, t] + hold)
             high = min(max(low, saturated[entry, s + 1, t] + hold), width)
             _move(out, turn_cost[s] + record_paging_cost[v, s], (v + 1) * length + s, low, high, width,
                   (entry * rows + _row(s + 1, t)) * width, hold, none, 0, cost_s, choice, tail_cost, tail_choice)
+        elif v == 0 and late[e, s]:
+            candidate = turn_cost[s] + record_paging_cost[v, s]
+            if _better(candidate, (v + 1) * length + s, tail_cost[need], tail_choice[need]):
+                tail_cost[need] = candidate
+                tail_choice[need] = (v + 1) * length + s
     # (b') checkpoint x_k, page out x_s
     if value_can_page[e, s] and recompute:
         hold = checkpoint_hold_units_paged[e, s]
@@ -142,7 +149,7 @@ def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np
                        delta_bytes: np.ndarray, grad_units: np.ndarray, unit_bytes: int, max_units: int,
                        value_paging_cost: np.ndarray, value_can_page: np.ndarray, record_can_page: np.ndarray,
                        record_paging_cost: np.ndarray, record_hold_units_paged: np.ndarray,
-                       record_need_units_paged: np.ndarray, checkpoint_hold_units_paged: np.ndarray,
+                       record_need_units_paged: np.ndarray, late: np.ndarray, checkpoint_hold_units_paged: np.ndarray,
                        paged_sweep_bytes: np.ndarray, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``cost[e, row(s, t), m]`` and ``choice[e, row(s, t), m]`` (codes as in ``paging.py``)."""
     length = turn_cost.shape[0]
@@ -160,7 +167,7 @@ def solve_paging_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np
                 _solve_row(e, s, s + span, turn_cost, sweep_cost, child_entry, record_need_units,
                            record_hold_units, checkpoint_hold_units, entry_bytes, sweep_bytes, delta_bytes,
                            grad_units, unit_bytes, value_paging_cost, value_can_page, record_can_page,
-                           record_paging_cost, record_hold_units_paged, record_need_units_paged,
+                           record_paging_cost, record_hold_units_paged, record_need_units_paged, late,
                            checkpoint_hold_units_paged, paged_sweep_bytes, recompute, rows, width, cost_s, choice,
                            first, saturated)
     return cost_s.reshape((2, rows, width)), choice.reshape((2, rows, width))

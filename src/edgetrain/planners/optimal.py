@@ -133,6 +133,10 @@ class _Costs:
 
     def record_peak(self, e: int, s: int, t: int) -> int:
         """Largest memory of (a) outside the child: forward, backward and the state after it."""
+        return max(self.record_peaks(e, s, t))
+
+    def record_peaks(self, e: int, s: int, t: int) -> tuple[int, int, int]:
+        """Memory of (a) outside the child while recording, while back-propagating, and after."""
         stage = self.chain.stages[s]
         forward = self.delta_bytes[t + 1] + self.entry(e, s) + stage.saved_bytes + stage.rec_workspace_bytes
         # x_{t+1} of the last stage is dead once its forward returns (NOTE [ Dead outputs ] in
@@ -142,7 +146,7 @@ class _Costs:
         backward = (held + self.delta_bytes[s + 1] + self.grads(s, t) + self.delta_bytes[s]
                     + stage.bwd_workspace_bytes)
         after = self.delta_bytes[s] + self.grads(s, t)
-        return max(forward, backward, after)
+        return forward, backward, after
 
     def sweep_peak(self, e: int, s: int, k: int, t: int) -> int:
         """Largest memory of the advances ``x_s -> x_k`` of (b)."""

@@ -94,7 +94,8 @@ class _PagingGrid:
     record_can_page: np.ndarray      # [3, 2, L] whether (a') variant v applies
     record_paging_cost: np.ndarray   # [3, L] its transfers, both ways
     record_hold_units: np.ndarray    # [3, 2, L] what it holds from the child; < 0 when it frees the parent's x_s
-    record_need_units: np.ndarray    # [2, L, L] ceil of (a')'s peaks, its page-ins included
+    record_need_units: np.ndarray    # [3, 2, L, L] ceil of (a')'s peaks, its page-ins included
+    late: np.ndarray                 # [2, L] x_s paged in after Backward(s): e = 0 and the record drops x_s
     checkpoint_hold_units: np.ndarray  # [2, L] what (b') holds from P(k, t): 0, or minus the parent's x_s
     paged_sweep_bytes: np.ndarray    # [2, L, L+1] peak of (b')'s advances above d(t+1)
     recompute: bool                  # False: records only, moves (a) and (a'): paging without recomputation
@@ -134,7 +135,8 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
     record_can = np.zeros((3, 2, length), np.bool_)
     record_cost = np.full((3, length), math.inf)
     record_hold = np.zeros((3, 2, length), np.int64)
-    record_need = np.zeros((2, length, length), np.int64)
+    record_need = np.zeros((3, 2, length, length), np.int64)
+    late = np.zeros((2, length), np.bool_)
     checkpoint_hold = np.zeros((2, length), np.int64)
     for s in range(length):
         stage = chain.stages[s]
@@ -145,6 +147,7 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
         checkpoint_hold[0, s] = -credit
         record_cost[:, s] = (value_cost[s], _transfers_cost(internals, weights, profile),
                              value_cost[s] + _transfers_cost(internals, weights, profile))
+        late[0, s] = value_can[0, s] and not stage.input_saved
         for e in (0, 1):
             value = value_can[e, s] and (e == 0 or stage.input_saved)   # e = 1: only a pinned input frees memory
             held = costs.record_hold(e, s)
@@ -154,12 +157,19 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
                                     _ceil_div(held - internals, unit),
                                     _ceil_div(held - pinned - internals, unit) - credit * (1 - e))
             for t in range(s, length):
+                forward, backward, after = costs.record_peaks(e, s, t)
                 page_in = held + costs.delta_bytes[s + 1] + costs.grads(s + 1, t)
-                record_need[e, s, t] = _ceil_div(max(costs.record_peak(e, s, t), page_in), unit)
+                early = _ceil_div(max(forward, backward, after, page_in), unit)
+                if late[e, s]:   # x_s stays out through the backward: it frees the parent's bytes there too
+                    freed = credit * unit
+                    late_need = _ceil_div(max(forward, backward - freed, after, page_in - freed), unit)
+                    record_need[:, e, s, t] = (late_need, early, late_need)
+                else:
+                    record_need[:, e, s, t] = early
     return _PagingGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
                        sweep_cost=weights.compute * base.sweep_time_s, value_paging_cost=value_cost,
                        value_can_page=value_can, record_can_page=record_can, record_paging_cost=record_cost,
-                       record_hold_units=record_hold, record_need_units=record_need,
+                       record_hold_units=record_hold, record_need_units=record_need, late=late,
                        checkpoint_hold_units=checkpoint_hold,
                        paged_sweep_bytes=np.stack([costs.sweep_bytes, _paged_sweep_bytes(chain)]), recompute=recompute)
 
@@ -178,7 +188,7 @@ def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
     turn, sweep_cost = grid.turn_cost.tolist(), grid.sweep_cost.tolist()
     value_cost, value_can = grid.value_paging_cost.tolist(), grid.value_can_page.tolist()
     record_can, record_cost = grid.record_can_page.tolist(), grid.record_paging_cost.tolist()
-    paged_hold, paged_need = grid.record_hold_units.tolist(), grid.record_need_units.tolist()
+    paged_hold, paged_need, late = grid.record_hold_units.tolist(), grid.record_need_units.tolist(), grid.late.tolist()
     paged_checkpoint, paged_sweep = grid.checkpoint_hold_units.tolist(), grid.paged_sweep_bytes.tolist()
     child_entry, record_need = g.child_entry.tolist(), g.record_need_units.tolist()
     record_hold, checkpoint_hold = g.record_hold_units.tolist(), g.checkpoint_hold_units.tolist()
@@ -198,8 +208,9 @@ def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
                 found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0]
                               + best(s, k - 1, m - grads[k][t], e)[0], k))
         for v in range(3):                                                       # (a')
-            if record_can[v][e][s] and s < t and paged_need[e][s][t] <= m:
-                rest = best(s + 1, t, min(m - paged_hold[v][e][s], top), child_entry[s])[0]
+            alone = s == t and v == 0 and late[e][s]    # page x_s out around the backward that drops it
+            if record_can[v][e][s] and (s < t or alone) and paged_need[v][e][s][t] <= m:
+                rest = best(s + 1, t, min(m - paged_hold[v][e][s], top), child_entry[s])[0] if s < t else 0.0
                 found.append(((turn[s] + record_cost[v][s]) + rest, (v + 1) * length + s))
         if value_can[e][s] and grid.recompute:                                   # (b')
             for k in range(s + 1, t + 1):
@@ -235,7 +246,7 @@ def _solve_fast(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
                               g.record_hold_units, g.checkpoint_hold_units, g.entry_bytes, g.sweep_bytes,
                               g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.value_paging_cost,
                               grid.value_can_page, grid.record_can_page, grid.record_paging_cost,
-                              grid.record_hold_units, grid.record_need_units, grid.checkpoint_hold_units,
+                              grid.record_hold_units, grid.record_need_units, grid.late, grid.checkpoint_hold_units,
                               grid.paged_sweep_bytes, grid.recompute)
 
 
@@ -257,10 +268,13 @@ def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...
         kind, k = divmod(code, length)
         if k == s and kind < 4:            # (a) / (a'): what runs later is pushed first
             variant = RECORD_VARIANTS[kind - 1] if kind else None
+            value_late = variant in ("value", "both") and bool(grid.late[e, s])
+            if value_late:
+                stack.append(PageIn(s))
             stack.append(Backward(s))
             if variant in ("internals", "both"):
                 stack.append(PageInRecord(s))
-            if variant in ("value", "both"):
+            if variant in ("value", "both") and not value_late:
                 stack.append(PageIn(s))
             if s < t:
                 hold = int(g.record_hold_units[e, s]) if kind == 0 else int(grid.record_hold_units[kind - 1, e, s])
