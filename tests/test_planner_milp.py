@@ -210,6 +210,48 @@ def test_budget_below_the_largest_step_raises_with_the_minimum() -> None:
     assert info.value.minimum_bytes == 22 and info.value.budget_bytes == 21
 
 
+def paged_back_chain() -> Chain:
+    """At 11 B, ``x_1`` (F0's output) must leave RAM during B1 after recomputing F1 from it."""
+    return Chain((StageCost("s0", 0.5, 1.0, 2, 2, input_saved=False, output_saved=True),
+                  StageCost("s1", 0.5, 1.0, 4, 4, input_saved=False, output_saved=True),
+                  StageCost("s2", 2.0, 2.0, 3, 3, input_saved=False, output_saved=True)), input_bytes=1)
+
+
+@pytest.mark.parametrize("write_once", [True, False])
+def test_value_used_then_dropped_then_paged_back_in(write_once: bool) -> None:
+    """Stage B1 recomputes F1 from ``x_1``, drops ``x_1`` and pages it in for B0 (23.5513 J, as paging-dp).
+
+    Recomputing F0 for B0 instead costs 24 J; freeing a value in the stage at whose end it is
+    paged in used to be forbidden (it counted as kept for the next stage).
+    """
+    profile = EnergyProfile("x", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
+    tg = chain_training_graph(paged_back_chain(), profile)
+    result = milp(tg, 11, mip_gap=1e-9, write_once=write_once)
+    assert result.energy_j == pytest.approx(22.5 + page_energy_j(2, profile, "in") + page_energy_j(2, profile, "out"))
+    assert result.energy_j < 24.0
+    assert result.M_in[4, 0] and result.R[4, 1] and result.R[:, 0].sum() == 1
+    check(tg, result, 11)
+
+
+def test_replay_frees_a_value_paged_in_at_the_end_of_the_stage() -> None:
+    """The replay counts a paged-in value from the next stage's start, not through the stage."""
+    profile = EnergyProfile("x", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
+    tg = chain_training_graph(paged_back_chain(), profile)
+    n = len(tg)
+    R = np.eye(n, dtype=bool)
+    R[4, 1] = True                                    # B1's stage recomputes F1 from x_1
+    S = np.zeros((n, n), dtype=bool)
+    for t, i in ((1, 0), (2, 0), (2, 1), (3, 0), (3, 2), (4, 0), (4, 3), (5, 4), (5, 0)):
+        S[t, i] = True
+    none = np.zeros((n, n), dtype=bool)
+    M_in, M_out = none.copy(), none.copy()
+    M_in[4, 0] = M_out[0, 0] = True                  # x_1 written in its stage, read back after B1
+    paged = GraphSchedule(R=R, S=S, M_in=M_in, M_out=M_out, SSd=none)
+    kept = GraphSchedule(R=R, S=S, M_in=none, M_out=none, SSd=none)
+    assert simulate_graph_schedule(tg, paged, memory_bytes=11).peak_bytes == 11
+    assert simulate_graph_schedule(tg, kept).peak_bytes == 13   # x_1 held through B1
+
+
 # --- exhaustive search ----------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_brute_force_on_tiny_chains(seed: int) -> None:

@@ -1,11 +1,13 @@
-"""paging-dp against POET's MILP on chains where the two cost models can be compared.
+"""paging-dp reaches POET's MILP optimum on chains where the two cost models coincide.
 
 On chains whose records hold only their output (``saved_bytes == out_bytes``, no input kept),
 with no parameter gradients and no workspace, the MILP's graph model (``chain_training_graph``)
-counts the same bytes as the simulator, but it may recompute a value a record keeps without
-re-recording the stage and it is not limited to persistent, in-order schedules: its optimum can
-only be lower. paging-dp, which only builds executable schedules, must never beat it (that
-would mean the DP under-counts), and reaches it in most cases.
+counts the same bytes, times and transfers as the simulator. The MILP searches every schedule
+of its model (recomputing, keeping or paging any value at any step); paging-dp only persistent,
+in-order ones, built from executable ops. Equal optima at every budget say the DP loses nothing
+on these chains, and that neither model under-counts the other. (Where records also keep their
+input, the MILP may recompute such an input without re-recording the stage, which autograd
+cannot run, so its optimum can be lower there: docs/milp.md.)
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def chain_with_output_records(rng: random.Random) -> Chain:
     return Chain(tuple(stages), input_bytes=1, name="toy")
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_paging_dp_never_beats_the_milp_and_often_reaches_it(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(8))
+def test_paging_dp_reaches_the_milp_optimum(seed: int) -> None:
     rng = random.Random(seed)
     chain = chain_with_output_records(rng)
     top = simulate(chain, keep_all(chain.length)).peak_bytes
@@ -44,5 +46,4 @@ def test_paging_dp_never_beats_the_milp_and_often_reaches_it(seed: int) -> None:
         dp = table.cost(budget)
         found = milp(graph, budget, mip_gap=1e-9, time_limit_s=30)
         assert found.status == "optimal"
-        assert found.energy_j <= dp * (1 + 1e-9)
-    assert milp(graph, top, mip_gap=1e-9).energy_j == pytest.approx(table.cost(top))  # keep-all on both
+        assert found.energy_j == pytest.approx(dp, rel=1e-9)

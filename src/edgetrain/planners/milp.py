@@ -34,7 +34,7 @@ NOTE [ Structure the MILP exploits ]
 * ``S``, ``SSd``, ``FREE`` and ``U`` are continuous: with ``R``, ``M_in``, ``M_out`` integral,
   the smallest ``S`` satisfying the constraints is integral and never needs more memory, so
   branching on them is wasted work (the schedule is read back with that smallest ``S``).
-* ``FREE`` is bounded above only (by ``R``, ``1 - S[t+1]`` and ``1 - R`` of later readers):
+* ``FREE`` is bounded above only (by ``R``, ``1 - S[t+1] + M_in[t]`` and ``1 - R`` of later readers):
   freeing less than allowed only over-counts memory, so the disaggregated upper bounds are
   exact and give a tighter relaxation than Checkmate's aggregated hazard count. A value read by
   the stage's own node is never freed before it, so those ``FREE`` columns do not exist.
@@ -51,9 +51,13 @@ NOTE [ Memory accounting ]
 While stage ``t`` computes its nodes in index order, memory is ``resident + sum S[t,i]*mem_i``
 plus every value computed so far in the stage, minus the values freed after their last reader
 in the stage that are not kept for stage ``t+1``; a node's workspace is added while it runs.
-Simplifications, all over-counting (never optimistic): a value is held until the end of the
-stage in which it is paged out; page-ins land after the stage's frees; a value kept for the
-next stage, or read by nobody in the stage, is held to the end of the stage.
+A value paged in at the end of stage ``t`` (``M_in[t,i]``) is not *kept* for ``t+1``: it may be
+freed after its last reader in ``t`` and read back (page out ``x``, use it, drop it, page it in
+for a later backward). Page-ins land after the stage's last computation and its frees, when RAM
+holds ``resident + sum S[t+1,i]*mem_i`` (kept values and page-ins): that is the start of stage
+``t+1``'s accounting, which every memory row of ``t+1`` includes, so a page-in is counted from
+its start. Simplifications, all over-counting (never optimistic): a value kept for the next
+stage, or read by nobody in the stage, is held to the end of the stage.
 """
 
 from __future__ import annotations
@@ -532,8 +536,10 @@ def simulate_graph_schedule(tg: TrainingGraph, schedule: Any, *, memory_bytes: i
     ``schedule`` is anything with ``R``, ``S``, ``M_in``, ``M_out`` boolean ``[stage, node]`` arrays
     (a :class:`MilpResult`, a :class:`GraphSchedule`). The replay follows NOTE [ Memory
     accounting ]: at each stage start RAM holds ``S[t]``; nodes with ``R[t]`` run in index order,
-    each input freed right after its last reader of the stage unless ``S[t+1]`` keeps it;
-    page-outs need the value in RAM during the stage, page-ins a copy on flash.
+    each input freed right after its last reader of the stage unless ``S[t+1]`` keeps it (a value
+    paged in at the end of the stage, ``M_in[t]``, is not kept: it is freed and read back);
+    page-outs need the value in RAM during the stage, page-ins a copy on flash and land after the
+    stage's frees, so they are counted in the next stage's starting memory, which is checked.
 
     Raises:
         ScheduleError: a dependency not in RAM, a value kept that was not available, a page-in
@@ -556,8 +562,10 @@ def simulate_graph_schedule(tg: TrainingGraph, schedule: Any, *, memory_bytes: i
             raise ScheduleError(f"stage {t}: keeps {sorted(start - available)} which are not available")
         copies = {i: 1 for i in start}
         current = tg.resident_bytes + sum(mem[i] for i in start)
+        peak = max(peak, current)   # kept values and the previous stage's page-ins, all in RAM
         computed = np.flatnonzero(R[t]).tolist()
-        keep_next = S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
+        # A value paged in at the end of the stage is not kept through it: freed after its last reader.
+        keep_next = S[t + 1] & ~M_in[t] if t + 1 < n else np.zeros(n, dtype=bool)
         for pos, k in enumerate(computed):
             missing = [d for d in tg.nodes[k].deps if d not in copies]
             if missing:
@@ -814,7 +822,8 @@ def _free_variables(tg: TrainingGraph, lay: _Layout, rows: _Rows) -> None:
 
     Exists when ``k`` can run in stage ``t`` before the stage's own node, ``i`` holds memory and the
     stage's own node does not read ``i``. Upper bounds only (freeing less only over-counts):
-    ``FREE <= R[t,k]``, ``FREE <= 1 - S[t+1,i]``, ``FREE <= 1 - R[t,j]`` for each later reader ``j``.
+    ``FREE <= R[t,k]``, ``FREE <= 1 - S[t+1,i] + M_in[t,i]`` (kept for the next stage, unless it
+    is read back from flash at the end of this one), ``FREE <= 1 - R[t,j]`` for each later reader ``j``.
     """
     n = len(tg.nodes)
     mem = tg.array("mem_bytes")
@@ -830,7 +839,11 @@ def _free_variables(tg: TrainingGraph, lay: _Layout, rows: _Rows) -> None:
     s_next = np.full_like(tt, _ABSENT)
     inside = tt + 1 < n
     s_next[inside] = lay.S[tt[inside] + 1, lay.src[ee[inside]]]
-    rows.add_dense("free_unless_kept", np.stack([lay.FREE[tt, ee], s_next], axis=1), [1.0, 1.0], -np.inf, 1.0)
+    # A value paged in at the end of the stage is in S[t+1] without being kept through the stage:
+    # it may be freed after its last reader and read back (NOTE [ Memory accounting ]).
+    paged_in = lay.M_in[tt, lay.src[ee]]
+    rows.add_dense("free_unless_kept", np.stack([lay.FREE[tt, ee], s_next, paged_in], axis=1), [1.0, 1.0, -1.0],
+                   -np.inf, 1.0)
     pairs = [(e, j) for e, (i_, k_) in enumerate(zip(lay.src, lay.dst)) for j in tg.consumers[i_] if j > k_]
     if pairs:
         pe = np.array([p[0] for p in pairs])
@@ -927,7 +940,7 @@ def _column_values(tg: TrainingGraph, lay: _Layout, sched: GraphSchedule, memory
                 for e in np.flatnonzero((lay.dst == prev) & (lay.FREE[t] >= 0)):
                     i = lay.src[e]
                     later = any(sched.R[t, c] for c in tg.consumers[i] if c > prev)
-                    kept = t + 1 < n and sched.S[t + 1, i]
+                    kept = t + 1 < n and sched.S[t + 1, i] and not sched.M_in[t, i]
                     if sched.R[t, prev] and not later and not kept:
                         x[lay.FREE[t, e]] = 1.0
                         u -= mem[i]
