@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import re
 import functools
 import logging
 import os
@@ -735,7 +736,8 @@ def test_full_disk_while_paging_a_record_is_a_clear_error(tmp_path: Path, monkey
         executor = Executor(training_stages(model), gated_schedule(chain), with_chain, page_dir=tmp_path)
         error = within(30, lambda: executor.step(x, y))
         assert isinstance(error, PagingError), error
-        assert "writing the record of stage 0" in str(error) and "r0.*.page" in str(error)
+        # with overlapped writes the failure may surface at a later record's write: any names its record and file
+        assert re.search(r"writing the record of stage \d+ .*to .*\.page failed", str(error)), error
         assert "[errno ENOSPC]" in str(error)
         assert list(tmp_path.iterdir()) == []
 
