@@ -1,9 +1,9 @@
 """Step time of plain PyTorch against the executor running the keep-all schedule (no recomputation).
 
-The executor adds one custom autograd function, one gradient edge and one backward call per
-stage; this measures what that costs on a whole training step. Prints one JSON object:
-per model the median step times of both (forward, loss, backward; gradients reset to
-``None`` between steps) and their ratio, whose target is <= 1.03.
+The executor runs keep-all as plain autograd (``ratio``); run op by op, as every other schedule
+is, it adds two custom autograd functions and one backward call per stage (``op_by_op_ratio``).
+Prints one JSON object: per model the median step times (forward, loss, backward; gradients
+reset to ``None`` between steps) and their ratios to plain PyTorch, whose target is <= 1.03.
 
 Usage: ``python benchmarks/executor_overhead.py [--repeats N] [--threads T]``.
 """
@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from _allocator import keep_freed_memory
 from torch import nn
 
 from edgetrain.models import get_model_spec
@@ -55,6 +56,7 @@ def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, object]:
     x, y = spec.example_input(batch, size), spec.example_target(batch)
     stages = training_stages(model)
     executor = Executor(stages, keep_all(len(stages)))
+    op_by_op = Executor(stages, keep_all(len(stages)), plain_keep_all=False)
 
     def plain() -> None:
         _zero(model)
@@ -64,22 +66,26 @@ def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, object]:
         _zero(model)
         executor.step(x, y)
 
+    def stepped() -> None:
+        _zero(model)
+        op_by_op.step(x, y)
+
+    runs = {"plain": plain, "executor": scheduled, "op_by_op": stepped}
     for _ in range(2):  # warm-up: allocator, kernels, lazy initialisation
-        plain()
-        scheduled()
-    plain_times, executor_times = [], []
+        for run in runs.values():
+            run()
+    times: dict[str, list[float]] = {key: [] for key in runs}
     for i in range(repeats):
-        if i % 2:
-            executor_times.append(_time_s(scheduled))
-            plain_times.append(_time_s(plain))
-        else:
-            plain_times.append(_time_s(plain))
-            executor_times.append(_time_s(scheduled))
-    plain_s, executor_s = statistics.median(plain_times), statistics.median(executor_times)
-    pair_ratio = statistics.median(e / p for e, p in zip(executor_times, plain_times))
-    log.info("%s: plain %.4f s, executor %.4f s", name, plain_s, executor_s)
-    return {"model": name, "batch": batch, "size": size, "repeats": repeats, "plain_s": plain_s,
-            "executor_s": executor_s, "ratio": executor_s / plain_s, "pair_ratio": pair_ratio}
+        order = list(runs) if i % 2 == 0 else list(reversed(runs))   # alternate who runs first
+        for key in order:
+            times[key].append(_time_s(runs[key]))
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    log.info("%s: %s", name, ", ".join(f"{key} {value:.4f} s" for key, value in medians.items()))
+    return {"model": name, "batch": batch, "size": size, "repeats": repeats, "plain_s": medians["plain"],
+            "executor_s": medians["executor"], "op_by_op_s": medians["op_by_op"],
+            "ratio": medians["executor"] / medians["plain"], "op_by_op_ratio": medians["op_by_op"] / medians["plain"],
+            "pair_ratio": statistics.median(e / p for e, p in zip(times["executor"], times["plain"])),
+            "op_by_op_pair_ratio": statistics.median(e / p for e, p in zip(times["op_by_op"], times["plain"]))}
 
 
 def main() -> None:
@@ -89,6 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()   # else a step pays page faults for the smaller step before it
     results = [bench(name, batch, size, args.repeats) for name, batch, size in CASES]
     report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "target_ratio": 1.03,
               "results": results}

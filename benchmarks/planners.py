@@ -62,7 +62,6 @@ progress to stderr and prints the target summary to stdout.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import logging
@@ -77,6 +76,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from _allocator import keep_freed_memory
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
@@ -649,30 +649,6 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 # --- command line ----------------------------------------------------------------------------
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed memory in the process instead of returning it to the OS.
-
-    By default glibc trims the heap top and unmaps large blocks when they are freed, so a
-    step that follows a step with a smaller footprint page-faults its memory back in: a plain
-    BERT-base step measured 3.2 s CPU after a plain step and 4.3 s after a
-    ``checkpoint_sequential(14)`` step. Interleaving configurations would then charge each one
-    for its predecessor. With trimming off and a fixed mmap threshold (32 MiB, glibc's
-    largest), a step costs what it costs when it follows itself, as in a training loop (the
-    plain step then measured 3.3 s after either). Blocks above 32 MiB are still mapped and
-    unmapped every step, by every configuration alike.
-
-    Returns whether the settings were applied (False off glibc).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        log.warning("not glibc: step times may depend on the footprint of the step before")
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3   # from glibc's malloc.h
-    return bool(mallopt(m_mmap_threshold, 32 * MiB)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
-
 
 def parse_cases(text: str | None, quick: bool) -> list[tuple[str, int, int]]:
     """``name[:batch:size]`` items, comma-separated; defaults from the full or quick case list."""

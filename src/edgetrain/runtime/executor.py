@@ -654,6 +654,9 @@ class Executor:
             I/O timeout).
         disk_budget_bytes: the most a step may keep on storage; a page-out beyond it raises
             :class:`PagingError` before writing.
+        plain_keep_all: run the keep-all schedule as plain autograd (one graph, one backward);
+            False runs it op by op like any other schedule (what ``benchmarks/executor_overhead.py``
+            times to price the per-stage machinery).
 
     Raises:
         ScheduleError: a schedule that does not match the stages or cannot run.
@@ -671,7 +674,7 @@ class Executor:
 
     def __init__(self, stages: Sequence[nn.Module], schedule: Schedule, chain: Chain | None = None, *,
                  page_dir: str | os.PathLike[str] | PageStore | None = None,
-                 disk_budget_bytes: int | None = None) -> None:
+                 disk_budget_bytes: int | None = None, plain_keep_all: bool = True) -> None:
         stages = list(stages)
         if not stages:
             raise ScheduleError("no stages to run")
@@ -687,7 +690,7 @@ class Executor:
         counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
         self._repeated = frozenset(stage for stage, count in counts.items() if count > 1)
         self._handoff, self._resume = self._loss_positions()
-        self._plain = schedule.ops == keep_all(len(stages)).ops
+        self._plain = plain_keep_all and schedule.ops == keep_all(len(stages)).ops
         self.last_paging: PagingStats | None = None
         self._store: PageStore | None = None
         self._overlap: OverlapPlan | None = None
