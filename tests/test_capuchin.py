@@ -6,14 +6,15 @@ import random
 
 import pytest
 
-from edgetrain.chain import Chain, StageCost
+from edgetrain.chain import Chain
 from edgetrain.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.capuchin import capuchin
 from edgetrain.planners.paging import solve_paging
 from edgetrain.schedule import PageOut, keep_all, simulate
 
-MB = 1_000_000
+from chains import MB, keep_all_peak, random_chain
+
 # storage as fast as it gets: any transfer hides behind one stage of compute
 FAST = EnergyProfile("fast", 1e9, 3.0, 1e-9, 1e15, 1.0, 1e-9, 1e15, 1.0)
 # storage so slow that no transfer ever hides
@@ -22,25 +23,9 @@ SLOW = EnergyProfile("slow", 1e9, 3.0, 1e3, 1.0, 1.0, 1e3, 1.0, 1.0)
 MEDIUM = EnergyProfile("medium", 1e9, 3.0, 1e-3, 1e8, 1.0, 1e-3, 5e7, 1.5)
 
 
-def random_chain(rng: random.Random, length: int) -> Chain:
-    """Sizes in whole MB, so paging-dp's grid is exact (a common divisor) and its optimum is exact."""
-    stages = []
-    for i in range(length):
-        out = rng.randint(1, 8) * MB
-        stages.append(StageCost(f"s{i}", rng.uniform(0.01, 0.2), rng.uniform(0.02, 0.4), out,
-                                out + rng.randint(0, 4) * MB, grad_bytes=rng.randint(0, 2) * MB,
-                                fwd_workspace_bytes=rng.randint(0, 1) * MB,
-                                input_saved=rng.random() < 0.8, output_saved=rng.random() < 0.5))
-    return Chain(tuple(stages), input_bytes=2 * MB, name="random")
-
-
-def peak_of_keep_all(chain: Chain) -> int:
-    return simulate(chain, keep_all(chain.length)).peak_bytes
-
-
 def test_keeps_everything_when_the_budget_allows() -> None:
     chain = Chain.uniform(6, act_bytes=MB)
-    schedule = capuchin(chain, MEDIUM, peak_of_keep_all(chain))
+    schedule = capuchin(chain, MEDIUM, keep_all_peak(chain))
     assert schedule.ops == keep_all(chain.length).ops
 
 
@@ -48,7 +33,7 @@ def test_keeps_everything_when_the_budget_allows() -> None:
 def test_fits_the_budget_or_says_how_low_it_got(seed: int) -> None:
     rng = random.Random(seed)
     chain = random_chain(rng, rng.randint(3, 9))
-    top = peak_of_keep_all(chain)
+    top = keep_all_peak(chain)
     for budget in range(top, top // 3, -MB):
         try:
             schedule = capuchin(chain, MEDIUM, budget)
@@ -60,7 +45,7 @@ def test_fits_the_budget_or_says_how_low_it_got(seed: int) -> None:
 
 def test_swaps_when_storage_is_fast_and_recomputes_when_slow() -> None:
     chain = Chain.uniform(8, act_bytes=MB)
-    budget = peak_of_keep_all(chain) - 2 * MB
+    budget = keep_all_peak(chain) - 2 * MB
     fast = simulate(chain, capuchin(chain, FAST, budget), FAST)
     slow_schedule = capuchin(chain, SLOW, budget)
     slow = simulate(chain, slow_schedule, SLOW)
@@ -82,7 +67,7 @@ def test_an_impossible_budget_raises_with_the_least_peak_reached() -> None:
 def test_never_beats_paging_dp_energy(seed: int, profile: EnergyProfile) -> None:
     rng = random.Random(100 + seed)
     chain = random_chain(rng, rng.randint(3, 8))
-    top = peak_of_keep_all(chain)
+    top = keep_all_peak(chain)
     table = solve_paging(chain, profile, top)
     compared = 0
     for budget in range(top, top // 3, -MB):

@@ -13,28 +13,14 @@ from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.optimal import solve
 from edgetrain.planners.paging import CostWeights, paging_dp, solve_paging
-from edgetrain.schedule import Backward, Forward, PageIn, PageOut, Schedule, keep_all, simulate
+from edgetrain.schedule import Backward, Forward, PageIn, PageOut, Schedule, simulate
 
-MB = 1_000_000
+from chains import MB, keep_all_peak, random_chain
+
 # cheap storage: 100 MB/s in at 1 W, 50 MB/s out at 1.5 W, 1 ms latency; compute at 3 W
 CHEAP = EnergyProfile("cheap", 1e9, 3.0, 1e-3, 1e8, 1.0, 1e-3, 5e7, 1.5)
 # storage so slow that paging never pays
 SLOW = EnergyProfile("slow", 1e9, 3.0, 1e3, 1.0, 1.0, 1e3, 1.0, 1.5)
-
-
-def random_chain(rng: random.Random, length: int) -> Chain:
-    stages = []
-    for i in range(length):
-        out = rng.randint(1, 8) * MB
-        stages.append(StageCost(f"s{i}", rng.uniform(0.01, 0.2), rng.uniform(0.02, 0.4), out,
-                                out + rng.randint(0, 4) * MB, grad_bytes=rng.randint(0, 2) * MB,
-                                fwd_workspace_bytes=rng.randint(0, 1) * MB,
-                                input_saved=rng.random() < 0.8, output_saved=rng.random() < 0.5))
-    return Chain(tuple(stages), input_bytes=2 * MB, name="random")
-
-
-def keep_all_peak(chain: Chain) -> int:
-    return simulate(chain, keep_all(chain.length)).peak_bytes
 
 
 @pytest.mark.parametrize("seed", range(12))

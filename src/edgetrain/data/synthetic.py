@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..processes import pid_running
 from .folder import DataError
 
 __all__ = ["COLOURS", "MANIFEST_NAME", "SHAPES", "SyntheticSpec", "generate_synthetic", "read_manifest"]
@@ -255,19 +256,9 @@ def _remove_stale_temporaries(root: Path) -> None:
         shutil.rmtree(outdated, ignore_errors=True)
     for stale in root.parent.glob(f".{root.name}.tmp-*"):
         pid_text = stale.name.rsplit("-", 2)[-2]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_running(int(pid_text)):
             logger.info("removing %s left by a stopped generator", stale)
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _swap_in(temporary: Path, root: Path, expected: dict[str, Any]) -> None:

@@ -12,24 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._optimal_kernel import _better, _ceil_div, _row
+
 __all__ = ["solve_paging_table"]
-
-
-@njit(cache=True, nogil=True)
-def _row(s: int, t: int) -> int:
-    """Row of ``P(s, t)`` in the packed triangular table (rows grouped by ``t``)."""
-    return t * (t + 1) // 2 + s
-
-
-@njit(cache=True, nogil=True)
-def _better(value: float, index: int, best_value: float, best_index: int) -> bool:
-    """Whether ``(value, index)`` is lexicographically below ``(best_value, best_index)``."""
-    return value < best_value or (value == best_value and index < best_index)
-
-
-@njit(cache=True, nogil=True)
-def _ceil_div(n_bytes: int, unit_bytes: int) -> int:
-    return -((-n_bytes) // unit_bytes)
 
 
 @njit(cache=True, nogil=True)

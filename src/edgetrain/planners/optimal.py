@@ -352,8 +352,53 @@ def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudget
 
 # --- the table and the public functions -------------------------------------------------------
 
+class BudgetTable:
+    """What a solved table answers about budgets, whatever it minimises (time here, energy in ``paging.py``).
+
+    A subclass provides ``chain``, ``max_memory_bytes``, ``unit_bytes`` and ``top_values``, the
+    best value of the whole chain per memory unit (inf where nothing fits).
+    """
+
+    chain: Chain
+    max_memory_bytes: int
+    kind = "schedule"
+
+    @property
+    def unit_bytes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def top_values(self) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def step_bytes(self) -> int:
+        """What the optimizer step needs whatever the schedule: resident state, all gradients, workspace."""
+        chain = self.chain
+        return chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
+
+    @property
+    def min_memory_bytes(self) -> int:
+        """Smallest budget on this table's grid that some schedule fits in."""
+        first_units = int(np.argmax(np.isfinite(self.top_values)))
+        return max(self.chain.resident_bytes + first_units * self.unit_bytes, self.step_bytes)
+
+    def _top_units(self, memory_bytes: int) -> int:
+        """Units of ``P(0, L-1)`` for ``memory_bytes``; raises when nothing fits."""
+        if memory_bytes > self.max_memory_bytes:
+            raise ValueError(f"budget {memory_bytes} bytes is above the table's maximum "
+                             f"{self.max_memory_bytes}; solve a table for it")
+        minimum = self.min_memory_bytes
+        if memory_bytes < minimum:
+            raise InfeasibleBudgetError(
+                f"no {self.kind} of {self.chain.name or 'this chain'} fits in {memory_bytes} bytes on a grid of "
+                f"{self.unit_bytes}-byte units: the least is {minimum} bytes",
+                minimum_bytes=minimum, budget_bytes=memory_bytes)
+        return (memory_bytes - self.chain.resident_bytes) // self.unit_bytes
+
+
 @dataclass(frozen=True, eq=False)
-class OptimalTable:
+class OptimalTable(BudgetTable):
     """The solved table of one chain for every budget up to ``max_memory_bytes``.
 
     It keeps what rebuilding needs: ``choice[e, row(s, t), m]``, the decision reaching the
@@ -381,29 +426,8 @@ class OptimalTable:
         return self.grid.unit_bytes
 
     @property
-    def step_bytes(self) -> int:
-        """What the optimizer step needs whatever the schedule: resident state, all gradients, workspace."""
-        chain = self.chain
-        return chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
-
-    @property
-    def min_memory_bytes(self) -> int:
-        """Smallest budget on this table's grid that some schedule fits in."""
-        first_units = int(np.argmax(np.isfinite(self.top_time_s)))
-        return max(self.chain.resident_bytes + first_units * self.unit_bytes, self.step_bytes)
-
-    def _top_units(self, memory_bytes: int) -> int:
-        """Units of ``P(0, L-1)`` for ``memory_bytes``; raises when nothing fits."""
-        if memory_bytes > self.max_memory_bytes:
-            raise ValueError(f"budget {memory_bytes} bytes is above the table's maximum "
-                             f"{self.max_memory_bytes}; solve a table for it")
-        minimum = self.min_memory_bytes
-        if memory_bytes < minimum:
-            raise InfeasibleBudgetError(
-                f"no schedule of {self.chain.name or 'this chain'} fits in {memory_bytes} bytes on a grid of "
-                f"{self.unit_bytes}-byte units: the least is {minimum} bytes",
-                minimum_bytes=minimum, budget_bytes=memory_bytes)
-        return (memory_bytes - self.chain.resident_bytes) // self.unit_bytes
+    def top_values(self) -> np.ndarray:
+        return self.top_time_s
 
     def time_s(self, memory_bytes: int) -> float:
         """Time of the fastest schedule within ``memory_bytes`` (the whole peak of the step)."""

@@ -52,7 +52,7 @@ from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from ..schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
                         Stats, keep_all, simulate)
-from .optimal import _ceil_div, _Costs, _discretise, _Grid, _row
+from .optimal import BudgetTable, _ceil_div, _Costs, _discretise, _Grid, _row
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
 
@@ -299,7 +299,7 @@ def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...
 
 
 @dataclass(frozen=True, eq=False)
-class PagingTable:
+class PagingTable(BudgetTable):
     """The solved paging table of one chain, device and weighting, for every budget up to ``max_memory_bytes``."""
 
     chain: Chain
@@ -311,31 +311,15 @@ class PagingTable:
     top_cost: np.ndarray   # [max_units + 1] C(0, L-1, m, 0)
     choice: np.ndarray
 
+    kind = "paging schedule"
+
     @property
     def unit_bytes(self) -> int:
         return self.grid.base.unit_bytes
 
     @property
-    def step_bytes(self) -> int:
-        chain = self.chain
-        return chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
-
-    @property
-    def min_memory_bytes(self) -> int:
-        """Smallest budget on this table's grid that some schedule fits in."""
-        first_units = int(np.argmax(np.isfinite(self.top_cost)))
-        return max(self.chain.resident_bytes + first_units * self.unit_bytes, self.step_bytes)
-
-    def _top_units(self, memory_bytes: int) -> int:
-        if memory_bytes > self.max_memory_bytes:
-            raise ValueError(f"budget {memory_bytes} bytes is above the table's maximum {self.max_memory_bytes}")
-        minimum = self.min_memory_bytes
-        if memory_bytes < minimum:
-            raise InfeasibleBudgetError(
-                f"no paging schedule of {self.chain.name or 'this chain'} fits in {memory_bytes} bytes on a grid "
-                f"of {self.unit_bytes}-byte units: the least is {minimum} bytes",
-                minimum_bytes=minimum, budget_bytes=memory_bytes)
-        return (memory_bytes - self.chain.resident_bytes) // self.unit_bytes
+    def top_values(self) -> np.ndarray:
+        return self.top_cost
 
     def cost(self, memory_bytes: int) -> float:
         """The weighted cost (J for energy weights) of the best schedule within ``memory_bytes``."""

@@ -48,15 +48,16 @@ import threading
 import time
 import traceback
 import weakref
-from functools import partial
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Union
 
 import torch
 
 from ..errors import PagingError
+from ..processes import pid_running
 from ..schedule import OpMemory, Op, PageIn, PageInRecord, PageOut, PageOutRecord
 
 __all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "RecordKey", "PageKey",
@@ -562,7 +563,7 @@ class PageStore:
             raise _os_error(f"listing page directory {self.directory}", exc) from exc
         for entry in entries:
             match = _STEP_DIR.fullmatch(entry.name)
-            if match is None or _pid_running(int(match.group(1))) or not entry.is_dir():
+            if match is None or pid_running(int(match.group(1))) or not entry.is_dir():
                 continue
             log.info("removing pages left by a dead process: %s", entry)
             shutil.rmtree(entry, onerror=_log_rmtree_error)
@@ -586,19 +587,6 @@ class PageStore:
 def _stop_workers(threads: tuple[_Worker, ...]) -> None:
     for thread in threads:
         thread.stop()
-
-
-def _pid_running(pid: int) -> bool:
-    """Whether process ``pid`` exists (a PID reused since is taken as running: its files stay)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- the overlap plan ----------------------------------------------------------------------------

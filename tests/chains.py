@@ -1,0 +1,27 @@
+"""Random heterogeneous chains for the planner tests."""
+
+from __future__ import annotations
+
+import random
+
+from edgetrain import Chain
+from edgetrain.chain import StageCost
+from edgetrain.schedule import keep_all, simulate
+
+MB = 1_000_000
+
+
+def random_chain(rng: random.Random, length: int) -> Chain:
+    """Sizes in whole MB, so a DP grid is exact (a common divisor) and its optimum is exact."""
+    stages = []
+    for i in range(length):
+        out = rng.randint(1, 8) * MB
+        stages.append(StageCost(f"s{i}", rng.uniform(0.01, 0.2), rng.uniform(0.02, 0.4), out,
+                                out + rng.randint(0, 4) * MB, grad_bytes=rng.randint(0, 2) * MB,
+                                fwd_workspace_bytes=rng.randint(0, 1) * MB,
+                                input_saved=rng.random() < 0.8, output_saved=rng.random() < 0.5))
+    return Chain(tuple(stages), input_bytes=2 * MB, name="random")
+
+
+def keep_all_peak(chain: Chain) -> int:
+    return simulate(chain, keep_all(chain.length)).peak_bytes
