@@ -220,8 +220,8 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
         chosen = plan_energy(device_chain, profile, memory, deadline_s=deadline_s, strategy=name)
     if output is not None:
         if chosen.schedule is None:
-            raise EdgetrainError("milp plans are reported, not saved as executor schedules yet; use --strategy "
-                                 "paging-dp for a schedule to run")
+            raise EdgetrainError(f"the MILP's decisions have no executor schedule "
+                                 f"({chosen.to_dict()['schedule_error']}); use --strategy paging-dp")
         chosen.schedule.save(output)
     report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
                               "objective": "energy", **chosen.to_dict()}
@@ -257,8 +257,9 @@ def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
                   f"(budget {format_bytes(report['budget_bytes'])}), step {report['predicted_time_s']:.4g} s, "
                   f"ρ = {report['recompute_factor']:.3f}{paged}")
     if report["strategy"] == "milp":
-        console.print(f"  MILP {report['status']}, gap {report['mip_gap']:.2g} (priced on its own graph model, "
-                      "not executable yet; see docs/milp.md)")
+        runnable = "its ops are checked by the simulator" if report["schedule_error"] is None else \
+            f"no executor schedule: {report['schedule_error']}"
+        console.print(f"  MILP {report['status']}, gap {report['mip_gap']:.2g}; {runnable}")
     if report["deadline_s"] is not None:
         verdict = "[green]met[/]" if report["deadline_met"] else "[red]missed (the fastest schedule is shown)[/]"
         console.print(f"  deadline {report['deadline_s']:.4g} s: {verdict}")

@@ -817,6 +817,23 @@ def _paging(tg: TrainingGraph, lay: _Layout, rows: _Rows, *, write_once: bool = 
                    [1.0, -1.0, -1.0], -np.inf, 0.0)
 
 
+def _read_back_once(lay: _Layout, rows: _Rows) -> None:
+    """Each write serves one read: ``Σ_t M_in[t,i] <= Σ_t M_out[t,i]`` for every node ``i``.
+
+    edgetrain's ``PageIn`` consumes the copy on flash (``schedule.py``), so a schedule for its
+    executor reads a value back once per write; POET's copy persists and may be read many times.
+    """
+    for i in range(lay.M_in.shape[1]):
+        reads = lay.M_in[:, i][lay.M_in[:, i] != _ABSENT]
+        writes = lay.M_out[:, i][lay.M_out[:, i] != _ABSENT]
+        if len(reads) == 0:
+            continue
+        cols = np.concatenate([reads, writes])
+        vals = np.concatenate([np.ones(len(reads)), -np.ones(len(writes))])
+        rows.add("read_back_once", np.zeros(len(cols), dtype=np.int64), cols, vals, np.array([-np.inf]),
+                 np.array([0.0]))
+
+
 def _free_variables(tg: TrainingGraph, lay: _Layout, rows: _Rows) -> None:
     """``FREE[t,e]``, edge ``e = (i, k)``: ``i`` is freed right after ``k`` runs in stage ``t``.
 
@@ -1023,7 +1040,8 @@ def _warm_start(tg: TrainingGraph, memory_bytes: int, deadline_s: float | None, 
 
 def milp(tg: TrainingGraph, memory_bytes: int, *, deadline_s: float | None = None, time_limit_s: float = 60.0,
          mip_gap: float = 1e-4, paging: bool = True, warm_start: Any = None,
-         recompute_before_backward: bool = True, write_once: bool = True) -> MilpResult:
+         recompute_before_backward: bool = True, write_once: bool = True,
+         read_back_once: bool = False) -> MilpResult:
     """The least-energy schedule of ``tg`` within ``memory_bytes`` (and ``deadline_s``): POET's MILP.
 
     Args:
@@ -1042,6 +1060,8 @@ def milp(tg: TrainingGraph, memory_bytes: int, *, deadline_s: float | None = Non
             does); False removes those columns.
         write_once: page a value out only in its own stage (lossless, see :func:`_paging`);
             False keeps POET's page-out at any stage, for comparison.
+        read_back_once: each write serves one read back (:func:`_read_back_once`), as edgetrain's
+            executor pages; POET's default lets a copy on flash be read many times.
 
     Returns:
         A :class:`MilpResult` whose costs are those of :func:`simulate_graph_schedule`.
@@ -1058,6 +1078,8 @@ def milp(tg: TrainingGraph, memory_bytes: int, *, deadline_s: float | None = Non
     _dependencies(tg, lay, rows)
     if paging:
         _paging(tg, lay, rows, write_once=write_once)
+        if read_back_once:
+            _read_back_once(lay, rows)
     _memory(tg, lay, rows, memory_bytes)
     if deadline_s is not None:
         _deadline(tg, lay, rows, deadline_s)

@@ -1,21 +1,26 @@
 """``edgetrain plan --strategy milp``: POET's MILP on a chain's training graph, reported like the other plans.
 
 The MILP (:mod:`edgetrain.planners.milp`) decides per node and step on its own graph model
-(Checkmate's, extended with paging); its schedule is checked by that module's replay, not by
-:func:`~edgetrain.schedule.simulate`, and is not yet turned into executor ops. The two models
-differ: the MILP's lets a backward use a recomputed copy of a saved input without re-recording
-the stage (autograd cannot run that), while it pages a stage's record only as a whole, where
-``paging-dp`` pages the record's internals and its input apart. On chains where records hold
-only their input and output the MILP's model is the looser one and its energy a lower bound on
-``paging-dp``'s (``tests/test_planner_milp_crosscheck.py``); on real ResNet chains either may win.
+(Checkmate's, extended with paging); its schedule is checked by that module's replay and turned
+into executor ops by :func:`~edgetrain.planners.milp_ops.milp_schedule` where the ops can express
+it (:attr:`MilpPlan.schedule`; otherwise ``to_dict()["schedule_error"]`` says why). It is solved
+with ``read_back_once`` (a page-in consumes the copy on flash, as the executor pages). The two
+models still differ on general chains: the MILP's lets a backward use a recomputed copy of a saved
+input without re-recording the stage (autograd cannot run that; the conversion refuses it), and
+it pages a stage's record as a whole, where ``paging-dp`` pages the record's internals and its
+input apart. On chains whose records hold only their output the two coincide and reach the same
+optimum (``tests/test_planner_milp_crosscheck.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 from ..chain import Chain
 from ..energy import EnergyProfile
+from ..errors import EdgetrainError
+from ..schedule import Schedule, simulate
 from ..units import parse_bytes
 from .milp import MilpResult, chain_training_graph, milp
 
@@ -30,24 +35,42 @@ class MilpPlan:
     device: str
     budget_bytes: int
     compute_time_s: float
+    chain: Chain | None = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def _converted(self) -> tuple[Schedule | None, str | None]:
+        if self.chain is None:
+            return None, "no chain to convert the MILP's decisions on"
+        from .milp_ops import milp_schedule
+
+        try:
+            return milp_schedule(self.chain, self.result), None
+        except EdgetrainError as exc:
+            return None, str(exc)
 
     @property
-    def schedule(self) -> None:
-        """No executor schedule: the MILP's decisions live on its own graph (see the module docstring)."""
-        return None
+    def schedule(self) -> Schedule | None:
+        """The executor ops of the MILP's decisions (:func:`~edgetrain.planners.milp_ops.milp_schedule`),
+        or None where they cannot express them (the reason is ``to_dict()["schedule_error"]``)."""
+        return self._converted[0]
 
     def to_dict(self) -> dict[str, object]:
+        """The MILP's own figures; with a converted schedule, the peak is the simulator's of those ops."""
         r = self.result
+        schedule = self.schedule
+        peak = r.peak_bytes if schedule is None or self.chain is None else simulate(self.chain, schedule).peak_bytes
         return {"strategy": "milp", "params": {"status": r.status, "mip_gap": r.mip_gap, "n_variables": r.n_variables,
                                                "n_constraints": r.n_constraints},
-                "device": self.device, "predicted_peak_bytes": r.peak_bytes, "predicted_time_s": r.time_s,
+                "device": self.device, "predicted_peak_bytes": peak, "milp_peak_bytes": r.peak_bytes,
+                "predicted_time_s": r.time_s,
                 "recompute_factor": r.time_s / self.compute_time_s if self.compute_time_s > 0 else 1.0,
                 "forward_advances": None, "energy_j": r.energy_j, "energy_compute_j": r.energy_compute_j,
                 "energy_pagein_j": r.energy_pagein_j, "energy_pageout_j": r.energy_pageout_j,
                 "paged_out_bytes": None, "peak_disk_bytes": None, "budget_bytes": self.budget_bytes,
                 "deadline_s": r.deadline_s,
                 "deadline_met": r.deadline_s is None or r.time_s <= r.deadline_s * (1 + 1e-9),
-                "solve_time_s": r.solve_time_s, "mip_gap": r.mip_gap, "status": r.status}
+                "solve_time_s": r.solve_time_s, "mip_gap": r.mip_gap, "status": r.status,
+                "schedule_error": self._converted[1]}
 
 
 def plan_milp(chain: Chain, profile: EnergyProfile, memory: int | str, *, deadline_s: float | None = None,
@@ -58,5 +81,6 @@ def plan_milp(chain: Chain, profile: EnergyProfile, memory: int | str, *, deadli
         InfeasibleBudgetError: the budget is below the graph's least feasible peak.
     """
     budget = parse_bytes(memory)
-    result = milp(chain_training_graph(chain, profile), budget, deadline_s=deadline_s, time_limit_s=time_limit_s)
-    return MilpPlan(result, profile.device_name, budget, chain.compute_time_s)
+    result = milp(chain_training_graph(chain, profile), budget, deadline_s=deadline_s, time_limit_s=time_limit_s,
+                  read_back_once=True)
+    return MilpPlan(result, profile.device_name, budget, chain.compute_time_s, chain=chain)
