@@ -25,3 +25,13 @@ def random_chain(rng: random.Random, length: int) -> Chain:
 
 def keep_all_peak(chain: Chain) -> int:
     return simulate(chain, keep_all(chain.length)).peak_bytes
+
+
+def chain_with_output_records(rng: random.Random, max_length: int = 5) -> Chain:
+    """Records that hold only their output, no gradients or workspace: where the MILP's model and ours coincide."""
+    stages = []
+    for i in range(rng.randint(2, max_length)):
+        out = rng.randint(1, 4)
+        stages.append(StageCost(f"s{i}", rng.choice([0.5, 1.0, 2.0]), rng.choice([1.0, 2.0]), out, out,
+                                input_saved=False, output_saved=True))
+    return Chain(tuple(stages), input_bytes=1, name="toy")

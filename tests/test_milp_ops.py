@@ -22,17 +22,10 @@ from edgetrain.planners.milp_plan import MilpPlan, plan_milp
 from edgetrain.planners.paging import solve_paging
 from edgetrain.schedule import Forward, Keep, PageIn, PageOut, Schedule, keep_all, simulate
 
+from chains import chain_with_output_records
+
 PROFILE = EnergyProfile("toy", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
 CHEAP_STORAGE = EnergyProfile("cheap", 1.0, 3.0, 1e-6, 1000.0, 0.01, 1e-6, 1000.0, 0.01)
-
-
-def chain_with_output_records(rng: random.Random) -> Chain:
-    stages = []
-    for i in range(rng.randint(2, 5)):
-        out = rng.randint(1, 4)
-        stages.append(StageCost(f"s{i}", rng.choice([0.5, 1.0, 2.0]), rng.choice([1.0, 2.0]), out, out,
-                                input_saved=False, output_saved=True))
-    return Chain(tuple(stages), input_bytes=1, name="toy")
 
 
 def check(chain: Chain, profile: EnergyProfile, budget: int, **kwargs: object) -> Schedule:

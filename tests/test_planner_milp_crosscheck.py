@@ -16,23 +16,14 @@ import random
 
 import pytest
 
-from edgetrain import Chain
-from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile
 from edgetrain.planners.milp import chain_training_graph, milp
 from edgetrain.planners.paging import solve_paging
 from edgetrain.schedule import keep_all, simulate
 
+from chains import chain_with_output_records
+
 PROFILE = EnergyProfile("toy", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
-
-
-def chain_with_output_records(rng: random.Random) -> Chain:
-    stages = []
-    for i in range(rng.randint(2, 5)):
-        out = rng.randint(1, 4)
-        stages.append(StageCost(f"s{i}", rng.choice([0.5, 1.0, 2.0]), rng.choice([1.0, 2.0]), out, out,
-                                input_saved=False, output_saved=True))
-    return Chain(tuple(stages), input_bytes=1, name="toy")
 
 
 @pytest.mark.parametrize("seed", range(8))

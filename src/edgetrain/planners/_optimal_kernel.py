@@ -43,6 +43,28 @@ def _ceil_div(n_bytes: int, unit_bytes: int) -> int:
 
 
 @njit(cache=True, nogil=True)
+def _finish_row(e: int, s: int, t: int, out: int, width: int, tail_cost: np.ndarray, tail_choice: np.ndarray,
+                cost_s: np.ndarray, choice: np.ndarray, first: np.ndarray, saturated: np.ndarray) -> None:
+    """Spread the tails over the row, then note where it becomes feasible and where it saturates."""
+    last = width - 1
+    run_cost, run_choice = np.inf, -1
+    for m in range(width):
+        if _better(tail_cost[m], tail_choice[m], run_cost, run_choice):
+            run_cost, run_choice = tail_cost[m], tail_choice[m]
+        if _better(run_cost, run_choice, cost_s[out + m], choice[out + m]):
+            cost_s[out + m], choice[out + m] = run_cost, run_choice
+    for m in range(width):
+        if choice[out + m] >= 0:
+            first[e, s, t] = m
+            break
+    if choice[out + last] >= 0:
+        m = last
+        while m > 0 and cost_s[out + m - 1] == cost_s[out + last]:
+            m -= 1
+        saturated[e, s, t] = m
+
+
+@njit(cache=True, nogil=True)
 def _solve_row(e: int, s: int, t: int, turn_time_s: np.ndarray, sweep_time_s: np.ndarray,
                child_entry: np.ndarray, record_need_units: np.ndarray, record_hold_units: np.ndarray,
                checkpoint_hold_units: np.ndarray, entry_bytes: np.ndarray, sweep_bytes: np.ndarray,
@@ -95,22 +117,7 @@ def _solve_row(e: int, s: int, t: int, turn_time_s: np.ndarray, sweep_time_s: np
             if _better(candidate, k, tail_cost[high], tail_choice[high]):
                 tail_cost[high] = candidate
                 tail_choice[high] = k
-    # spread the tails, then note where the row becomes feasible and where it saturates
-    run_cost, run_choice = np.inf, -1
-    for m in range(width):
-        if _better(tail_cost[m], tail_choice[m], run_cost, run_choice):
-            run_cost, run_choice = tail_cost[m], tail_choice[m]
-        if _better(run_cost, run_choice, cost_s[out + m], choice[out + m]):
-            cost_s[out + m], choice[out + m] = run_cost, run_choice
-    for m in range(width):
-        if choice[out + m] >= 0:
-            first[e, s, t] = m
-            break
-    if choice[out + last] >= 0:
-        m = last
-        while m > 0 and cost_s[out + m - 1] == cost_s[out + last]:
-            m -= 1
-        saturated[e, s, t] = m
+    _finish_row(e, s, t, out, width, tail_cost, tail_choice, cost_s, choice, first, saturated)
 
 
 @njit(cache=True, nogil=True)

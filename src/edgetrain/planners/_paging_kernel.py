@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._optimal_kernel import _better, _ceil_div, _row
+from ._optimal_kernel import _better, _ceil_div, _finish_row, _row
 
 __all__ = ["solve_paging_table"]
 
@@ -108,23 +108,7 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
             _move(out, sweep_cost[s, k] + value_paging_cost[s], 4 * length + k, low, high, width,
                   (rows + _row(k, t)) * width, hold, (e * rows + _row(s, k - 1)) * width, grads, cost_s, choice,
                   tail_cost, tail_choice)
-    # spread the tails, then note where the row becomes feasible and where it saturates
-    last = width - 1
-    run_cost, run_choice = np.inf, -1
-    for m in range(width):
-        if _better(tail_cost[m], tail_choice[m], run_cost, run_choice):
-            run_cost, run_choice = tail_cost[m], tail_choice[m]
-        if _better(run_cost, run_choice, cost_s[out + m], choice[out + m]):
-            cost_s[out + m], choice[out + m] = run_cost, run_choice
-    for m in range(width):
-        if choice[out + m] >= 0:
-            first[e, s, t] = m
-            break
-    if choice[out + last] >= 0:
-        m = last
-        while m > 0 and cost_s[out + m - 1] == cost_s[out + last]:
-            m -= 1
-        saturated[e, s, t] = m
+    _finish_row(e, s, t, out, width, tail_cost, tail_choice, cost_s, choice, first, saturated)
 
 
 @njit(cache=True, nogil=True)
