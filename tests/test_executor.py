@@ -31,6 +31,8 @@ from edgetrain.runtime import Checkpointed, Executor, run_schedule
 from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, simulate
 from edgetrain.stages import training_stages
 
+from steps import StepResult, observe
+
 log = logging.getLogger(__name__)
 
 # (batch, image side or sequence length): small enough for the whole file to run in seconds.
@@ -77,19 +79,6 @@ def case(name: str, batch: int | None = None, size: int | None = None) -> Case:
     peak = simulate(chain, keep_all(chain.length)).peak_bytes
     # A fine grid: with these small batches the weights dwarf the activations being planned.
     return Case(model, x, y, chain, solve(chain, peak + peak // 100, slots=4000), peak)
-
-
-@dataclass
-class StepResult:
-    loss: torch.Tensor
-    grads: list[torch.Tensor | None]
-    buffers: list[torch.Tensor]
-    rng: torch.Tensor
-
-
-def observe(model: nn.Module, loss: torch.Tensor) -> StepResult:
-    return StepResult(loss.detach(), [p.grad for p in model.parameters()], [b.clone() for b in model.buffers()],
-                      torch.get_rng_state())
 
 
 @functools.cache
