@@ -167,3 +167,13 @@ def test_reproduce_poet_writes_its_report(tmp_path: Path) -> None:
     assert code == 0, err
     assert {"poet.json", "poet.png", "poet.md"} <= {p.name for p in tmp_path.iterdir()}
     assert "jetson-tx2: skipped" in out
+
+
+def test_energy_plan_where_no_checkpoint_sequential_fits() -> None:
+    """ResNet-50 at 465 MiB: recompute-only fits (from 450 MiB), no segmentation does (from 474 MiB)."""
+    code, out, err = run("plan", "-m", "resnet50", "-b", "8", "--image", "224", "--device", "rpi4",
+                         "--objective", "energy", "--memory", "465MiB", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["baseline"] is None
+    assert report["recompute_only_energy_j"] is not None and report["energy_j"] <= report["recompute_only_energy_j"]

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import EdgetrainError
+from .errors import EdgetrainError, InfeasibleBudgetError
 from .units import format_bytes
 
 app = typer.Typer(help="Make deep-learning training fit and run well on small edge machines.",
@@ -201,8 +201,8 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
                  recompute: Optional[float], deadline: Optional[str], strategy: str, target: Any,
                  output: Optional[Path], as_json: bool) -> None:
     from .energy import EnergyProfile, scale_chain
-    from .planners import plan
     from .planners.energy_plan import plan_energy
+    from .planners.plan import sequential_baseline
 
     if target is None:
         raise EdgetrainError("--objective energy needs --device (its power and storage figures price the plan)")
@@ -225,11 +225,12 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
         chosen.schedule.save(output)
     report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
                               "objective": "energy", **chosen.to_dict()}
-    recompute_only = plan_energy(device_chain, profile, chosen.budget_bytes, strategy="recompute") \
-        if _fits_recompute_only(device_chain, chosen.budget_bytes) else None
-    report["recompute_only_energy_j"] = None if recompute_only is None else recompute_only.stats.energy_j
-    baseline = plan(device_chain, memory=chosen.budget_bytes, strategy="uniform").baseline \
-        if _fits_recompute_only(device_chain, chosen.budget_bytes) else None
+    try:
+        recompute_only = plan_energy(device_chain, profile, chosen.budget_bytes, strategy="recompute")
+        report["recompute_only_energy_j"] = recompute_only.stats.energy_j
+    except InfeasibleBudgetError:
+        report["recompute_only_energy_j"] = None
+    baseline = sequential_baseline(device_chain, chosen.budget_bytes)
     report["baseline"] = None if baseline is None else baseline.to_dict()
     report.update(device_memory_bytes=target.memory_bytes,
                   fits=None if target.memory_bytes is None else report["predicted_peak_bytes"] <= target.memory_bytes)
@@ -237,12 +238,6 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
         typer.echo(json.dumps(report))
         return
     _print_energy_plan(report, output)
-
-
-def _fits_recompute_only(chain: Any, budget: int) -> bool:
-    from .planners.optimal import _exact_minimum_bytes
-
-    return _exact_minimum_bytes(chain) <= budget
 
 
 def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -524,7 +519,6 @@ DEMO_SQUEEZE = ("resnet50", 8, 500)
 
 def _node_fit_rows(node_memory: int, progress: Callable[[int, int], None]) -> list[dict[str, Any]]:
     """Plain peak of a few trainings, and the best plan within the node's memory where plain does not fit."""
-    from .errors import InfeasibleBudgetError
     from .planners import plan
     from .profile import estimate_memory
 

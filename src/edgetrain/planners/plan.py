@@ -19,7 +19,7 @@ from .optimal import OptimalTable, solve
 from .revolve import revolve
 from .uniform import uniform
 
-__all__ = ["Plan", "Candidate", "plan", "STRATEGIES"]
+__all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "STRATEGIES"]
 
 STRATEGIES = ("auto", "uniform", "revolve", "optimal")
 
@@ -114,9 +114,7 @@ def plan(chain: Chain, memory: int | str | None = None, recompute: float | None 
         best = min(_within_budget(chain, budget, names, slots), key=_fastest, default=None)
         if best is None:
             raise _below_minimum(chain, budget, names, slots)
-        baseline = min((c for c in _uniform_candidates(chain) if c.stats.peak_bytes <= budget), key=_fastest,
-                       default=None)
-        return Plan(best, budget, None, baseline)
+        return Plan(best, budget, None, sequential_baseline(chain, budget))
     assert recompute is not None
     if recompute < 1:
         raise ValueError(f"the recompute factor ρ is time with recomputation over time without: >= 1, got {recompute}")
@@ -124,6 +122,12 @@ def plan(chain: Chain, memory: int | str | None = None, recompute: float | None 
     baseline = min((c for c in _uniform_candidates(chain) if c.stats.recompute_factor <= recompute + 1e-12),
                    key=_smallest, default=None)
     return Plan(best, None, recompute, baseline)
+
+
+def sequential_baseline(chain: Chain, budget_bytes: int) -> Candidate | None:
+    """The fastest ``checkpoint_sequential`` segmentation within ``budget_bytes``; None when none fits."""
+    return min((c for c in _uniform_candidates(chain) if c.stats.peak_bytes <= budget_bytes), key=_fastest,
+               default=None)
 
 
 def _fastest(candidate: Candidate) -> tuple[float, int]:
