@@ -75,7 +75,7 @@ def time_case(chain: Chain, slots: int, repeats: int) -> dict[str, object]:
     start = time.perf_counter()
     table.schedule(budget)
     rebuild_s = time.perf_counter() - start
-    return {"chain": chain.name, "length": chain.length, "slots": slots, "units": table.grid.max_units + 1,
+    return {"chain": chain.name, "length": chain.length, "slots": slots, "units": len(table.top_values),
             "unit_bytes": table.unit_bytes, "solve_s": statistics.median(walls),
             "solve_cpu_s": statistics.median(cpus), "solve_all_s": walls, "rebuild_s": rebuild_s,
             "min_memory_fraction": table.min_memory_bytes / top}

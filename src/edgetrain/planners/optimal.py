@@ -53,9 +53,14 @@ whole and each amount handed down to a child (``e·A(s)``, the record, ``g(k..t)
 own, so what fits in units fits in bytes and a rebuilt schedule never exceeds its budget.
 Nesting is at most ``L - 1`` deep, so a schedule is charged at most ``L`` roundings: the
 table finds every schedule of its class whose simulated peak is ``L * unit_bytes`` below the
-budget. When
-every size is a multiple of a common divisor giving at most ``slots`` units, that divisor is
-the unit and the table is exact.
+budget. When every size is a multiple of a common divisor giving at most ``slots`` units, that
+divisor is the unit and the table is exact.
+
+One table serves this planner and ``paging-dp``: ``paging.py`` adds the paged moves (a') and
+(b') of NOTE [ The paging DP ] and weighs time into energy; here they are switched off and the
+cost is the time (:func:`_without_paging`). The solvers (the pure-Python ``_solve_reference``,
+the statement of the recurrence, and the numba kernel in ``_dp_kernel.py``, equal to it bit for
+bit) and the rebuild live here.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ import numpy as np
 
 from ..chain import Chain
 from ..errors import InfeasibleBudgetError
-from ..schedule import Backward, Forward, Keep, Op, Schedule
+from ..schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule
 
 __all__ = ["OptimalTable", "solve", "optimal"]
 
@@ -275,62 +280,171 @@ def _discretise(chain: Chain, activation_budget_bytes: int, slots: int) -> _Grid
     )
 
 
-# --- the two solvers ---------------------------------------------------------------------------
+# --- the solvers: one table for recompute-only and paging ----------------------------------
 
-def _solve_reference(grid: _Grid) -> tuple[np.ndarray, np.ndarray]:
-    """Plain memoised recursion over ``C(s, t, m, e)``: the readable statement of the recurrence.
+# What move (a') pages of record s: its input x_s (pinned, or the parent's), its internals, or both.
+RECORD_VARIANTS = ("value", "internals", "both")
 
-    Returns ``(cost_s, choice)`` indexed ``[e, row(s, t), m]``. The fast kernel must reproduce
-    both arrays exactly: same additions in the same order, and among equal times the
-    smallest choice (recording ``s`` first, then checkpoints by increasing ``k``).
+
+@dataclass(frozen=True, eq=False)
+class _MovesGrid:
+    """The table's input: ``_Grid`` with costs in place of times and the arrays of the paged moves.
+
+    The paged moves (a') and (b') are NOTE [ The paging DP ]'s (``paging.py``); the
+    recompute-only planner switches them off (:func:`_without_paging`).
     """
-    turn, sweep_time = grid.turn_time_s.tolist(), grid.sweep_time_s.tolist()
-    child_entry, record_need = grid.child_entry.tolist(), grid.record_need_units.tolist()
-    record_hold, checkpoint_hold = grid.record_hold_units.tolist(), grid.checkpoint_hold_units.tolist()
-    entry_bytes, sweep_bytes = grid.entry_bytes.tolist(), grid.sweep_bytes.tolist()
-    deltas, grads, unit = grid.delta_bytes.tolist(), grid.grad_units.tolist(), grid.unit_bytes
+
+    base: _Grid
+    turn_cost: np.ndarray            # [L] weight x (f_s + b_s)
+    sweep_cost: np.ndarray           # [L, L+1] weight x (f_s + ... + f_{k-1})
+    value_paging_cost: np.ndarray    # [L] page-out + page-in of x_s (inf where x_s never pages)
+    value_can_page: np.ndarray       # [2, L] whether P(s, ., e) may page x_s
+    record_can_page: np.ndarray      # [3, 2, L] whether (a') variant v applies
+    record_paging_cost: np.ndarray   # [3, L] its transfers, both ways
+    record_hold_units: np.ndarray    # [3, 2, L] what it holds from the child; < 0 when it frees the parent's x_s
+    record_need_units: np.ndarray    # [3, 2, L, L] ceil of (a')'s peaks, its page-ins included
+    late: np.ndarray                 # [2, L] x_s paged in after Backward(s): e = 0 and the record drops x_s
+    checkpoint_hold_units: np.ndarray  # [2, L] what (b') holds from P(k, t): 0, or minus the parent's x_s
+    paged_sweep_bytes: np.ndarray    # [2, L, L+1] peak of (b')'s advances above d(t+1)
+    recompute: bool                  # False: records only, moves (a) and (a'): paging without recomputation
+
+
+def _without_paging(grid: _Grid) -> _MovesGrid:
+    """The recompute-only table: moves (a) and (b) alone, their cost the time."""
+    length = grid.length
+    never = np.zeros((2, length), np.bool_)
+    return _MovesGrid(base=grid, turn_cost=grid.turn_time_s, sweep_cost=grid.sweep_time_s,
+                      value_paging_cost=np.full(length, math.inf), value_can_page=never,
+                      record_can_page=np.zeros((3, 2, length), np.bool_),
+                      record_paging_cost=np.full((3, length), math.inf),
+                      record_hold_units=np.zeros((3, 2, length), np.int64),
+                      record_need_units=np.zeros((3, 2, length, length), np.int64), late=never,
+                      checkpoint_hold_units=np.zeros((2, length), np.int64),
+                      paged_sweep_bytes=np.zeros((2, length, length + 1), np.int64), recompute=True)
+
+
+# Choice codes: s (record), (v+1)·L + s (record, page variant v), k in s+1..t (checkpoint x_k),
+# 4·L + k (checkpoint x_k, page x_s).
+
+def _solve_reference(grid: _MovesGrid) -> tuple[np.ndarray, np.ndarray]:
+    """Memoised recursion over ``C(s, t, m, e)`` with every move; the statement the kernel follows.
+
+    Returns ``(cost, choice)`` indexed ``[e, row(s, t), m]``. Ties go to the smallest choice
+    code; sums are formed as in the kernel (move's own cost first, then children in order).
+    """
+    g = grid.base
+    length, top = g.length, g.max_units
+    turn, sweep_cost = grid.turn_cost.tolist(), grid.sweep_cost.tolist()
+    value_cost, value_can = grid.value_paging_cost.tolist(), grid.value_can_page.tolist()
+    record_can, record_cost = grid.record_can_page.tolist(), grid.record_paging_cost.tolist()
+    paged_hold, paged_need, late = grid.record_hold_units.tolist(), grid.record_need_units.tolist(), grid.late.tolist()
+    paged_checkpoint, paged_sweep = grid.checkpoint_hold_units.tolist(), grid.paged_sweep_bytes.tolist()
+    child_entry, record_need = g.child_entry.tolist(), g.record_need_units.tolist()
+    record_hold, checkpoint_hold = g.record_hold_units.tolist(), g.checkpoint_hold_units.tolist()
+    entry_bytes, sweep_bytes = g.entry_bytes.tolist(), g.sweep_bytes.tolist()
+    deltas, grads, unit = g.delta_bytes.tolist(), g.grad_units.tolist(), g.unit_bytes
 
     @cache
     def best(s: int, t: int, m: int, e: int) -> tuple[float, int]:
-        """``(C(s, t, m, e), choice)``; ``(inf, -1)`` when no schedule fits in ``m`` units."""
         if m < 0:
             return math.inf, -1
-        best_s, choice = math.inf, -1
-        if record_need[e][s][t] <= m:                                           # (a) record s
-            rest_s = best(s + 1, t, m - record_hold[e][s], child_entry[s])[0] if s < t else 0.0
-            if turn[s] + rest_s < best_s:
-                best_s, choice = turn[s] + rest_s, s
-        for k in range(s + 1, t + 1):                                           # (b) checkpoint x_k
-            if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) > m:
-                continue
-            candidate = (sweep_time[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0]
-                         + best(s, k - 1, m - grads[k][t], e)[0])
-            if candidate < best_s:
-                best_s, choice = candidate, k
-        return best_s, choice
+        found: list[tuple[float, int]] = []
+        if record_need[e][s][t] <= m:                                            # (a)
+            rest = best(s + 1, t, m - record_hold[e][s], child_entry[s])[0] if s < t else 0.0
+            found.append((turn[s] + rest, s))
+        for k in range(s + 1, t + 1 if grid.recompute else s + 1):               # (b)
+            if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) <= m:
+                found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0]
+                              + best(s, k - 1, m - grads[k][t], e)[0], k))
+        for v in range(3):                                                       # (a')
+            alone = s == t and v == 0 and late[e][s]    # page x_s out around the backward that drops it
+            if record_can[v][e][s] and (s < t or alone) and paged_need[v][e][s][t] <= m:
+                rest = best(s + 1, t, min(m - paged_hold[v][e][s], top), child_entry[s])[0] if s < t else 0.0
+                found.append(((turn[s] + record_cost[v][s]) + rest, (v + 1) * length + s))
+        if value_can[e][s] and grid.recompute:                                   # (b')
+            for k in range(s + 1, t + 1):
+                if _ceil_div(deltas[t + 1] + paged_sweep[e][s][k], unit) <= m:
+                    upper = best(k, t, min(m - paged_checkpoint[e][s], top), 1)[0]
+                    lower = best(s, k - 1, m - grads[k][t], e)[0]
+                    found.append(((sweep_cost[s][k] + value_cost[s]) + upper + lower, 4 * length + k))
+        found = [(value, code) for value, code in found if math.isfinite(value)]
+        return min(found, default=(math.inf, -1))
 
-    length, width = grid.length, grid.max_units + 1
-    cost_s = np.full((2, length * (length + 1) // 2, width), np.inf)
-    choice = np.full(cost_s.shape, -1, np.int16)
-    for span in range(length):          # bottom-up, so that the recursion stays shallow
+    width = g.max_units + 1
+    cost = np.full((2, length * (length + 1) // 2, width), np.inf)
+    choice = np.full(cost.shape, -1, np.int16)
+    for span in range(length):
         for s in range(length - span):
             for e in (0, 1):
-                if grid.needed[e, s]:
+                if g.needed[e, s]:
                     for m in range(width):
-                        cost_s[e, _row(s, s + span), m], choice[e, _row(s, s + span), m] = best(s, s + span, m, e)
-    return cost_s, choice
+                        value, code = best(s, s + span, m, e)
+                        if math.isfinite(value):
+                            cost[e, _row(s, s + span), m], choice[e, _row(s, s + span), m] = value, code
+    return cost, choice
 
 
-def _solve_fast(grid: _Grid) -> tuple[np.ndarray, np.ndarray]:
-    """The numba kernel; falls back to the reference (slowly) when numba is not installed."""
+def _solve_fast(grid: _MovesGrid) -> tuple[np.ndarray, np.ndarray]:
     try:
-        from ._optimal_kernel import solve_table
+        from ._dp_kernel import solve_table
     except ImportError:
-        logger.warning("numba is not installed: solving the optimal table in pure Python (slow)")
+        logger.warning("numba is not installed: solving the checkpointing table in pure Python (slow)")
         return _solve_reference(grid)
-    return solve_table(grid.needed, grid.turn_time_s, grid.sweep_time_s, grid.child_entry, grid.record_need_units,
-                       grid.record_hold_units, grid.checkpoint_hold_units, grid.entry_bytes, grid.sweep_bytes,
-                       grid.delta_bytes, grid.grad_units, grid.unit_bytes, grid.max_units)
+    g = grid.base
+    return solve_table(g.needed, grid.turn_cost, grid.sweep_cost, g.child_entry, g.record_need_units,
+                              g.record_hold_units, g.checkpoint_hold_units, g.entry_bytes, g.sweep_bytes,
+                              g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.value_paging_cost,
+                              grid.value_can_page, grid.record_can_page, grid.record_paging_cost,
+                              grid.record_hold_units, grid.record_need_units, grid.late, grid.checkpoint_hold_units,
+                              grid.paged_sweep_bytes, grid.recompute)
+
+
+def _rebuild(grid: _MovesGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
+    """Replay the choices from ``P(0, L-1, 0)`` (explicit stack: chains outgrow Python's recursion)."""
+    g = grid.base
+    length = g.length
+    ops: list[Op] = []
+    stack: list[tuple[int, int, int, int] | Op] = [(0, length - 1, units, 0)]
+    while stack:
+        task = stack.pop()
+        if not isinstance(task, tuple):
+            ops.append(task)
+            continue
+        s, t, m, e = task
+        code = int(choice[e, _row(s, t), m])
+        if code < 0:
+            raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
+        kind, k = divmod(code, length)
+        if k == s and kind < 4:            # (a) / (a'): what runs later is pushed first
+            variant = RECORD_VARIANTS[kind - 1] if kind else None
+            value_late = variant in ("value", "both") and bool(grid.late[e, s])
+            if value_late:
+                stack.append(PageIn(s))
+            stack.append(Backward(s))
+            if variant in ("internals", "both"):
+                stack.append(PageInRecord(s))
+            if variant in ("value", "both") and not value_late:
+                stack.append(PageIn(s))
+            if s < t:
+                hold = int(g.record_hold_units[e, s]) if kind == 0 else int(grid.record_hold_units[kind - 1, e, s])
+                stack.append((s + 1, t, min(m - hold, g.max_units), int(g.child_entry[s])))
+            ops.append(Forward(s, Keep.ALL))
+            if variant in ("value", "both"):
+                ops.append(PageOut(s))
+            if variant in ("internals", "both"):
+                ops.append(PageOutRecord(s))
+        else:                              # (b) / (b')
+            paged = kind == 4
+            stack.append((s, k - 1, m - int(g.grad_units[k, t]), e))
+            if paged:
+                stack.append(PageIn(s))
+            hold = int(grid.checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
+            stack.append((k, t, min(m - hold, g.max_units), 1))
+            ops.append(Forward(s, Keep.INPUT))
+            if paged:
+                ops.append(PageOut(s))
+            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
+    return tuple(ops)
 
 
 def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudgetError:
@@ -348,6 +462,13 @@ def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudget
         f"grid of {slots} slots (each stage may lose a slot to rounding); use slots >= "
         f"{_ceil_div(activation, largest_unit_bytes)} or a larger budget",
         minimum_bytes=minimum, budget_bytes=budget_bytes)
+
+
+def _check_length(chain: Chain) -> None:
+    """Refuse chains whose move codes (up to ``5 L``) overflow the int16 choice table."""
+    longest = (2**15 - 1) // 5
+    if chain.length > longest:
+        raise ValueError(f"a chain of {chain.length} stages is too long for the table (at most {longest})")
 
 
 # --- the table and the public functions -------------------------------------------------------
@@ -416,14 +537,14 @@ class OptimalTable(BudgetTable):
     chain: Chain
     max_memory_bytes: int
     slots: int
-    grid: _Grid
+    grid: _MovesGrid
     top_time_s: np.ndarray  # [max_units + 1] C(0, L-1, m, 0)
     choice: np.ndarray      # [2, L(L+1)/2, max_units + 1] int16
 
     @property
     def unit_bytes(self) -> int:
         """Size of one memory unit of the grid."""
-        return self.grid.unit_bytes
+        return self.grid.base.unit_bytes
 
     @property
     def top_values(self) -> np.ndarray:
@@ -443,32 +564,6 @@ class OptimalTable(BudgetTable):
         ops = _rebuild(self.grid, self.choice, self._top_units(memory_bytes))
         return Schedule(ops, self.chain.length, strategy="optimal",
                         params={"slots": self.slots, "budget_bytes": memory_bytes, "unit_bytes": self.unit_bytes})
-
-
-def _rebuild(grid: _Grid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
-    """Replay the choices from ``P(0, L-1, 0)``; an explicit stack, as chains outgrow Python's recursion."""
-    ops: list[Op] = []
-    stack: list[tuple[int, int, int, int] | Op] = [(0, grid.length - 1, units, 0)]
-    while stack:
-        task = stack.pop()
-        if not isinstance(task, tuple):
-            ops.append(task)
-            continue
-        s, t, m, e = task
-        k = int(choice[e, _row(s, t), m])
-        if k < 0:
-            raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
-        if k == s:   # (a) record s; what runs later is pushed first
-            stack.append(Backward(s))
-            if s < t:
-                stack.append((s + 1, t, m - int(grid.record_hold_units[e, s]), int(grid.child_entry[s])))
-            ops.append(Forward(s, Keep.ALL))
-        else:        # (b) checkpoint x_k
-            stack.append((s, k - 1, m - int(grid.grad_units[k, t]), e))
-            stack.append((k, t, m - int(grid.checkpoint_hold_units[e, s]), 1))
-            ops.append(Forward(s, Keep.INPUT))
-            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
-    return tuple(ops)
 
 
 def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solver = "fast") -> OptimalTable:
@@ -505,15 +600,14 @@ def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solv
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
         raise _infeasible(chain, max_memory_bytes, slots)
-    if chain.length >= 2**15:
-        raise ValueError(f"a chain of {chain.length} stages is too long for the table (at most {2**15 - 1})")
-    grid = _discretise(chain, activation_bytes, slots)
+    _check_length(chain)
+    grid = _without_paging(_discretise(chain, activation_bytes, slots))
     cost_s, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
     table = OptimalTable(chain, max_memory_bytes, slots, grid, cost_s[0, _row(0, chain.length - 1)].copy(), choice)
     if not np.isfinite(table.top_time_s[-1]) or table.step_bytes > max_memory_bytes:
         raise _infeasible(chain, max_memory_bytes, slots)
-    logger.debug("optimal table of %d stages: %d units of %d bytes", chain.length, grid.max_units + 1,
-                 grid.unit_bytes)
+    logger.debug("optimal table of %d stages: %d units of %d bytes", chain.length, grid.base.max_units + 1,
+                 grid.base.unit_bytes)
     return table
 
 

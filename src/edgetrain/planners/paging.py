@@ -40,23 +40,19 @@ caller's batch) never moves. The schedules are persistent and in order, like ``o
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, replace
-from functools import cache
 
 import numpy as np
 
 from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
-from ..schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
-                        Stats, keep_all, simulate)
-from .optimal import BudgetTable, _ceil_div, _Costs, _discretise, _Grid, _row
+from ..schedule import Schedule, Stats, keep_all, simulate
+from .optimal import (BudgetTable, _ceil_div, _check_length, _Costs, _discretise, _MovesGrid, _rebuild, _row,
+                      _solve_fast, _solve_reference)
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,29 +72,6 @@ class CostWeights:
     @classmethod
     def time(cls) -> CostWeights:
         return cls(1.0, 1.0, 1.0)
-
-
-# What move (a') pages of record s: its input x_s (pinned, or the parent's), its internals, or both.
-RECORD_VARIANTS = ("value", "internals", "both")
-
-
-@dataclass(frozen=True, eq=False)
-class _PagingGrid:
-    """``optimal``'s grid with costs in place of times and the arrays of moves (a') and (b')."""
-
-    base: _Grid
-    turn_cost: np.ndarray            # [L] weight x (f_s + b_s)
-    sweep_cost: np.ndarray           # [L, L+1] weight x (f_s + ... + f_{k-1})
-    value_paging_cost: np.ndarray    # [L] page-out + page-in of x_s (inf where x_s never pages)
-    value_can_page: np.ndarray       # [2, L] whether P(s, ., e) may page x_s
-    record_can_page: np.ndarray      # [3, 2, L] whether (a') variant v applies
-    record_paging_cost: np.ndarray   # [3, L] its transfers, both ways
-    record_hold_units: np.ndarray    # [3, 2, L] what it holds from the child; < 0 when it frees the parent's x_s
-    record_need_units: np.ndarray    # [3, 2, L, L] ceil of (a')'s peaks, its page-ins included
-    late: np.ndarray                 # [2, L] x_s paged in after Backward(s): e = 0 and the record drops x_s
-    checkpoint_hold_units: np.ndarray  # [2, L] what (b') holds from P(k, t): 0, or minus the parent's x_s
-    paged_sweep_bytes: np.ndarray    # [2, L, L+1] peak of (b')'s advances above d(t+1)
-    recompute: bool                  # False: records only, moves (a) and (a'): paging without recomputation
 
 
 def _paged_sweep_bytes(chain: Chain) -> np.ndarray:
@@ -122,7 +95,7 @@ def _transfers_cost(n_bytes: int, weights: CostWeights, profile: EnergyProfile) 
 
 
 def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, weights: CostWeights,
-                       profile: EnergyProfile, recompute: bool) -> _PagingGrid:
+                       profile: EnergyProfile, recompute: bool) -> _MovesGrid:
     """The arrays of NOTE [ The paging DP ]; sizes rounded so that what fits in units fits in bytes.
 
     Memory a move *frees* for a child (``x_s`` counted by the parent's record, ``e = 0``) is
@@ -166,136 +139,12 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
                     record_need[:, e, s, t] = (late_need, early, late_need)
                 else:
                     record_need[:, e, s, t] = early
-    return _PagingGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
+    return _MovesGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
                        sweep_cost=weights.compute * base.sweep_time_s, value_paging_cost=value_cost,
                        value_can_page=value_can, record_can_page=record_can, record_paging_cost=record_cost,
                        record_hold_units=record_hold, record_need_units=record_need, late=late,
                        checkpoint_hold_units=checkpoint_hold,
                        paged_sweep_bytes=np.stack([costs.sweep_bytes, _paged_sweep_bytes(chain)]), recompute=recompute)
-
-
-# Choice codes: s (record), (v+1)·L + s (record, page variant v), k in s+1..t (checkpoint x_k),
-# 4·L + k (checkpoint x_k, page x_s).
-
-def _solve_reference(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
-    """Memoised recursion over ``C(s, t, m, e)`` with every move; the statement the kernel follows.
-
-    Returns ``(cost, choice)`` indexed ``[e, row(s, t), m]``. Ties go to the smallest choice
-    code; sums are formed as in the kernel (move's own cost first, then children in order).
-    """
-    g = grid.base
-    length, top = g.length, g.max_units
-    turn, sweep_cost = grid.turn_cost.tolist(), grid.sweep_cost.tolist()
-    value_cost, value_can = grid.value_paging_cost.tolist(), grid.value_can_page.tolist()
-    record_can, record_cost = grid.record_can_page.tolist(), grid.record_paging_cost.tolist()
-    paged_hold, paged_need, late = grid.record_hold_units.tolist(), grid.record_need_units.tolist(), grid.late.tolist()
-    paged_checkpoint, paged_sweep = grid.checkpoint_hold_units.tolist(), grid.paged_sweep_bytes.tolist()
-    child_entry, record_need = g.child_entry.tolist(), g.record_need_units.tolist()
-    record_hold, checkpoint_hold = g.record_hold_units.tolist(), g.checkpoint_hold_units.tolist()
-    entry_bytes, sweep_bytes = g.entry_bytes.tolist(), g.sweep_bytes.tolist()
-    deltas, grads, unit = g.delta_bytes.tolist(), g.grad_units.tolist(), g.unit_bytes
-
-    @cache
-    def best(s: int, t: int, m: int, e: int) -> tuple[float, int]:
-        if m < 0:
-            return math.inf, -1
-        found: list[tuple[float, int]] = []
-        if record_need[e][s][t] <= m:                                            # (a)
-            rest = best(s + 1, t, m - record_hold[e][s], child_entry[s])[0] if s < t else 0.0
-            found.append((turn[s] + rest, s))
-        for k in range(s + 1, t + 1 if grid.recompute else s + 1):               # (b)
-            if _ceil_div(deltas[t + 1] + entry_bytes[e][s] + sweep_bytes[s][k], unit) <= m:
-                found.append((sweep_cost[s][k] + best(k, t, m - checkpoint_hold[e][s], 1)[0]
-                              + best(s, k - 1, m - grads[k][t], e)[0], k))
-        for v in range(3):                                                       # (a')
-            alone = s == t and v == 0 and late[e][s]    # page x_s out around the backward that drops it
-            if record_can[v][e][s] and (s < t or alone) and paged_need[v][e][s][t] <= m:
-                rest = best(s + 1, t, min(m - paged_hold[v][e][s], top), child_entry[s])[0] if s < t else 0.0
-                found.append(((turn[s] + record_cost[v][s]) + rest, (v + 1) * length + s))
-        if value_can[e][s] and grid.recompute:                                   # (b')
-            for k in range(s + 1, t + 1):
-                if _ceil_div(deltas[t + 1] + paged_sweep[e][s][k], unit) <= m:
-                    upper = best(k, t, min(m - paged_checkpoint[e][s], top), 1)[0]
-                    lower = best(s, k - 1, m - grads[k][t], e)[0]
-                    found.append(((sweep_cost[s][k] + value_cost[s]) + upper + lower, 4 * length + k))
-        found = [(value, code) for value, code in found if math.isfinite(value)]
-        return min(found, default=(math.inf, -1))
-
-    width = g.max_units + 1
-    cost = np.full((2, length * (length + 1) // 2, width), np.inf)
-    choice = np.full(cost.shape, -1, np.int32)
-    for span in range(length):
-        for s in range(length - span):
-            for e in (0, 1):
-                if g.needed[e, s]:
-                    for m in range(width):
-                        value, code = best(s, s + span, m, e)
-                        if math.isfinite(value):
-                            cost[e, _row(s, s + span), m], choice[e, _row(s, s + span), m] = value, code
-    return cost, choice
-
-
-def _solve_fast(grid: _PagingGrid) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        from ._paging_kernel import solve_paging_table
-    except ImportError:
-        logger.warning("numba is not installed: solving the paging table in pure Python (slow)")
-        return _solve_reference(grid)
-    g = grid.base
-    return solve_paging_table(g.needed, grid.turn_cost, grid.sweep_cost, g.child_entry, g.record_need_units,
-                              g.record_hold_units, g.checkpoint_hold_units, g.entry_bytes, g.sweep_bytes,
-                              g.delta_bytes, g.grad_units, g.unit_bytes, g.max_units, grid.value_paging_cost,
-                              grid.value_can_page, grid.record_can_page, grid.record_paging_cost,
-                              grid.record_hold_units, grid.record_need_units, grid.late, grid.checkpoint_hold_units,
-                              grid.paged_sweep_bytes, grid.recompute)
-
-
-def _rebuild(grid: _PagingGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
-    """Replay the choices from ``P(0, L-1, 0)`` (explicit stack: chains outgrow Python's recursion)."""
-    g = grid.base
-    length = g.length
-    ops: list[Op] = []
-    stack: list[tuple[int, int, int, int] | Op] = [(0, length - 1, units, 0)]
-    while stack:
-        task = stack.pop()
-        if not isinstance(task, tuple):
-            ops.append(task)
-            continue
-        s, t, m, e = task
-        code = int(choice[e, _row(s, t), m])
-        if code < 0:
-            raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
-        kind, k = divmod(code, length)
-        if k == s and kind < 4:            # (a) / (a'): what runs later is pushed first
-            variant = RECORD_VARIANTS[kind - 1] if kind else None
-            value_late = variant in ("value", "both") and bool(grid.late[e, s])
-            if value_late:
-                stack.append(PageIn(s))
-            stack.append(Backward(s))
-            if variant in ("internals", "both"):
-                stack.append(PageInRecord(s))
-            if variant in ("value", "both") and not value_late:
-                stack.append(PageIn(s))
-            if s < t:
-                hold = int(g.record_hold_units[e, s]) if kind == 0 else int(grid.record_hold_units[kind - 1, e, s])
-                stack.append((s + 1, t, min(m - hold, g.max_units), int(g.child_entry[s])))
-            ops.append(Forward(s, Keep.ALL))
-            if variant in ("value", "both"):
-                ops.append(PageOut(s))
-            if variant in ("internals", "both"):
-                ops.append(PageOutRecord(s))
-        else:                              # (b) / (b')
-            paged = kind == 4
-            stack.append((s, k - 1, m - int(g.grad_units[k, t]), e))
-            if paged:
-                stack.append(PageIn(s))
-            hold = int(grid.checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
-            stack.append((k, t, min(m - hold, g.max_units), 1))
-            ops.append(Forward(s, Keep.INPUT))
-            if paged:
-                ops.append(PageOut(s))
-            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
-    return tuple(ops)
 
 
 @dataclass(frozen=True, eq=False)
@@ -307,7 +156,7 @@ class PagingTable(BudgetTable):
     weights: CostWeights
     max_memory_bytes: int
     slots: int
-    grid: _PagingGrid
+    grid: _MovesGrid
     top_cost: np.ndarray   # [max_units + 1] C(0, L-1, m, 0)
     choice: np.ndarray
 
@@ -359,6 +208,7 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
         raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
+    _check_length(chain)
     grid = _discretise_paging(chain, activation_bytes, slots, weights, profile, recompute)
     cost, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
     table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid,
