@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -51,8 +52,16 @@ def _clean_errors(command: F) -> F:
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does.")) -> None:
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does."),
+         devices_file: Optional[list[Path]] = typer.Option(
+             None, "--devices-file", help="A device file (e.g. from `edgetrain bench device`) whose devices join the "
+             "catalog, replacing shipped ones of the same name; repeatable. Same as EDGETRAIN_DEVICES.")) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if devices_file:
+        from .devices.catalog import DEVICES_ENV
+
+        earlier = [p for p in os.environ.get(DEVICES_ENV, "").split(os.pathsep) if p]
+        os.environ[DEVICES_ENV] = os.pathsep.join([*earlier, *map(str, devices_file)])
 
 
 T = TypeVar("T")
@@ -80,9 +89,9 @@ def _memory_of(device: str) -> int:
 @_clean_errors
 def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the device catalog (every figure with its source: see --json)."""
-    from .devices import devices_table, load_catalog, this_machine
+    from .devices import devices_table, load_catalog, this_machine, user_devices
 
-    catalog = [*load_catalog().values(), this_machine()]
+    catalog = [*{**load_catalog(), **user_devices()}.values(), this_machine()]
     if as_json:
         typer.echo(json.dumps([d.to_dict() for d in catalog], indent=1))
     else:
@@ -415,6 +424,62 @@ def bench_data(model: str = typer.Option("resnet18", "--model", "-m", help="Mode
         typer.echo(json.dumps(report.to_dict()))
     else:
         Console(width=max(console.width, 140)).print(stall_table(report))
+
+
+@bench_app.command("device")
+@_clean_errors
+def bench_device(
+        name: str = typer.Option("this-board", "--name", help="The device's name in the file, e.g. odroid-xu4 "
+                                 "(a shipped name is replaced wherever the file is used)."),
+        page_dir: Path = typer.Option(Path("."), "--page-dir", help="Directory on the storage paging will use "
+                                      "(e.g. the SD card)."),
+        sizes: str = typer.Option("4KiB,256KiB,4MiB,32MiB", "--sizes", help="Transfer sizes, comma-separated."),
+        repeats: int = typer.Option(3, "--repeats", help="Transfers per size and direction."),
+        model: str = typer.Option("resnet18", "--model", "-m", help="Model whose training step measures compute."),
+        batch: int = typer.Option(8, "--batch", "-b", help="Batch size of that step."),
+        image: int = typer.Option(64, "--image", "--size", help="Image side in pixels (sequence length)."),
+        steps: int = typer.Option(5, "--steps", help="Timed training steps (median)."),
+        skip_storage: bool = typer.Option(False, "--skip-storage", help="Do not measure paging."),
+        skip_compute: bool = typer.Option(False, "--skip-compute", help="Do not measure the compute rate."),
+        compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w", help="Power while training, W."),
+        pagein_power_w: Optional[float] = typer.Option(None, "--pagein-power-w", help="Power while paging in, W."),
+        pageout_power_w: Optional[float] = typer.Option(None, "--pageout-power-w",
+                                                        help="Power while paging out, W."),
+        power_source: Optional[str] = typer.Option(None, "--power-source",
+                                                   help="What measured the powers, e.g. 'USB meter, load minus idle'."),
+        output: Path = typer.Option(Path("out/device/devices.toml"), "--output", "-o",
+                                    help="Device file to write (an existing one keeps its other devices)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
+    """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
+    from .devices.probe import device_entry, probe_compute, probe_storage, write_device_entry
+    from .units import parse_bytes
+
+    sizes_bytes = [parse_bytes(part.strip()) for part in sizes.split(",") if part.strip()]
+    storage = None if skip_storage else _with_progress("paging transfers", lambda progress: probe_storage(
+        page_dir, sizes=sizes_bytes, repeats=repeats, progress=progress))
+    compute = None if skip_compute else _with_progress("training steps", lambda progress: probe_compute(
+        model, batch, image, repeats=steps, progress=progress))
+    powers = {key: value for key, value in (("compute_power_w", compute_power_w), ("pagein_power_w", pagein_power_w),
+                                            ("pageout_power_w", pageout_power_w)) if value is not None}
+    entry = device_entry(name, storage=storage, compute=compute, powers=powers, power_source=power_source)
+    device = write_device_entry(output, name, entry)
+    if as_json:
+        typer.echo(json.dumps({"device": device.to_dict(), "file": str(output),
+                               "storage": None if storage is None else storage.to_dict(),
+                               "compute": None if compute is None else compute.to_dict()}))
+        return
+    table = Table(title=f"{name}: measured on this machine")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    for key in ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
+                "pageout_latency_s", "pageout_bps", "pageout_power_w"):
+        value = getattr(device, key)
+        table.add_row(key, "-" if value is None else f"{value:.4g}", device.sources.get(key, ""))
+    Console(width=max(console.width, 150)).print(table)
+    missing = [key for key in ("compute_power_w", "pagein_power_w", "pageout_power_w") if getattr(device, key) is None]
+    console.print(f"wrote {output}; use it with `edgetrain --devices-file {output} plan ... --device {name}`"
+                  + (f" (energy planning needs {', '.join(missing)} from a power meter)" if missing else ""))
 
 
 @app.command("train")

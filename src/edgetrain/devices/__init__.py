@@ -12,6 +12,7 @@ from .catalog import (
     load_catalog,
     load_devices_file,
     this_machine,
+    user_devices,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "device_names",
     "this_machine",
     "devices_table",
+    "user_devices",
 ]

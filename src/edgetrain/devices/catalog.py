@@ -57,17 +57,20 @@ __all__ = [
     "INT_FIELDS",
     "NUMERIC_FIELDS",
     "THIS_MACHINE",
+    "DEVICES_ENV",
     "device_names",
     "devices_table",
     "get_device",
     "load_catalog",
     "load_devices_file",
     "this_machine",
+    "user_devices",
 ]
 
 logger = logging.getLogger(__name__)
 
 THIS_MACHINE = "this-machine"
+DEVICES_ENV = "EDGETRAIN_DEVICES"   # device files the user adds to the catalog (os.pathsep-separated)
 INT_FIELDS = ("memory_bytes", "flash_bytes", "cpu_cores")
 # The figures an energy cost model needs (see edgetrain.energy), each in its unit.
 ENERGY_FIELDS = ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
@@ -266,13 +269,35 @@ def load_catalog() -> dict[str, Device]:
     return {device.name: device for device in _builtin_devices()}
 
 
+def user_devices() -> dict[str, Device]:
+    """Devices of the files named in ``EDGETRAIN_DEVICES`` (paths joined by ``os.pathsep``), in order.
+
+    A later file's entry replaces an earlier one of the same name, and a user entry replaces
+    the shipped entry of that name wherever a device is looked up (e.g. an ``odroid-xu4``
+    measured with ``edgetrain bench device``). Read on every call: the variable may change.
+
+    Raises:
+        DeviceCatalogError: a file that is missing or invalid, naming it.
+    """
+    found: dict[str, Device] = {}
+    for path in filter(None, os.environ.get(DEVICES_ENV, "").split(os.pathsep)):
+        try:
+            found.update(load_devices_file(path))
+        except OSError as exc:
+            raise DeviceCatalogError(f"device file {path} (from {DEVICES_ENV}): {exc.strerror or exc}") from None
+    return found
+
+
 def device_names() -> list[str]:
-    """Every name :func:`get_device` accepts: the catalog's, in file order, then ``this-machine``."""
-    return [device.name for device in _builtin_devices()] + [THIS_MACHINE]
+    """Every name :func:`get_device` accepts: the catalog's, in file order, the user's, then ``this-machine``."""
+    shipped = [device.name for device in _builtin_devices()]
+    return shipped + [name for name in user_devices() if name not in shipped] + [THIS_MACHINE]
 
 
 def get_device(name: str) -> Device:
-    """The device called ``name``; ``"this-machine"`` is detected now (see :func:`this_machine`).
+    """The device called ``name``: a user device file's (:func:`user_devices`) before the shipped one.
+
+    ``"this-machine"`` is detected now (see :func:`this_machine`).
 
     Raises:
         UnknownNameError: for a name not in :func:`device_names`; the message lists them.
@@ -283,6 +308,9 @@ def get_device(name: str) -> Device:
     """
     if name == THIS_MACHINE:
         return this_machine()
+    user = user_devices()
+    if name in user:
+        return user[name]
     for device in _builtin_devices():
         if device.name == name:
             return device

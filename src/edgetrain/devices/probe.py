@@ -1,0 +1,406 @@
+"""Measure a device's energy-profile figures on the device itself (``edgetrain bench device``).
+
+NOTE [ Probing a device ]
+Where no public source gives a board's figures (the ODROID-XU4 and the Jetson TX2's compute
+rate in our catalog), they can be measured on the board. Software can measure three of the
+four kinds of figure; power needs a meter (or a board's own sensor), so it is given by the user
+and recorded with the source they name, or left unknown.
+
+* **Paging** (``pagein_*`` / ``pageout_*`` latency and throughput): files of several sizes are
+  written to the paging directory (e.g. the SD card) and read back. A write counts until
+  ``fsync`` returns and a read starts after ``posix_fadvise(DONTNEED)`` has dropped the file
+  from the page cache, so both measure the storage, not RAM: the figures POET measured
+  "without the page cache" for its Raspberry Pi. ``time = latency + bytes / throughput`` (the
+  cost model's formula, :mod:`edgetrain.energy`) is fitted to every transfer by least squares
+  on *relative* error, so the small transfers, which carry the latency, weigh as much as the
+  large ones. A fitted latency that is not positive (noise on fast storage) is replaced by the
+  median time of the smallest transfer, an upper bound, and the source says so.
+* **Compute** (``compute_flops_per_s``): the achieved training rate, FLOPs of one training step
+  (forward, loss and backward, counted as the planner counts them: the meta-device chain of
+  :func:`edgetrain.profile.chain_for`) over the median measured time of that step on this
+  machine. With it, :func:`edgetrain.energy.scale_chain` predicts exactly the measured step
+  for the probing model and batch; other models inherit the assumption stated there (the same
+  achieved rate for every stage).
+* **Power** (``compute_power_w``, ``pagein_power_w``, ``pageout_power_w``): given, with a source
+  ("USB meter, board under load minus idle"); without them the device file says they are
+  unknown and energy planning refuses the device, naming them.
+
+The result is a device entry in the catalog's own format (``devices.toml``), every measured
+figure with a source that says how, where and when it was measured; ``--devices-file`` (or
+``EDGETRAIN_DEVICES``) makes it usable by every command.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..errors import EdgetrainError
+from .catalog import ENERGY_FIELDS, Device, _parse_catalog, this_machine, tomllib
+
+__all__ = ["ComputeProbe", "StorageProbe", "Transfer", "TransferFit", "device_entry", "fit_transfers",
+           "probe_compute", "probe_storage", "write_device_entry"]
+
+logger = logging.getLogger(__name__)
+
+Direction = Literal["in", "out"]
+KIB = 1024
+DEFAULT_SIZES = (4 * KIB, 256 * KIB, 4 * KIB * KIB, 32 * KIB * KIB)
+POWER_FIELDS = ("compute_power_w", "pagein_power_w", "pageout_power_w")
+_RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+# --- paging -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Transfer:
+    """One timed transfer: ``direction`` "out" (RAM to storage, synced) or "in" (storage to RAM)."""
+
+    direction: Direction
+    n_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TransferFit:
+    """``time = latency_s + bytes / bps`` fitted to the transfers of one direction."""
+
+    latency_s: float
+    bps: float
+    latency_from: Literal["fit", "smallest transfer"]
+    transfers: int
+
+
+def fit_transfers(transfers: Sequence[Transfer]) -> TransferFit:
+    """Least-squares fit of ``time = latency + bytes / bps`` on relative error.
+
+    Raises:
+        EdgetrainError: fewer than two transfer sizes, or times that do not grow with size.
+
+    Example:
+        >>> fit = fit_transfers([Transfer("in", n, 0.001 + n / 1e8) for n in (4096, 1 << 20, 1 << 25)])
+        >>> round(fit.latency_s, 9), round(fit.bps)
+        (0.001, 100000000)
+    """
+    sizes = np.array([t.n_bytes for t in transfers], float)
+    seconds = np.array([t.seconds for t in transfers], float)
+    if len(set(sizes.tolist())) < 2:
+        raise EdgetrainError("fitting latency and throughput needs transfers of at least two sizes")
+    if (seconds <= 0).any():
+        raise EdgetrainError("a transfer took no measurable time; use larger sizes")
+    # Minimise sum(((latency + c * n) - t) / t)^2 over (latency, c = 1 / bps): rows [1/t, n/t] . x = 1.
+    design = np.stack([1.0 / seconds, sizes / seconds], axis=1)
+    (latency, seconds_per_byte), *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
+    if not seconds_per_byte > 0:
+        raise EdgetrainError("transfer times do not grow with size (another load on the storage, or a cache "
+                             "that was not dropped?); run the probe again with larger sizes")
+    if latency > 0:
+        return TransferFit(float(latency), float(1.0 / seconds_per_byte), "fit", len(transfers))
+    smallest = sizes.min()
+    bound = statistics.median(seconds[sizes == smallest].tolist())
+    return TransferFit(float(bound), float(1.0 / seconds_per_byte), "smallest transfer", len(transfers))
+
+
+@dataclass(frozen=True)
+class StorageProbe:
+    """Paging figures of one directory's storage, with every transfer they come from."""
+
+    directory: str
+    filesystem: str | None
+    cache_dropped: bool
+    pagein: TransferFit
+    pageout: TransferFit
+    transfers: tuple[Transfer, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"directory": self.directory, "filesystem": self.filesystem, "cache_dropped": self.cache_dropped,
+                "pagein_latency_s": self.pagein.latency_s, "pagein_bps": self.pagein.bps,
+                "pagein_latency_from": self.pagein.latency_from, "pageout_latency_s": self.pageout.latency_s,
+                "pageout_bps": self.pageout.bps, "pageout_latency_from": self.pageout.latency_from,
+                "transfers": [[t.direction, t.n_bytes, t.seconds] for t in self.transfers]}
+
+
+def _write_synced(path: Path, data: memoryview) -> float:
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = data
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+def _drop_cached(path: Path) -> bool:
+    """Ask the kernel to forget the file's cached pages; False where it cannot be asked."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _read_into(path: Path, into: memoryview) -> float:
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < len(into):
+            n = f.readinto(into[done:])
+            if not n:
+                raise EdgetrainError(f"{path} is shorter than what was written to it")
+            done += n
+    return time.perf_counter() - start
+
+
+def _filesystem_of(directory: Path, mounts: Path = Path("/proc/self/mounts")) -> str | None:
+    """Type of the file system holding ``directory`` (the longest mount point above it), if known."""
+    try:
+        lines = mounts.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    target, best, kind = str(directory.resolve()), -1, None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, kind = len(point), parts[2]
+    return kind
+
+
+def probe_storage(directory: str | os.PathLike[str], *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3,
+                  progress: Callable[[int, int], None] | None = None) -> StorageProbe:
+    """Time synced writes and uncached reads of ``sizes`` bytes in ``directory`` and fit both directions.
+
+    Files go in a fresh sub-directory, removed afterwards whatever happens. Every read is
+    checked byte for byte against what was written.
+
+    Raises:
+        EdgetrainError: a missing or unwritable directory, a full disk, a read that differs from
+            the write, or times that do not fit the model (see :func:`fit_transfers`).
+    """
+    root = Path(directory)
+    if repeats < 1:
+        raise EdgetrainError(f"repeats must be >= 1, got {repeats}")
+    if len(set(sizes)) < 2 or min(sizes) < 1:
+        raise EdgetrainError(f"give at least two distinct positive transfer sizes, got {list(sizes)}")
+    if not root.is_dir():
+        raise EdgetrainError(f"paging directory {root} does not exist or is not a directory")
+    filesystem = _filesystem_of(root)
+    if filesystem in _RAM_FILESYSTEMS:
+        logger.warning("%s is on %s: the figures will be RAM's, not storage's", root, filesystem)
+    payload = memoryview(os.urandom(max(sizes)))   # incompressible, so no storage layer can shortcut it
+    buffer = memoryview(bytearray(max(sizes)))
+    transfers: list[Transfer] = []
+    dropped = True
+    total = repeats * len(sizes)
+    try:
+        work = Path(tempfile.mkdtemp(prefix="edgetrain-probe-", dir=root))
+    except OSError as exc:
+        raise EdgetrainError(f"cannot create probe files in {root}: {exc.strerror or exc}") from None
+    try:
+        for index in range(total):
+            n = sizes[index % len(sizes)]
+            path = work / f"page-{index}"
+            transfers.append(Transfer("out", n, _write_synced(path, payload[:n])))
+            dropped = _drop_cached(path) and dropped
+            transfers.append(Transfer("in", n, _read_into(path, buffer[:n])))
+            if buffer[:n] != payload[:n]:
+                raise EdgetrainError(f"{path}: the bytes read back differ from those written")
+            path.unlink()
+            if progress is not None:
+                progress(index + 1, total)
+    except OSError as exc:
+        raise EdgetrainError(f"probing storage in {root} failed: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if not dropped:
+        logger.warning("this system cannot drop cached pages: page-in figures may be RAM's")
+    return StorageProbe(str(root.resolve()), filesystem, dropped,
+                        fit_transfers([t for t in transfers if t.direction == "in"]),
+                        fit_transfers([t for t in transfers if t.direction == "out"]), tuple(transfers))
+
+
+# --- compute ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ComputeProbe:
+    """The achieved training rate: the step's FLOPs over its median measured time."""
+
+    model: str
+    batch: int
+    size: int
+    flops: float
+    steps_s: tuple[float, ...]
+    threads: int
+
+    @property
+    def step_s(self) -> float:
+        return statistics.median(self.steps_s)
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.step_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "batch": self.batch, "size": self.size, "flops": self.flops,
+                "step_s": self.step_s, "steps_s": list(self.steps_s), "threads": self.threads,
+                "compute_flops_per_s": self.flops_per_s}
+
+
+def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, repeats: int = 5,
+                  progress: Callable[[int, int], None] | None = None) -> ComputeProbe:
+    """Time ``repeats`` training steps (forward, loss, backward) of a zoo model after one warm-up.
+
+    The FLOPs are the planner's (:func:`edgetrain.profile.chain_for`, NOTE [ Probing a device ]),
+    so that a chain scaled by the measured rate predicts this step's measured time.
+    """
+    import torch
+
+    from ..models import get_model_spec
+    from ..profile import chain_for
+    from ..profile.profiler import NOMINAL_FLOPS_PER_S
+
+    if repeats < 1:
+        raise EdgetrainError(f"repeats must be >= 1, got {repeats}")
+    chain = chain_for(model, batch, size)
+    if chain.meta.get("timed") is not False:
+        raise AssertionError("chain_for must give FLOP-based times")
+    flops = chain.compute_time_s * NOMINAL_FLOPS_PER_S
+    spec = get_model_spec(model)
+    net = spec.build()
+    net.train()
+    x, y = spec.example_input(batch, size), spec.example_target(batch)
+    steps: list[float] = []
+    for index in range(repeats + 1):
+        start = time.perf_counter()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        elapsed = time.perf_counter() - start
+        net.zero_grad(set_to_none=True)
+        if index:   # the first step warms allocators and caches
+            steps.append(elapsed)
+            if progress is not None:
+                progress(index, repeats)
+    return ComputeProbe(model, batch, size, flops, tuple(steps), torch.get_num_threads())
+
+
+# --- the device entry -------------------------------------------------------------------------
+
+def _storage_sources(storage: StorageProbe, when: str) -> dict[str, str]:
+    how = (f"measured by `edgetrain bench device` on {when}: {len(storage.transfers) // 2} transfers each way of "
+           f"{sorted({t.n_bytes for t in storage.transfers})} bytes in {storage.directory} "
+           f"({storage.filesystem or 'file system unknown'})")
+    sources: dict[str, str] = {}
+    for direction, fit, what in (("in", storage.pagein, "reads after dropping the page cache"),
+                                 ("out", storage.pageout, "writes until fsync returned")):
+        prefix = f"page{direction}"
+        sources[f"{prefix}_bps"] = f"{how}; {what}; least-squares fit of time = latency + bytes / throughput"
+        sources[f"{prefix}_latency_s"] = (
+            f"{how}; {what}; intercept of that fit" if fit.latency_from == "fit" else
+            f"{how}; {what}; the fit's intercept was not positive, so the median time of the smallest transfer "
+            "(an upper bound)")
+    return sources
+
+
+def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputeProbe | None,
+                 powers: Mapping[str, float], power_source: str | None, base: Device | None = None,
+                 title: str | None = None, when: str | None = None) -> dict[str, Any]:
+    """A ``[devices.<name>]`` table for a device file: ``base``'s detected figures plus the measured ones.
+
+    Args:
+        name: the device's name in the file (a catalog name such as ``odroid-xu4`` replaces the
+            shipped entry wherever the file is used).
+        storage / compute: what was measured; None leaves those figures unknown.
+        powers: any of ``compute_power_w``, ``pagein_power_w``, ``pageout_power_w`` in W.
+        power_source: where the powers come from (required when any is given).
+        base: the detected machine (default :func:`~edgetrain.devices.this_machine`).
+
+    Raises:
+        EdgetrainError: a power without a source, or a power that is not a positive number.
+    """
+    base = base or this_machine()
+    when = when or time.strftime("%Y-%m-%d")
+    unknown = sorted(set(powers) - set(POWER_FIELDS))
+    if unknown:
+        raise EdgetrainError(f"unknown power field(s) {unknown}; valid: {', '.join(POWER_FIELDS)}")
+    for key, value in powers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise EdgetrainError(f"{key} must be a positive number of watts, got {value!r}")
+    if powers and not (power_source or "").strip():
+        raise EdgetrainError("powers need a source: say what measured them (e.g. 'USB power meter, board under "
+                             "load minus idle')")
+    table: dict[str, Any] = {"title": title or f"{name}, measured on {base.title}", "memory_bytes": base.memory_bytes,
+                             "cpu": base.cpu}
+    sources = {key: base.sources[key] for key in ("memory_bytes", "cpu") if key in base.sources}
+    for key in ("cpu_cores", "cpu_max_freq_hz", "accelerator"):
+        if getattr(base, key) is not None:
+            table[key] = getattr(base, key)
+            sources[key] = base.sources.get(key, "detected at run time")
+    for key in ENERGY_FIELDS:
+        sources[key] = "unknown: not measured (run `edgetrain bench device` with the options that measure it)"
+    if storage is not None:
+        table.update(pagein_latency_s=storage.pagein.latency_s, pagein_bps=storage.pagein.bps,
+                     pageout_latency_s=storage.pageout.latency_s, pageout_bps=storage.pageout.bps)
+        sources.update(_storage_sources(storage, when))
+    if compute is not None:
+        table["compute_flops_per_s"] = compute.flops_per_s
+        sources["compute_flops_per_s"] = (
+            f"measured by `edgetrain bench device` on {when}: {compute.model} batch {compute.batch} at size "
+            f"{compute.size}, {compute.flops:.4g} FLOP per step (forward, loss, backward) over the median of "
+            f"{len(compute.steps_s)} steps, {compute.step_s:.4g} s, on {compute.threads} thread(s)")
+    for key in POWER_FIELDS:
+        if key in powers:
+            table[key] = float(powers[key])
+            sources[key] = f"given to `edgetrain bench device` on {when}: {power_source}"
+        else:
+            sources[key] = ("unknown: power cannot be measured in software here; give it from a meter "
+                            f"(--{key.removesuffix('_w').replace('_', '-')}-w)")
+    table["sources"] = sources
+    table["notes"] = {"device": f"Measured on the machine itself ({base.title}) by `edgetrain bench device`."}
+    return table
+
+
+def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[str, Any]) -> Device:
+    """Put ``entry`` as ``[devices.<name>]`` into the device file at ``path``, keeping its other devices.
+
+    The new file is validated by the catalog's rules before it replaces the old one (written
+    to a temporary file, then renamed), so a crash leaves either file whole.
+
+    Raises:
+        DeviceCatalogError: the existing file is not a valid device file, or the entry breaks a rule.
+    """
+    import tomli_w
+
+    target = Path(path)
+    data: dict[str, Any] = {"devices": {}}
+    if target.exists():
+        text = target.read_text(encoding="utf-8")
+        _parse_catalog(text, str(target))
+        data = tomllib.loads(text)
+        data.setdefault("devices", {})
+    data["devices"][name] = dict(entry)
+    text = tomli_w.dumps(data)
+    device = _parse_catalog(text, str(target))[name]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, target)
+    return device
