@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ from typer.testing import CliRunner
 from edgetrain.cli import app
 from edgetrain.devices import DeviceCatalogError, get_device, load_devices_file
 from edgetrain.devices.catalog import DEVICES_ENV
-from edgetrain.devices.probe import (ComputeProbe, StorageProbe, Transfer, TransferFit, device_entry, fit_transfers,
-                                     probe_compute, probe_storage, write_device_entry)
+from edgetrain.devices.probe import (ComputeProbe, PowerMeter, PowerRail, StorageProbe, Transfer, TransferFit,
+                                     device_entry, fit_transfers, measured_powers, probe_compute, probe_storage,
+                                     write_device_entry)
 from edgetrain.energy import EnergyProfile, scale_chain
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import chain_for
@@ -64,10 +66,10 @@ def test_the_fit_refuses_one_size_and_times_that_shrink_with_size() -> None:
 def test_probing_storage_times_every_transfer_and_leaves_nothing(tmp_path: Path) -> None:
     done: list[tuple[int, int]] = []
 
-    probe = probe_storage(tmp_path, sizes=(4096, 1 << 20), repeats=2, progress=lambda i, n: done.append((i, n)))
+    probe = probe_storage(tmp_path, sizes=(4096, 4 << 20), repeats=2, progress=lambda i, n: done.append((i, n)))
 
     assert [(t.direction, t.n_bytes) for t in probe.transfers] == [
-        (d, n) for n in (4096, 1 << 20, 4096, 1 << 20) for d in ("out", "in")]
+        (d, n) for n in (4096, 4 << 20, 4096, 4 << 20) for d in ("out", "in")]
     assert all(t.seconds > 0 for t in probe.transfers)
     assert probe.pagein.bps > 0 and probe.pageout.bps > 0
     assert probe.pagein.latency_s > 0 and probe.pageout.latency_s > 0
@@ -109,6 +111,79 @@ def test_the_measured_rate_makes_the_planner_predict_the_measured_step() -> None
     assert len(probe.steps_s) == 2 and all(s > 0 for s in probe.steps_s)
     assert scaled.compute_time_s == pytest.approx(probe.step_s, rel=1e-12)
     assert probe.flops == pytest.approx(chain_for("resnet18", 2, 32).compute_time_s * 1e10, rel=1e-12)
+
+
+# --- power sensors --------------------------------------------------------------------------------
+
+def _sensor(path: Path, value: str) -> Path:
+    path.write_text(value + "\n")
+    return path
+
+
+def test_a_rail_reads_a_power_file_or_a_voltage_current_product_in_watts(tmp_path: Path) -> None:
+    power = _sensor(tmp_path / "in_power0_input", "5000")          # mW
+    volts = _sensor(tmp_path / "in1_input", "5000")                 # mV
+    amps = _sensor(tmp_path / "curr1_input", "2000")                # mA
+    micro = _sensor(tmp_path / "power1_input", "12000000")          # µW
+
+    assert PowerRail.parse(str(power)).read_w() == 5.0
+    assert PowerRail.parse(f"{volts}*{amps}").read_w() == 10.0
+    assert PowerRail.parse(f"{micro}@1e-6").read_w() == 12.0
+    assert PowerMeter((PowerRail.parse(str(power)), PowerRail.parse(f"{micro}@1e-6"))).read_w() == 17.0
+
+
+@pytest.mark.parametrize("spec", ["a*b*c", "a@zero", "a@0", "a@-1", "*b"])
+def test_a_bad_rail_spec_is_refused(spec: str) -> None:
+    with pytest.raises(EdgetrainError, match="power sensor"):
+        PowerRail.parse(spec)
+
+
+def test_an_unreadable_sensor_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EdgetrainError, match="cannot read power sensor"):
+        PowerRail.parse(str(tmp_path / "missing")).read_w()
+    with pytest.raises(EdgetrainError, match="cannot read power sensor"):
+        PowerRail.parse(str(_sensor(tmp_path / "text", "n/a"))).read_w()
+
+
+def test_sampling_reads_at_entry_and_exit_and_averages_a_constant_exactly(tmp_path: Path) -> None:
+    meter = PowerMeter((PowerRail.parse(str(_sensor(tmp_path / "p", "4250"))),), interval_s=0.001)
+    samples: list[float] = []
+
+    with meter.sampling(samples):
+        time.sleep(0.02)
+
+    assert len(samples) >= 2 and set(samples) == {4.25}
+    assert meter.idle_w(0.01) == 4.25
+
+
+def test_a_sensor_that_vanishes_while_sampling_fails_the_phase(tmp_path: Path) -> None:
+    path = _sensor(tmp_path / "p", "1000")
+    meter = PowerMeter((PowerRail.parse(str(path)),), interval_s=0.001)
+
+    with pytest.raises(EdgetrainError, match="cannot read power sensor"), meter.sampling([]):
+        path.unlink()
+        time.sleep(0.01)
+
+
+def _sampled(compute_w: tuple[float, ...], in_w: tuple[float, ...], out_w: tuple[float, ...]) -> tuple:
+    compute = ComputeProbe("resnet18", 8, 64, 7e9, (0.5,), 4, compute_w)
+    storage = StorageProbe("/mnt/sd", "vfat", True, TransferFit(5e-6, 45.5e6, "fit", 6),
+                           TransferFit(4e-3, 17.1e6, "fit", 6), (), in_w, out_w)
+    return compute, storage
+
+
+def test_measured_powers_are_phase_means_above_idle_or_whole(tmp_path: Path) -> None:
+    meter = PowerMeter((PowerRail.parse(str(tmp_path / "p")),))
+    compute, storage = _sampled((6.0, 8.0), (4.5,), (5.0, 6.0))
+
+    above, above_source = measured_powers(meter, compute=compute, storage=storage, idle_w=4.0)
+    whole, whole_source = measured_powers(meter, compute=compute, storage=storage, idle_w=None)
+
+    assert above == {"compute_power_w": 3.0, "pagein_power_w": 0.5, "pageout_power_w": 1.5}
+    assert whole == {"compute_power_w": 7.0, "pagein_power_w": 4.5, "pageout_power_w": 5.5}
+    assert "above the idle mean" in above_source and "idle included" in whole_source
+    with pytest.raises(EdgetrainError, match="not above idle"):
+        measured_powers(meter, compute=compute, storage=storage, idle_w=5.0)
 
 
 # --- the device entry and file --------------------------------------------------------------------
@@ -194,7 +269,7 @@ def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monk
     page_dir.mkdir()
 
     measured = runner.invoke(app, [
-        "bench", "device", "--name", "probe-board", "--page-dir", str(page_dir), "--sizes", "4KiB,1MiB",
+        "bench", "device", "--name", "probe-board", "--page-dir", str(page_dir), "--sizes", "4KiB,4MiB",
         "--repeats", "1", "--model", "resnet18", "--batch", "2", "--image", "32", "--steps", "1",
         "--compute-power-w", "5", "--pagein-power-w", "0.4", "--pageout-power-w", "0.6",
         "--power-source", "test figures", "--output", str(path), "--json"])
@@ -211,3 +286,22 @@ def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monk
     # Keep-all fits the board's memory, so the plan is one plain step: the measured one.
     assert plan["predicted_time_s"] == pytest.approx(report["compute"]["step_s"], rel=1e-9)
     assert plan["energy_compute_j"] == pytest.approx(5.0 * report["compute"]["step_s"], rel=1e-9)
+
+
+def test_bench_device_measures_powers_from_a_sensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEVICES_ENV, "")
+    sensor = _sensor(tmp_path / "in_power0_input", "3500")
+    path = tmp_path / "devices.toml"
+    common = ["bench", "device", "--name", "rails", "--page-dir", str(tmp_path), "--sizes", "4KiB,4MiB",
+              "--repeats", "1", "--model", "resnet18", "--batch", "2", "--image", "32", "--steps", "1",
+              "--power-sensor", str(sensor), "--idle-s", "0.02", "--output", str(path)]
+
+    whole = CliRunner().invoke(app, [*common, "--whole-power", "--json"])
+    flat = CliRunner().invoke(app, common)   # a constant rail is never above its idle
+
+    assert whole.exit_code == 0, whole.output
+    device = json.loads(whole.output)["device"]
+    assert (device["compute_power_w"], device["pagein_power_w"], device["pageout_power_w"]) == (3.5, 3.5, 3.5)
+    assert "idle included" in device["sources"]["compute_power_w"]
+    assert flat.exit_code == 2 and "not above idle" in flat.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["devices.toml", "in_power0_input"]

@@ -447,20 +447,35 @@ def bench_device(
                                                         help="Power while paging out, W."),
         power_source: Optional[str] = typer.Option(None, "--power-source",
                                                    help="What measured the powers, e.g. 'USB meter, load minus idle'."),
+        power_sensor: Optional[list[str]] = typer.Option(
+            None, "--power-sensor", help="Measure the powers from a sysfs power monitor: PATH (mW) or VOLTS*AMPS "
+            "(mV x mA), optionally @SCALE (W per unit); repeat to sum rails."),
+        idle_s: float = typer.Option(2.0, "--idle-s", help="Seconds of idle sampled before, subtracted from powers."),
+        whole_power: bool = typer.Option(False, "--whole-power", help="Record whole sensor readings, idle included."),
         output: Path = typer.Option(Path("out/device/devices.toml"), "--output", "-o",
                                     help="Device file to write (an existing one keeps its other devices)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
-    from .devices.probe import device_entry, probe_compute, probe_storage, write_device_entry
+    from .devices.probe import (PowerMeter, PowerRail, device_entry, measured_powers, probe_compute, probe_storage,
+                                write_device_entry)
     from .units import parse_bytes
 
     sizes_bytes = [parse_bytes(part.strip()) for part in sizes.split(",") if part.strip()]
-    storage = None if skip_storage else _with_progress("paging transfers", lambda progress: probe_storage(
-        page_dir, sizes=sizes_bytes, repeats=repeats, progress=progress))
-    compute = None if skip_compute else _with_progress("training steps", lambda progress: probe_compute(
-        model, batch, image, repeats=steps, progress=progress))
     powers = {key: value for key, value in (("compute_power_w", compute_power_w), ("pagein_power_w", pagein_power_w),
                                             ("pageout_power_w", pageout_power_w)) if value is not None}
+    if powers and power_sensor:
+        raise EdgetrainError("give the powers from a meter (--compute-power-w ...) or from --power-sensor, not both")
+    meter = PowerMeter(tuple(PowerRail.parse(spec) for spec in power_sensor)) if power_sensor else None
+    idle_w = None if meter is None or whole_power else meter.idle_w(idle_s)
+    storage = None if skip_storage else _with_progress("paging transfers", lambda progress: probe_storage(
+        page_dir, sizes=sizes_bytes, repeats=repeats, meter=meter, progress=progress))
+    compute = None if skip_compute else _with_progress("training steps", lambda progress: probe_compute(
+        model, batch, image, repeats=steps, meter=meter, progress=progress))
+    if meter is not None:
+        powers, measured = measured_powers(meter, compute=compute, storage=storage, idle_w=idle_w)
+        power_source = f"measured: {measured}"
+    elif powers:
+        power_source = f"given by the user: {power_source}" if (power_source or "").strip() else None
     entry = device_entry(name, storage=storage, compute=compute, powers=powers, power_source=power_source)
     device = write_device_entry(output, name, entry)
     if as_json:

@@ -21,9 +21,14 @@ and recorded with the source they name, or left unknown.
   machine. With it, :func:`edgetrain.energy.scale_chain` predicts exactly the measured step
   for the probing model and batch; other models inherit the assumption stated there (the same
   achieved rate for every stage).
-* **Power** (``compute_power_w``, ``pagein_power_w``, ``pageout_power_w``): given, with a source
-  ("USB meter, board under load minus idle"); without them the device file says they are
-  unknown and energy planning refuses the device, naming them.
+* **Power** (``compute_power_w``, ``pagein_power_w``, ``pageout_power_w``): read from the board's
+  own power monitors where it has them (a Jetson's INA3221 rails in sysfs: a power file, or a
+  voltage and a current file whose product is the power), sampled in a background thread
+  during the timed steps, the reads and the writes; by default each is the mean *above idle*
+  (the mean of a quiet period before), as POET's figures are, because the cost model charges
+  paging on top of compute, not instead of it. Otherwise they are given from a meter, with a
+  source ("USB meter, board under load minus idle"); without them the device file says they
+  are unknown and energy planning refuses the device, naming them.
 
 The result is a device entry in the catalog's own format (``devices.toml``), every measured
 figure with a source that says how, where and when it was measured; ``--devices-file`` (or
@@ -38,27 +43,123 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from ..energy import Direction
 from ..errors import EdgetrainError
 from .catalog import ENERGY_FIELDS, Device, _parse_catalog, this_machine, tomllib
 
-__all__ = ["ComputeProbe", "StorageProbe", "Transfer", "TransferFit", "device_entry", "fit_transfers",
-           "probe_compute", "probe_storage", "write_device_entry"]
+__all__ = ["ComputeProbe", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit", "device_entry",
+           "fit_transfers", "measured_powers", "probe_compute", "probe_storage", "write_device_entry"]
 
 logger = logging.getLogger(__name__)
 
-Direction = Literal["in", "out"]
 KIB = 1024
 DEFAULT_SIZES = (4 * KIB, 256 * KIB, 4 * KIB * KIB, 32 * KIB * KIB)
 POWER_FIELDS = ("compute_power_w", "pagein_power_w", "pageout_power_w")
 _RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+# --- power -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PowerRail:
+    """One power monitor: a file of power, or a voltage file and a current file; ``scale_w`` W per unit.
+
+    ``parse("PATH")`` is a power file in mW (the Jetson ``in_power*_input`` files);
+    ``parse("VOLTS*AMPS")`` multiplies two readings, mV x mA by default (hwmon's ``in*_input``
+    and ``curr*_input``); ``@SCALE`` after either sets the watts per unit (``PATH@1e-6`` for µW).
+    """
+
+    paths: tuple[Path, ...]
+    scale_w: float
+
+    @classmethod
+    def parse(cls, spec: str) -> PowerRail:
+        body, _, scale = spec.partition("@")
+        parts = [part.strip() for part in body.split("*")]
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise EdgetrainError(f"power sensor {spec!r}: give PATH (power) or VOLTS*AMPS (two readings), "
+                                 "optionally @SCALE in watts per unit")
+        paths = tuple(map(Path, parts))
+        try:
+            scale_w = float(scale) if scale else (1e-3 if len(paths) == 1 else 1e-6)
+        except ValueError:
+            raise EdgetrainError(f"power sensor {spec!r}: scale {scale!r} is not a number") from None
+        if not math.isfinite(scale_w) or scale_w <= 0:
+            raise EdgetrainError(f"power sensor {spec!r}: the scale must be a positive number")
+        return cls(paths, scale_w)
+
+    def read_w(self) -> float:
+        value = 1.0
+        for path in self.paths:
+            try:
+                value *= float(path.read_text(encoding="ascii").split()[0])
+            except (OSError, ValueError, IndexError) as exc:
+                raise EdgetrainError(f"cannot read power sensor {path}: {exc}") from None
+        return value * self.scale_w
+
+    def __str__(self) -> str:
+        return "*".join(map(str, self.paths)) + f"@{self.scale_w:g}"
+
+
+@dataclass(frozen=True)
+class PowerMeter:
+    """The summed power of some rails, sampled every ``interval_s`` while a phase runs."""
+
+    rails: tuple[PowerRail, ...]
+    interval_s: float = 0.01
+
+    def read_w(self) -> float:
+        return sum(rail.read_w() for rail in self.rails)
+
+    @contextmanager
+    def sampling(self, into: list[float]) -> Iterator[None]:
+        """Append readings to ``into`` while the block runs: one at entry, one per interval, one at exit."""
+        into.append(self.read_w())
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            while not stop.wait(self.interval_s):
+                try:
+                    into.append(self.read_w())
+                except EdgetrainError as exc:   # reported by the caller's thread, below
+                    failures.append(exc)
+                    return
+
+        sampler = threading.Thread(target=run, name="edgetrain-power", daemon=True)
+        sampler.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            sampler.join()
+        if failures:
+            raise failures[0]
+        into.append(self.read_w())
+
+    def idle_w(self, seconds: float) -> float:
+        """Mean power over ``seconds`` of doing nothing."""
+        samples: list[float] = []
+        with self.sampling(samples):
+            time.sleep(seconds)
+        return statistics.fmean(samples)
+
+    def describe(self) -> str:
+        return " + ".join(map(str, self.rails))
+
+
+def _sampling(meter: PowerMeter | None, into: list[float]) -> Any:
+    return nullcontext() if meter is None else meter.sampling(into)
 
 
 # --- paging -----------------------------------------------------------------------------------
@@ -122,6 +223,8 @@ class StorageProbe:
     pagein: TransferFit
     pageout: TransferFit
     transfers: tuple[Transfer, ...]
+    pagein_power_samples_w: tuple[float, ...] = ()
+    pageout_power_samples_w: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"directory": self.directory, "filesystem": self.filesystem, "cache_dropped": self.cache_dropped,
@@ -187,11 +290,13 @@ def _filesystem_of(directory: Path, mounts: Path = Path("/proc/self/mounts")) ->
 
 
 def probe_storage(directory: str | os.PathLike[str], *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3,
+                  meter: PowerMeter | None = None,
                   progress: Callable[[int, int], None] | None = None) -> StorageProbe:
     """Time synced writes and uncached reads of ``sizes`` bytes in ``directory`` and fit both directions.
 
     Files go in a fresh sub-directory, removed afterwards whatever happens. Every read is
-    checked byte for byte against what was written.
+    checked byte for byte against what was written. With a ``meter``, its readings during the
+    writes and the reads are kept for :func:`measured_powers`.
 
     Raises:
         EdgetrainError: a missing or unwritable directory, a full disk, a read that differs from
@@ -210,6 +315,8 @@ def probe_storage(directory: str | os.PathLike[str], *, sizes: Sequence[int] = D
     payload = memoryview(os.urandom(max(sizes)))   # incompressible, so no storage layer can shortcut it
     buffer = memoryview(bytearray(max(sizes)))
     transfers: list[Transfer] = []
+    power_in: list[float] = []
+    power_out: list[float] = []
     dropped = True
     total = repeats * len(sizes)
     try:
@@ -220,9 +327,11 @@ def probe_storage(directory: str | os.PathLike[str], *, sizes: Sequence[int] = D
         for index in range(total):
             n = sizes[index % len(sizes)]
             path = work / f"page-{index}"
-            transfers.append(Transfer("out", n, _write_synced(path, payload[:n])))
+            with _sampling(meter, power_out):
+                transfers.append(Transfer("out", n, _write_synced(path, payload[:n])))
             dropped = _drop_cached(path) and dropped
-            transfers.append(Transfer("in", n, _read_into(path, buffer[:n])))
+            with _sampling(meter, power_in):
+                transfers.append(Transfer("in", n, _read_into(path, buffer[:n])))
             if buffer[:n] != payload[:n]:
                 raise EdgetrainError(f"{path}: the bytes read back differ from those written")
             path.unlink()
@@ -236,7 +345,8 @@ def probe_storage(directory: str | os.PathLike[str], *, sizes: Sequence[int] = D
         logger.warning("this system cannot drop cached pages: page-in figures may be RAM's")
     return StorageProbe(str(root.resolve()), filesystem, dropped,
                         fit_transfers([t for t in transfers if t.direction == "in"]),
-                        fit_transfers([t for t in transfers if t.direction == "out"]), tuple(transfers))
+                        fit_transfers([t for t in transfers if t.direction == "out"]), tuple(transfers),
+                        tuple(power_in), tuple(power_out))
 
 
 # --- compute ----------------------------------------------------------------------------------
@@ -251,6 +361,7 @@ class ComputeProbe:
     flops: float
     steps_s: tuple[float, ...]
     threads: int
+    power_samples_w: tuple[float, ...] = ()
 
     @property
     def step_s(self) -> float:
@@ -267,6 +378,7 @@ class ComputeProbe:
 
 
 def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, repeats: int = 5,
+                  meter: PowerMeter | None = None,
                   progress: Callable[[int, int], None] | None = None) -> ComputeProbe:
     """Time ``repeats`` training steps (forward, loss, backward) of a zoo model after one warm-up.
 
@@ -290,16 +402,45 @@ def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, re
     net.train()
     x, y = spec.example_input(batch, size), spec.example_target(batch)
     steps: list[float] = []
+    power: list[float] = []
     for index in range(repeats + 1):
-        start = time.perf_counter()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        elapsed = time.perf_counter() - start
+        with _sampling(meter if index else None, power):   # the first step warms allocators and caches
+            start = time.perf_counter()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            elapsed = time.perf_counter() - start
         net.zero_grad(set_to_none=True)
-        if index:   # the first step warms allocators and caches
+        if index:
             steps.append(elapsed)
             if progress is not None:
                 progress(index, repeats)
-    return ComputeProbe(model, batch, size, flops, tuple(steps), torch.get_num_threads())
+    return ComputeProbe(model, batch, size, flops, tuple(steps), torch.get_num_threads(), tuple(power))
+
+
+def measured_powers(meter: PowerMeter, *, compute: ComputeProbe | None, storage: StorageProbe | None,
+                    idle_w: float | None) -> tuple[dict[str, float], str]:
+    """Mean power of each phase the probes sampled, above ``idle_w`` unless it is None, and its source text.
+
+    Raises:
+        EdgetrainError: a phase whose mean is not above idle (the rails do not see that work).
+    """
+    phases = {"compute_power_w": () if compute is None else compute.power_samples_w,
+              "pagein_power_w": () if storage is None else storage.pagein_power_samples_w,
+              "pageout_power_w": () if storage is None else storage.pageout_power_samples_w}
+    powers: dict[str, float] = {}
+    for key, samples in phases.items():
+        if not samples:
+            continue
+        idle = idle_w or 0.0
+        value = statistics.fmean(samples) - idle
+        if value <= 0:
+            raise EdgetrainError(f"{key}: the mean power while working ({statistics.fmean(samples):.4g} W) is not "
+                                 f"above idle ({idle:.4g} W) on {meter.describe()}; choose rails that feed "
+                                 "that work, or record whole readings (--whole-power)")
+        powers[key] = value
+    what = "above the idle mean of a quiet period before" if idle_w is not None else "whole readings, idle included"
+    source = (f"sampled every {meter.interval_s:g} s from {meter.describe()} (W per unit after @) while the "
+              f"probe ran that work; mean {what}" + ("" if idle_w is None else f" ({idle_w:.4g} W)"))
+    return powers, source
 
 
 # --- the device entry -------------------------------------------------------------------------
@@ -369,7 +510,7 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
     for key in POWER_FIELDS:
         if key in powers:
             table[key] = float(powers[key])
-            sources[key] = f"given to `edgetrain bench device` on {when}: {power_source}"
+            sources[key] = f"`edgetrain bench device` on {when}: {power_source}"
         else:
             sources[key] = ("unknown: power cannot be measured in software here; give it from a meter "
                             f"(--{key.removesuffix('_w').replace('_', '-')}-w)")
