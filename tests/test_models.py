@@ -39,7 +39,8 @@ REFERENCE_PARAMS = {
     "mobilenet_v2": 3_504_872,
 }
 # stem + residual blocks + head; MobileNetV2: stem + 17 blocks + last conv + head.
-STAGE_COUNTS = {"resnet18": 10, "resnet34": 18, "resnet50": 18, "resnet101": 35, "resnet152": 52,
+# ResNets: conv1, bn1, relu, maxpool, one stage per block, the head.
+STAGE_COUNTS = {"resnet18": 13, "resnet34": 21, "resnet50": 21, "resnet101": 38, "resnet152": 55,
                 "mobilenet_v2": 20}
 
 
@@ -221,8 +222,8 @@ def test_view_stages_hold_the_models_modules() -> None:
     model = small_models()["resnet18"]
     head = stages_of(model)[-1]
     assert head.fc.weight is model.fc.weight
-    stem = stages_of(model)[0]
-    assert stem.conv1.weight is model.conv1.weight
+    conv1, bn1 = stages_of(model)[:2]
+    assert conv1 is model.conv1 and bn1 is model.bn1
 
 
 def test_stages_of_sequential_and_errors() -> None:

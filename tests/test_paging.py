@@ -155,7 +155,7 @@ CHEAP_STORAGE = EnergyProfile("t", 1e9, 3.0, 1e-3, 1e8, 0.1, 1e-3, 5e7, 0.1)
 
 @functools.cache
 def record_schedules(name: str) -> dict[str, Schedule]:
-    """The first three records that keep internals (ResNet: the stem and two blocks) paged on
+    """The first three records that keep internals (ResNet: bn1, maxpool and a block) paged on
     keep-all, and ``paging-dp`` at its least budget and a quarter of the way to keep-all's peak."""
     chain = case(name).chain
     paged = [i for i in range(chain.length - 1) if internals(chain, i) > 0][:3]
@@ -180,7 +180,12 @@ def test_record_paging_is_accepted_and_lowers_the_simulated_peak() -> None:
             log.info("%s %s: records %s paged, peak %d -> %d, disk %d", name, kind,
                      [op.stage for op in schedule.ops if isinstance(op, PageOutRecord)], unpaged.peak_bytes,
                      paged.peak_bytes, paged.peak_disk_bytes)
-            assert paged.peak_bytes < unpaged.peak_bytes
+            # Paging only ever takes bytes out of RAM; the hand-built case pages to lower the peak, paging-dp
+            # may page to save recomputation energy where the peak lies elsewhere (e.g. at its floor).
+            if kind == "records":
+                assert paged.peak_bytes < unpaged.peak_bytes
+            else:
+                assert paged.peak_bytes <= min(unpaged.peak_bytes, schedule.params["budget_bytes"])
             assert paged.pagein_count == paged.pageout_count and paged.peak_disk_bytes > 0
 
 
@@ -379,7 +384,7 @@ def test_record_page_out_frees_exactly_its_internals(tmp_path: Path) -> None:
                if isinstance(op, (PageOutRecord, PageInRecord))}
     assert changes == {op: (-1 if isinstance(op, PageOutRecord) else 1) * internals(c.chain, op.stage)
                        for op in changes}
-    assert 0 in {op.stage for op in changes}   # the stem: conv and BN outputs, pool indices
+    assert {1, 3} <= {op.stage for op in changes}   # the stem's BN (its input) and max-pool (indices)
     assert list(tmp_path.iterdir()) == []
 
 

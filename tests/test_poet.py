@@ -41,6 +41,20 @@ def test_writes_json_plot_and_summary(figure: PoetFigure) -> None:
     assert "POET" in figure.md_path.read_text()
 
 
+def test_poets_accounting_counts_the_budget_above_the_fixed_state(figure: PoetFigure) -> None:
+    for panel in figure.data["panels"]:  # type: ignore[attr-defined]
+        top, fixed = panel["keep_all"]["peak_bytes"], panel["fixed_bytes"]
+        for point in panel["points"]:
+            assert point["activation_budget_pct"] == pytest.approx(
+                100.0 * (point["budget_bytes"] - fixed) / (top - fixed), rel=1e-12)
+        assert panel["points"][0]["activation_budget_pct"] == pytest.approx(100.0)
+        whole, poets = panel["claim"], panel["claim_activations"]
+        assert poets["least_feasible_pct"] == pytest.approx(panel["points"][-1]["activation_budget_pct"])
+        assert poets["least_feasible_pct"] <= whole["least_feasible_pct"]   # the fixed part is left out
+        if whole["lowest_budget_pct"] is not None:   # the same point, read on the other axis
+            assert poets["paging_dp_extra_pct"] == whole["paging_dp_extra_pct"]
+
+
 def test_a_device_without_energy_figures_is_skipped_with_its_reason(figure: PoetFigure) -> None:
     reason = figure.data["skipped_devices"]["jetson-tx2"]  # type: ignore[index]
     assert "compute_flops_per_s" in reason

@@ -71,7 +71,7 @@ def test_profile_times_real_stages_and_keeps_batchnorm_statistics() -> None:
     model = spec.build(num_classes=10)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     chain = profile(model, (2, 3, 32, 32), repeats=2)
-    assert chain.length == 11 and chain.stages[-1].name == "loss"
+    assert chain.length == 14 and chain.stages[-1].name == "loss"   # 4 stem stages, 8 blocks, head, loss
     assert all(s.fwd_time_s > 0 and s.bwd_time_s > 0 for s in chain.stages[:-1])
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert chain.meta["timed"] is True
