@@ -5,7 +5,7 @@ is, it adds two custom autograd functions and one backward call per stage (``op_
 Prints one JSON object: per model the median step times (forward, loss, backward; gradients
 reset to ``None`` between steps) and their ratios to plain PyTorch, whose target is <= 1.03.
 
-Usage: ``python benchmarks/executor_overhead.py [--repeats N] [--threads T]``.
+Usage: ``python benchmarks/executor_overhead.py [--repeats N] [--threads T] [--models name:batch:size,...]``.
 """
 
 from __future__ import annotations
@@ -92,11 +92,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--models", help="comma-separated name:batch:size (default: "
+                        + ",".join(f"{n}:{b}:{s}" for n, b, s in CASES) + ")")
     args = parser.parse_args()
+    cases = CASES if not args.models else [(n, int(b), int(s)) for n, b, s in
+                                           (item.split(":") for item in args.models.split(","))]
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     keep_freed_memory()   # else a step pays page faults for the smaller step before it
-    results = [bench(name, batch, size, args.repeats) for name, batch, size in CASES]
+    results = [bench(name, batch, size, args.repeats) for name, batch, size in cases]
     report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "target_ratio": 1.03,
               "results": results}
     print(json.dumps(report, indent=1))  # the benchmark's output is this JSON on stdout
