@@ -220,8 +220,9 @@ def test_without_powers_the_entry_says_so_and_energy_planning_names_them(tmp_pat
 
     assert device.compute_power_w is None
     assert device.sources["compute_power_w"].startswith("unknown:")
-    with pytest.raises(EdgetrainError, match="compute_power_w, pagein_power_w, pageout_power_w"):
+    with pytest.raises(EdgetrainError, match="compute_power_w, pagein_power_w, pageout_power_w") as refused:
         EnergyProfile.from_device(device)
+    assert "edgetrain bench device" in str(refused.value)
 
 
 def test_powers_need_a_source_and_a_positive_value() -> None:
@@ -305,3 +306,16 @@ def test_bench_device_measures_powers_from_a_sensor(tmp_path: Path, monkeypatch:
     assert "idle included" in device["sources"]["compute_power_w"]
     assert flat.exit_code == 2 and "not above idle" in flat.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["devices.toml", "in_power0_input"]
+
+
+def test_the_device_list_shows_a_device_files_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEVICES_ENV, "")
+    path = tmp_path / "devices.toml"
+    write_device_entry(path, "my-board", device_entry("my-board", storage=_storage(), compute=_compute(),
+                                                      powers=POWERS, power_source="meter"))
+
+    listed = CliRunner().invoke(app, ["--devices-file", str(path), "devices", "--json"])
+
+    assert listed.exit_code == 0, listed.output
+    names = [d["name"] for d in json.loads(listed.output)]
+    assert "my-board" in names and names[-1] == "this-machine"

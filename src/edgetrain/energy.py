@@ -93,7 +93,9 @@ class EnergyProfile:
         missing = [key for key in ENERGY_FIELDS if getattr(device, key) is None]
         if missing:
             reasons = "; ".join(f"{key} ({device.sources.get(key, 'no reason given')})" for key in missing)
-            raise EdgetrainError(f"device {device.name!r} lacks energy figure(s) {', '.join(missing)}: {reasons}")
+            raise EdgetrainError(f"device {device.name!r} lacks energy figure(s) {', '.join(missing)}: {reasons}. "
+                                 "Measure them on the board with `edgetrain bench device` and pass its file "
+                                 "with --devices-file")
         return cls(device_name=device.name, **{key: float(getattr(device, key)) for key in ENERGY_FIELDS})
 
     @property
