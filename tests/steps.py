@@ -19,3 +19,11 @@ class StepResult:
 def observe(model: nn.Module, loss: torch.Tensor) -> StepResult:
     return StepResult(loss.detach(), [p.grad for p in model.parameters()], [b.clone() for b in model.buffers()],
                       torch.get_rng_state())
+
+
+def plain_autograd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) -> StepResult:
+    """The reference: one plain forward, cross-entropy loss and backward, the RNG seeded first."""
+    torch.manual_seed(seed)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return observe(model, loss)

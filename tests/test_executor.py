@@ -31,7 +31,7 @@ from edgetrain.runtime import Checkpointed, Executor, run_schedule
 from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, simulate
 from edgetrain.stages import training_stages
 
-from steps import StepResult, observe
+from steps import StepResult, observe, plain_autograd_step
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,7 @@ def case(name: str, batch: int | None = None, size: int | None = None) -> Case:
 @functools.cache
 def plain_step(name: str) -> StepResult:
     c = case(name)
-    model = c.fresh_model()
-    torch.manual_seed(SEED)
-    loss = nn.functional.cross_entropy(model(c.x), c.y)
-    loss.backward()
-    return observe(model, loss)
+    return plain_autograd_step(c.fresh_model(), c.x, c.y, SEED)
 
 
 def scheduled_step(name: str, schedule: Schedule) -> StepResult:

@@ -46,7 +46,7 @@ from edgetrain.schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecor
                                 keep_all, memory_timeline, simulate)
 from edgetrain.stages import training_stages
 
-from steps import StepResult, observe
+from steps import StepResult, observe, plain_autograd_step
 
 log = logging.getLogger(__name__)
 
@@ -212,11 +212,7 @@ def test_hand_built_schedules_page_and_lower_the_simulated_peak() -> None:
 @functools.cache
 def plain_step(name: str) -> StepResult:
     c = case(name)
-    model = c.fresh_model()
-    torch.manual_seed(SEED)
-    loss = nn.functional.cross_entropy(model(c.x), c.y)
-    loss.backward()
-    return observe(model, loss)
+    return plain_autograd_step(c.fresh_model(), c.x, c.y, SEED)
 
 
 VALUE_KINDS = ["keep_all", "uniform3"]

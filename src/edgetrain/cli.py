@@ -457,13 +457,14 @@ def bench_device(
                                     help="Device file to write (an existing one keeps its other devices)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
-    from .devices.probe import (PowerMeter, PowerRail, device_entry, measured_powers, probe_compute, probe_storage,
-                                write_device_entry)
+    from .devices.catalog import ENERGY_FIELDS
+    from .devices.probe import (POWER_FIELDS, PowerMeter, PowerRail, device_entry, measured_powers, probe_compute,
+                                probe_storage, write_device_entry)
     from .units import parse_bytes
 
     sizes_bytes = [parse_bytes(part.strip()) for part in sizes.split(",") if part.strip()]
-    powers = {key: value for key, value in (("compute_power_w", compute_power_w), ("pagein_power_w", pagein_power_w),
-                                            ("pageout_power_w", pageout_power_w)) if value is not None}
+    given = dict(zip(POWER_FIELDS, (compute_power_w, pagein_power_w, pageout_power_w)))
+    powers = {key: value for key, value in given.items() if value is not None}
     if powers and power_sensor:
         raise EdgetrainError("give the powers from a meter (--compute-power-w ...) or from --power-sensor, not both")
     meter = PowerMeter(tuple(PowerRail.parse(spec) for spec in power_sensor)) if power_sensor else None
@@ -488,12 +489,11 @@ def bench_device(
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("source")
-    for key in ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
-                "pageout_latency_s", "pageout_bps", "pageout_power_w"):
+    for key in ENERGY_FIELDS:
         value = getattr(device, key)
         table.add_row(key, "-" if value is None else f"{value:.4g}", device.sources.get(key, ""))
     Console(width=max(console.width, 150)).print(table)
-    missing = [key for key in ("compute_power_w", "pagein_power_w", "pageout_power_w") if getattr(device, key) is None]
+    missing = [key for key in POWER_FIELDS if getattr(device, key) is None]
     console.print(f"wrote {output}; use it with `edgetrain --devices-file {output} plan ... --device {name}`"
                   + (f" (energy planning needs {', '.join(missing)} from a power meter)" if missing else ""))
 

@@ -464,6 +464,19 @@ def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudget
         minimum_bytes=minimum, budget_bytes=budget_bytes)
 
 
+def _check_options(slots: int, solver: str) -> None:
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    if solver not in ("fast", "reference"):
+        raise ValueError(f"unknown solver {solver!r}; valid: fast, reference")
+
+
+def _solve_grid(grid: _MovesGrid, solver: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(top, choice)``: the best value of the whole chain per memory unit, and the choice table."""
+    cost, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
+    return cost[0, _row(0, grid.base.length - 1)].copy(), choice
+
+
 def _check_length(chain: Chain) -> None:
     """Refuse chains whose move codes (up to ``5 L``) overflow the int16 choice table."""
     longest = (2**15 - 1) // 5
@@ -476,17 +489,19 @@ def _check_length(chain: Chain) -> None:
 class BudgetTable:
     """What a solved table answers about budgets, whatever it minimises (time here, energy in ``paging.py``).
 
-    A subclass provides ``chain``, ``max_memory_bytes``, ``unit_bytes`` and ``top_values``, the
-    best value of the whole chain per memory unit (inf where nothing fits).
+    A subclass provides ``chain``, ``max_memory_bytes``, ``grid`` and ``top_values``, the best
+    value of the whole chain per memory unit (inf where nothing fits).
     """
 
     chain: Chain
     max_memory_bytes: int
+    grid: _MovesGrid
     kind = "schedule"
 
     @property
     def unit_bytes(self) -> int:
-        raise NotImplementedError
+        """Size of one memory unit of the grid."""
+        return self.grid.base.unit_bytes
 
     @property
     def top_values(self) -> np.ndarray:
@@ -542,11 +557,6 @@ class OptimalTable(BudgetTable):
     choice: np.ndarray      # [2, L(L+1)/2, max_units + 1] int16
 
     @property
-    def unit_bytes(self) -> int:
-        """Size of one memory unit of the grid."""
-        return self.grid.base.unit_bytes
-
-    @property
     def top_values(self) -> np.ndarray:
         return self.top_time_s
 
@@ -593,17 +603,13 @@ def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solv
         >>> [table.time_s(b) for b in (5, 6, 12)]
         [36.0, 24.0, 16.0]
     """
-    if slots < 1:
-        raise ValueError(f"slots must be >= 1, got {slots}")
-    if solver not in ("fast", "reference"):
-        raise ValueError(f"unknown solver {solver!r}; valid: fast, reference")
+    _check_options(slots, solver)
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
         raise _infeasible(chain, max_memory_bytes, slots)
     _check_length(chain)
     grid = _without_paging(_discretise(chain, activation_bytes, slots))
-    cost_s, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
-    table = OptimalTable(chain, max_memory_bytes, slots, grid, cost_s[0, _row(0, chain.length - 1)].copy(), choice)
+    table = OptimalTable(chain, max_memory_bytes, slots, grid, *_solve_grid(grid, solver))
     if not np.isfinite(table.top_time_s[-1]) or table.step_bytes > max_memory_bytes:
         raise _infeasible(chain, max_memory_bytes, slots)
     logger.debug("optimal table of %d stages: %d units of %d bytes", chain.length, grid.base.max_units + 1,

@@ -49,8 +49,8 @@ from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from ..schedule import Schedule, Stats, keep_all, simulate
-from .optimal import (BudgetTable, _ceil_div, _check_length, _Costs, _discretise, _MovesGrid, _rebuild, _row,
-                      _solve_fast, _solve_reference)
+from .optimal import (BudgetTable, _ceil_div, _check_length, _check_options, _Costs, _discretise, _MovesGrid,
+                      _rebuild, _solve_grid)
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
 
@@ -163,10 +163,6 @@ class PagingTable(BudgetTable):
     kind = "paging schedule"
 
     @property
-    def unit_bytes(self) -> int:
-        return self.grid.base.unit_bytes
-
-    @property
     def top_values(self) -> np.ndarray:
         return self.top_cost
 
@@ -200,19 +196,14 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
         InfeasibleBudgetError: nothing fits; ``minimum_bytes`` is the least budget of a
             table solved up to keep-all's peak on the same grid.
     """
-    if slots < 1:
-        raise ValueError(f"slots must be >= 1, got {slots}")
-    if solver not in ("fast", "reference"):
-        raise ValueError(f"unknown solver {solver!r}; valid: fast, reference")
+    _check_options(slots, solver)
     weights = weights or CostWeights.energy(profile)
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
         raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
     _check_length(chain)
     grid = _discretise_paging(chain, activation_bytes, slots, weights, profile, recompute)
-    cost, choice = (_solve_fast if solver == "fast" else _solve_reference)(grid)
-    table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid,
-                        cost[0, _row(0, chain.length - 1)].copy(), choice)
+    table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid, *_solve_grid(grid, solver))
     if not np.isfinite(table.top_cost[-1]) or table.step_bytes > max_memory_bytes:
         raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
     return table
