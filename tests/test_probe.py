@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from edgetrain.cli import app
 from edgetrain.devices import DeviceCatalogError, get_device, load_devices_file
 from edgetrain.devices.catalog import DEVICES_ENV
+from edgetrain.devices import probe as probe_module
 from edgetrain.devices.probe import (ComputeProbe, PowerMeter, PowerRail, StorageProbe, Transfer, TransferFit,
                                      device_entry, fit_transfers, measured_powers, probe_compute, probe_storage,
                                      write_device_entry)
@@ -63,7 +64,20 @@ def test_the_fit_refuses_one_size_and_times_that_shrink_with_size() -> None:
 
 # --- storage --------------------------------------------------------------------------------------
 
-def test_probing_storage_times_every_transfer_and_leaves_nothing(tmp_path: Path) -> None:
+WRITE, READ = (4e-3, 17.1e6), (5e-6, 45.5e6)   # (latency s, bytes/s) the steady storage reports
+
+
+@pytest.fixture
+def steady_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real file I/O whose reported time is ``latency + bytes / bps``: a 4 KiB fsync on this shared machine
+    can outlast a 4 MiB one, which the fit rightly refuses, so tests must not depend on its noise."""
+    for name, (latency, bps) in (("_write_synced", WRITE), ("_read_into", READ)):
+        real = getattr(probe_module, name)
+        monkeypatch.setattr(probe_module, name, lambda path, data, real=real, latency=latency, bps=bps:
+                            (real(path, data), latency + len(data) / bps)[1])
+
+
+def test_probing_storage_times_every_transfer_and_leaves_nothing(tmp_path: Path, steady_storage: None) -> None:
     done: list[tuple[int, int]] = []
 
     probe = probe_storage(tmp_path, sizes=(4096, 4 << 20), repeats=2, progress=lambda i, n: done.append((i, n)))
@@ -73,6 +87,8 @@ def test_probing_storage_times_every_transfer_and_leaves_nothing(tmp_path: Path)
     assert all(t.seconds > 0 for t in probe.transfers)
     assert probe.pagein.bps > 0 and probe.pageout.bps > 0
     assert probe.pagein.latency_s > 0 and probe.pageout.latency_s > 0
+    assert (probe.pageout.latency_s, probe.pageout.bps) == pytest.approx(WRITE, rel=1e-9)
+    assert (probe.pagein.latency_s, probe.pagein.bps) == pytest.approx(READ, rel=1e-9)
     assert done == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert list(tmp_path.iterdir()) == []
     assert json.loads(json.dumps(probe.to_dict()))["directory"] == str(tmp_path.resolve())
@@ -262,7 +278,8 @@ def test_a_user_device_file_replaces_a_shipped_device_of_the_same_name(tmp_path:
 
 # --- the command ----------------------------------------------------------------------------------
 
-def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            steady_storage: None) -> None:
     monkeypatch.setenv(DEVICES_ENV, "")   # restored after the test: the command sets it in this process
     runner = CliRunner()
     path = tmp_path / "devices.toml"
@@ -282,6 +299,7 @@ def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monk
     plan = json.loads(planned.output)
 
     assert report["device"]["compute_flops_per_s"] == report["compute"]["compute_flops_per_s"]
+    assert report["device"]["pageout_bps"] == pytest.approx(WRITE[1], rel=1e-9)
     assert list(page_dir.iterdir()) == []
     assert plan["device"] == "probe-board"
     # Keep-all fits the board's memory, so the plan is one plain step: the measured one.
@@ -289,7 +307,8 @@ def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monk
     assert plan["energy_compute_j"] == pytest.approx(5.0 * report["compute"]["step_s"], rel=1e-9)
 
 
-def test_bench_device_measures_powers_from_a_sensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_device_measures_powers_from_a_sensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    steady_storage: None) -> None:
     monkeypatch.setenv(DEVICES_ENV, "")
     sensor = _sensor(tmp_path / "in_power0_input", "3500")
     path = tmp_path / "devices.toml"
