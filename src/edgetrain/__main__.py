@@ -1,5 +1,5 @@
 """``python -m edgetrain``: the same command line as the ``edgetrain`` script."""
 
-from .cli import app
+from .cli import main
 
-app(prog_name="edgetrain")
+main()

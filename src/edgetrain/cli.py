@@ -1,7 +1,9 @@
 """The ``edgetrain`` command line: each command parses options and calls one library function.
 
-Library errors (:class:`~edgetrain.errors.EdgetrainError`, bad quantities) become one line on
-stderr and exit code 2; heavy imports happen inside the commands that need them.
+Every failure is one line on stderr, never a traceback: library errors
+(:class:`~edgetrain.errors.EdgetrainError`, bad quantities, files that cannot be written) and
+bad options exit with code 2, anything unexpected with 1 (``--verbose`` adds its traceback).
+Heavy imports happen inside the commands that need them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -18,6 +22,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
+from typer import _click
 
 from .errors import EdgetrainError, InfeasibleBudgetError
 from .units import format_bytes
@@ -29,30 +35,76 @@ app.add_typer(reproduce_app, name="reproduce")
 bench_app = typer.Typer(help="Systems measurements on this machine.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds (no markup, no wrapping)."""
+    err_console.print(Text.assemble(("error: ", "bold red"), " ".join(message.split())), highlight=False)
 
 
 def _clean_errors(command: F) -> F:
-    """Turn expected errors into one message and exit code 2, never a traceback."""
+    """Turn expected errors into one message and exit code 2, unexpected ones into one line and 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
         except (EdgetrainError, ValueError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            _error(str(exc))
             raise typer.Exit(2) from None
         except OSError as exc:
-            err_console.print(f"[bold red]error:[/] {exc.strerror or exc}: {exc.filename or ''}", highlight=False)
+            _error(f"{exc.strerror or exc}: {exc.filename or ''}")
             raise typer.Exit(2) from None
+        except MemoryError:
+            _error("out of memory: the request is larger than this machine can hold")
+            raise typer.Exit(2) from None
+        except (typer.Exit, _click.exceptions.ClickException, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug: still one line for the node's log, the traceback with --verbose
+            log.debug("unexpected error", exc_info=True)
+            _error(f"unexpected {type(exc).__name__}: {exc} (please report it; --verbose shows the traceback)")
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def main() -> None:
+    """The ``edgetrain`` script: the app, with usage errors (a bad option value) on one line too."""
+    try:
+        code = app(standalone_mode=False, prog_name="edgetrain")
+    except _click.exceptions.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "edgetrain"
+        _error(f"{exc.format_message()} (see {command} --help)")
+        sys.exit(2)
+    except _click.exceptions.ClickException as exc:
+        _error(exc.format_message())
+        sys.exit(exc.exit_code)
+    except _click.exceptions.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _finite(option: str, least: float | None = None, *,
+            above: float | None = None) -> Callable[[Optional[float]], Optional[float]]:
+    """A typer callback refusing NaN, infinities, values below ``least`` and values not above ``above``."""
+
+    def check(value: Optional[float]) -> Optional[float]:
+        if value is None:
+            return value
+        if not math.isfinite(value) or (least is not None and value < least) or (above is not None and value <= above):
+            bound = f" >= {least:g}" if least is not None else f" > {above:g}" if above is not None else ""
+            raise typer.BadParameter(f"must be a finite number{bound}, got {value}", param_hint=option)
+        return value
+
+    return check
+
+
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does."),
+def root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the library does."),
          devices_file: Optional[list[Path]] = typer.Option(
              None, "--devices-file", help="A device file (e.g. from `edgetrain bench device`) whose devices join the "
              "catalog, replacing shipped ones of the same name; repeatable. Same as EDGETRAIN_DEVICES.")) -> None:
@@ -99,8 +151,8 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
 
 
 ModelOpt = typer.Option(..., "--model", "-m", help="Model name, e.g. resnet50, mobilenet_v2, transformer.")
-BatchOpt = typer.Option(..., "--batch", "-b", help="Batch size.")
-SizeOpt = typer.Option(224, "--image", "--size", "--seq-len",
+BatchOpt = typer.Option(..., "--batch", "-b", min=1, help="Batch size.")
+SizeOpt = typer.Option(224, "--image", "--size", "--seq-len", min=1,
                        help="Image side in pixels (sequence length for transformer models).")
 DeviceOpt = typer.Option(None, "--device", "-d", help="Device from `edgetrain devices`, e.g. odroid-xu4.")
 OptimizerOpt = typer.Option("sgd", "--optimizer", help="sgd (with momentum) or adam.")
@@ -146,7 +198,8 @@ def _print_memory_report(report: dict[str, Any]) -> None:
 @_clean_errors
 def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
                  memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 2GiB."),
-                 recompute: Optional[float] = typer.Option(None, "--recompute", help="Largest recompute factor ρ >= 1."),
+                 recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
+                                                           help="Largest recompute factor ρ >= 1."),
                  strategy: str = typer.Option(
                      "auto", "--strategy", help="time: auto, uniform, revolve, optimal; energy: auto (= paging-dp), "
                      "paging-dp, recompute, paging-only, capuchin, milp."),
@@ -197,8 +250,8 @@ def _deadline_seconds(deadline: str, base_time_s: float) -> float:
         value = float(text[:-1]) if text.endswith("s") else float(text)
     except ValueError:
         raise EdgetrainError(f"--deadline must be a factor like 1.2 or seconds like 3.5s, got {deadline!r}") from None
-    if value <= 0:
-        raise EdgetrainError(f"--deadline must be > 0, got {deadline!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise EdgetrainError(f"--deadline must be a finite number > 0, got {deadline!r}")
     if text.endswith("s"):
         return value
     if value < 1:
@@ -337,7 +390,8 @@ def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o
 @reproduce_app.command("poet")
 @_clean_errors
 def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", help="Output directory."),
-                   budgets: int = typer.Option(12, "--budgets", help="Budgets per model and device."),
+                   budgets: int = typer.Option(12, "--budgets", min=2, help="Budgets per model and device (>= 2: "
+                                               "keep-all's peak and the least feasible, evenly between)."),
                    milp: bool = typer.Option(False, "--milp", help="Add the MILP series (ResNet-18; slower).")) -> None:
     """POET's Fig. 3 shape: energy per step vs memory budget, per device, for every energy strategy."""
     from .reports.poet import reproduce_poet as build
@@ -362,8 +416,8 @@ def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", hel
 def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
                 device: str = typer.Option("odroid-xu4", "--device", "-d", help="Whose memory is the budget."),
                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget instead of the device's memory."),
-                max_run_batch: int = typer.Option(64, "--max-run-batch", help="Largest batch actually run here."),
-                reps: int = typer.Option(3, "--reps", help="Timed steps per point (median)."),
+                max_run_batch: int = typer.Option(64, "--max-run-batch", min=1, help="Largest batch actually run here."),
+                reps: int = typer.Option(3, "--reps", min=1, help="Timed steps per point (median)."),
                 out: Path = typer.Option(Path("out/bench_batch"), "--out", "-o", help="Output directory."),
                 as_json: bool = typer.Option(False, "--json", help="Print the sweep as JSON.")) -> None:
     """Throughput and peak memory vs batch size, with and without planning, and the largest batch that fits."""
@@ -398,11 +452,11 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
 @_clean_errors
 def bench_data(model: str = typer.Option("resnet18", "--model", "-m", help="Model whose step is the compute."),
                data: str = typer.Option("synthetic", "--data", help="'synthetic' or a dataset folder."),
-               samples: int = typer.Option(512, "--samples", help="Size of the synthetic dataset."),
-               image: int = typer.Option(64, "--image", "--size", help="Image side in pixels."),
-               batch: int = typer.Option(16, "--batch", "-b", help="Batch size."),
+               samples: int = typer.Option(512, "--samples", min=1, help="Size of the synthetic dataset."),
+               image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels."),
+               batch: int = typer.Option(16, "--batch", "-b", min=1, help="Batch size."),
                workers: str = typer.Option("0,1,2", "--workers", help="Loader worker counts to try, e.g. 0,1,2."),
-               batches: int = typer.Option(10, "--batches", help="Timed batches per run (median)."),
+               batches: int = typer.Option(10, "--batches", min=1, help="Timed batches per run (median)."),
                device: Optional[str] = typer.Option(None, "--device", "-d",
                                                     help="Emulate this device's storage read bandwidth."),
                data_root: Path = typer.Option(Path("out/data"), "--data-root", help="Where synthetic data goes."),
@@ -435,23 +489,26 @@ def bench_device(
         page_dir: Path = typer.Option(Path("."), "--page-dir", help="Directory on the storage paging will use "
                                       "(e.g. the SD card)."),
         sizes: str = typer.Option("4KiB,256KiB,4MiB,32MiB", "--sizes", help="Transfer sizes, comma-separated."),
-        repeats: int = typer.Option(3, "--repeats", help="Transfers per size and direction."),
+        repeats: int = typer.Option(3, "--repeats", min=1, help="Transfers per size and direction."),
         model: str = typer.Option("resnet18", "--model", "-m", help="Model whose training step measures compute."),
-        batch: int = typer.Option(8, "--batch", "-b", help="Batch size of that step."),
-        image: int = typer.Option(64, "--image", "--size", help="Image side in pixels (sequence length)."),
-        steps: int = typer.Option(5, "--steps", help="Timed training steps (median)."),
+        batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size of that step."),
+        image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels (sequence length)."),
+        steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (median)."),
         skip_storage: bool = typer.Option(False, "--skip-storage", help="Do not measure paging."),
         skip_compute: bool = typer.Option(False, "--skip-compute", help="Do not measure the compute rate."),
-        compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w", help="Power while training, W."),
-        pagein_power_w: Optional[float] = typer.Option(None, "--pagein-power-w", help="Power while paging in, W."),
+        compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w", callback=_finite("--compute-power-w", above=0),
+                                                        help="Power while training, W."),
+        pagein_power_w: Optional[float] = typer.Option(None, "--pagein-power-w", callback=_finite("--pagein-power-w", above=0),
+                                                       help="Power while paging in, W."),
         pageout_power_w: Optional[float] = typer.Option(None, "--pageout-power-w",
+                                                        callback=_finite("--pageout-power-w", above=0),
                                                         help="Power while paging out, W."),
         power_source: Optional[str] = typer.Option(None, "--power-source",
                                                    help="What measured the powers, e.g. 'USB meter, load minus idle'."),
         power_sensor: Optional[list[str]] = typer.Option(
             None, "--power-sensor", help="Measure the powers from a sysfs power monitor: PATH (mW) or VOLTS*AMPS "
             "(mV x mA), optionally @SCALE (W per unit); repeat to sum rails."),
-        idle_s: float = typer.Option(2.0, "--idle-s", help="Seconds of idle sampled before, subtracted from powers."),
+        idle_s: float = typer.Option(2.0, "--idle-s", callback=_finite("--idle-s", 0), help="Seconds of idle sampled before, subtracted from powers."),
         whole_power: bool = typer.Option(False, "--whole-power", help="Record whole sensor readings, idle included."),
         output: Path = typer.Option(Path("out/device/devices.toml"), "--output", "-o",
                                     help="Device file to write (an existing one keeps its other devices)."),
@@ -503,36 +560,41 @@ def bench_device(
 def train_command(
         model: str = typer.Option("resnet18", "--model", "-m", help="Model name from the zoo."),
         data: str = typer.Option("synthetic", "--data", help="'synthetic', an image folder or a CIFAR-10 folder."),
-        samples: int = typer.Option(1000, "--samples", help="Size of the synthetic dataset."),
-        batch: int = typer.Option(8, "--batch", "-b", help="Batch size."),
-        image: int = typer.Option(64, "--image", "--size", help="Image side in pixels."),
+        samples: int = typer.Option(1000, "--samples", min=1, help="Size of the synthetic dataset."),
+        batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size."),
+        image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels."),
         memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 300MiB."),
-        recompute: Optional[float] = typer.Option(None, "--recompute", help="Largest recompute factor ρ >= 1."),
+        recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
+                                                  help="Largest recompute factor ρ >= 1."),
         device: Optional[str] = DeviceOpt,
         strategy: str = typer.Option("auto", "--strategy", help="auto, uniform, revolve or optimal."),
-        epochs: int = typer.Option(3, "--epochs", help="Passes over the training split."),
+        epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training split."),
         optimizer: str = OptimizerOpt,
-        lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate (default 0.01 SGD, 0.001 Adam)."),
-        workers: int = typer.Option(0, "--workers", help="DataLoader worker processes."),
+        lr: Optional[float] = typer.Option(None, "--lr", callback=_finite("--lr", above=0),
+                                           help="Learning rate (default 0.01 SGD, 0.001 Adam)."),
+        workers: int = typer.Option(0, "--workers", min=0, help="DataLoader worker processes."),
         run_dir: Path = typer.Option(Path("runs/latest"), "--run-dir", help="Metrics, state and summary go here."),
-        resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir exactly."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir exactly (start it if "
+                                    "there is none yet); refused if the settings differ from the run's."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --run-dir."),
+        replan: bool = typer.Option(False, "--replan", help="With --resume: plan again when the run's plan does "
+                                    "not meet a changed --memory/--recompute (recorded in the metrics)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the data, the model and the order."),
-        save_every: int = typer.Option(50, "--save-every", help="Save the training state every N steps."),
+        save_every: int = typer.Option(50, "--save-every", min=1, help="Save the training state every N steps."),
         skip_corrupt: bool = typer.Option(False, "--skip-corrupt", help="Skip and count unreadable samples.")) -> None:
     """Train a model within a memory budget: plan, train with the plan, evaluate every epoch, save state."""
-    from .train import TrainConfig, train
+    from .train import TrainConfig
 
-    if memory is not None and recompute is not None:
-        raise EdgetrainError("give --memory or --recompute, not both")
     config = TrainConfig(model=model, data=data, samples=samples, batch=batch, image=image, memory=memory,
                          recompute=recompute, device=device, strategy=strategy, epochs=epochs, optimizer=optimizer,
-                         lr=lr, workers=workers, run_dir=run_dir, resume=resume, seed=seed, save_every=save_every,
-                         skip_corrupt=skip_corrupt)
+                         lr=lr, workers=workers, run_dir=run_dir, resume=resume, overwrite=overwrite, replan=replan,
+                         seed=seed, save_every=save_every, skip_corrupt=skip_corrupt)
     summary = _train_with_progress(config)
     _print_summary(summary, run_dir)
 
 
 def _train_with_progress(config: Any) -> Any:
+    """Train under a progress bar on stderr, shown from the first step (a refusal stays one line)."""
     from rich.progress import TimeRemainingColumn
 
     from .train import train
@@ -540,23 +602,31 @@ def _train_with_progress(config: Any) -> Any:
     columns = (TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[rate]:.1f} samples/s"),
                TextColumn("peak {task.fields[peak]}"), TimeRemainingColumn())
-    with Progress(*columns, console=err_console) as bar:
-        task = bar.add_task("train", total=None, epoch=0, loss=float("nan"), rate=0.0, peak="?")
-        peak = {"bytes": 0}
+    bar = Progress(*columns, console=err_console)
+    task = bar.add_task("train", total=None, epoch=0, loss=float("nan"), rate=0.0, peak="?")
+    peak = {"bytes": 0}
 
-        def on_step(metrics: Any, total: int) -> None:
-            peak["bytes"] = max(peak["bytes"], metrics.peak_bytes or 0)
-            bar.update(task, completed=metrics.step, total=total, epoch=metrics.epoch, loss=metrics.loss,
-                       rate=metrics.samples_per_s, peak=format_bytes(peak["bytes"]) if peak["bytes"] else "?")
+    def on_step(metrics: Any, total: int) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        peak["bytes"] = max(peak["bytes"], metrics.peak_bytes or 0)
+        bar.update(task, completed=metrics.step, total=total, epoch=metrics.epoch, loss=metrics.loss,
+                   rate=metrics.samples_per_s, peak=format_bytes(peak["bytes"]) if peak["bytes"] else "?")
 
+    try:
         return train(config, progress=on_step)
+    finally:
+        if bar.live.is_started:
+            bar.stop()
 
 
 def _print_summary(summary: Any, run_dir: Path) -> None:
     budget = "no budget" if summary.budget_bytes is None else f"budget {format_bytes(summary.budget_bytes)}"
-    console.print(f"accuracy {summary.accuracy:.3f} (chance {summary.chance_accuracy:.3f}), "
-                  f"val loss {summary.val_loss:.4f}")
-    console.print(f"measured peak {format_bytes(summary.measured_peak_bytes)} vs {budget} "
+    accuracy = "-" if summary.accuracy is None else f"{summary.accuracy:.3f}"
+    val_loss = "-" if summary.val_loss is None else f"{summary.val_loss:.4f}"
+    measured = "-" if summary.measured_peak_bytes is None else format_bytes(summary.measured_peak_bytes)
+    console.print(f"accuracy {accuracy} (chance {summary.chance_accuracy:.3f}), val loss {val_loss}")
+    console.print(f"measured peak {measured} vs {budget} "
                   f"(predicted {format_bytes(summary.predicted_peak_bytes)}); plan {summary.strategy}, "
                   f"ρ = {summary.recompute_factor:.3f}; {summary.steps} steps in {summary.wall_time_s:.1f} s")
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}, summary: {run_dir / 'summary.json'}")
@@ -590,7 +660,7 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
                   f"{format_bytes(plain)}; the budget is {squeeze:.2f} of that, the fraction the node leaves "
                   f"ResNet-50 at batch 8 and 500 px, so plain training does not fit.")
     config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image, memory=budget,
-                         epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data")
+                         epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data", overwrite=True)
     summary = _train_with_progress(config)
     _print_summary(summary, config.run_dir)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["parse_bytes", "format_bytes"]
@@ -18,6 +19,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_MAX_BYTES = 2**63  # more than any address space: a typo, or 1e400
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -27,7 +29,8 @@ def parse_bytes(value: int | float | str) -> int:
     Decimal units (kB, MB, GB) are powers of 1000, binary units (KiB, MiB, GiB) powers of 1024.
 
     Raises:
-        ValueError: for a negative amount, an unknown unit or text that is not a quantity.
+        ValueError: for a negative, non-finite or impossibly large amount, an unknown unit or
+            text that is not a quantity.
     """
     if isinstance(value, bool):
         raise ValueError(f"not a byte quantity: {value!r}")
@@ -41,6 +44,8 @@ def parse_bytes(value: int | float | str) -> int:
         if unit not in _UNITS:
             raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use B, kB, MB, GB, KiB, MiB or GiB")
         amount, factor = float(match.group(1)), _UNITS[unit]
+    if not math.isfinite(amount) or amount * factor >= _MAX_BYTES:
+        raise ValueError(f"not a byte quantity a machine can have: {value!r}")
     if amount < 0:
         raise ValueError(f"a byte quantity cannot be negative: {value!r}")
     return int(round(amount * factor))

@@ -1,6 +1,8 @@
 """Training: the loop behind ``edgetrain train`` and its crash-safe, resumable state."""
 
-from .loop import StepMetrics, TrainConfig, TrainSummary, evaluate, train
+from .config import TrainConfig
+from .loop import StepMetrics, TrainSummary, evaluate, train
+from .rundir import RunLockedError, RunMismatchError
 from .state import (
     STATE_FORMAT_VERSION,
     CorruptStateError,
@@ -15,7 +17,7 @@ from .state import (
 )
 
 __all__ = [
-    "train", "TrainConfig", "TrainSummary", "StepMetrics", "evaluate",
+    "train", "TrainConfig", "TrainSummary", "StepMetrics", "evaluate", "RunLockedError", "RunMismatchError",
     "TrainingState", "StateStore", "ResumableSampler", "StateError", "CorruptStateError",
     "capture_rng", "restore_rng", "save_state", "load_state", "STATE_FORMAT_VERSION",
 ]

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,55 +30,23 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
 from ..data import CachingReader, MinIOCache, collate_skip_corrupt, open_dataset
-from ..devices import get_device
 from ..errors import EdgetrainError
-from ..models import check_input, get_model_spec
+from ..fileio import to_json, write_atomic, write_json
+from ..models import get_model_spec
 from ..optim import make_optimizer
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
 from ..runtime import Executor
 from ..schedule import Schedule, keep_all, simulate, validate
 from ..stages import training_stages
-from ..units import parse_bytes
+from ..units import format_bytes
+from .config import TrainConfig
+from .rundir import METRICS_FILE, PLAN_FILE, RUN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory, RunIdentity, RunMismatchError
 from .state import ResumableSampler, StateStore, TrainingState, capture_rng, restore_rng
 
-__all__ = ["TrainConfig", "TrainSummary", "StepMetrics", "train", "evaluate"]
+__all__ = ["TrainSummary", "StepMetrics", "train", "evaluate"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What to train, on what data, within what budget, and where to keep the run."""
-
-    model: str = "resnet18"
-    data: str = "synthetic"
-    samples: int = 1000
-    batch: int = 8
-    image: int = 64
-    memory: str | int | None = None
-    recompute: float | None = None
-    device: str | None = None
-    strategy: str = "auto"
-    epochs: int = 3
-    optimizer: str = "sgd"
-    lr: float | None = None
-    workers: int = 0
-    run_dir: Path = Path("runs/latest")
-    data_root: Path | None = None
-    resume: bool = False
-    seed: int = 0
-    save_every: int = 50
-    keep_last: int = 2
-    skip_corrupt: bool = False
-
-    def budget_bytes(self) -> int | None:
-        """The memory budget: ``memory`` if given, else the device's RAM, else none."""
-        if self.memory is not None:
-            return parse_bytes(self.memory)
-        if self.device is not None:
-            return get_device(self.device).memory_bytes
-        return None
 
 
 @dataclass(frozen=True)
@@ -96,12 +63,13 @@ class StepMetrics:
 
 @dataclass(frozen=True)
 class TrainSummary:
-    """``summary.json``: how the run went, measured."""
+    """``summary.json``: how the run went, measured. ``None`` where a figure does not exist
+    (no validation samples, no step measured)."""
 
-    accuracy: float
+    accuracy: float | None
     chance_accuracy: float
-    val_loss: float
-    measured_peak_bytes: int
+    val_loss: float | None
+    measured_peak_bytes: int | None
     predicted_peak_bytes: int
     budget_bytes: int | None
     recompute_factor: float
@@ -114,40 +82,133 @@ class TrainSummary:
     resumed_from_step: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> TrainSummary:
+        """A summary read back from ``summary.json`` (unknown keys of newer versions ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in record.items() if key in names})
+
 
 ProgressFn = Callable[[StepMetrics, int], None]  # (metrics, total steps)
+
+
+@dataclass
+class _Opening:
+    """How a run starts: afresh, from a saved state, or not at all (already finished)."""
+
+    finished: TrainSummary | None = None
+    state: TrainingState | None = None
+    schedule: Schedule | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSummary:
     """Train ``config.model`` on ``config.data`` within the budget; write metrics, state and summary.
 
+    Every setting is checked before any work, the run directory is locked for the whole run,
+    and ``resume`` continues only the same run (see NOTE [ Run directory protocol ]); resuming a
+    finished run returns its saved summary and changes no file.
+
     Raises:
         InfeasibleBudgetError: the budget is below what any schedule needs (with the minimum).
-        EdgetrainError: bad model, data, batch or image size; a run directory to resume that has
-            no saved state.
+        RunLockedError: another process is training into ``run_dir``.
+        RunMismatchError: ``resume`` with settings that differ from the run's.
+        EdgetrainError: bad model, data, batch or image size; a fresh run into a directory that
+            holds one without ``overwrite``.
     """
+    config.check()
+    with RunDirectory(config.run_dir) as run:
+        opening = _open_run(run, config)
+        if opening.finished is not None:
+            log.info("the run in %s is finished; nothing to do", run.path)
+            return opening.finished
+        run.claim()
+        return _run(run, config, opening, progress)
+
+
+def _open_run(run: RunDirectory, config: TrainConfig) -> _Opening:
+    """Decide how the run starts; refuse (before any write) what would mix two runs."""
+    identity = config.identity()
+    if not config.resume:
+        if run.holds_a_run():
+            if not config.overwrite:
+                raise EdgetrainError(f"run directory {run.path} already holds a run; pass --resume to continue it, "
+                                     "--overwrite to replace it, or another --run-dir")
+            run.remove_run()
+        return _Opening()
+    saved = run.saved_identity()
+    if saved is None:
+        if run.holds_a_run():
+            raise RunMismatchError(f"{run.path} holds a run without {RUN_FILE} (from an older edgetrain), whose "
+                                   "settings cannot be checked; start it again with --overwrite")
+        log.info("nothing to resume in %s: starting the run", run.path)
+        return _Opening()
+    changes = identity.identity_changes(saved)
+    if changes:
+        raise RunMismatchError(f"--resume: the run in {run.path} has other settings ({'; '.join(changes)}); resume "
+                               "with the run's settings, or start again with --overwrite")
+    finished = run.finished_summary(config.epochs)
+    if finished is not None:
+        return _Opening(finished=TrainSummary.from_dict(finished))
+    state = StateStore(run.file(STATE_DIR), keep_last=config.keep_last).load_latest()
+    if state is None:  # killed before the first save: nothing trained is kept
+        return _Opening()
+    return _resumed(run, config, saved, state)
+
+
+def _resumed(run: RunDirectory, config: TrainConfig, saved: RunIdentity, state: TrainingState) -> _Opening:
+    """Resume from ``state``; a changed request keeps the saved plan only if that plan meets it."""
+    changes = config.identity().request_changes(saved)
+    figures = run.saved_plan()
+    if not changes or figures is None:
+        return _Opening(state=state, schedule=state.schedule)
+    unmet = _unmet(figures, config.identity().request)
+    record = {"step": state.step, "epoch": state.epoch, "changes": changes}
+    if not unmet:
+        return _Opening(state=state, schedule=state.schedule, events=[{**record, "event": "request_changed"}])
+    if not config.replan:
+        raise RunMismatchError(f"--resume: the request changed ({'; '.join(changes)}) and the run's plan does not "
+                               f"meet it ({'; '.join(unmet)}); resume with the run's settings, or pass --replan")
+    return _Opening(state=state, schedule=None, events=[{**record, "event": "replanned", "unmet": unmet}])
+
+
+def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
+    """What of ``request`` a plan with these predicted figures does not meet."""
+    unmet = []
+    budget, peak = request.get("budget_bytes"), int(figures["predicted_peak_bytes"])
+    if budget is not None and peak > budget:
+        unmet.append(f"predicted peak {format_bytes(peak)} > budget {format_bytes(budget)}")
+    limit, factor = request.get("recompute"), float(figures["recompute_factor"])
+    if limit is not None and factor > limit * (1 + 1e-12):
+        unmet.append(f"recompute factor {factor:.3f} > {limit}")
+    if request.get("strategy") not in ("auto", figures["strategy"]):
+        unmet.append(f"strategy {figures['strategy']} is not {request.get('strategy')}")
+    return unmet
+
+
+def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: ProgressFn | None) -> TrainSummary:
     started = time.perf_counter()
-    run_dir = Path(config.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    identity = config.identity()
+    run.record(identity, run.saved_plan() if opening.state is not None else None)
     spec = get_model_spec(config.model)
-    check_input(spec, config.batch, config.image)
     train_set, val_set, num_classes = open_dataset(
         config.data, image_size=config.image, samples=config.samples, seed=config.seed,
-        root=config.data_root or run_dir / "data", skip_corrupt=config.skip_corrupt)
+        root=config.data_root or run.path / "data", skip_corrupt=config.skip_corrupt)
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
 
     torch.manual_seed(config.seed)
     model = spec.build(num_classes)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
-    store = StateStore(run_dir / "state", keep_last=config.keep_last)
+    store = StateStore(run.file(STATE_DIR), keep_last=config.keep_last)
     sampler = ResumableSampler(len(train_set), config.seed)
-    resumed = _resume(store, config) if config.resume else None
+    resumed = opening.state
 
     sample_x, sample_y = _first_batch(train_set, config.batch)
-    chain, chosen = _plan_training(model, sample_x, sample_y, config, resumed.schedule if resumed else None)
+    chain, chosen = _plan_training(model, sample_x, sample_y, config, opening.schedule)
     executor = Executor(training_stages(model), chosen.schedule, chain)
-    _write_json(run_dir / "plan.json", {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
+    write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
+    run.record(identity, _plan_figures(chosen))
     log.info("plan: %s, predicted peak %d bytes, recompute factor %.3f", chosen.strategy,
              chosen.predicted_peak_bytes, chosen.recompute_factor)
 
@@ -155,20 +216,24 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
     if cache is not None:
         train_set = train_set.with_reader(CachingReader(cache))
     epoch, step = 0, 0
+    past = _truncate_metrics(run.file(METRICS_FILE), resumed)
     if resumed is not None:
         resumed.restore(model, optimizer, sampler=sampler)
         epoch, step = resumed.epoch, resumed.step
-        _truncate_metrics(run_dir / "metrics.jsonl", resumed)
     start_step = step
     steps_per_epoch = len(train_set) // config.batch
     total_steps = steps_per_epoch * config.epochs
-    measured_peak, accuracy, val_loss = 0, math.nan, math.nan
-    with _MetricsLog(run_dir / "metrics.jsonl") as metrics_log:
+    measured_peak = max((int(r["peak_bytes"]) for r in past if r.get("peak_bytes")), default=0)
+    last_eval = next((r for r in reversed(past) if "val_accuracy" in r), {})
+    accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
+    with _MetricsLog(run.file(METRICS_FILE)) as metrics_log:
+        for event in opening.events:
+            metrics_log.append(event)
         while epoch < config.epochs:  # the sampler is at (epoch, position): fresh, resumed or set below
             for x, y in _batches(train_set, sampler, config, epoch):
-                # The tracker slows a step: measure the first steady-state step (the optimizer state
-                # exists from the second step on) and the first step of every later epoch.
-                measure = step == start_step + 1 or (step > start_step and step % steps_per_epoch == 0)
+                # The tracker slows a step: measure the first step that has optimizer state (the
+                # second of a fresh run, the first of a resumed one) and the first of every epoch.
+                measure = step == max(start_step, 1) or (step > start_step and step % steps_per_epoch == 0)
                 metrics = _train_step(executor, model, optimizer, x, y, step + 1, epoch, measure)
                 step += 1
                 measured_peak = max(measured_peak, metrics.peak_bytes or 0)
@@ -188,19 +253,25 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
             sampler.set_epoch(epoch)
             store.save(_capture(step, epoch, model, optimizer, chosen.schedule, sampler, 0))
     summary = TrainSummary(
-        accuracy=accuracy, chance_accuracy=1 / num_classes, val_loss=val_loss, measured_peak_bytes=measured_peak,
-        predicted_peak_bytes=chosen.predicted_peak_bytes, budget_bytes=config.budget_bytes(),
-        recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
+        accuracy=accuracy, chance_accuracy=1 / num_classes, val_loss=val_loss,
+        measured_peak_bytes=measured_peak or None, predicted_peak_bytes=chosen.predicted_peak_bytes,
+        budget_bytes=config.budget_bytes(), recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
         wall_time_s=time.perf_counter() - started, steps=step, epochs=config.epochs,
         train_samples=len(train_set), val_samples=len(val_set),
         resumed_from_step=resumed.step if resumed else None,
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()})
-    _write_json(run_dir / "summary.json", asdict(summary))
+    write_json(run.file(SUMMARY_FILE), asdict(summary))
     return summary
 
 
-def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy on ``dataset`` in eval mode."""
+def _plan_figures(chosen: Plan) -> dict[str, Any]:
+    """What ``run.json`` keeps of the plan, to judge a changed request on resume without profiling."""
+    return {"strategy": chosen.strategy, "predicted_peak_bytes": chosen.predicted_peak_bytes,
+            "recompute_factor": chosen.recompute_factor, "predicted_time_s": chosen.predicted_time_s}
+
+
+def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float | None, float | None]:
+    """Accuracy and mean cross-entropy on ``dataset`` in eval mode; None for an empty dataset."""
     model.eval()
     correct, total, loss_sum = 0, 0, 0.0
     with torch.no_grad():
@@ -210,15 +281,7 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float
             correct += int((logits.argmax(dim=1) == y).sum())
             total += int(y.numel())
     model.train()
-    return (correct / total, loss_sum / total) if total else (math.nan, math.nan)
-
-
-def _resume(store: StateStore, config: TrainConfig) -> TrainingState:
-    state = store.load_latest()
-    if state is None:
-        raise EdgetrainError(f"--resume: no saved training state under {store.run_dir}")
-    log.info("resuming from step %d (epoch %d)", state.step, state.epoch)
-    return state
+    return (correct / total, loss_sum / total) if total else (None, None)
 
 
 def _first_batch(dataset: Dataset[Any], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,7 +381,7 @@ class _MetricsLog:
         return self
 
     def append(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(to_json(record) + "\n")
         self.file.flush()
         if self.board is not None:
             for key, value in record.items():
@@ -331,28 +394,26 @@ class _MetricsLog:
             self.board.close()
 
 
-def _truncate_metrics(path: Path, state: TrainingState) -> None:
-    """Drop metrics written after the resumed state was saved: those steps are about to run again.
+def _truncate_metrics(path: Path, state: TrainingState | None) -> list[dict[str, Any]]:
+    """Drop metrics written after the resumed state was saved (all of them without a state): those
+    steps are about to run again. Returns the records kept.
 
     Step lines are numbered by the step they end; the evaluation of epoch ``e`` is written just
     before the state that starts epoch ``e + 1``, so it belongs to the resumed past iff
     ``e < state.epoch``.
     """
     if not path.exists():
-        return
-    kept = []
+        return []
+    kept: list[tuple[str, dict[str, Any]]] = []
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by the crash
             continue
+        if state is None:
+            continue
         past = record["epoch"] < state.epoch if "val_accuracy" in record else record["step"] <= state.step
         if past:
-            kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+            kept.append((line, record))
+    write_atomic(path, "".join(line + "\n" for line, _ in kept))
+    return [record for _, record in kept]

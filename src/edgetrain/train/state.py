@@ -62,6 +62,7 @@ from torch import nn
 from torch.utils.data import Sampler
 
 from ..errors import EdgetrainError
+from ..fileio import fsync_dir
 from ..schedule import Schedule
 
 __all__ = [
@@ -376,12 +377,17 @@ class _HashingWriter:
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file, self.sha256, self.length = file, hashlib.sha256(), 0
+        self.error: OSError | None = None  # torch.save reports a failed write as a bare RuntimeError
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
         self.sha256.update(view)
         self.length += view.nbytes
-        return self.file.write(view)
+        try:
+            return self.file.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.file.flush()
@@ -420,12 +426,14 @@ def save_state(state: TrainingState, path: str | Path) -> Path:
     """Write ``state`` to ``path`` atomically and durably (see NOTE [ Durable write protocol ]).
 
     Raises:
-        StateError: the state holds something safe loading would refuse (nothing is written).
+        StateError: the state holds something safe loading would refuse, or the write failed (a
+            full or failing disk): nothing of it remains and an earlier file at ``path`` is intact.
     """
     path = Path(path)
     payload = state.to_payload()
     _check_loadable(payload, "state")
     fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    writer: _HashingWriter | None = None
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(bytes(_HEADER_BYTES))
@@ -436,11 +444,16 @@ def save_state(state: TrainingState, path: str | Path) -> Path:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
+        if isinstance(exc, (OSError, RuntimeError)):
+            cause = writer.error if writer is not None and writer.error is not None else exc
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause).splitlines()[0]
+            raise StateError(f"cannot save the training state to {path}: {reason}; "
+                             "the states saved before are intact") from exc
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -484,18 +497,6 @@ def _verify(file: IO[bytes], path: Path) -> int:
     return int(length)
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename or creation in ``directory`` durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # e.g. Windows, where NTFS journals renames itself
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # --------------------------------------------------------------------------- store
 
 
@@ -522,7 +523,7 @@ class StateStore:
         self.run_dir, self.keep_last = Path(run_dir), int(keep_last)
         if not self.run_dir.is_dir():
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self.run_dir.parent)
+            fsync_dir(self.run_dir.parent)
 
     def path_for(self, step: int) -> Path:
         """Where the state of ``step`` is stored."""

@@ -1,0 +1,128 @@
+"""What a training run is, checked before any work: the settings of ``edgetrain train``.
+
+:meth:`TrainConfig.check` runs before a dataset is generated, a model is built or a file is
+written, so a bad setting costs nothing and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import EdgetrainError, UnknownNameError
+from ..units import parse_bytes
+from .rundir import RunIdentity
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train, on what data, within what budget, and where to keep the run.
+
+    ``resume`` continues the run in ``run_dir`` (or starts it when there is none yet);
+    ``overwrite`` replaces a run that is there; ``replan`` lets a resumed run plan again when
+    its saved plan does not meet a changed budget (see NOTE [ Run directory protocol ]).
+    """
+
+    model: str = "resnet18"
+    data: str = "synthetic"
+    samples: int = 1000
+    batch: int = 8
+    image: int = 64
+    memory: str | int | None = None
+    recompute: float | None = None
+    device: str | None = None
+    strategy: str = "auto"
+    epochs: int = 3
+    optimizer: str = "sgd"
+    lr: float | None = None
+    workers: int = 0
+    run_dir: Path = Path("runs/latest")
+    data_root: Path | None = None
+    resume: bool = False
+    overwrite: bool = False
+    replan: bool = False
+    seed: int = 0
+    save_every: int = 50
+    keep_last: int = 2
+    skip_corrupt: bool = False
+
+    def check(self) -> None:
+        """Refuse any setting that cannot work, before any work; one-line messages.
+
+        Raises:
+            EdgetrainError: a count below its minimum, a non-finite or non-positive number, an
+                unknown model, optimizer, strategy or device, a size the model cannot take,
+                conflicting options.
+        """
+        from ..chain import OPTIMIZERS
+        from ..devices import get_device
+        from ..models import check_input, get_model_spec
+        from ..planners.plan import STRATEGIES
+
+        _at_least("--batch", self.batch, 1)
+        _at_least("--samples", self.samples, 1)
+        _at_least("--epochs", self.epochs, 1)
+        _at_least("--save-every", self.save_every, 1)
+        _at_least("--workers", self.workers, 0)
+        _at_least("keep_last", self.keep_last, 1)
+        if self.optimizer not in OPTIMIZERS:
+            raise UnknownNameError("optimizer", self.optimizer, OPTIMIZERS)
+        if self.strategy not in STRATEGIES:
+            raise UnknownNameError("strategy", self.strategy, STRATEGIES)
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise EdgetrainError(f"--lr must be a finite number > 0, got {self.lr}")
+        if self.memory is not None and self.recompute is not None:
+            raise EdgetrainError("give --memory or --recompute, not both")
+        if self.recompute is not None and not (math.isfinite(self.recompute) and self.recompute >= 1):
+            raise EdgetrainError(f"--recompute is a factor ρ >= 1 (time with recomputation over time without), "
+                                 f"got {self.recompute}")
+        if self.resume and self.overwrite:
+            raise EdgetrainError("give --resume or --overwrite, not both")
+        if self.data != "synthetic" and not Path(self.data).expanduser().is_dir():
+            raise EdgetrainError(f"no dataset at {self.data!r}: pass 'synthetic', a folder of class subfolders with "
+                                 "images, or a folder of CIFAR-10 .bin files")
+        spec = get_model_spec(self.model)
+        check_input(spec, self.batch, self.image)
+        if self.device is not None:
+            get_device(self.device)
+        budget = self.budget_bytes()
+        if budget is not None and budget <= 0:
+            raise EdgetrainError(f"--memory must be > 0, got {self.memory!r}")
+
+    def budget_bytes(self) -> int | None:
+        """The memory budget: ``memory`` if given, else the device's RAM, else none."""
+        if self.memory is not None:
+            try:
+                return parse_bytes(self.memory)
+            except ValueError as exc:
+                raise EdgetrainError(f"--memory: {exc}") from None
+        if self.device is not None:
+            from ..devices import get_device
+
+            return get_device(self.device).memory_bytes
+        return None
+
+    def learning_rate(self) -> float:
+        from ..optim import DEFAULT_LR
+
+        return DEFAULT_LR[self.optimizer] if self.lr is None else float(self.lr)
+
+    def identity(self) -> RunIdentity:
+        """The settings that change the run's numbers, and the request its plan must meet."""
+        data = self.data if self.data == "synthetic" else str(Path(self.data).expanduser().resolve())
+        identity: dict[str, Any] = {
+            "model": self.model, "data": data, "samples": self.samples if self.data == "synthetic" else None,
+            "batch": self.batch, "image": self.image, "optimizer": self.optimizer, "lr": self.learning_rate(),
+            "seed": self.seed, "skip_corrupt": self.skip_corrupt}
+        request = {"budget_bytes": self.budget_bytes(), "recompute": self.recompute, "device": self.device,
+                   "strategy": self.strategy}
+        return RunIdentity(identity=identity, request=request)
+
+
+def _at_least(option: str, value: int, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise EdgetrainError(f"{option} must be an integer >= {least}, got {value!r}")
