@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
-from ..data import CachingReader, MinIOCache, collate_skip_corrupt, open_dataset
+from ..data import CachingReader, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..devices import get_device
 from ..errors import EdgetrainError
 from ..models import check_input, get_model_spec
@@ -133,7 +133,7 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
     check_input(spec, config.batch, config.image)
     train_set, val_set, num_classes = open_dataset(
         config.data, image_size=config.image, samples=config.samples, seed=config.seed,
-        root=config.data_root or run_dir / "data", skip_corrupt=config.skip_corrupt)
+        root=config.data_root or run_dir / "data", skip_corrupt=config.skip_corrupt, vocab_size=spec.vocab_size)
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
 
@@ -144,7 +144,7 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
     sampler = ResumableSampler(len(train_set), config.seed)
     resumed = _resume(store, config) if config.resume else None
 
-    sample_x, sample_y = _first_batch(train_set, config.batch)
+    sample_x, sample_y = first_batch(train_set, config.batch)
     chain, chosen = _plan_training(model, sample_x, sample_y, config, resumed.schedule if resumed else None)
     executor = Executor(training_stages(model), chosen.schedule, chain)
     _write_json(run_dir / "plan.json", {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
@@ -219,11 +219,6 @@ def _resume(store: StateStore, config: TrainConfig) -> TrainingState:
         raise EdgetrainError(f"--resume: no saved training state under {store.run_dir}")
     log.info("resuming from step %d (epoch %d)", state.step, state.epoch)
     return state
-
-
-def _first_batch(dataset: Dataset[Any], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    items = [dataset[i] for i in range(batch)]
-    return torch.stack([x for x, _ in items]), torch.tensor([int(y) for _, y in items])
 
 
 def _plan_training(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig,
