@@ -77,7 +77,8 @@ class SyntheticSpec:
         if self.samples < 1:
             raise DatasetSpecError(f"samples must be at least 1, got {self.samples}")
         if self.samples < self.classes:
-            raise DatasetSpecError(f"need at least one sample per class: samples={self.samples} < classes={self.classes}")
+            raise DatasetSpecError(f"need at least one sample per class: samples={self.samples} < "
+                                   f"classes={self.classes}")
         if self.image_size < 8:
             raise DatasetSpecError(f"image_size must be at least 8 pixels, got {self.image_size}")
         if not 0.0 <= self.val_fraction < 1.0:
