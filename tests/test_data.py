@@ -23,11 +23,17 @@ from edgetrain.data import (
     DataError,
     DatasetFormatError,
     DatasetNotFoundError,
+    DatasetSpecError,
+    DatasetTooLargeError,
     ImageFolder,
+    InputKindError,
     LRUCache,
     MinIOCache,
     ThrottledReader,
+    TooFewClassesError,
+    TooFewSamplesError,
     find_cifar_files,
+    first_batch,
     generate_synthetic,
     make_loader,
     open_dataset,
@@ -35,7 +41,9 @@ from edgetrain.data import (
     replay_epochs,
     train_val_split,
 )
+from edgetrain.data.generated import BLOCK_BYTES
 from edgetrain.errors import EdgetrainError
+from edgetrain.train import TrainConfig, train
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +69,14 @@ def _cifar_record(label: int, offset: int) -> bytes:
     pattern = (np.arange(1024) + offset) % 256
     planes = [pattern, (pattern + 85) % 256, (pattern + 170) % 256]  # R, G, B
     return bytes([label]) + b"".join(plane.astype(np.uint8).tobytes() for plane in planes)
+
+
+def _assert_one_line(error: BaseException, *words: str) -> None:
+    """The CLI shows ``str(error)`` as the whole message: one line, naming the problem."""
+    assert isinstance(error, EdgetrainError)
+    assert "\n" not in str(error)
+    for word in words:
+        assert word in str(error)
 
 
 def _write_cifar(path: Path, labels: list[int]) -> Path:
@@ -159,8 +175,36 @@ def test_synthetic_jpeg_format_reads_back(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kwargs", [{"classes": 65}, {"classes": 1}, {"samples": 3, "classes": 4},
                                     {"image_size": 4}, {"image_format": "gif"}, {"val_fraction": 1.0}])
 def test_synthetic_rejects_impossible_specs(tmp_path: Path, kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(DatasetSpecError) as caught:
         generate_synthetic(tmp_path / "bad", **kwargs)  # type: ignore[arg-type]
+    _assert_one_line(caught.value)
+    assert isinstance(caught.value, ValueError) and not (tmp_path / "bad").exists()
+
+
+def test_synthetic_refuses_zero_samples_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(DatasetSpecError) as caught:
+        open_dataset("synthetic", samples=0, root=tmp_path)
+    _assert_one_line(caught.value, "samples must be at least 1, got 0")
+
+
+def test_synthetic_refuses_an_image_too_large_to_draw_with_the_numbers(tmp_path: Path) -> None:
+    with pytest.raises(DatasetTooLargeError) as caught:
+        open_dataset("synthetic", image_size=100_000, samples=32, root=tmp_path)
+
+    _assert_one_line(caught.value, "100000x100000", "of memory", "available")
+    assert caught.value.needed_bytes == 400 * 100_000 ** 2  # numpy working set of drawing one image
+    assert caught.value.available_bytes < caught.value.needed_bytes
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_synthetic_refuses_a_set_larger_than_the_free_disk(tmp_path: Path) -> None:
+    with pytest.raises(DatasetTooLargeError) as caught:
+        generate_synthetic(tmp_path / "huge", samples=10**9, image_size=8, classes=2)
+
+    _assert_one_line(caught.value, "1000000000 synthetic 8x8 images", "free")
+    assert caught.value.needed_bytes == 10**9 * BLOCK_BYTES  # an 8 px PNG fits one block
+    assert caught.value.available_bytes < caught.value.needed_bytes
+    assert not (tmp_path / "huge").exists()
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -209,6 +253,70 @@ def test_image_folder_keeps_given_classes_for_a_partial_split(tmp_path: Path) ->
     data = ImageFolder(tmp_path, image_size=8, classes=["ant", "zebra"])
 
     assert data.num_classes == 2 and data[0][1] == 1
+
+
+def test_image_folder_leaves_out_empty_class_folders_with_a_warning(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    _solid_png(tmp_path / "a" / "0.png", (255, 0, 0))
+    (tmp_path / "b_empty").mkdir()
+    _solid_png(tmp_path / "c" / "0.png", (0, 0, 255))
+
+    with caplog.at_level(logging.WARNING, logger="edgetrain.data"):
+        data = ImageFolder(tmp_path, image_size=8)
+
+    assert data.classes == ["a", "c"] and data.targets == [0, 1]
+    assert "b_empty has no images; it is not counted as a class" in caplog.text
+
+
+def test_open_dataset_refuses_fewer_than_two_classes(tmp_path: Path) -> None:
+    for k in range(3):
+        _solid_png(tmp_path / "only" / f"{k}.png", (k, 0, 0))
+    (tmp_path / "empty").mkdir()
+
+    with pytest.raises(TooFewClassesError) as caught:
+        open_dataset(tmp_path, image_size=8)
+    _assert_one_line(caught.value, "1 class with samples ('only')", "at least two")
+
+
+def test_first_batch_passes_over_corrupt_samples(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "0_bad.png").write_bytes(b"not a png")  # index 0: the first sample
+    _solid_png(tmp_path / "a" / "1.png", (10, 0, 0))
+    _solid_png(tmp_path / "b" / "2.png", (20, 0, 0))
+    _solid_png(tmp_path / "b" / "3.png", (30, 0, 0))
+    data = ImageFolder(tmp_path, image_size=8, skip_corrupt=True)
+
+    pixels, labels = first_batch(data, 3)
+
+    assert pixels.shape == (3, 3, 8, 8) and labels.tolist() == [0, 1, 1]
+    assert pixels[:, 0, 0, 0].tolist() == pytest.approx([(v / 255 - 0.5) / 0.5 for v in (10, 20, 30)])
+    assert data.corrupt_indices == [0] and data.corrupt_count == 1
+    with pytest.raises(TooFewSamplesError) as caught:
+        first_batch(data, 4)
+    _assert_one_line(caught.value, "only 3 of 4 samples are readable (1 corrupt)", "one batch of 4")
+
+
+def test_first_batch_skips_a_cifar_record_with_a_bad_label(tmp_path: Path) -> None:
+    data = CifarBinary([_write_cifar(tmp_path / "data_batch_1.bin", [200, 1, 2])], skip_corrupt=True)
+
+    _, labels = first_batch(data, 2)
+
+    assert labels.tolist() == [1, 2] and data.corrupt_indices == [0]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_train_with_skip_corrupt_in_the_first_batch_trains(tmp_path: Path) -> None:
+    (tmp_path / "data" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "a" / "0_truncated.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    for k in range(1, 11):
+        split = "val" if k > 8 else "train"
+        _solid_png(tmp_path / "data" / split / "ab"[k % 2] / f"{k}.png", (25 * k, 0, 0), size=32)
+
+    summary = train(TrainConfig(model="resnet18", data=str(tmp_path / "data"), batch=4, image=32, epochs=1,
+                                run_dir=tmp_path / "run", skip_corrupt=True, save_every=100))
+
+    assert (summary.train_samples, summary.val_samples, summary.steps) == (9, 2, 2)  # 9 // 4 steps
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
 
 
 def test_train_val_split_is_stratified_disjoint_and_seeded(shapes: Path) -> None:
@@ -343,6 +451,23 @@ def test_open_dataset_reads_a_cifar_folder(tmp_path: Path) -> None:
     assert (len(train), len(val), n_classes) == (30, 2, 10)
     assert isinstance(train, CifarBinary) and val[1][1] == 5
     assert find_cifar_files(tmp_path)[1] == [folder / "test_batch.bin"]
+
+
+def test_open_dataset_refuses_a_cifar_folder_with_only_the_test_batch(tmp_path: Path) -> None:
+    _write_cifar(tmp_path / "test_batch.bin", list(range(10)))
+
+    with pytest.raises(DatasetFormatError) as caught:
+        open_dataset(tmp_path)
+    _assert_one_line(caught.value, "only the CIFAR-10 test batch (test_batch.bin)", "data_batch_*.bin")
+
+
+def test_open_dataset_refuses_images_for_a_token_model(shapes: Path, tmp_path: Path) -> None:
+    _write_cifar(tmp_path / "data_batch_1.bin", list(range(10)))
+
+    for folder in (shapes, tmp_path):
+        with pytest.raises(InputKindError) as caught:
+            open_dataset(folder, vocab_size=1000)
+        _assert_one_line(caught.value, str(folder), "token ids", "--data synthetic")
 
 
 def test_open_dataset_splits_cifar_without_a_test_batch(tmp_path: Path) -> None:

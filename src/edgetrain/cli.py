@@ -464,14 +464,17 @@ def bench_data(model: str = typer.Option("resnet18", "--model", "-m", help="Mode
     """Data-stall analysis: fetch / pre-process / compute per batch for 0..N loader workers."""
     from .data import analyze_stalls, make_step_fn, open_dataset, stall_table
     from .devices import get_device
-    from .models import get_model_spec
+    from .models import check_input, get_model_spec
 
     try:
         counts = tuple(int(w) for w in workers.split(","))
     except ValueError:
         raise EdgetrainError(f"--workers takes comma-separated integers, got {workers!r}") from None
-    train_set, _, classes = open_dataset(data, image_size=image, samples=samples, root=data_root)
-    net = get_model_spec(model).build(classes)
+    spec = get_model_spec(model)
+    check_input(spec, batch, image)
+    train_set, _, classes = open_dataset(data, image_size=image, samples=samples, root=data_root,
+                                         vocab_size=spec.vocab_size)
+    net = spec.build(classes)
     read_bps = get_device(device).storage_read_bps if device else None
     report = _with_progress("worker counts", lambda progress: analyze_stalls(
         make_step_fn(net), train_set, batch, workers=counts, batches=batches, read_bps=read_bps))

@@ -21,18 +21,8 @@ import torch
 from torch.nn import functional
 
 from .cache import ByteReader
-from .folder import (
-    DEFAULT_MEAN,
-    DEFAULT_STD,
-    ByteRange,
-    CorruptSampleError,
-    DatasetFormatError,
-    DatasetNotFoundError,
-    FileDataset,
-    Sample,
-    Transform,
-    normalise,
-)
+from .errors import CorruptSampleError, DatasetFormatError, DatasetNotFoundError
+from .folder import DEFAULT_MEAN, DEFAULT_STD, ByteRange, FileDataset, Sample, Transform, as_size, normalise
 
 __all__ = ["CIFAR10_CLASSES", "CifarBinary", "RECORD_BYTES", "find_cifar_files", "is_cifar_folder"]
 
@@ -133,8 +123,9 @@ class CifarBinary(FileDataset):
         if len(self._records) == 0:
             raise DatasetFormatError(f"no whole CIFAR-10 records in {', '.join(map(str, self.paths))}",
                                      path=self.paths[0])
-        super().__init__(image_size=image_size, mean=mean, std=std, transform=transform,
-                         skip_corrupt=skip_corrupt, reader=reader, n_samples=len(self._records))
+        self.image_size = as_size(image_size)
+        self.mean, self.std = tuple(mean), tuple(std)
+        super().__init__(transform=transform, skip_corrupt=skip_corrupt, reader=reader, n_samples=len(self._records))
         self._corrupt_outside_samples = sum(tail for _, tail in counts)
         logger.info("CIFAR-10 binary: %d records from %d files", len(self._records), len(self.paths))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,21 +25,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from ..errors import EdgetrainError
 from .cache import ByteReader, FileReader
+from .errors import CorruptSampleError, DatasetFormatError, DatasetNotFoundError, TooFewSamplesError
 
 __all__ = [
     "DEFAULT_MEAN",
     "DEFAULT_STD",
     "IMAGE_EXTENSIONS",
     "ByteRange",
-    "CorruptSampleError",
-    "DataError",
-    "DatasetFormatError",
-    "DatasetNotFoundError",
     "FileDataset",
     "ImageFolder",
     "collate_skip_corrupt",
+    "first_batch",
     "make_loader",
     "train_val_split",
 ]
@@ -50,26 +48,6 @@ DEFAULT_STD = (0.5, 0.5, 0.5)  # with the mean above, pixels land in [-1, 1]
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".webp", ".tif", ".tiff")
 Transform = Callable[[torch.Tensor], torch.Tensor]
 Sample = tuple[torch.Tensor, int]
-
-
-class DataError(EdgetrainError):
-    """A dataset that cannot be used as asked; ``path`` names the file or folder at fault."""
-
-    def __init__(self, message: str, *, path: Path | str | None = None) -> None:
-        self.path = Path(path) if path is not None else None
-        super().__init__(message)
-
-
-class DatasetNotFoundError(DataError, FileNotFoundError):
-    """No dataset by that name or at that path."""
-
-
-class DatasetFormatError(DataError):
-    """A folder or file that is not a dataset edgetrain can read (empty, wrong layout, truncated)."""
-
-
-class CorruptSampleError(DataError):
-    """One sample that cannot be read or decoded (unreadable image, bad record)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +69,7 @@ def _new_flags(n_samples: int) -> torch.Tensor:
     return torch.zeros(n_samples, dtype=torch.uint8).share_memory_()
 
 
-def _as_size(image_size: int | tuple[int, int]) -> tuple[int, int]:
+def as_size(image_size: int | tuple[int, int]) -> tuple[int, int]:
     """``(height, width)`` from an int or a pair, checked."""
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     if height < 1 or width < 1:
@@ -118,11 +96,8 @@ class FileDataset(Dataset[Any]):
 
     classes: list[str]
 
-    def __init__(self, *, image_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float],
-                 transform: Transform | None, skip_corrupt: bool, reader: ByteReader | None,
+    def __init__(self, *, transform: Transform | None, skip_corrupt: bool, reader: ByteReader | None,
                  n_samples: int) -> None:
-        self.image_size = _as_size(image_size)
-        self.mean, self.std = tuple(mean), tuple(std)
         self.transform = transform
         self.skip_corrupt = skip_corrupt
         self.reader: ByteReader = reader if reader is not None else FileReader()
@@ -138,7 +113,7 @@ class FileDataset(Dataset[Any]):
         raise NotImplementedError
 
     def _decode(self, raw: bytes, index: int) -> Sample:
-        """Raw bytes to a normalised (C,H,W) float tensor and its label."""
+        """Raw bytes to the sample's tensor (normalised (C,H,W) float pixels, or (L,) int64 ids) and its label."""
         raise NotImplementedError
 
     def _select(self, indices: Sequence[int]) -> None:
@@ -241,9 +216,20 @@ def _decode_image(raw: bytes, image_size: tuple[int, int]) -> torch.Tensor:
     return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1)  # (3, H, W)
 
 
+def _images_in(folder: Path, suffixes: set[str]) -> list[Path]:
+    """The image files directly in ``folder``, sorted (none when it is not a folder)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
+
+
 def _scan_folder(root: Path, classes: Sequence[str] | None,
                  extensions: Iterable[str]) -> tuple[list[str], list[tuple[Path, int]]]:
-    """Class names and ``(file, label)`` pairs of a class-per-subfolder tree, sorted for determinism."""
+    """Class names and ``(file, label)`` pairs of a class-per-subfolder tree, sorted for determinism.
+
+    Found class folders without images are left out (with a warning), so they take no label; a
+    given ``classes`` list is kept whole, as a validation folder may lack a class of training.
+    """
     if not root.is_dir():
         raise DatasetNotFoundError(f"no image folder at {root}", path=root)
     suffixes = {e.lower() for e in extensions}
@@ -252,14 +238,13 @@ def _scan_folder(root: Path, classes: Sequence[str] | None,
     if not names:
         raise DatasetFormatError(f"{root} has no class subfolders; expected {root}/<class>/<image files>",
                                  path=root)
-    samples: list[tuple[Path, int]] = []
-    for label, name in enumerate(names):
-        folder = root / name
-        files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes) \
-            if folder.is_dir() else []
-        if not files:
-            logger.warning("class %r has no images in %s", name, folder)
-        samples.extend((path, label) for path in files)
+    files = {name: _images_in(root / name, suffixes) for name in names}
+    for name in (n for n in names if not files[n]):
+        logger.warning("class folder %s has no images%s", root / name,
+                       "" if classes is not None else "; it is not counted as a class")
+    if classes is None:
+        names = [n for n in names if files[n]]
+    samples = [(path, label) for label, name in enumerate(names) for path in files[name]]
     if not samples:
         raise DatasetFormatError(f"{root} has no image files ({', '.join(sorted(suffixes))}) in its class "
                                  "subfolders", path=root)
@@ -295,8 +280,9 @@ class ImageFolder(FileDataset):
                  extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
         self.root = Path(root)
         self.classes, self.samples = _scan_folder(self.root, classes, extensions)
-        super().__init__(image_size=image_size, mean=mean, std=std, transform=transform,
-                         skip_corrupt=skip_corrupt, reader=reader, n_samples=len(self.samples))
+        self.image_size = as_size(image_size)
+        self.mean, self.std = tuple(mean), tuple(std)
+        super().__init__(transform=transform, skip_corrupt=skip_corrupt, reader=reader, n_samples=len(self.samples))
         logger.info("image folder %s: %d images, %d classes", self.root, len(self.samples), len(self.classes))
 
     def __len__(self) -> int:
@@ -351,6 +337,27 @@ def collate_skip_corrupt(batch: list[Sample | None]) -> tuple[torch.Tensor, torc
         return None
     pixels, labels = default_collate(kept)
     return pixels, labels
+
+
+def first_batch(dataset: FileDataset, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``batch`` readable samples in index order, stacked: what a run profiles before it trains.
+
+    A sample that comes back None (corrupt, skipped) is passed over, so a skipped sample in the
+    first ``batch`` indices costs one more read, not a crash.
+
+    Returns:
+        ``(inputs (batch, ...), labels (batch,) int64)``.
+
+    Raises:
+        TooFewSamplesError: the whole dataset has fewer than ``batch`` readable samples.
+    """
+    readable = (item for item in (dataset[i] for i in range(len(dataset))) if item is not None)
+    items = list(itertools.islice(readable, batch))
+    if len(items) < batch:  # every sample was read
+        raise TooFewSamplesError(f"only {len(items)} of {len(dataset)} samples are readable "
+                                 f"({len(dataset) - len(items)} corrupt), fewer than one batch of {batch}")
+    inputs, labels = default_collate(items)
+    return inputs, labels
 
 
 def make_loader(dataset: Dataset[Any], *, batch_size: int, workers: int = 0, shuffle: bool = True,

@@ -44,7 +44,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .cache import CachingReader, FileReader, MinIOCache, ThrottledReader
-from .folder import DataError, FileDataset, collate_skip_corrupt
+from .errors import DataError
+from .folder import FileDataset, collate_skip_corrupt
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -215,11 +216,19 @@ def _time_steps(batches: Iterable[Batch | None], step_fn: StepFn, n_steps: int) 
 
 
 def _synthetic_batches(example: Batch, batch_size: int, num_classes: int) -> Iterable[Batch]:
-    """The same in-memory batch forever (run 1): what the step would see if data were free."""
-    pixels = torch.randn(batch_size, *example[0].shape)  # (B, C, H, W)
+    """The same in-memory batch forever (run 1): what the step would see if data were free.
+
+    Float inputs (pixels) are drawn at random; integer ones (token ids) repeat the example's,
+    which are valid ids of the model's vocabulary.
+    """
+    sample = example[0]
+    if sample.is_floating_point():
+        inputs = torch.randn(batch_size, *sample.shape)  # (B, C, H, W)
+    else:
+        inputs = sample.expand(batch_size, *sample.shape).clone()  # (B, L)
     labels = torch.randint(0, max(num_classes, 1), (batch_size,))
     while True:
-        yield pixels, labels
+        yield inputs, labels
 
 
 def _loader(dataset: FileDataset, indices: list[int], batch_size: int, workers: int) -> DataLoader[Any]:
@@ -274,9 +283,9 @@ def analyze_stalls(step_fn: StepFn, dataset: FileDataset, batch_size: int, worke
     over the same seeded sample of the dataset and keeps the median of the last ``batches``.
 
     Args:
-        step_fn: one training step on a batch ``(pixels (B,C,H,W), labels (B,))``; e.g. from
-            :func:`make_step_fn`.
-        dataset: an edgetrain dataset (ImageFolder, CifarBinary, or a subset of one).
+        step_fn: one training step on a batch ``(pixels (B,C,H,W) or token ids (B,L), labels (B,))``;
+            e.g. from :func:`make_step_fn`.
+        dataset: an edgetrain dataset (ImageFolder, CifarBinary, TokenRecords, or a subset of one).
         batch_size: samples per batch.
         workers: the DataLoader worker counts to try.
         batches: timed batches per run (more gives steadier medians).

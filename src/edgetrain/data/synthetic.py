@@ -16,18 +16,14 @@ Layout under ``root``::
 
 Generation is deterministic (sample ``i`` is drawn from ``numpy.random.default_rng([seed, i])``)
 and idempotent: a complete dataset with the same manifest is reused; otherwise the whole tree
-is written to a temporary sibling folder and renamed into place, so a crash never leaves a
-half-written dataset that looks complete.
+is written to a temporary sibling folder and renamed into place, after checking that disk and
+memory hold it (see NOTE [ Generated datasets on a node nobody watches ] in ``generated.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import shutil
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,14 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from ..processes import pid_running
-from .folder import DataError
+from .errors import DatasetSpecError
+from .generated import MANIFEST_NAME, disk_bytes_of_files, ensure_generated, stratified_split, write_manifest
+from .generated import read_manifest as read_generated_manifest
 
 __all__ = ["COLOURS", "MANIFEST_NAME", "SHAPES", "SyntheticSpec", "generate_synthetic", "read_manifest"]
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_NAME = "manifest.json"
 _MANIFEST_KIND = "edgetrain-synthetic"
 _MANIFEST_VERSION = 1
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond", "star", "bar")
@@ -54,6 +50,12 @@ MAX_CLASSES = len(SHAPES) * len(COLOURS)
 _FORMATS = {"png": ("PNG", ".png"), "jpeg": ("JPEG", ".jpg"), "jpg": ("JPEG", ".jpg")}
 _SUPERSAMPLE = 2  # draw at twice the size and downsample, for antialiased edges
 _NOISE_STD = 6.0  # pixel noise, in 0..255 units
+# Room estimates, measured at 64-256 px and rounded up: drawing peaks at ~355 bytes of numpy
+# arrays per output pixel (float64 planes at twice the side); a noisy PNG takes ~2 bytes per pixel
+# (raw RGB is 3), a quality-90 JPEG 0.1-0.5.
+_DRAW_BYTES_PER_PIXEL = 400
+_FILE_BYTES_PER_PIXEL = {"PNG": 3, "JPEG": 1}
+_FILE_HEADER_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -69,15 +71,18 @@ class SyntheticSpec:
 
     def __post_init__(self) -> None:
         if self.image_format not in _FORMATS:
-            raise ValueError(f"image_format must be one of {sorted(_FORMATS)}, got {self.image_format!r}")
+            raise DatasetSpecError(f"image_format must be one of {sorted(_FORMATS)}, got {self.image_format!r}")
         if not 2 <= self.classes <= MAX_CLASSES:
-            raise ValueError(f"classes must be in 2..{MAX_CLASSES}, got {self.classes}")
+            raise DatasetSpecError(f"classes must be in 2..{MAX_CLASSES}, got {self.classes}")
+        if self.samples < 1:
+            raise DatasetSpecError(f"samples must be at least 1, got {self.samples}")
         if self.samples < self.classes:
-            raise ValueError(f"need at least one sample per class: samples={self.samples} < classes={self.classes}")
+            raise DatasetSpecError(f"need at least one sample per class: samples={self.samples} < "
+                                   f"classes={self.classes}")
         if self.image_size < 8:
-            raise ValueError(f"image_size must be at least 8 pixels, got {self.image_size}")
+            raise DatasetSpecError(f"image_size must be at least 8 pixels, got {self.image_size}")
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+            raise DatasetSpecError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
 
     @property
     def extension(self) -> str:
@@ -180,14 +185,7 @@ def render_sample(spec: SyntheticSpec, index: int) -> tuple[Any, int]:
 # -- split and manifest -----------------------------------------------------------------------
 def split_indices(spec: SyntheticSpec) -> dict[str, list[int]]:
     """Sample indices of the train and val splits: per class, a seeded ``val_fraction`` goes to val."""
-    rng = np.random.default_rng([spec.seed, 0x5_9117])  # a stream apart from the drawing streams
-    val: list[int] = []
-    for label in range(spec.classes):
-        members = np.arange(label, spec.samples, spec.classes)
-        n_val = min(int(round(len(members) * spec.val_fraction)), len(members) - 1)
-        val.extend(rng.permutation(members)[:n_val].tolist())
-    in_val = set(val)
-    return {"train": [i for i in range(spec.samples) if i not in in_val], "val": sorted(val)}
+    return stratified_split(spec.samples, spec.classes, spec.seed, spec.val_fraction)
 
 
 def _relative_path(spec: SyntheticSpec, split: str, index: int, names: Sequence[str]) -> str:
@@ -208,21 +206,8 @@ def _manifest(spec: SyntheticSpec) -> dict[str, Any]:
 
 
 def read_manifest(root: str | Path) -> dict[str, Any] | None:
-    """The manifest of a synthetic dataset at ``root``, or None when there is none or it is unreadable."""
-    path = Path(root) / MANIFEST_NAME
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("kind") == _MANIFEST_KIND else None
-
-
-def _is_complete(root: Path, expected: dict[str, Any]) -> bool:
-    """Whether ``root`` holds exactly the dataset ``expected`` describes, with every file present."""
-    found = read_manifest(root)
-    if found != expected:
-        return False
-    return all((root / rel).is_file() for files in expected["files"].values() for rel in files)
+    """The manifest of a synthetic image dataset at ``root``, or None when there is none or it is unreadable."""
+    return read_generated_manifest(root, _MANIFEST_KIND)
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -238,41 +223,14 @@ def _write_tree(folder: Path, spec: SyntheticSpec, manifest: dict[str, Any]) -> 
             image, _ = render_sample(spec, index)
             options = {"quality": 90} if pil_format == "JPEG" else {}
             image.save(folder / _relative_path(spec, split, index, names), format=pil_format, **options)
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+    write_manifest(folder, manifest)
 
 
-def _refuse_foreign(root: Path) -> None:
-    """Never replace a folder that is not ours: it must be missing, empty or hold a synthetic manifest."""
-    if root.exists() and not root.is_dir():
-        raise DataError(f"{root} exists and is not a folder", path=root)
-    if root.is_dir() and read_manifest(root) is None and any(root.iterdir()):
-        raise DataError(f"refusing to write a synthetic dataset into {root}: it is not empty and has no "
-                        f"{MANIFEST_NAME} of a synthetic dataset; choose another folder", path=root)
-
-
-def _remove_stale_temporaries(root: Path) -> None:
-    """Delete temporary folders that crashed generators (processes no longer running) left behind."""
-    for outdated in root.parent.glob(f".{root.name}.old-*"):
-        shutil.rmtree(outdated, ignore_errors=True)
-    for stale in root.parent.glob(f".{root.name}.tmp-*"):
-        pid_text = stale.name.rsplit("-", 2)[-2]
-        if pid_text.isdigit() and not pid_running(int(pid_text)):
-            logger.info("removing %s left by a stopped generator", stale)
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _swap_in(temporary: Path, root: Path, expected: dict[str, Any]) -> None:
-    """Rename ``temporary`` to ``root``, moving an outdated ``root`` aside first and deleting it after."""
-    old = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:8]}"
-    if root.exists():
-        os.rename(root, old)
-    try:
-        os.rename(temporary, root)
-    except OSError:
-        if not _is_complete(root, expected):  # another process got there first with the same data
-            raise
-        logger.info("another process wrote %s first; using its copy", root)
-    shutil.rmtree(old, ignore_errors=True)
+def _room_needed(spec: SyntheticSpec) -> tuple[int, int]:
+    """Upper estimates of the dataset's bytes on disk and of the memory drawing one image takes."""
+    pixels = spec.image_size ** 2
+    file_bytes = _FILE_BYTES_PER_PIXEL[_FORMATS[spec.image_format][0]] * pixels + _FILE_HEADER_BYTES
+    return disk_bytes_of_files(spec.samples, file_bytes), _DRAW_BYTES_PER_PIXEL * pixels
 
 
 def generate_synthetic(root: str | Path, *, samples: int = 1000, image_size: int = 32, classes: int = 10,
@@ -293,7 +251,9 @@ def generate_synthetic(root: str | Path, *, samples: int = 1000, image_size: int
         ``root``, holding ``manifest.json``, ``train/<class>/`` and ``val/<class>/``.
 
     Raises:
-        ValueError: for impossible sizes; DataError: when ``root`` is someone else's folder.
+        DatasetSpecError: impossible settings (a ValueError too). DatasetTooLargeError: the files
+            would not fit the free disk space, or drawing one image the available memory.
+            DataError: ``root`` is someone else's folder.
 
     Example:
         >>> path = generate_synthetic("/tmp/shapes", samples=200, image_size=32, classes=4)  # doctest: +SKIP
@@ -302,21 +262,9 @@ def generate_synthetic(root: str | Path, *, samples: int = 1000, image_size: int
     """
     spec = SyntheticSpec(samples=samples, image_size=image_size, classes=classes, seed=seed,
                          image_format=image_format, val_fraction=val_fraction)
-    root = Path(root).expanduser()
-    expected = _manifest(spec)
-    if _is_complete(root, expected):
-        logger.info("reusing the synthetic dataset at %s", root)
-        return root
-    _refuse_foreign(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(root)
-    temporary = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    logger.info("generating %d synthetic %dx%d images (%d classes, seed %d) at %s",
-                samples, image_size, image_size, classes, seed, root)
-    try:
-        _write_tree(temporary, spec, expected)
-        _swap_in(temporary, root, expected)
-    finally:
-        if temporary.exists():
-            shutil.rmtree(temporary, ignore_errors=True)
-    return root
+    disk_bytes, memory_bytes = _room_needed(spec)
+    return ensure_generated(
+        Path(root).expanduser(), asdict(spec), _MANIFEST_KIND, lambda: _manifest(spec),
+        lambda folder, manifest: _write_tree(folder, spec, manifest),
+        what=f"{samples} synthetic {image_size}x{image_size} images ({classes} classes, seed {seed})",
+        disk_bytes=disk_bytes, memory_bytes=memory_bytes)

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
-from ..data import CachingReader, MinIOCache, collate_skip_corrupt, open_dataset
+from ..data import CachingReader, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError
 from ..fileio import to_json, write_atomic, write_json
 from ..models import get_model_spec
@@ -80,6 +80,7 @@ class TrainSummary:
     train_samples: int
     val_samples: int
     resumed_from_step: int | None = None
+    skipped_samples: int = 0
     config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -193,7 +194,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     spec = get_model_spec(config.model)
     train_set, val_set, num_classes = open_dataset(
         config.data, image_size=config.image, samples=config.samples, seed=config.seed,
-        root=config.data_root or run.path / "data", skip_corrupt=config.skip_corrupt)
+        root=config.data_root or run.path / "data", skip_corrupt=config.skip_corrupt, vocab_size=spec.vocab_size)
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
 
@@ -204,7 +205,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     sampler = ResumableSampler(len(train_set), config.seed)
     resumed = opening.state
 
-    sample_x, sample_y = _first_batch(train_set, config.batch)
+    sample_x, sample_y = first_batch(train_set, config.batch)
     chain, chosen = _plan_training(model, sample_x, sample_y, config, opening.schedule)
     executor = Executor(training_stages(model), chosen.schedule, chain)
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
@@ -221,8 +222,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
         resumed.restore(model, optimizer, sampler=sampler)
         epoch, step = resumed.epoch, resumed.step
     start_step = step
-    steps_per_epoch = len(train_set) // config.batch
-    total_steps = steps_per_epoch * config.epochs
+    total_steps = len(train_set) // config.batch * config.epochs
     measured_peak = max((int(r["peak_bytes"]) for r in past if r.get("peak_bytes")), default=0)
     last_eval = next((r for r in reversed(past) if "val_accuracy" in r), {})
     accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
@@ -230,19 +230,23 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
         for event in opening.events:
             metrics_log.append(event)
         while epoch < config.epochs:  # the sampler is at (epoch, position): fresh, resumed or set below
-            for x, y in _batches(train_set, sampler, config, epoch):
+            consumed = sampler.position
+            epoch_start = step
+            for batch in _batches(train_set, sampler, config, epoch):
+                consumed += config.batch  # the loader takes whole batches of indices, corrupt ones included
+                if batch is None:
+                    continue
                 # The tracker slows a step: measure the first step that has optimizer state (the
                 # second of a fresh run, the first of a resumed one) and the first of every epoch.
-                measure = step == max(start_step, 1) or (step > start_step and step % steps_per_epoch == 0)
-                metrics = _train_step(executor, model, optimizer, x, y, step + 1, epoch, measure)
+                measure = step == max(start_step, 1) or (step > start_step and step == epoch_start)
+                metrics = _train_step(executor, model, optimizer, *batch, step + 1, epoch, measure)
                 step += 1
                 measured_peak = max(measured_peak, metrics.peak_bytes or 0)
                 metrics_log.append(asdict(metrics))
                 if progress is not None:
                     progress(metrics, total_steps)
                 if step % config.save_every == 0:
-                    store.save(_capture(step, epoch, model, optimizer, chosen.schedule, sampler,
-                                        (step - epoch * steps_per_epoch) * config.batch))
+                    store.save(_capture(step, epoch, model, optimizer, chosen.schedule, sampler, consumed))
             accuracy, val_loss = evaluate(model, val_set, config.batch)
             record = {"step": step, "epoch": epoch, "val_accuracy": accuracy, "val_loss": val_loss}
             if cache is not None:
@@ -259,6 +263,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
         wall_time_s=time.perf_counter() - started, steps=step, epochs=config.epochs,
         train_samples=len(train_set), val_samples=len(val_set),
         resumed_from_step=resumed.step if resumed else None,
+        skipped_samples=train_set.corrupt_count + val_set.corrupt_count,
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()})
     write_json(run.file(SUMMARY_FILE), asdict(summary))
     return summary
@@ -282,11 +287,6 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float
             total += int(y.numel())
     model.train()
     return (correct / total, loss_sum / total) if total else (None, None)
-
-
-def _first_batch(dataset: Dataset[Any], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    items = [dataset[i] for i in range(batch)]
-    return torch.stack([x for x, _ in items]), torch.tensor([int(y) for _, y in items])
 
 
 def _plan_training(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig,
@@ -319,13 +319,16 @@ def _sample_cache(chosen: Plan, config: TrainConfig) -> MinIOCache | None:
 
 
 def _batches(dataset: Dataset[Any], sampler: ResumableSampler, config: TrainConfig,
-             epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+             epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | None]:
+    """The epoch's batches from the sampler's position; None for one that skipped corrupt samples
+    left with fewer than two (BatchNorm cannot train on one sample)."""
     # Workers draw their seeds from this generator, not from the global RNG the step uses.
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
     loader = DataLoader(dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
                         drop_last=True, generator=generator, persistent_workers=False,
                         collate_fn=collate_skip_corrupt)
-    yield from (batch for batch in loader if batch is not None)  # None: every sample was corrupt and skipped
+    for batch in loader:
+        yield batch if batch is not None and len(batch[1]) >= 2 else None
 
 
 def _train_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
