@@ -72,10 +72,10 @@ def _clean_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def main() -> None:
-    """The ``edgetrain`` script: the app, with usage errors (a bad option value) on one line too."""
+def main(argv: list[str] | None = None) -> None:
+    """The ``edgetrain`` script (``argv`` default: the process's): usage errors on one line too."""
     try:
-        code = app(standalone_mode=False, prog_name="edgetrain")
+        code = app(args=argv, standalone_mode=False, prog_name="edgetrain")
     except _click.exceptions.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "edgetrain"
         _error(f"{exc.format_message()} (see {command} --help)")

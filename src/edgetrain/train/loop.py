@@ -237,8 +237,10 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
                 if batch is None:
                     continue
                 # The tracker slows a step: measure the first step that has optimizer state (the
-                # second of a fresh run, the first of a resumed one) and the first of every epoch.
-                measure = step == max(start_step, 1) or (step > start_step and step == epoch_start)
+                # second of a fresh run, the first of a resumed one; the only one of a one-step
+                # session) and the first of every later epoch.
+                measure = step == min(max(start_step, 1), total_steps - 1) or (step > start_step and
+                                                                                step == epoch_start)
                 metrics = _train_step(executor, model, optimizer, *batch, step + 1, epoch, measure)
                 step += 1
                 measured_peak = max(measured_peak, metrics.peak_bytes or 0)
