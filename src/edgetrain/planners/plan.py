@@ -15,7 +15,7 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
-from .optimal import OptimalTable, solve
+from .optimal import OptimalTable, exact_minimum_bytes, solve, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
@@ -113,7 +113,7 @@ def plan(chain: Chain, memory: int | str | None = None, recompute: float | None 
         budget = parse_bytes(memory)
         best = min(_within_budget(chain, budget, names, slots), key=_fastest, default=None)
         if best is None:
-            raise _below_minimum(chain, budget, names, slots)
+            raise _below_minimum(chain, budget, names)
         return Plan(best, budget, None, sequential_baseline(chain, budget))
     assert recompute is not None
     if recompute < 1:
@@ -160,28 +160,55 @@ def _keep_all_peak(chain: Chain) -> int:
     return simulate(chain, keep_all(chain.length)).peak_bytes
 
 
-def _optimal_table(chain: Chain, max_bytes: int, slots: int) -> OptimalTable:
-    return solve(chain, max_bytes, slots=slots)
-
-
 def _keep_all_as_optimal(chain: Chain) -> Candidate:
     """No recomputation at all: the optimum whenever it fits, even where the table's rounding misses it."""
     schedule = keep_all(chain.length)
     return _candidate(chain, Schedule(schedule.ops, chain.length, strategy="optimal", params={"recompute": False}))
 
 
+def _optimal_within_budget(chain: Chain, budget: int, slots: int) -> Candidate | None:
+    """The optimal DP's fastest schedule within ``budget``; None below its exact minimum.
+
+    NOTE [ Grid and exact optimal tables ]
+    A table of ``slots`` units rounds memory up, so it misses schedules whose peak lies
+    within its ``rounding_bytes`` of the budget: near the least budget it finds nothing, and
+    elsewhere it can return a slower schedule than one that fits. It finds every schedule
+    ``rounding_bytes`` below a budget, so its time at ``budget + rounding_bytes`` bounds the
+    best time at ``budget`` from below: when the two agree the table's answer is the optimum.
+    Otherwise the exact table (no grid, slower) answers.
+    """
+    everything = _keep_all_as_optimal(chain)
+    if everything.stats.peak_bytes <= budget:
+        return everything
+    try:
+        schedule = _vouched_grid_schedule(chain, budget, slots) or solve_exact(chain, budget).schedule(budget)
+    except InfeasibleBudgetError:
+        return None
+    return _candidate(chain, schedule)
+
+
+def _vouched_grid_schedule(chain: Chain, budget: int, slots: int) -> Schedule | None:
+    """The table's schedule at ``budget`` when the table proves it the fastest, else None."""
+    if slots <= chain.length or budget <= chain.resident_bytes:
+        return None
+    # One unit of a table solved this far above the budget is at most the margin's L-th part.
+    margin = chain.length * -(-(budget - chain.resident_bytes) // (slots - chain.length))
+    try:
+        table = solve(chain, budget + margin, slots=slots)
+        time_s = table.time_s(budget)
+    except InfeasibleBudgetError:
+        return None
+    if table.time_s(budget + table.rounding_bytes) < time_s:
+        return None
+    return table.schedule(budget)
+
+
 def _within_budget(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
     for name in names:
         if name == "optimal":
-            everything = _keep_all_as_optimal(chain)
-            if everything.stats.peak_bytes <= budget:
-                yield everything
-                continue
-            try:
-                table = _optimal_table(chain, budget, slots)
-            except InfeasibleBudgetError:
-                continue
-            yield _candidate(chain, table.schedule(budget))
+            best = _optimal_within_budget(chain, budget, slots)
+            if best is not None:
+                yield best
         else:
             yield from (c for c in _ENUMERATED[name](chain) if c.stats.peak_bytes <= budget)
 
@@ -196,8 +223,24 @@ def _within_factor(chain: Chain, factor: float, names: tuple[str, ...], slots: i
 
 
 def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candidate:
-    """Binary search of the smallest budget whose optimal time is within the limit, on one table."""
-    table = _optimal_table(chain, _keep_all_peak(chain), slots)
+    """The least budget whose optimal time is within the limit, and its schedule.
+
+    A grid table can only vouch for that budget when it is exact (NOTE [ Grid and exact
+    optimal tables ]); otherwise the exact table answers. Keep-all is always within the limit.
+    """
+    keep_all_peak = _keep_all_peak(chain)
+    try:
+        grid = solve(chain, keep_all_peak, slots=slots)
+    except InfeasibleBudgetError:
+        grid = None
+    if grid is not None and grid.rounding_bytes == 0:
+        return _least_on_grid(chain, grid, time_limit_s)
+    table = solve_exact(chain, keep_all_peak)
+    return _candidate(chain, table.schedule(table.least_memory_within(time_limit_s)))
+
+
+def _least_on_grid(chain: Chain, table: OptimalTable, time_limit_s: float) -> Candidate:
+    """Binary search of the smallest budget whose time is within the limit, on an exact table."""
     low, high = table.min_memory_bytes, table.max_memory_bytes
     step = table.unit_bytes
     while high - low > step:
@@ -207,20 +250,14 @@ def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candi
         else:
             low = middle
     budget = low if table.time_s(low) <= time_limit_s else high
-    if table.time_s(budget) > time_limit_s:  # only rounding keeps keep-all itself off the grid
-        return _keep_all_as_optimal(chain)
     return _candidate(chain, table.schedule(budget))
 
 
-def _below_minimum(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> InfeasibleBudgetError:
+def _below_minimum(chain: Chain, budget: int, names: tuple[str, ...]) -> InfeasibleBudgetError:
     minima = []
     for name in names:
         if name == "optimal":
-            try:
-                minima.append(_optimal_table(chain, _keep_all_peak(chain), slots).min_memory_bytes)
-            except InfeasibleBudgetError as exc:  # the optimizer step alone exceeds keep-all's peak
-                if exc.minimum_bytes is not None:
-                    minima.append(exc.minimum_bytes)
+            minima.append(exact_minimum_bytes(chain))
         else:
             minima.append(min(c.stats.peak_bytes for c in _ENUMERATED[name](chain)))
     minimum = min(minima)
