@@ -685,10 +685,14 @@ class OptimalTable(BudgetTable):
     def rounding_bytes(self) -> int:
         """How far below a budget a schedule's peak may need to be for this table to find it.
 
-        Zero on an exact grid (every size a multiple of the unit); else ``L`` units, one per
-        rounding a schedule is charged (NOTE [ The optimal DP's sub-problem ]).
+        ``L`` units, one per rounding a schedule is charged (NOTE [ The optimal DP's
+        sub-problem ]), none on an exact grid (every size a multiple of the unit); plus, per
+        stage, what the grid's clamping of a negative record hold to zero withholds from a child.
         """
-        return 0 if self.unit_bytes == _common_unit_bytes(self.chain) else self.chain.length * self.unit_bytes
+        costs = _Costs.of(self.chain)
+        clamped = sum(max(0, -costs.record_hold(e, s)) for s in range(self.chain.length) for e in (0, 1))
+        exact = self.unit_bytes == _common_unit_bytes(self.chain)
+        return clamped + (0 if exact else self.chain.length * self.unit_bytes)
 
     def time_s(self, memory_bytes: int) -> float:
         """Time of the fastest schedule within ``memory_bytes`` (the whole peak of the step)."""

@@ -198,7 +198,8 @@ def _vouched_grid_schedule(chain: Chain, budget: int, slots: int) -> Schedule | 
         time_s = table.time_s(budget)
     except InfeasibleBudgetError:
         return None
-    if table.time_s(budget + table.rounding_bytes) < time_s:
+    vouching_budget = budget + table.rounding_bytes
+    if vouching_budget > table.max_memory_bytes or table.time_s(vouching_budget) < time_s:
         return None
     return table.schedule(budget)
 
