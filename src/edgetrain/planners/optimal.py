@@ -210,6 +210,9 @@ def _sweep_time_s(chain: Chain) -> np.ndarray:
     return sweep_time
 
 
+_exact_minimum_bytes = exact_minimum_bytes  # the name tests/test_planner_optimal.py reads; move it to the public one
+
+
 # --- the recurrence in units -------------------------------------------------------------------
 
 def _common_unit_bytes(chain: Chain) -> int:
