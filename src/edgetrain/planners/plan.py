@@ -22,6 +22,7 @@ from .uniform import uniform
 __all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "STRATEGIES"]
 
 STRATEGIES = ("auto", "uniform", "revolve", "optimal")
+EXACT_MAX_STAGES = 64  # longest chain the exact optimal table is solved for (NOTE [ Grid and exact optimal tables ])
 
 
 @dataclass(frozen=True)
@@ -175,33 +176,43 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int) -> Candidate |
     elsewhere it can return a slower schedule than one that fits. It finds every schedule
     ``rounding_bytes`` below a budget, so its time at ``budget + rounding_bytes`` bounds the
     best time at ``budget`` from below: when the two agree the table's answer is the optimum.
-    Otherwise the exact table (no grid, slower) answers.
+    Otherwise the exact table (no grid) answers, on chains of up to ``EXACT_MAX_STAGES``
+    stages: its cost grows as ``L^3`` in Python (0.1 s for 22 stages, 1.3 s for 56, minutes
+    for 152), so longer chains keep the grid's answer, found or not.
     """
     everything = _keep_all_as_optimal(chain)
     if everything.stats.peak_bytes <= budget:
         return everything
-    try:
-        schedule = _vouched_grid_schedule(chain, budget, slots) or solve_exact(chain, budget).schedule(budget)
-    except InfeasibleBudgetError:
-        return None
-    return _candidate(chain, schedule)
+    table = _grid_table(chain, budget, slots)
+    if table is not None and _vouches(table, budget):
+        return _candidate(chain, table.schedule(budget))
+    if chain.length <= EXACT_MAX_STAGES:
+        try:
+            return _candidate(chain, solve_exact(chain, budget).schedule(budget))
+        except InfeasibleBudgetError:
+            return None
+    return None if table is None else _candidate(chain, table.schedule(budget))
 
 
-def _vouched_grid_schedule(chain: Chain, budget: int, slots: int) -> Schedule | None:
-    """The table's schedule at ``budget`` when the table proves it the fastest, else None."""
-    if slots <= chain.length or budget <= chain.resident_bytes:
-        return None
-    # One unit of a table solved this far above the budget is at most the margin's L-th part.
-    margin = chain.length * -(-(budget - chain.resident_bytes) // (slots - chain.length))
+def _grid_table(chain: Chain, budget: int, slots: int) -> OptimalTable | None:
+    """A table with a schedule at ``budget``, solved far enough above it to vouch for it; None if none fits."""
+    margin = 0
+    if chain.length <= EXACT_MAX_STAGES and chain.length < slots and budget > chain.resident_bytes:
+        # One unit of a table solved this far above the budget is at most the margin's L-th part;
+        # longer chains, which the exact table does not back, keep the finer grid of the budget itself.
+        margin = chain.length * -(-(budget - chain.resident_bytes) // (slots - chain.length))
     try:
         table = solve(chain, budget + margin, slots=slots)
-        time_s = table.time_s(budget)
+        table.time_s(budget)
     except InfeasibleBudgetError:
         return None
+    return table
+
+
+def _vouches(table: OptimalTable, budget: int) -> bool:
+    """Whether no schedule within ``budget`` is faster than the table's (NOTE [ Grid and exact optimal tables ])."""
     vouching_budget = budget + table.rounding_bytes
-    if vouching_budget > table.max_memory_bytes or table.time_s(vouching_budget) < time_s:
-        return None
-    return table.schedule(budget)
+    return vouching_budget <= table.max_memory_bytes and table.time_s(vouching_budget) == table.time_s(budget)
 
 
 def _within_budget(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
@@ -227,21 +238,25 @@ def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candi
     """The least budget whose optimal time is within the limit, and its schedule.
 
     A grid table can only vouch for that budget when it is exact (NOTE [ Grid and exact
-    optimal tables ]); otherwise the exact table answers. Keep-all is always within the limit.
+    optimal tables ]); otherwise the exact table answers, up to ``EXACT_MAX_STAGES`` stages.
+    Beyond, the grid's answer stands, or keep-all (always within the limit) where rounding
+    leaves the grid empty.
     """
     keep_all_peak = _keep_all_peak(chain)
     try:
         grid = solve(chain, keep_all_peak, slots=slots)
     except InfeasibleBudgetError:
         grid = None
-    if grid is not None and grid.rounding_bytes == 0:
+    if grid is not None and (grid.rounding_bytes == 0 or chain.length > EXACT_MAX_STAGES):
         return _least_on_grid(chain, grid, time_limit_s)
+    if grid is None and chain.length > EXACT_MAX_STAGES:
+        return _keep_all_as_optimal(chain)
     table = solve_exact(chain, keep_all_peak)
     return _candidate(chain, table.schedule(table.least_memory_within(time_limit_s)))
 
 
 def _least_on_grid(chain: Chain, table: OptimalTable, time_limit_s: float) -> Candidate:
-    """Binary search of the smallest budget whose time is within the limit, on an exact table."""
+    """Binary search of the smallest budget on the table whose time is within the limit."""
     low, high = table.min_memory_bytes, table.max_memory_bytes
     step = table.unit_bytes
     while high - low > step:
@@ -251,6 +266,8 @@ def _least_on_grid(chain: Chain, table: OptimalTable, time_limit_s: float) -> Ca
         else:
             low = middle
     budget = low if table.time_s(low) <= time_limit_s else high
+    if table.time_s(budget) > time_limit_s:  # only rounding keeps keep-all itself off the grid
+        return _keep_all_as_optimal(chain)
     return _candidate(chain, table.schedule(budget))
 
 
