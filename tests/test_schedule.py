@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgetrain import Backward, Chain, Discard, Forward, Keep, Schedule, ScheduleError, StageCost, keep_all, simulate
+from edgetrain.schedule import PageIn, PageInRecord, PageOut, PageOutRecord
 
 
 def ops(*items: Forward | Backward | Discard) -> tuple[Forward | Backward | Discard, ...]:
@@ -93,3 +94,62 @@ def test_chain_round_trips_through_json(tmp_path) -> None:
     chain = Chain.uniform(4, act_bytes=3, param_bytes=2).with_optimizer("adam")
     chain.save(tmp_path / "c.json")
     assert Chain.load(tmp_path / "c.json") == chain
+
+
+VALID = {"version": 2, "length": 2, "strategy": "hand", "params": {},
+         "ops": [["F", 0, "all"], ["F", 1, "all"], ["B", 1], ["B", 0]]}
+
+
+def with_op(index: int, op: object) -> dict[str, object]:
+    ops = list(VALID["ops"])  # type: ignore[call-overload]
+    ops[index] = op
+    return {**VALID, "ops": ops}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ([1, 2], "a schedule is a JSON object, got list"),
+    ({k: v for k, v in VALID.items() if k != "ops"}, "schedule is missing key 'ops'"),
+    ({k: v for k, v in VALID.items() if k != "length"}, "schedule is missing key 'length'"),
+    ({**VALID, "extra": 1}, "schedule has unknown key 'extra'; valid keys: length, ops, params, strategy, version"),
+    ({**VALID, "version": True}, "unsupported schedule version True; this edgetrain reads 1, 2"),
+    ({**VALID, "length": 2.0}, "schedule 'length' must be a positive integer, got 2.0"),
+    ({**VALID, "length": "2"}, "schedule 'length' must be a positive integer, got '2'"),
+    ({**VALID, "length": 0}, "schedule 'length' must be a positive integer, got 0"),
+    ({**VALID, "strategy": 3}, "schedule 'strategy' must be a string, got 3"),
+    ({**VALID, "params": []}, "schedule 'params' must be an object, got []"),
+    ({**VALID, "ops": {"F": 0}}, "schedule 'ops' must be a list, got dict"),
+    (with_op(1, ["F", 1.5, "all"]), "schedule op 1: the stage or value must be a non-negative integer, got 1.5"),
+    (with_op(1, ["F", "1", "all"]), "schedule op 1: the stage or value must be a non-negative integer, got '1'"),
+    (with_op(2, ["B", True]), "schedule op 2: the stage or value must be a non-negative integer, got True"),
+    (with_op(3, ["B", -1]), "schedule op 3: the stage or value must be a non-negative integer, got -1"),
+    (with_op(0, ["F", 0, "most"]), "schedule op 0: keep must be one of none, input, all, got 'most'"),
+    (with_op(0, ["F", 0]), "schedule op 0: 'F' takes 2 argument(s), got ['F', 0]"),
+    (with_op(2, ["B", 1, "all"]), "schedule op 2: 'B' takes 1 argument(s), got ['B', 1, 'all']"),
+    (with_op(2, ["X", 1]), "schedule op 2: unknown op kind 'X'; valid kinds: F, B, D, O, I, OR, IR"),
+    (with_op(2, []), "schedule op 2: expected a list [kind, stage, ...], got []"),
+    (with_op(2, "B1"), "schedule op 2: expected a list [kind, stage, ...], got 'B1'"),
+])
+def test_malformed_schedule_is_refused_by_name(data: object, message: str) -> None:
+    with pytest.raises(ScheduleError) as caught:
+        Schedule.from_dict(data)
+    assert str(caught.value) == message
+
+
+def test_malformed_json_file_is_refused_with_its_position(tmp_path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text('{"version": 2, "length": 2,\n "ops": [}')
+    with pytest.raises(ScheduleError) as caught:
+        Schedule.load(path)
+    assert str(caught.value) == f"{path}: not valid JSON (Expecting value at line 2, column 10)"
+
+
+def test_every_op_kind_round_trips_exactly(tmp_path) -> None:
+    schedule = Schedule(ops(Forward(0, Keep.INPUT), PageOut(0), Forward(1, Keep.NONE), Discard(2), PageIn(0),
+                            Forward(0, Keep.ALL), PageOutRecord(0), PageInRecord(0), Forward(1, Keep.ALL),
+                            Backward(1), Backward(0)), 2, strategy="hand", params={"budget_bytes": 7})
+    path = tmp_path / "s.json"
+    schedule.save(path)
+    loaded = Schedule.load(path)
+    assert loaded.ops == schedule.ops and loaded.length == 2
+    assert loaded.strategy == "hand" and loaded.params == {"budget_bytes": 7}
+    assert loaded.to_dict() == schedule.to_dict()

@@ -123,21 +123,44 @@ class Schedule:
                 "params": self.params, "ops": [_op_to_list(op) for op in self.ops]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> Schedule:
-        version = data.get("version")
-        if version not in READABLE_VERSIONS:
+    def from_dict(cls, data: object) -> Schedule:
+        """Read :meth:`to_dict` output back, strictly.
+
+        Raises:
+            ScheduleError: anything malformed (a missing or unknown key, a wrong type, an
+                unknown op kind, a stage that is not a non-negative integer); the message names it.
+        """
+        if not isinstance(data, dict):
+            raise ScheduleError(f"a schedule is a JSON object, got {type(data).__name__}")
+        _check_keys(data)
+        version = data["version"]
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise ScheduleError(f"unsupported schedule version {version!r}; this edgetrain reads "
                                 f"{', '.join(map(str, READABLE_VERSIONS))}")
-        ops = tuple(_op_from_list(item) for item in data["ops"])  # type: ignore[union-attr]
-        return cls(ops=ops, length=int(data["length"]), strategy=str(data.get("strategy", "")),  # type: ignore[arg-type]
-                   params=dict(data.get("params", {})))  # type: ignore[arg-type]
+        length, strategy, params, items = (data["length"], data.get("strategy", ""), data.get("params", {}),
+                                           data["ops"])
+        if not _is_index(length) or length < 1:
+            raise ScheduleError(f"schedule 'length' must be a positive integer, got {length!r}")
+        if not isinstance(strategy, str):
+            raise ScheduleError(f"schedule 'strategy' must be a string, got {strategy!r}")
+        if not isinstance(params, dict):
+            raise ScheduleError(f"schedule 'params' must be an object, got {params!r}")
+        if not isinstance(items, list):
+            raise ScheduleError(f"schedule 'ops' must be a list, got {type(items).__name__}")
+        ops = tuple(_op_from_list(index, item) for index, item in enumerate(items))
+        return cls(ops=ops, length=length, strategy=strategy, params=dict(params))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Schedule:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a schedule saved by :meth:`save`; raises :class:`ScheduleError` on malformed JSON or content."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ScheduleError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        return cls.from_dict(data)
 
     def to_bytes(self) -> bytes:
         """The compact form a device receives, as POET sends its schedule tables.
@@ -218,26 +241,48 @@ def _op_to_list(op: Op) -> list[object]:
     return ["D", op.value]
 
 
-def _op_from_list(item: list[object]) -> Op:
+_REQUIRED_KEYS = frozenset({"version", "length", "ops"})
+_OPTIONAL_KEYS = frozenset({"strategy", "params"})
+# kind -> op type, for the kinds whose one argument is an index
+_INDEX_OPS: dict[str, type[Backward | Discard | PageOut | PageIn | PageOutRecord | PageInRecord]] = {
+    "B": Backward, "D": Discard, "O": PageOut, "I": PageIn, "OR": PageOutRecord, "IR": PageInRecord}
+
+
+def _check_keys(data: dict[object, object]) -> None:
+    missing = sorted(_REQUIRED_KEYS - data.keys())
+    if missing:
+        raise ScheduleError(f"schedule is missing key {missing[0]!r}")
+    extra = sorted(map(repr, data.keys() - _REQUIRED_KEYS - _OPTIONAL_KEYS))
+    if extra:
+        raise ScheduleError(f"schedule has unknown key {extra[0]}; valid keys: "
+                            f"{', '.join(sorted(_REQUIRED_KEYS | _OPTIONAL_KEYS))}")
+
+
+def _is_index(value: object) -> bool:
+    """A JSON integer >= 0: not a bool (a Python int), a float or a string."""
+    return type(value) is int and value >= 0
+
+
+def _op_from_list(index: int, item: object) -> Op:
+    """Op ``index`` of a schedule file: ``[kind, stage]`` or ``["F", stage, keep]``."""
+    if not isinstance(item, list) or not item:
+        raise ScheduleError(f"schedule op {index}: expected a list [kind, stage, ...], got {item!r}")
     kind, *args = item
-    try:
-        if kind == "F":
-            return Forward(int(args[0]), Keep(args[1]))  # type: ignore[call-overload]
-        if kind == "B":
-            return Backward(int(args[0]))  # type: ignore[call-overload]
-        if kind == "D":
-            return Discard(int(args[0]))  # type: ignore[call-overload]
-        if kind == "O":
-            return PageOut(int(args[0]))  # type: ignore[call-overload]
-        if kind == "I":
-            return PageIn(int(args[0]))  # type: ignore[call-overload]
-        if kind == "OR":
-            return PageOutRecord(int(args[0]))  # type: ignore[call-overload]
-        if kind == "IR":
-            return PageInRecord(int(args[0]))  # type: ignore[call-overload]
-    except (IndexError, ValueError) as exc:
-        raise ScheduleError(f"malformed op {item!r}: {exc}") from exc
-    raise ScheduleError(f"unknown op kind {kind!r} in {item!r}")
+    if kind != "F" and kind not in _INDEX_OPS:
+        raise ScheduleError(f"schedule op {index}: unknown op kind {kind!r}; valid kinds: "
+                            f"{', '.join(['F', *_INDEX_OPS])}")
+    arity = 2 if kind == "F" else 1
+    if len(args) != arity:
+        raise ScheduleError(f"schedule op {index}: {kind!r} takes {arity} argument(s), got {item!r}")
+    if not _is_index(args[0]):
+        raise ScheduleError(f"schedule op {index}: the stage or value must be a non-negative integer, "
+                            f"got {args[0]!r}")
+    if kind != "F":
+        return _INDEX_OPS[kind](args[0])
+    if args[1] not in tuple(keep.value for keep in Keep):
+        raise ScheduleError(f"schedule op {index}: keep must be one of "
+                            f"{', '.join(keep.value for keep in Keep)}, got {args[1]!r}")
+    return Forward(args[0], Keep(args[1]))
 
 
 def keep_all(length: int) -> Schedule:

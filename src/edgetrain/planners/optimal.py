@@ -77,7 +77,7 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule
 
-__all__ = ["OptimalTable", "solve", "optimal"]
+__all__ = ["OptimalTable", "ExactTable", "solve", "solve_exact", "exact_minimum_bytes", "optimal"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _needed(chain: Chain) -> np.ndarray:
     return needed
 
 
-def _exact_minimum_bytes(chain: Chain) -> int:
+def exact_minimum_bytes(chain: Chain) -> int:
     """Least budget, in bytes and without rounding, of any schedule the recurrence builds.
 
     The same recurrence with ``max`` for memory in place of ``+`` for time (``O(L^3)``);
@@ -196,6 +196,21 @@ def _exact_minimum_bytes(chain: Chain) -> int:
                 least(s, s + span, e)
     step = chain.gradients_bytes + chain.optimizer_workspace_bytes
     return chain.resident_bytes + max(least(0, length - 1, 0), step)
+
+
+def _sweep_time_s(chain: Chain) -> np.ndarray:
+    """``[L, L+1]``: ``f_s + ... + f_{k-1}``, summed in stage order (both solvers add the same way)."""
+    length = chain.length
+    sweep_time = np.zeros((length, length + 1))
+    for s in range(length):
+        total = 0.0
+        for j in range(s, length):
+            total += chain.stages[j].fwd_time_s
+            sweep_time[s, j + 1] = total
+    return sweep_time
+
+
+_exact_minimum_bytes = exact_minimum_bytes  # the name tests/test_planner_optimal.py reads; move it to the public one
 
 
 # --- the recurrence in units -------------------------------------------------------------------
@@ -247,12 +262,6 @@ class _Grid:
 def _discretise(chain: Chain, activation_budget_bytes: int, slots: int) -> _Grid:
     length, costs = chain.length, _Costs.of(chain)
     unit = _unit_bytes(chain, activation_budget_bytes, slots)
-    sweep_time = np.zeros((length, length + 1))
-    for s in range(length):
-        total = 0.0
-        for j in range(s, length):
-            total += chain.stages[j].fwd_time_s
-            sweep_time[s, j + 1] = total
     record_need = np.zeros((2, length, length), np.int64)
     grad_units = np.zeros((length + 1, length), np.int64)
     for s in range(length):
@@ -266,7 +275,7 @@ def _discretise(chain: Chain, activation_budget_bytes: int, slots: int) -> _Grid
         max_units=activation_budget_bytes // unit,
         needed=_needed(chain),
         turn_time_s=np.array([stage.fwd_time_s + stage.bwd_time_s for stage in chain.stages]),
-        sweep_time_s=sweep_time,
+        sweep_time_s=_sweep_time_s(chain),
         child_entry=np.array([0 if stage.output_saved else 1 for stage in chain.stages], np.int64),
         record_need_units=record_need,
         record_hold_units=np.array([max(0, _ceil_div(costs.record_hold(e, s), unit)) for e, s in pairs],
@@ -449,12 +458,10 @@ def _rebuild(grid: _MovesGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]
 
 def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudgetError:
     """The error for a table with no feasible entry: below the exact minimum, or lost to rounding."""
-    minimum = _exact_minimum_bytes(chain)
-    name = chain.name or "this chain"
+    minimum = exact_minimum_bytes(chain)
     if budget_bytes < minimum:
-        return InfeasibleBudgetError(f"no checkpointing schedule of {name} fits in {budget_bytes} bytes: "
-                                     f"it needs at least {minimum} bytes", minimum_bytes=minimum,
-                                     budget_bytes=budget_bytes)
+        return _below_exact_minimum(chain, budget_bytes, minimum)
+    name = chain.name or "this chain"
     activation = budget_bytes - chain.resident_bytes
     largest_unit_bytes = max(1, (budget_bytes - minimum) // chain.length)
     return InfeasibleBudgetError(
@@ -462,6 +469,12 @@ def _infeasible(chain: Chain, budget_bytes: int, slots: int) -> InfeasibleBudget
         f"grid of {slots} slots (each stage may lose a slot to rounding); use slots >= "
         f"{_ceil_div(activation, largest_unit_bytes)} or a larger budget",
         minimum_bytes=minimum, budget_bytes=budget_bytes)
+
+
+def _below_exact_minimum(chain: Chain, budget_bytes: int, minimum_bytes: int) -> InfeasibleBudgetError:
+    return InfeasibleBudgetError(f"no checkpointing schedule of {chain.name or 'this chain'} fits in {budget_bytes} "
+                                 f"bytes: it needs at least {minimum_bytes} bytes", minimum_bytes=minimum_bytes,
+                                 budget_bytes=budget_bytes)
 
 
 def _check_options(slots: int, solver: str) -> None:
@@ -477,11 +490,123 @@ def _solve_grid(grid: _MovesGrid, solver: str) -> tuple[np.ndarray, np.ndarray]:
     return cost[0, _row(0, grid.base.length - 1)].copy(), choice
 
 
+def _step_bytes(chain: Chain) -> int:
+    """What the optimizer step needs whatever the schedule: resident state, all gradients, workspace."""
+    return chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
+
+
 def _check_length(chain: Chain) -> None:
     """Refuse chains whose move codes (up to ``5 L``) overflow the int16 choice table."""
     longest = (2**15 - 1) // 5
     if chain.length > longest:
         raise ValueError(f"a chain of {chain.length} stages is too long for the table (at most {longest})")
+
+
+# --- the recurrence in bytes, without a grid -------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class _Front:
+    """``C(s, t, ., e)`` as a step function: from ``need_bytes[i]`` on, ``time_s[i]`` by move ``code[i]``."""
+
+    need_bytes: np.ndarray  # [n] int64, increasing
+    time_s: np.ndarray      # [n] float64, decreasing
+    code: np.ndarray        # [n] int64: s (record), k in s+1..t (checkpoint x_k)
+
+    def index(self, memory_bytes: np.ndarray | int) -> np.ndarray:
+        """Index of the step that ``memory_bytes`` falls in; -1 below the first."""
+        return np.searchsorted(self.need_bytes, memory_bytes, side="right") - 1
+
+
+def _envelope(need: np.ndarray, time: np.ndarray, code: np.ndarray, cap_bytes: int) -> _Front:
+    """Lower envelope of candidate steps up to ``cap_bytes``; ties go to the smallest code, as in the table."""
+    keep = need <= cap_bytes
+    need, time, code = need[keep], time[keep], code[keep]
+    order = np.lexsort((code, time, need))
+    need, time, code = need[order], time[order], code[order]
+    earlier = np.concatenate(([np.inf], np.minimum.accumulate(time)[:-1]))
+    better = time < earlier
+    return _Front(need[better], time[better], code[better])
+
+
+def _record_move(costs: _Costs, fronts: dict[tuple[int, int, int], _Front], turn_s: float, e: int, s: int,
+                 t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Steps of move (a): record ``s``, then ``P(s+1, t)`` beside the record."""
+    need = costs.record_peak(e, s, t)
+    if s == t:
+        return np.array([need], np.int64), np.array([turn_s])
+    stage = costs.chain.stages[s]
+    child = fronts[0 if stage.output_saved else 1, s + 1, t]
+    return np.maximum(need, child.need_bytes + costs.record_hold(e, s)), turn_s + child.time_s
+
+
+def _checkpoint_move(costs: _Costs, fronts: dict[tuple[int, int, int], _Front], sweep_s: float, e: int, s: int,
+                     k: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Steps of move (b): advance to ``x_k``, ``P(k, t, 1)`` beside ``x_s``, then ``P(s, k-1, e)`` beside g(k..t)."""
+    upper, lower = fronts[1, k, t], fronts[e, s, k - 1]
+    upper_need = upper.need_bytes + costs.entry(e, s)
+    lower_need = lower.need_bytes + costs.grads(k, t)
+    points = np.concatenate((upper_need, lower_need))  # duplicates are merged by _envelope
+    at_upper = np.searchsorted(upper_need, points, side="right") - 1
+    at_lower = np.searchsorted(lower_need, points, side="right") - 1
+    both = (at_upper >= 0) & (at_lower >= 0)
+    time = sweep_s + upper.time_s[at_upper[both]] + lower.time_s[at_lower[both]]
+    return np.maximum(costs.sweep_peak(e, s, k, t), points[both]), time
+
+
+def _solve_fronts(chain: Chain, activation_budget_bytes: int) -> dict[tuple[int, int, int], _Front]:
+    """Every needed ``C(s, t, ., e)`` in bytes, up to the largest memory a sub-problem can be handed.
+
+    The moves and sums of ``_solve_reference`` without the grid: a step function per
+    sub-problem instead of a row of units, so no schedule of the class is lost to rounding.
+    """
+    costs, length, needed = _Costs.of(chain), chain.length, _needed(chain)
+    turn = [stage.fwd_time_s + stage.bwd_time_s for stage in chain.stages]
+    sweep = _sweep_time_s(chain).tolist()
+    # A record handing its child more than it was given (negative hold) raises a child's memory.
+    cap = activation_budget_bytes + sum(max(0, -costs.record_hold(e, s)) for e in (0, 1) for s in range(length))
+    fronts: dict[tuple[int, int, int], _Front] = {}
+    for span in range(length):
+        for s in range(length - span):
+            t = s + span
+            for e in (0, 1):
+                if not needed[e, s]:
+                    continue
+                moves = [(*_record_move(costs, fronts, turn[s], e, s, t), s)]
+                moves += [(*_checkpoint_move(costs, fronts, sweep[s][k], e, s, k, t), k) for k in range(s + 1, t + 1)]
+                fronts[e, s, t] = _envelope(np.concatenate([need for need, _, _ in moves]).astype(np.int64),
+                                            np.concatenate([time for _, time, _ in moves]),
+                                            np.concatenate([np.full(len(need), code) for need, _, code in moves]),
+                                            cap)
+    return fronts
+
+
+def _rebuild_fronts(chain: Chain, fronts: dict[tuple[int, int, int], _Front], activation_bytes: int) -> tuple[Op, ...]:
+    """``_rebuild`` in bytes: replay the steps' moves from ``P(0, L-1, 0)``."""
+    costs = _Costs.of(chain)
+    ops: list[Op] = []
+    stack: list[tuple[int, int, int, int] | Op] = [(0, chain.length - 1, activation_bytes, 0)]
+    while stack:
+        task = stack.pop()
+        if not isinstance(task, tuple):
+            ops.append(task)
+            continue
+        s, t, m, e = task
+        front = fronts[e, s, t]
+        step = int(front.index(m))
+        if step < 0:
+            raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} bytes")
+        k = int(front.code[step])
+        if k == s:                         # (a): what runs later is pushed first
+            stack.append(Backward(s))
+            if s < t:
+                stack.append((s + 1, t, m - costs.record_hold(e, s), 0 if chain.stages[s].output_saved else 1))
+            ops.append(Forward(s, Keep.ALL))
+        else:                              # (b)
+            stack.append((s, k - 1, m - costs.grads(k, t), e))
+            stack.append((k, t, m - costs.entry(e, s), 1))
+            ops.append(Forward(s, Keep.INPUT))
+            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
+    return tuple(ops)
 
 
 # --- the table and the public functions -------------------------------------------------------
@@ -510,8 +635,7 @@ class BudgetTable:
     @property
     def step_bytes(self) -> int:
         """What the optimizer step needs whatever the schedule: resident state, all gradients, workspace."""
-        chain = self.chain
-        return chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
+        return _step_bytes(self.chain)
 
     @property
     def min_memory_bytes(self) -> int:
@@ -559,6 +683,19 @@ class OptimalTable(BudgetTable):
     @property
     def top_values(self) -> np.ndarray:
         return self.top_time_s
+
+    @property
+    def rounding_bytes(self) -> int:
+        """How far below a budget a schedule's peak may need to be for this table to find it.
+
+        ``L`` units, one per rounding a schedule is charged (NOTE [ The optimal DP's
+        sub-problem ]), none on an exact grid (every size a multiple of the unit); plus, per
+        stage, what the grid's clamping of a negative record hold to zero withholds from a child.
+        """
+        costs = _Costs.of(self.chain)
+        clamped = sum(max(0, -costs.record_hold(e, s)) for s in range(self.chain.length) for e in (0, 1))
+        exact = self.unit_bytes == _common_unit_bytes(self.chain)
+        return clamped + (0 if exact else self.chain.length * self.unit_bytes)
 
     def time_s(self, memory_bytes: int) -> float:
         """Time of the fastest schedule within ``memory_bytes`` (the whole peak of the step)."""
@@ -643,3 +780,93 @@ def optimal(chain: Chain, memory_bytes: int, *, slots: int = 500) -> Schedule:
         (True, 24.0)
     """
     return solve(chain, memory_bytes, slots=slots).schedule(memory_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class ExactTable:
+    """The optimal DP of one chain for every budget up to ``max_memory_bytes``, counted in bytes.
+
+    The same recurrence and moves as :class:`OptimalTable` with no memory grid: each
+    sub-problem's least time is a step function of its memory, so no schedule of the class is
+    lost to rounding, however close the budget is to the least one. It costs more than a table
+    of a few hundred slots (the steps of a sub-problem can number thousands), so :func:`plan`
+    solves it only where a table cannot vouch for its answer.
+
+    Example:
+        >>> from edgetrain.chain import Chain
+        >>> table = solve_exact(Chain.uniform(8), 12)
+        >>> table.min_memory_bytes, [table.time_s(b) for b in (5, 6, 12)]
+        (5, [36.0, 24.0, 16.0])
+    """
+
+    chain: Chain
+    max_memory_bytes: int
+    fronts: dict[tuple[int, int, int], _Front]
+
+    @property
+    def _top(self) -> _Front:
+        return self.fronts[0, 0, self.chain.length - 1]
+
+    @property
+    def min_memory_bytes(self) -> int:
+        """The least budget any schedule of the class fits in (equal to the exact minimum)."""
+        return max(self.chain.resident_bytes + int(self._top.need_bytes[0]), _step_bytes(self.chain))
+
+    def time_s(self, memory_bytes: int) -> float:
+        """Time of the fastest schedule within ``memory_bytes`` (the whole peak of the step)."""
+        return float(self._top.time_s[self._step(memory_bytes)])
+
+    def least_memory_within(self, time_limit_s: float) -> int:
+        """The least budget whose fastest schedule takes at most ``time_limit_s``.
+
+        Raises:
+            InfeasibleBudgetError: when no schedule within ``max_memory_bytes`` is that fast.
+        """
+        fast_enough = np.flatnonzero(self._top.time_s <= time_limit_s)
+        if not len(fast_enough):
+            raise InfeasibleBudgetError(
+                f"no schedule of {self.chain.name or 'this chain'} within {self.max_memory_bytes} bytes takes at most "
+                f"{time_limit_s} s", budget_bytes=self.max_memory_bytes)
+        return max(self.chain.resident_bytes + int(self._top.need_bytes[fast_enough[0]]), self.min_memory_bytes)
+
+    def schedule(self, memory_bytes: int) -> Schedule:
+        """Rebuild the fastest schedule within ``memory_bytes``.
+
+        Raises:
+            InfeasibleBudgetError: below :attr:`min_memory_bytes` (carried as ``minimum_bytes``).
+            ValueError: above the budget the table was solved for.
+        """
+        self._step(memory_bytes)
+        ops = _rebuild_fronts(self.chain, self.fronts, memory_bytes - self.chain.resident_bytes)
+        return Schedule(ops, self.chain.length, strategy="optimal", params={"budget_bytes": memory_bytes, "exact": True})
+
+    def _step(self, memory_bytes: int) -> int:
+        if memory_bytes > self.max_memory_bytes:
+            raise ValueError(f"budget {memory_bytes} bytes is above the table's maximum {self.max_memory_bytes}; "
+                             "solve a table for it")
+        minimum = self.min_memory_bytes
+        if memory_bytes < minimum:
+            raise InfeasibleBudgetError(f"no schedule of {self.chain.name or 'this chain'} fits in {memory_bytes} "
+                                        f"bytes: the least is {minimum} bytes", minimum_bytes=minimum,
+                                        budget_bytes=memory_bytes)
+        return int(self._top.index(memory_bytes - self.chain.resident_bytes))
+
+
+def solve_exact(chain: Chain, max_memory_bytes: int) -> ExactTable:
+    """Solve the optimal DP of ``chain`` in bytes, with no grid, for every budget up to ``max_memory_bytes``.
+
+    Args:
+        chain: the cost model.
+        max_memory_bytes: the largest budget the table answers for (the whole peak of a step).
+
+    Returns:
+        An :class:`ExactTable`; its least budget is the exact minimum of the class.
+
+    Raises:
+        InfeasibleBudgetError: when nothing fits in ``max_memory_bytes``, carrying the least budget.
+    """
+    _check_length(chain)
+    minimum = exact_minimum_bytes(chain)
+    if max_memory_bytes < minimum:
+        raise _below_exact_minimum(chain, max_memory_bytes, minimum)
+    return ExactTable(chain, max_memory_bytes, _solve_fronts(chain, max_memory_bytes - chain.resident_bytes))

@@ -15,13 +15,14 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
-from .optimal import OptimalTable, solve
+from .optimal import OptimalTable, exact_minimum_bytes, solve, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
 __all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "STRATEGIES"]
 
 STRATEGIES = ("auto", "uniform", "revolve", "optimal")
+EXACT_MAX_STAGES = 64  # longest chain the exact optimal table is solved for (NOTE [ Grid and exact optimal tables ])
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def plan(chain: Chain, memory: int | str | None = None, recompute: float | None 
         budget = parse_bytes(memory)
         best = min(_within_budget(chain, budget, names, slots), key=_fastest, default=None)
         if best is None:
-            raise _below_minimum(chain, budget, names, slots)
+            raise _below_minimum(chain, budget, names)
         return Plan(best, budget, None, sequential_baseline(chain, budget))
     assert recompute is not None
     if recompute < 1:
@@ -160,28 +161,66 @@ def _keep_all_peak(chain: Chain) -> int:
     return simulate(chain, keep_all(chain.length)).peak_bytes
 
 
-def _optimal_table(chain: Chain, max_bytes: int, slots: int) -> OptimalTable:
-    return solve(chain, max_bytes, slots=slots)
-
-
 def _keep_all_as_optimal(chain: Chain) -> Candidate:
     """No recomputation at all: the optimum whenever it fits, even where the table's rounding misses it."""
     schedule = keep_all(chain.length)
     return _candidate(chain, Schedule(schedule.ops, chain.length, strategy="optimal", params={"recompute": False}))
 
 
+def _optimal_within_budget(chain: Chain, budget: int, slots: int) -> Candidate | None:
+    """The optimal DP's fastest schedule within ``budget``; None below its exact minimum.
+
+    NOTE [ Grid and exact optimal tables ]
+    A table of ``slots`` units rounds memory up, so it misses schedules whose peak lies
+    within its ``rounding_bytes`` of the budget: near the least budget it finds nothing, and
+    elsewhere it can return a slower schedule than one that fits. It finds every schedule
+    ``rounding_bytes`` below a budget, so its time at ``budget + rounding_bytes`` bounds the
+    best time at ``budget`` from below: when the two agree the table's answer is the optimum.
+    Otherwise the exact table (no grid) answers, on chains of up to ``EXACT_MAX_STAGES``
+    stages: its cost grows as ``L^3`` in Python (0.1 s for 22 stages, 1.3 s for 56, minutes
+    for 152), so longer chains keep the grid's answer, found or not.
+    """
+    everything = _keep_all_as_optimal(chain)
+    if everything.stats.peak_bytes <= budget:
+        return everything
+    table = _grid_table(chain, budget, slots)
+    if table is not None and _vouches(table, budget):
+        return _candidate(chain, table.schedule(budget))
+    if chain.length <= EXACT_MAX_STAGES:
+        try:
+            return _candidate(chain, solve_exact(chain, budget).schedule(budget))
+        except InfeasibleBudgetError:
+            return None
+    return None if table is None else _candidate(chain, table.schedule(budget))
+
+
+def _grid_table(chain: Chain, budget: int, slots: int) -> OptimalTable | None:
+    """A table with a schedule at ``budget``, solved far enough above it to vouch for it; None if none fits."""
+    margin = 0
+    if chain.length <= EXACT_MAX_STAGES and chain.length < slots and budget > chain.resident_bytes:
+        # One unit of a table solved this far above the budget is at most the margin's L-th part;
+        # longer chains, which the exact table does not back, keep the finer grid of the budget itself.
+        margin = chain.length * -(-(budget - chain.resident_bytes) // (slots - chain.length))
+    try:
+        table = solve(chain, budget + margin, slots=slots)
+        table.time_s(budget)
+    except InfeasibleBudgetError:
+        return None
+    return table
+
+
+def _vouches(table: OptimalTable, budget: int) -> bool:
+    """Whether no schedule within ``budget`` is faster than the table's (NOTE [ Grid and exact optimal tables ])."""
+    vouching_budget = budget + table.rounding_bytes
+    return vouching_budget <= table.max_memory_bytes and table.time_s(vouching_budget) == table.time_s(budget)
+
+
 def _within_budget(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
     for name in names:
         if name == "optimal":
-            everything = _keep_all_as_optimal(chain)
-            if everything.stats.peak_bytes <= budget:
-                yield everything
-                continue
-            try:
-                table = _optimal_table(chain, budget, slots)
-            except InfeasibleBudgetError:
-                continue
-            yield _candidate(chain, table.schedule(budget))
+            best = _optimal_within_budget(chain, budget, slots)
+            if best is not None:
+                yield best
         else:
             yield from (c for c in _ENUMERATED[name](chain) if c.stats.peak_bytes <= budget)
 
@@ -196,8 +235,28 @@ def _within_factor(chain: Chain, factor: float, names: tuple[str, ...], slots: i
 
 
 def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candidate:
-    """Binary search of the smallest budget whose optimal time is within the limit, on one table."""
-    table = _optimal_table(chain, _keep_all_peak(chain), slots)
+    """The least budget whose optimal time is within the limit, and its schedule.
+
+    A grid table can only vouch for that budget when it is exact (NOTE [ Grid and exact
+    optimal tables ]); otherwise the exact table answers, up to ``EXACT_MAX_STAGES`` stages.
+    Beyond, the grid's answer stands, or keep-all (always within the limit) where rounding
+    leaves the grid empty.
+    """
+    keep_all_peak = _keep_all_peak(chain)
+    try:
+        grid = solve(chain, keep_all_peak, slots=slots)
+    except InfeasibleBudgetError:
+        grid = None
+    if grid is not None and (grid.rounding_bytes == 0 or chain.length > EXACT_MAX_STAGES):
+        return _least_on_grid(chain, grid, time_limit_s)
+    if grid is None and chain.length > EXACT_MAX_STAGES:
+        return _keep_all_as_optimal(chain)
+    table = solve_exact(chain, keep_all_peak)
+    return _candidate(chain, table.schedule(table.least_memory_within(time_limit_s)))
+
+
+def _least_on_grid(chain: Chain, table: OptimalTable, time_limit_s: float) -> Candidate:
+    """Binary search of the smallest budget on the table whose time is within the limit."""
     low, high = table.min_memory_bytes, table.max_memory_bytes
     step = table.unit_bytes
     while high - low > step:
@@ -212,15 +271,11 @@ def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candi
     return _candidate(chain, table.schedule(budget))
 
 
-def _below_minimum(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> InfeasibleBudgetError:
+def _below_minimum(chain: Chain, budget: int, names: tuple[str, ...]) -> InfeasibleBudgetError:
     minima = []
     for name in names:
         if name == "optimal":
-            try:
-                minima.append(_optimal_table(chain, _keep_all_peak(chain), slots).min_memory_bytes)
-            except InfeasibleBudgetError as exc:  # the optimizer step alone exceeds keep-all's peak
-                if exc.minimum_bytes is not None:
-                    minima.append(exc.minimum_bytes)
+            minima.append(exact_minimum_bytes(chain))
         else:
             minima.append(min(c.stats.peak_bytes for c in _ENUMERATED[name](chain)))
     minimum = min(minima)
