@@ -347,9 +347,35 @@ def test_failed_write_removes_its_temp_file_and_keeps_older_states(
         raise OSError("card removed")
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(OSError, match="card removed"):
+    with pytest.raises(StateError, match="cannot save the training state .*: card removed; the states saved before"):
         store.save(tiny_state(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state-000000001.pt"]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 2 MiB tmpfs, unmounted afterwards whatever happens; skips where mounting needs root."""
+    mount = tmp_path / "card"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_while_streaming_a_state_is_one_line_and_keeps_the_older_state(small_disk: Path) -> None:
+    store = StateStore(small_disk, keep_last=2)
+    store.save(tiny_state(1))
+    older = store.path_for(1).read_bytes()
+    big = TrainingState(step=2, epoch=0, model={"w": torch.ones(1 << 20)})  # 4 MiB: more than the card holds
+    with pytest.raises(StateError) as error:
+        store.save(big)
+    assert "No space left on device" in str(error.value) and "\n" not in str(error.value)
+    assert sorted(p.name for p in small_disk.iterdir()) == ["state-000000001.pt"]
+    assert store.path_for(1).read_bytes() == older
 
 
 def test_saving_after_a_fallback_replaces_the_corrupt_state_and_drops_abandoned_ones(
