@@ -70,3 +70,31 @@ def test_exactly_one_request() -> None:
         plan(Chain.uniform(3))
     with pytest.raises(ValueError):
         plan(Chain.uniform(3), memory=10, recompute=1.5)
+
+
+@pytest.mark.parametrize("model, batch, size", [("resnet18", 8, 128), ("mobilenet_v2", 16, 64), ("resnet50", 4, 96)])
+def test_planning_without_the_jit_gives_the_same_plans(model: str, batch: int, size: int) -> None:
+    """``jit=False`` (for a training process) answers every request as the numba path does."""
+    chain = chain_for(model, batch, size)
+    top = simulate(chain, uniform(chain, 1)).peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as below:
+        plan(chain, memory=1, jit=False)
+    low = below.value.minimum_bytes
+    assert low is not None
+    for budget in (low, low + (top - low) // 3, low + 2 * (top - low) // 3, top):
+        lean, fast = plan(chain, memory=budget, jit=False), plan(chain, memory=budget)
+        assert (lean.predicted_time_s, lean.predicted_peak_bytes) == (fast.predicted_time_s, fast.predicted_peak_bytes)
+    for factor in (1.05, 1.3, 2.0):
+        lean, fast = plan(chain, recompute=factor, jit=False), plan(chain, recompute=factor)
+        assert lean.predicted_peak_bytes == fast.predicted_peak_bytes
+
+
+def test_planning_without_the_jit_never_imports_numba() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from edgetrain.profile import chain_for; from edgetrain.planners import plan; "
+            "c = chain_for('resnet18', 8, 128); plan(c, recompute=1.2, jit=False); plan(c, memory=200 * 2**20, jit=False);"
+            "print('numba' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "False"

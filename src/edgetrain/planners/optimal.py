@@ -77,7 +77,7 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule
 
-__all__ = ["OptimalTable", "ExactTable", "solve", "solve_exact", "exact_minimum_bytes", "optimal"]
+__all__ = ["OptimalTable", "ExactTable", "Solver", "solve", "solve_exact", "exact_minimum_bytes", "optimal"]
 
 logger = logging.getLogger(__name__)
 

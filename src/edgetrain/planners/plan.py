@@ -8,6 +8,7 @@ a step without recomputation (the founding paper's binary search over memory).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
-from .optimal import OptimalTable, exact_minimum_bytes, solve, solve_exact
+from .optimal import OptimalTable, Solver, exact_minimum_bytes, solve, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
@@ -83,7 +84,7 @@ class Plan:
 
 
 def plan(chain: Chain, memory: int | str | None = None, recompute: float | None = None, *,
-         strategy: str = "auto", slots: int = 500) -> Plan:
+         strategy: str = "auto", slots: int = 500, jit: bool = True) -> Plan:
     """The best checkpointing schedule for ``chain`` under a memory budget or a recompute factor.
 
     Args:
@@ -93,6 +94,10 @@ def plan(chain: Chain, memory: int | str | None = None, recompute: float | None 
         strategy: ``"auto"`` (the best of all), ``"uniform"`` (checkpoint_sequential),
             ``"revolve"`` (binomial) or ``"optimal"`` (dynamic programme).
         slots: memory units of the ``optimal`` planner's table.
+        jit: solve grid tables with the numba kernel. ``False`` keeps numba (about 100 MiB
+            resident once compiled) out of the process, for planning inside a training process:
+            chains of up to ``EXACT_MAX_STAGES`` stages then get the exact table alone (same
+            optimum), longer ones the pure-Python grid solver (slow).
 
     Raises:
         InfeasibleBudgetError: the budget is below the least peak any schedule of the
@@ -112,14 +117,14 @@ def plan(chain: Chain, memory: int | str | None = None, recompute: float | None 
     names = STRATEGIES[1:] if strategy == "auto" else (strategy,)
     if memory is not None:
         budget = parse_bytes(memory)
-        best = min(_within_budget(chain, budget, names, slots), key=_fastest, default=None)
+        best = min(_within_budget(chain, budget, names, slots, jit), key=_fastest, default=None)
         if best is None:
             raise _below_minimum(chain, budget, names)
         return Plan(best, budget, None, sequential_baseline(chain, budget))
     assert recompute is not None
     if recompute < 1:
         raise ValueError(f"the recompute factor ρ is time with recomputation over time without: >= 1, got {recompute}")
-    best = min(_within_factor(chain, recompute, names, slots), key=_smallest)
+    best = min(_within_factor(chain, recompute, names, slots, jit), key=_smallest)
     baseline = min((c for c in _uniform_candidates(chain) if c.stats.recompute_factor <= recompute + 1e-12),
                    key=_smallest, default=None)
     return Plan(best, None, recompute, baseline)
@@ -167,7 +172,7 @@ def _keep_all_as_optimal(chain: Chain) -> Candidate:
     return _candidate(chain, Schedule(schedule.ops, chain.length, strategy="optimal", params={"recompute": False}))
 
 
-def _optimal_within_budget(chain: Chain, budget: int, slots: int) -> Candidate | None:
+def _optimal_within_budget(chain: Chain, budget: int, slots: int, jit: bool) -> Candidate | None:
     """The optimal DP's fastest schedule within ``budget``; None below its exact minimum.
 
     NOTE [ Grid and exact optimal tables ]
@@ -183,7 +188,7 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int) -> Candidate |
     everything = _keep_all_as_optimal(chain)
     if everything.stats.peak_bytes <= budget:
         return everything
-    table = _grid_table(chain, budget, slots)
+    table = None if not jit and chain.length <= EXACT_MAX_STAGES else _grid_table(chain, budget, slots, jit)
     if table is not None and _vouches(table, budget):
         return _candidate(chain, table.schedule(budget))
     if chain.length <= EXACT_MAX_STAGES:
@@ -194,7 +199,7 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int) -> Candidate |
     return None if table is None else _candidate(chain, table.schedule(budget))
 
 
-def _grid_table(chain: Chain, budget: int, slots: int) -> OptimalTable | None:
+def _grid_table(chain: Chain, budget: int, slots: int, jit: bool) -> OptimalTable | None:
     """A table with a schedule at ``budget``, solved far enough above it to vouch for it; None if none fits."""
     margin = 0
     if chain.length <= EXACT_MAX_STAGES and chain.length < slots and budget > chain.resident_bytes:
@@ -202,7 +207,7 @@ def _grid_table(chain: Chain, budget: int, slots: int) -> OptimalTable | None:
         # longer chains, which the exact table does not back, keep the finer grid of the budget itself.
         margin = chain.length * -(-(budget - chain.resident_bytes) // (slots - chain.length))
     try:
-        table = solve(chain, budget + margin, slots=slots)
+        table = solve(chain, budget + margin, slots=slots, solver=_solver(jit))
         table.time_s(budget)
     except InfeasibleBudgetError:
         return None
@@ -215,26 +220,32 @@ def _vouches(table: OptimalTable, budget: int) -> bool:
     return vouching_budget <= table.max_memory_bytes and table.time_s(vouching_budget) == table.time_s(budget)
 
 
-def _within_budget(chain: Chain, budget: int, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
+def _solver(jit: bool) -> Solver:
+    return "fast" if jit else "reference"
+
+
+def _within_budget(chain: Chain, budget: int, names: tuple[str, ...], slots: int,
+                   jit: bool) -> Iterator[Candidate]:
     for name in names:
         if name == "optimal":
-            best = _optimal_within_budget(chain, budget, slots)
+            best = _optimal_within_budget(chain, budget, slots, jit)
             if best is not None:
                 yield best
         else:
             yield from (c for c in _ENUMERATED[name](chain) if c.stats.peak_bytes <= budget)
 
 
-def _within_factor(chain: Chain, factor: float, names: tuple[str, ...], slots: int) -> Iterator[Candidate]:
+def _within_factor(chain: Chain, factor: float, names: tuple[str, ...], slots: int,
+                   jit: bool) -> Iterator[Candidate]:
     limit = factor * chain.compute_time_s * (1 + 1e-12)
     for name in names:
         if name == "optimal":
-            yield _least_memory_within(chain, limit, slots)
+            yield _least_memory_within(chain, limit, slots, jit)
         else:
             yield from (c for c in _ENUMERATED[name](chain) if c.stats.time_s <= limit)
 
 
-def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candidate:
+def _least_memory_within(chain: Chain, time_limit_s: float, slots: int, jit: bool) -> Candidate:
     """The least budget whose optimal time is within the limit, and its schedule.
 
     A grid table can only vouch for that budget when it is exact (NOTE [ Grid and exact
@@ -243,14 +254,15 @@ def _least_memory_within(chain: Chain, time_limit_s: float, slots: int) -> Candi
     leaves the grid empty.
     """
     keep_all_peak = _keep_all_peak(chain)
-    try:
-        grid = solve(chain, keep_all_peak, slots=slots)
-    except InfeasibleBudgetError:
-        grid = None
+    grid = None
+    if jit or chain.length > EXACT_MAX_STAGES:
+        with contextlib.suppress(InfeasibleBudgetError):
+            grid = solve(chain, keep_all_peak, slots=slots, solver=_solver(jit))
     if grid is not None and (grid.rounding_bytes == 0 or chain.length > EXACT_MAX_STAGES):
         return _least_on_grid(chain, grid, time_limit_s)
     if grid is None and chain.length > EXACT_MAX_STAGES:
         return _keep_all_as_optimal(chain)
+    # Here the chain is short enough for the exact table (the grid was skipped or not exact).
     table = solve_exact(chain, keep_all_peak)
     return _candidate(chain, table.schedule(table.least_memory_within(time_limit_s)))
 
