@@ -566,7 +566,8 @@ def train_command(
         samples: int = typer.Option(1000, "--samples", min=1, help="Size of the synthetic dataset."),
         batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size."),
         image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels."),
-        memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 300MiB."),
+        memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole training process as the "
+                                             "kernel counts it (resident memory), e.g. 600MiB."),
         recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
                                                   help="Largest recompute factor ρ >= 1."),
         device: Optional[str] = DeviceOpt,
@@ -604,9 +605,9 @@ def _train_with_progress(config: Any) -> Any:
 
     columns = (TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[rate]:.1f} samples/s"),
-               TextColumn("peak {task.fields[peak]}"), TimeRemainingColumn())
+               TextColumn("peak {task.fields[peak]} (process {task.fields[process]})"), TimeRemainingColumn())
     bar = Progress(*columns, console=err_console)
-    task = bar.add_task("train", total=None, epoch=0, loss=float("nan"), rate=0.0, peak="?")
+    task = bar.add_task("train", total=None, epoch=0, loss=float("nan"), rate=0.0, peak="?", process="?")
     peak = {"bytes": 0}
 
     def on_step(metrics: Any, total: int) -> None:
@@ -614,7 +615,8 @@ def _train_with_progress(config: Any) -> Any:
             bar.start()
         peak["bytes"] = max(peak["bytes"], metrics.peak_bytes or 0)
         bar.update(task, completed=metrics.step, total=total, epoch=metrics.epoch, loss=metrics.loss,
-                   rate=metrics.samples_per_s, peak=format_bytes(peak["bytes"]) if peak["bytes"] else "?")
+                   rate=metrics.samples_per_s, peak=format_bytes(peak["bytes"]) if peak["bytes"] else "?",
+                   process=format_bytes(metrics.process_peak_bytes))
 
     try:
         return train(config, progress=on_step)
@@ -629,8 +631,10 @@ def _print_summary(summary: Any, run_dir: Path) -> None:
     val_loss = "-" if summary.val_loss is None else f"{summary.val_loss:.4f}"
     measured = "-" if summary.measured_peak_bytes is None else format_bytes(summary.measured_peak_bytes)
     console.print(f"accuracy {accuracy} (chance {summary.chance_accuracy:.3f}), val loss {val_loss}")
-    console.print(f"measured peak {measured} vs {budget} "
-                  f"(predicted {format_bytes(summary.predicted_peak_bytes)}); plan {summary.strategy}, "
+    console.print(f"process peak {format_bytes(summary.process_peak_bytes)} vs {budget} (predicted "
+                  f"{format_bytes(summary.predicted_process_peak_bytes)}; runtime baseline "
+                  f"{format_bytes(summary.runtime_baseline_bytes)})")
+    console.print(f"tensor peak {measured} (predicted {format_bytes(summary.predicted_peak_bytes)}); plan {summary.strategy}, "
                   f"ρ = {summary.recompute_factor:.3f}; {summary.steps} steps in {summary.wall_time_s:.1f} s")
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}, summary: {run_dir / 'summary.json'}")
 

@@ -45,18 +45,17 @@ _UNLIMITED = 2**62  # cgroup v1 reports "no limit" as a page-rounded LONG_MAX
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """The kernel's figures for this process, in bytes; cgroup figures None outside a memory cgroup."""
+    """The kernel's figures for this process, in bytes; cgroup figures None outside a memory cgroup.
+
+    The cgroup's figures are the whole group's (children, other processes placed in it, page
+    cache it was charged for); ``peak_rss_bytes`` is this process's alone.
+    """
 
     rss_bytes: int
     peak_rss_bytes: int
     cgroup_usage_bytes: int | None = None
     cgroup_peak_bytes: int | None = None
     cgroup_limit_bytes: int | None = None
-
-    @property
-    def peak_bytes(self) -> int:
-        """The larger of the two high-water marks the kernel keeps (RSS, cgroup charge)."""
-        return max(self.peak_rss_bytes, self.cgroup_peak_bytes or 0)
 
 
 def read_process_memory() -> ProcessMemory:

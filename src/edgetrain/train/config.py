@@ -92,6 +92,9 @@ class TrainConfig:
         budget = self.budget_bytes()
         if budget is not None and budget <= 0:
             raise EdgetrainError(f"--memory must be > 0, got {self.memory!r}")
+        if budget is not None and self.workers > 0:
+            raise EdgetrainError("--workers > 0 with a memory budget: loader workers are processes of their own, "
+                                 "outside the budget of the training process; use --workers 0")
 
     def budget_bytes(self) -> int | None:
         """The memory budget: ``memory`` if given, else the device's RAM, else none."""

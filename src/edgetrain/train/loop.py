@@ -30,16 +30,18 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
 from ..data import CachingReader, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
-from ..errors import EdgetrainError
+from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import to_json, write_atomic, write_json
 from ..models import get_model_spec
 from ..optim import make_optimizer
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
+from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
 from ..schedule import Schedule, keep_all, simulate, validate
 from ..stages import training_stages
 from ..units import format_bytes
+from .budget import ProcessBudget, measure_runtime_baseline, split_process_budget
 from .config import TrainConfig
 from .rundir import METRICS_FILE, PLAN_FILE, RUN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory, RunIdentity, RunMismatchError
 from .state import ResumableSampler, StateStore, TrainingState, capture_rng, restore_rng
@@ -59,6 +61,7 @@ class StepMetrics:
     samples_per_s: float
     time_s: float
     peak_bytes: int | None = None
+    process_peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,10 @@ class TrainSummary:
     measured_peak_bytes: int | None
     predicted_peak_bytes: int
     budget_bytes: int | None
+    tensor_budget_bytes: int | None
+    process_peak_bytes: int
+    runtime_baseline_bytes: int
+    predicted_process_peak_bytes: int
     recompute_factor: float
     strategy: str
     wall_time_s: float
@@ -176,9 +183,9 @@ def _resumed(run: RunDirectory, config: TrainConfig, saved: RunIdentity, state: 
 def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
     """What of ``request`` a plan with these predicted figures does not meet."""
     unmet = []
-    budget, peak = request.get("budget_bytes"), int(figures["predicted_peak_bytes"])
+    budget, peak = request.get("budget_bytes"), int(figures["predicted_process_bytes"])
     if budget is not None and peak > budget:
-        unmet.append(f"predicted peak {format_bytes(peak)} > budget {format_bytes(budget)}")
+        unmet.append(f"predicted process peak {format_bytes(peak)} > budget {format_bytes(budget)}")
     limit, factor = request.get("recompute"), float(figures["recompute_factor"])
     if limit is not None and factor > limit * (1 + 1e-12):
         unmet.append(f"recompute factor {factor:.3f} > {limit}")
@@ -189,6 +196,7 @@ def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
 
 def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: ProgressFn | None) -> TrainSummary:
     started = time.perf_counter()
+    configure_allocator()  # NOTE [ Returning freed memory ]
     identity = config.identity()
     run.record(identity, run.saved_plan() if opening.state is not None else None)
     spec = get_model_spec(config.model)
@@ -206,14 +214,21 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     resumed = opening.state
 
     sample_x, sample_y = first_batch(train_set, config.batch)
-    chain, chosen = _plan_training(model, sample_x, sample_y, config, opening.schedule)
+    chain = _profile(model, sample_x, sample_y, config)
+    baseline = measure_runtime_baseline(model, sample_x, sample_y)
+    process_bytes = config.budget_bytes()
+    budget = None if process_bytes is None else split_process_budget(process_bytes, baseline)
+    chosen = _choose_plan(chain, config, budget, opening.schedule)
+    del sample_x, sample_y
     executor = Executor(training_stages(model), chosen.schedule, chain)
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
-    run.record(identity, _plan_figures(chosen))
-    log.info("plan: %s, predicted peak %d bytes, recompute factor %.3f", chosen.strategy,
-             chosen.predicted_peak_bytes, chosen.recompute_factor)
+    run.record(identity, _plan_figures(chosen, baseline))
+    predicted_process = baseline + chosen.predicted_peak_bytes if budget is None else \
+        budget.predicted_process_bytes(chosen.predicted_peak_bytes)
+    log.info("plan: %s, predicted tensor peak %d bytes, process %d bytes, recompute factor %.3f", chosen.strategy,
+             chosen.predicted_peak_bytes, predicted_process, chosen.recompute_factor)
 
-    cache = _sample_cache(chosen, config)
+    cache = _sample_cache(chosen, budget, config)
     if cache is not None:
         train_set = train_set.with_reader(CachingReader(cache))
     epoch, step = 0, 0
@@ -224,6 +239,9 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     start_step = step
     total_steps = len(train_set) // config.batch * config.epochs
     measured_peak = max((int(r["peak_bytes"]) for r in past if r.get("peak_bytes")), default=0)
+    process_peak = max((int(r["process_peak_bytes"]) for r in past if r.get("process_peak_bytes")), default=0)
+    return_freed_memory()
+    reset_peak()  # from here on the kernel's high-water mark is training's
     last_eval = next((r for r in reversed(past) if "val_accuracy" in r), {})
     accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
     with _MetricsLog(run.file(METRICS_FILE)) as metrics_log:
@@ -244,6 +262,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
                 metrics = _train_step(executor, model, optimizer, *batch, step + 1, epoch, measure)
                 step += 1
                 measured_peak = max(measured_peak, metrics.peak_bytes or 0)
+                process_peak = max(process_peak, metrics.process_peak_bytes)
                 metrics_log.append(asdict(metrics))
                 if progress is not None:
                     progress(metrics, total_steps)
@@ -261,7 +280,10 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     summary = TrainSummary(
         accuracy=accuracy, chance_accuracy=1 / num_classes, val_loss=val_loss,
         measured_peak_bytes=measured_peak or None, predicted_peak_bytes=chosen.predicted_peak_bytes,
-        budget_bytes=config.budget_bytes(), recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
+        budget_bytes=process_bytes, tensor_budget_bytes=None if budget is None else budget.tensor_bytes,
+        process_peak_bytes=max(process_peak, read_process_memory().peak_rss_bytes), runtime_baseline_bytes=baseline,
+        predicted_process_peak_bytes=predicted_process,
+        recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
         wall_time_s=time.perf_counter() - started, steps=step, epochs=config.epochs,
         train_samples=len(train_set), val_samples=len(val_set),
         resumed_from_step=resumed.step if resumed else None,
@@ -271,9 +293,11 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     return summary
 
 
-def _plan_figures(chosen: Plan) -> dict[str, Any]:
+def _plan_figures(chosen: Plan, baseline_bytes: int) -> dict[str, Any]:
     """What ``run.json`` keeps of the plan, to judge a changed request on resume without profiling."""
     return {"strategy": chosen.strategy, "predicted_peak_bytes": chosen.predicted_peak_bytes,
+            "predicted_process_bytes": ProcessBudget(0, baseline_bytes).predicted_process_bytes(
+                chosen.predicted_peak_bytes),
             "recompute_factor": chosen.recompute_factor, "predicted_time_s": chosen.predicted_time_s}
 
 
@@ -291,33 +315,51 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float
     return (correct / total, loss_sum / total) if total else (None, None)
 
 
-def _plan_training(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig,
-                   saved: Schedule | None) -> tuple[Chain, Plan]:
-    """Profile one batch (leaving the RNG as it was) and plan, or reuse the schedule of a resumed run."""
+def _profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> Chain:
+    """Profile one batch, leaving the RNG as it was (NOTE [ Exact resume ])."""
     rng = capture_rng()
     chain = replace(profile(model, x, y, optimizer=config.optimizer, repeats=2), name=config.model)
     restore_rng(rng)
-    budget = config.budget_bytes()
+    return chain
+
+
+def _choose_plan(chain: Chain, config: TrainConfig, budget: ProcessBudget | None, saved: Schedule | None) -> Plan:
+    """The fastest schedule within the tensor budget (least memory within ρ), or the resumed run's schedule.
+
+    Raises:
+        InfeasibleBudgetError: in process terms (NOTE [ Process budget ]): the least step does not fit
+            beside the runtime baseline, or a resumed schedule no longer does.
+    """
+    tensor_bytes = None if budget is None else budget.tensor_bytes
     if saved is not None or (budget is None and config.recompute is None):
         schedule = saved if saved is not None else keep_all(chain.length)
         validate(chain, schedule)
-        return chain, Plan(Candidate(schedule, simulate(chain, schedule)), budget, config.recompute, None)
+        chosen = Plan(Candidate(schedule, simulate(chain, schedule)), tensor_bytes, config.recompute, None)
+        if budget is not None and chosen.predicted_peak_bytes > budget.tensor_bytes:
+            raise budget.infeasible(chosen.predicted_peak_bytes)
+        return chosen
     if config.recompute is not None:
-        return chain, plan(chain, recompute=config.recompute, strategy=config.strategy)
-    return chain, plan(chain, memory=budget, strategy=config.strategy)
+        return plan(chain, recompute=config.recompute, strategy=config.strategy, jit=False)
+    assert budget is not None
+    try:
+        return plan(chain, memory=max(budget.tensor_bytes, 1), strategy=config.strategy, jit=False)
+    except InfeasibleBudgetError as exc:
+        if exc.minimum_bytes is None:
+            raise
+        raise budget.infeasible(exc.minimum_bytes) from None
 
 
-def _sample_cache(chosen: Plan, config: TrainConfig) -> MinIOCache | None:
-    """An epoch-aware cache of encoded samples in what the budget leaves beside the planned peak.
+def _sample_cache(chosen: Plan, budget: ProcessBudget | None, config: TrainConfig) -> MinIOCache | None:
+    """An epoch-aware cache of encoded samples in what the budget leaves beside the planned step.
 
     MinIO-style (Mohan et al., VLDB 2021): the first samples that fit stay for the whole run,
     so every shuffled epoch after the first hits the cached fraction. Only without loader
     workers, which would each fill a private copy and overspend the budget.
     """
-    budget = config.budget_bytes()
-    if budget is None or config.workers > 0 or budget <= chosen.predicted_peak_bytes:
+    if budget is None or config.workers > 0:
         return None
-    return MinIOCache(capacity_bytes=budget - chosen.predicted_peak_bytes)
+    spare = budget.process_bytes - budget.predicted_process_bytes(chosen.predicted_peak_bytes)
+    return MinIOCache(capacity_bytes=spare) if spare > 0 else None
 
 
 def _batches(dataset: Dataset[Any], sampler: ResumableSampler, config: TrainConfig,
@@ -349,7 +391,7 @@ def _train_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Opt
         loss = _step(executor, optimizer, x, y)
     elapsed = time.perf_counter() - start
     return StepMetrics(step=step, epoch=epoch, loss=loss, samples_per_s=len(y) / elapsed, time_s=elapsed,
-                       peak_bytes=peak)
+                       peak_bytes=peak, process_peak_bytes=read_process_memory().peak_rss_bytes)
 
 
 def _step(executor: Executor, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -1,0 +1,93 @@
+"""A memory budget for the whole training process, turned into a budget for the step's tensors.
+
+NOTE [ Process budget ]
+``edgetrain train --memory M`` promises that the training process runs to the end inside
+``M`` as the kernel counts it (resident memory; the memory cgroup's charge). The planner counts
+tensor bytes, so the process budget is split once the process is up:
+
+* the *runtime baseline*: what the process holds that is not a tensor of the step, measured
+  after the data pipeline is open, the model built and one batch profiled (which runs real
+  forward and backward passes, so PyTorch's thread pools and kernel caches exist), with freed
+  heap returned to the kernel: resident memory minus the bytes of the weights, buffers and
+  the profiled batch. Planning runs without numba's JIT (``plan(jit=False)``), which would
+  otherwise stay resident at about 100 MiB;
+* a *cushion* for what the tensor simulation does not see: kernels' scratch memory and
+  allocator slack, ``CUSHION_BYTES`` plus ``CUSHION_FRACTION`` of the tensor peak
+  (``benchmarks/process_memory.py`` measures process peak - baseline - tensor peak, 3-15 MiB
+  on ResNet-18 and MobileNetV2 here);
+* the *tensor budget* the planner gets: what is left.
+
+``Checkpointed(memory=...)`` and ``plan(memory=...)`` keep the tensor meaning; this module is
+the explicit process meaning for library users too (:func:`split_process_budget`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import InfeasibleBudgetError
+from ..profile.process import read_process_memory, return_freed_memory
+from ..units import format_bytes
+
+__all__ = ["ProcessBudget", "measure_runtime_baseline", "split_process_budget", "CUSHION_BYTES",
+           "CUSHION_FRACTION"]
+
+CUSHION_BYTES = 16 * 2**20
+CUSHION_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class ProcessBudget:
+    """A process budget split into runtime baseline, cushion and what the step's tensors may use."""
+
+    process_bytes: int
+    runtime_baseline_bytes: int
+
+    @property
+    def tensor_bytes(self) -> int:
+        """The largest tensor peak whose process peak stays within the budget."""
+        return int((self.process_bytes - self.runtime_baseline_bytes - CUSHION_BYTES) / (1 + CUSHION_FRACTION))
+
+    def predicted_process_bytes(self, tensor_peak_bytes: int) -> int:
+        """The process peak a step of this tensor peak is predicted to reach."""
+        return self.runtime_baseline_bytes + CUSHION_BYTES + int(tensor_peak_bytes * (1 + CUSHION_FRACTION))
+
+    def infeasible(self, least_tensor_bytes: int) -> InfeasibleBudgetError:
+        """The refusal for a step whose least tensor peak does not fit, with every part in bytes."""
+        needed = self.predicted_process_bytes(least_tensor_bytes)
+        return InfeasibleBudgetError(
+            f"budget {format_bytes(self.process_bytes)} ({self.process_bytes} bytes) is below what training needs "
+            f"in this process: runtime baseline {format_bytes(self.runtime_baseline_bytes)} "
+            f"({self.runtime_baseline_bytes} bytes; Python, PyTorch, data pipeline, measured) + least step "
+            f"{format_bytes(least_tensor_bytes)} ({least_tensor_bytes} bytes of tensors) + cushion = "
+            f"{format_bytes(needed)} ({needed} bytes)", minimum_bytes=needed, budget_bytes=self.process_bytes)
+
+
+def measure_runtime_baseline(model: nn.Module, *tensors: torch.Tensor) -> int:
+    """Resident bytes of this process that are not ``model``'s weights and buffers or ``tensors``.
+
+    Freed heap is returned to the kernel first, so leftovers of earlier work (profiling) that
+    are no longer live do not count.
+    """
+    return_freed_memory()
+    held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers(), *tensors))
+    return max(0, read_process_memory().rss_bytes - held)
+
+
+def split_process_budget(process_bytes: int, runtime_baseline_bytes: int) -> ProcessBudget:
+    """The split of ``process_bytes``; refuses a budget above what this process's cgroup allows.
+
+    Raises:
+        InfeasibleBudgetError: the memory cgroup's limit is below ``process_bytes`` (the kernel
+            would kill the run before the budget is reached).
+    """
+    limit = read_process_memory().cgroup_limit_bytes
+    if limit is not None and limit < process_bytes:
+        raise InfeasibleBudgetError(
+            f"budget {format_bytes(process_bytes)} ({process_bytes} bytes) is more than this process's memory "
+            f"cgroup allows: {format_bytes(limit)} ({limit} bytes); give --memory {limit} or less",
+            minimum_bytes=None, budget_bytes=process_bytes)
+    return ProcessBudget(process_bytes=process_bytes, runtime_baseline_bytes=runtime_baseline_bytes)

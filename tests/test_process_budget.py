@@ -1,0 +1,126 @@
+"""--memory bounds the whole training process, judged by the kernel: a memory cgroup whose limit is the budget.
+
+Each run is the real command line in a subprocess placed in a fresh memory cgroup before it
+starts (cgroup v1 here, v2 where that is what is mounted); the cgroup is removed afterwards,
+also when the test fails. Without permission to create cgroups the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgetrain.profile.process import read_process_memory
+
+V1_ROOT, V2_ROOT = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+
+
+def _new_cgroup() -> tuple[Path, str]:
+    """A fresh memory cgroup directory and the name of its limit file."""
+    name = f"edgetrain-test-{uuid.uuid4().hex[:12]}"
+    if V1_ROOT.is_dir():
+        path = V1_ROOT / name
+        path.mkdir()
+        return path, "memory.limit_in_bytes"
+    if "memory" in (V2_ROOT / "cgroup.controllers").read_text().split():
+        path = V2_ROOT / name
+        path.mkdir()
+        with contextlib.suppress(OSError):
+            (path / "memory.swap.max").write_text("0")
+        return path, "memory.max"
+    raise OSError("no memory controller mounted")
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    try:
+        path, limit_file = _new_cgroup()
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup here: {exc}")
+    try:
+        (path / limit_file).write_text(str(limit_bytes))
+        with contextlib.suppress(OSError):
+            (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))  # v1: no swapping around it
+        yield path
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+        for _ in range(100):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.05)
+
+
+def run_in(cgroup: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    def enter() -> None:
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], capture_output=True, text=True, timeout=600,
+                          preexec_fn=enter, stdin=subprocess.DEVNULL)
+
+
+def step_losses(run_dir: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+CASES = {"resnet18": ["--model", "resnet18", "--image", "96", "--batch", "8"],
+         "mobilenet_v2": ["--model", "mobilenet_v2", "--image", "64", "--batch", "16"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_run_at_budget_m_completes_in_a_cgroup_of_m_with_the_unconstrained_losses(tmp_path: Path,
+                                                                                     name: str) -> None:
+    common = ["train", *CASES[name], "--samples", "64", "--epochs", "1", "--save-every", "100"]
+    free = run_in(None, *common, "--run-dir", str(tmp_path / "free"))
+    assert free.returncode == 0, free.stderr
+    unconstrained = json.loads((tmp_path / "free" / "summary.json").read_text())
+    # The least process budget, from the refusal of an impossible one.
+    probe = run_in(None, *common, "--memory", "1MiB", "--run-dir", str(tmp_path / "probe"))
+    assert probe.returncode == 2
+    least = int(re.search(r"= [0-9.]+ \wiB \((\d+) bytes\)$", probe.stderr.strip()).group(1))  # type: ignore[union-attr]
+    assert least > unconstrained["runtime_baseline_bytes"]
+    budget = max(least, (least + unconstrained["process_peak_bytes"]) // 2) // 4096 * 4096 + 4096  # the kernel keeps whole pages
+    with memory_cgroup(budget) as cgroup:
+        bounded = run_in(cgroup, *common, "--memory", str(budget), "--run-dir", str(tmp_path / "bounded"))
+    assert bounded.returncode == 0, bounded.stderr
+    summary = json.loads((tmp_path / "bounded" / "summary.json").read_text())
+    assert step_losses(tmp_path / "bounded") == step_losses(tmp_path / "free")
+    assert summary["runtime_baseline_bytes"] < summary["process_peak_bytes"] <= budget
+    assert summary["predicted_process_peak_bytes"] <= budget
+
+    # 15% below that peak the limit is real: edgetrain refuses up front, and a plain allocation of
+    # the budget in the same cgroup is killed by the kernel.
+    tight = int(summary["process_peak_bytes"] * 0.85)
+    with memory_cgroup(tight) as cgroup:
+        refused = run_in(cgroup, *common, "--memory", str(budget), "--run-dir", str(tmp_path / "refused"))
+        hog = subprocess.run([sys.executable, "-c", f"b = bytearray({budget}); b[::4096] = b'x' * len(b[::4096])"],
+                             preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())),
+                             capture_output=True, timeout=120)
+    assert refused.returncode == 2 and "cgroup allows" in refused.stderr, refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
+    assert hog.returncode == -9, "the cgroup's limit must kill a process that exceeds it"
+
+
+def test_the_kernel_figures_are_read() -> None:
+    memory = read_process_memory()
+    assert 0 < memory.rss_bytes <= memory.peak_rss_bytes
+    status = Path("/proc/self/status").read_text()
+    hwm_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
+    assert abs(memory.peak_rss_bytes - hwm_kib * 1024) < 64 * 2**20
