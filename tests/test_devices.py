@@ -19,7 +19,8 @@ from edgetrain.devices import (
     load_devices_file,
     this_machine,
 )
-from edgetrain.devices.catalog import ENERGY_FIELDS, NUMERIC_FIELDS, _detect_this_machine
+from edgetrain.devices.catalog import ENERGY_FIELDS, NUMERIC_FIELDS, _detect_this_machine, proc_kib_fields
+from edgetrain.devices.probe import device_entry, write_device_entry
 from edgetrain.errors import UnknownNameError
 
 CLI_NAMES = ["odroid-xu4", "rpi4", "rpi4-8gb", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
@@ -130,7 +131,7 @@ def test_this_machine_detects_memory_and_cores() -> None:
 def test_this_machine_reads_proc_and_sys(tmp_path: Path) -> None:
     proc, sys_dir = tmp_path / "proc", tmp_path / "sys"
     (proc / "driver/nvidia/gpus/0000:01:00.0").mkdir(parents=True)
-    (proc / "meminfo").write_text("MemTotal:        2009632 kB\nMemFree:          123456 kB\n")
+    (proc / "meminfo").write_text("MemTotal:        2009632 kB\nMemFree:          123456 kB\n")  # no MemAvailable
     (proc / "cpuinfo").write_text("processor\t: 0\nmodel\t\t: 1\nmodel name\t: Test CPU @ 2.00GHz\n")
     (proc / "driver/nvidia/gpus/0000:01:00.0/information").write_text("Model: \t\t NVIDIA Test GPU\nIRQ: 1\n")
     for cpu, khz in (("cpu0", "1400000"), ("cpu4", "2000000")):
@@ -144,6 +145,8 @@ def test_this_machine_reads_proc_and_sys(tmp_path: Path) -> None:
     assert here.cpu_max_freq_hz == 2.0e9
     assert here.accelerator == "NVIDIA Test GPU"
     assert here.sources["cpu_max_freq_hz"].startswith("detected at run time")
+    assert here.usable_memory_bytes is None
+    assert here.sources["usable_memory_bytes"].startswith("unknown: no MemAvailable")
 
 
 def test_unknown_name_error_lists_valid_names() -> None:
@@ -180,6 +183,9 @@ def test_a_valid_file_loads_with_hand_checked_values(tmp_path: Path) -> None:
     (lambda t: t.replace('memory_bytes = "vendor page"', 'memory_bytes = "vendor page"\nram = "x"'),
      "unknown fields"),
     (lambda t: t.replace("memory_bytes = 1073741824", "memory_bytes = 1.5e9"), "must be an integer"),
+    (lambda t: t.replace("peak_power_w = 5\n", "peak_power_w = 5\nusable_memory_bytes = 1073741825\n")
+                .replace('memory_bytes = "vendor page"', 'memory_bytes = "vendor page"\nusable_memory_bytes = "idle"'),
+     "usable_memory_bytes = 1073741825 exceeds memory_bytes = 1073741824"),
     (lambda t: t.replace('cpu = "4x Cortex-A53"\n', ""), "lacks required field"),
     (lambda t: t.replace("[devices.my-board]", "[devices.this-machine]")
                 .replace("[devices.my-board.sources]", "[devices.this-machine.sources]"), "detected at run time"),
@@ -187,7 +193,7 @@ def test_a_valid_file_loads_with_hand_checked_values(tmp_path: Path) -> None:
     (lambda t: t.replace('title = "My board"', "title = My board"), "not valid TOML"),
 ], ids=["missing-source", "negative-power", "negative-memory", "zero", "negative-pagein-rate",
         "unsourced-compute-rate", "unknown-field", "unknown-source-key",
-        "float-bytes", "missing-cpu", "this-machine-in-file", "top-level-key", "bad-toml"])
+        "float-bytes", "usable-above-ram", "missing-cpu", "this-machine-in-file", "top-level-key", "bad-toml"])
 def test_bad_files_are_rejected_with_a_clear_message(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "devices.toml"
     path.write_text(edit(MINIMAL))
@@ -235,8 +241,121 @@ def test_devices_table_shows_unknowns_as_question_marks() -> None:
     console.print(table)
     text = console.export_text()
 
-    assert len(table.columns) == 8 and table.row_count == 2
+    assert len(table.columns) == 9 and table.row_count == 2
     odroid_row = next(line for line in text.splitlines() if "odroid-xu4" in line)
     assert "2.00 GiB" in odroid_row and "?/20" in odroid_row and "?/?" in odroid_row
+    assert [cell.strip() for cell in odroid_row.split("│")[3:5]] == ["2.00 GiB", "?"]  # memory, usable
     rpi_row = next(line for line in text.splitlines() if "rpi4" in line)
     assert "45.5/17.1" in rpi_row and "3/15" in rpi_row
+
+
+# --- usable memory --------------------------------------------------------------------------------
+
+# /proc/meminfo and /proc/self/status as recorded on a Linux x86-64 machine (first lines kept).
+RECORDED_MEMINFO = """MemTotal:       24684084 kB
+MemFree:        22746504 kB
+MemAvailable:   23649772 kB
+Buffers:            5684 kB
+Cached:           923360 kB
+SwapCached:            0 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+RECORDED_STATUS = """Name:\tgrep
+Umask:\t0022
+State:\tR (running)
+VmHWM:\t    2012 kB
+VmRSS:\t    2012 kB
+RssAnon:\t     168 kB
+RssFile:\t    1844 kB
+"""
+
+
+def test_proc_kib_fields_reads_kernel_kb_as_kib_and_skips_text() -> None:
+    meminfo = proc_kib_fields(RECORDED_MEMINFO)
+    status = proc_kib_fields(RECORDED_STATUS)
+
+    assert meminfo["MemTotal"] == 24684084 * 1024
+    assert meminfo["MemAvailable"] == 23649772 * 1024
+    assert status["RssAnon"] == 168 * 1024 and status["VmHWM"] == 2012 * 1024
+    assert "HugePages_Total" not in meminfo  # a count, not a size
+    assert not {"Name", "State", "Umask"} & set(status)  # text, and an octal mask that is not a size
+
+
+def test_this_machine_usable_memory_is_mem_available_plus_its_own_anonymous_memory(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(RECORDED_MEMINFO)
+    (proc / "self/status").write_text(RECORDED_STATUS)
+
+    here = _detect_this_machine(proc, tmp_path / "sys")
+
+    assert here.memory_bytes == 24684084 * 1024
+    assert here.usable_memory_bytes == (23649772 + 168) * 1024
+    assert "MemAvailable" in here.sources["usable_memory_bytes"] and "RssAnon" in here.sources["usable_memory_bytes"]
+
+
+def test_the_live_machine_has_usable_memory_below_its_ram() -> None:
+    here = this_machine()
+
+    assert here.usable_memory_bytes is not None
+    assert 0 < here.usable_memory_bytes <= here.memory_bytes
+
+
+@pytest.mark.parametrize("device", list(load_catalog().values()), ids=lambda d: d.name)
+def test_every_catalog_device_sources_its_usable_memory_or_says_how_to_measure_it(device: Device) -> None:
+    source = device.sources["usable_memory_bytes"]
+
+    if device.usable_memory_bytes is None:
+        assert source.startswith("unknown: ")
+        assert "edgetrain bench device" in source or "the build's" in source  # the way to find it out
+    else:
+        assert "http" in source or source.startswith("measured")
+        assert device.usable_memory_bytes <= device.memory_bytes
+
+
+def _board(usable_memory_bytes: int | None) -> Device:
+    sources = {"memory_bytes": "vendor page", "usable_memory_bytes": "MemAvailable at idle, measured"}
+    return Device("b", "Board", 2 * GIB, "4x Cortex-A15", usable_memory_bytes=usable_memory_bytes, sources=sources)
+
+
+def test_training_memory_is_usable_memory_minus_the_runtime_baseline() -> None:
+    board = _board(usable_memory_bytes=1_700 * 1024**2)
+
+    assert board.training_memory_bytes(350 * 1024**2) == 1_350 * 1024**2
+    assert board.training_memory_bytes(0) == 1_700 * 1024**2
+    assert board.training_memory_bytes(1_800 * 1024**2) == -100 * 1024**2  # nothing left: the caller says so
+    assert _board(usable_memory_bytes=None).training_memory_bytes(350 * 1024**2) is None
+    with pytest.raises(ValueError, match="must be >= 0"):
+        board.training_memory_bytes(-1)
+
+
+def test_devices_table_shows_known_usable_memory() -> None:
+    console = Console(record=True, width=250)
+
+    console.print(devices_table([_board(usable_memory_bytes=1_700 * 1024**2)]))
+
+    row = next(line for line in console.export_text().splitlines() if "Board" in line)
+    assert [cell.strip() for cell in row.split("│")[3:5]] == ["2.00 GiB", "1.66 GiB"]
+
+
+def test_usable_memory_above_ram_is_refused() -> None:
+    with pytest.raises(DeviceCatalogError, match="exceeds memory_bytes"):
+        _board(usable_memory_bytes=2 * GIB + 1)
+    assert _board(usable_memory_bytes=2 * GIB).usable_memory_bytes == 2 * GIB
+
+
+def test_bench_device_records_the_boards_usable_memory_in_its_file(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(RECORDED_MEMINFO)
+    (proc / "self/status").write_text(RECORDED_STATUS)
+    base = _detect_this_machine(proc, tmp_path / "sys")
+
+    entry = device_entry("my-xu4", storage=None, compute=None, powers={}, power_source=None, base=base,
+                         when="2026-11-21")
+    device = write_device_entry(tmp_path / "d.toml", "my-xu4", entry)
+
+    assert device.usable_memory_bytes == (23649772 + 168) * 1024
+    assert device.sources["usable_memory_bytes"].startswith("measured by `edgetrain bench device` on 2026-11-21")
+    assert "MemAvailable" in device.sources["usable_memory_bytes"]

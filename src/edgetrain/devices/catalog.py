@@ -16,6 +16,13 @@ The figures live in ``devices.toml`` (package data), one table per device, read 
 ``this-machine`` is not in the file: :func:`this_machine` detects it at run time and says so in
 its sources.
 
+``usable_memory_bytes`` is the RAM a training process can really have on the device's usual
+image: what the kernel reports as ``MemAvailable`` at idle, with the OS, its services and (on a
+Jetson, whose GPU shares the RAM) the boot-time carve-outs already taken. It is at most
+``memory_bytes``. :meth:`Device.training_memory_bytes` takes the runtime's own baseline (Python,
+PyTorch, edgetrain) off it, leaving what a training step's tensors may use. Where no source gives
+it for the usual image, it is unknown and ``edgetrain bench device`` measures it on the board.
+
 The energy figures (:data:`ENERGY_FIELDS`) follow the same rules: ``compute_flops_per_s`` is an
 *achieved* training rate measured on the device (POET's, not the datasheet peak in
 ``peak_fp32_gflops``), ``compute_power_w`` the power drawn while computing, and
@@ -63,6 +70,7 @@ __all__ = [
     "get_device",
     "load_catalog",
     "load_devices_file",
+    "proc_kib_fields",
     "this_machine",
     "user_devices",
 ]
@@ -71,7 +79,7 @@ logger = logging.getLogger(__name__)
 
 THIS_MACHINE = "this-machine"
 DEVICES_ENV = "EDGETRAIN_DEVICES"   # device files the user adds to the catalog (os.pathsep-separated)
-INT_FIELDS = ("memory_bytes", "flash_bytes", "cpu_cores")
+INT_FIELDS = ("memory_bytes", "usable_memory_bytes", "flash_bytes", "cpu_cores")
 # The figures an energy cost model needs (see edgetrain.energy), each in its unit.
 ENERGY_FIELDS = ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
                  "pageout_latency_s", "pageout_bps", "pageout_power_w")
@@ -97,6 +105,9 @@ class Device:
         name: the command-line name, e.g. ``"odroid-xu4"``.
         title: a human-readable name, e.g. ``"Hardkernel ODROID-XU4"``.
         memory_bytes: main memory (RAM) in bytes; for a microcontroller, its SRAM.
+        usable_memory_bytes: the part of ``memory_bytes`` a training process can have on the
+            device's usual image (``MemAvailable`` at idle; for a microcontroller, the SRAM its
+            firmware leaves), at most ``memory_bytes``.
         cpu: the processor in words (cores, clusters, clock).
         cpu_cores: number of CPU cores (all clusters).
         cpu_max_freq_hz: clock of the fastest CPU core, in Hz.
@@ -126,6 +137,7 @@ class Device:
     title: str
     memory_bytes: int
     cpu: str
+    usable_memory_bytes: int | None = None
     cpu_cores: int | None = None
     cpu_max_freq_hz: float | None = None
     accelerator: str | None = None
@@ -165,6 +177,9 @@ class Device:
                     "(leave an unknown figure out and say why in sources; never write 0)")
             if not str(self.sources.get(key, "")).strip():
                 raise DeviceCatalogError(f"device {self.name!r}: {key} = {value!r} has no entry in sources")
+        if self.usable_memory_bytes is not None and self.usable_memory_bytes > self.memory_bytes:
+            raise DeviceCatalogError(f"device {self.name!r}: usable_memory_bytes = {self.usable_memory_bytes} exceeds "
+                                     f"memory_bytes = {self.memory_bytes}")
         for label, mapping, allowed in (("sources", self.sources, _DATA_FIELDS), ("notes", self.notes, _NOTE_KEYS)):
             unknown = sorted(set(mapping) - set(allowed))
             if unknown:
@@ -172,6 +187,29 @@ class Device:
                                          f"valid: {', '.join(allowed)}")
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
         object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
+
+    def training_memory_bytes(self, runtime_baseline_bytes: int) -> int | None:
+        """What a training step's tensors may use here: usable memory minus the runtime's baseline.
+
+        Args:
+            runtime_baseline_bytes: the training process's memory before its first step (the
+                interpreter, PyTorch, edgetrain and the model's code), measured, in bytes.
+
+        Returns:
+            ``usable_memory_bytes - runtime_baseline_bytes``; zero or less means nothing is left
+            for training. ``None`` when the usable memory is unknown.
+
+        Raises:
+            ValueError: a negative baseline.
+
+        Example:
+            >>> Device("b", "B", 2 * 1024**3, "cpu", usable_memory_bytes=1024**3,
+            ...        sources={"memory_bytes": "s", "usable_memory_bytes": "s"}).training_memory_bytes(300 * 1024**2)
+            759169024
+        """
+        if runtime_baseline_bytes < 0:
+            raise ValueError(f"runtime_baseline_bytes must be >= 0, got {runtime_baseline_bytes}")
+        return None if self.usable_memory_bytes is None else self.usable_memory_bytes - runtime_baseline_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (``None`` for unknown figures)."""
@@ -324,17 +362,29 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def proc_kib_fields(text: str) -> dict[str, int]:
+    r"""The ``Name: N kB`` lines of ``/proc/meminfo`` or ``/proc/<pid>/status``, name -> bytes.
+
+    The kernel's "kB" is KiB. Lines without that unit (counts such as ``HugePages_Total``, text
+    such as ``Name:\tpython3``, the octal ``Umask``) are left out.
+
+    Example:
+        >>> proc_kib_fields("MemTotal:        2009632 kB\nMemAvailable:    1502340 kB\n")["MemAvailable"]
+        1538396160
+    """
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0].endswith(":") and parts[1].isdigit() and parts[2].lower() == "kb":
+            found[parts[0][:-1]] = int(parts[1]) * 1024
+    return found
+
+
 def _detect_memory(proc: Path) -> tuple[int, str]:
-    meminfo = _read_text(proc / "meminfo")
-    if meminfo is not None:
-        for line in meminfo.splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] == "MemTotal:" and parts[1].isdigit():
-                unit = parts[2].lower() if len(parts) > 2 else "kb"
-                factor = 1024 if unit == "kb" else 1  # the kernel's "kB" is KiB
-                return (int(parts[1]) * factor,
-                        f"detected at run time: MemTotal in {proc / 'meminfo'} (RAM the kernel manages, "
-                        "a little below the installed DRAM)")
+    meminfo = proc_kib_fields(_read_text(proc / "meminfo") or "")
+    if "MemTotal" in meminfo:
+        return (meminfo["MemTotal"], f"detected at run time: MemTotal in {proc / 'meminfo'} (RAM the kernel manages, "
+                                     "a little below the installed DRAM)")
     try:
         n_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -343,6 +393,21 @@ def _detect_memory(proc: Path) -> tuple[int, str]:
         logger.debug("no MemTotal in %s; memory from os.sysconf", proc / "meminfo")
         return n_bytes, "detected at run time: os.sysconf SC_PHYS_PAGES x SC_PAGE_SIZE"
     raise EdgetrainError("cannot detect this machine's memory (no /proc/meminfo, no os.sysconf)")
+
+
+def _detect_usable_memory(proc: Path, memory_bytes: int) -> tuple[int | None, str]:
+    # NOTE [ Usable memory, measured from inside ]
+    # MemAvailable is the kernel's estimate of what new processes can have without swapping. The
+    # process reading it holds memory too (this one: Python, perhaps PyTorch), which a training
+    # process started in its place would have; its anonymous RSS is added back. Its file-backed
+    # pages are page cache, already counted in MemAvailable as far as they can be reclaimed.
+    available = proc_kib_fields(_read_text(proc / "meminfo") or "").get("MemAvailable")
+    if available is None:
+        return None, f"unknown: no MemAvailable in {proc / 'meminfo'} (Linux before 3.14, or not Linux)"
+    own = proc_kib_fields(_read_text(proc / "self/status") or "").get("RssAnon", 0)
+    return (min(available + own, memory_bytes),
+            f"detected at run time: MemAvailable in {proc / 'meminfo'} plus this process's RssAnon in "
+            f"{proc / 'self/status'} ({own} B): what a process could have here without swapping")
 
 
 def _detect_cpu_model(proc: Path) -> tuple[str, str]:
@@ -383,12 +448,14 @@ def _detect_nvidia_gpus(proc: Path) -> list[str]:
 
 def _detect_this_machine(proc: Path = Path("/proc"), sys_dir: Path = Path("/sys")) -> Device:
     memory_bytes, memory_source = _detect_memory(proc)
+    usable_bytes, usable_source = _detect_usable_memory(proc, memory_bytes)
     cpu, cpu_source = _detect_cpu_model(proc)
     cores = os.cpu_count()
     freq_hz = _detect_max_freq_hz(sys_dir)
     gpus = _detect_nvidia_gpus(proc)
     sources = {
         "memory_bytes": memory_source,
+        "usable_memory_bytes": usable_source,
         "cpu": cpu_source,
         "cpu_cores": "detected at run time: os.cpu_count() (logical CPUs)" if cores else
                      "unknown: os.cpu_count() returned None",
@@ -412,6 +479,7 @@ def _detect_this_machine(proc: Path = Path("/proc"), sys_dir: Path = Path("/sys"
         name=THIS_MACHINE,
         title=f"this machine ({platform.system() or 'unknown OS'} {platform.machine()})".strip(),
         memory_bytes=memory_bytes,
+        usable_memory_bytes=usable_bytes,
         cpu=cpu,
         cpu_cores=cores,
         cpu_max_freq_hz=freq_hz,
@@ -424,7 +492,9 @@ def _detect_this_machine(proc: Path = Path("/proc"), sys_dir: Path = Path("/sys"
 def this_machine() -> Device:
     """The machine this process runs on, detected now.
 
-    Memory comes from ``/proc/meminfo`` (else ``os.sysconf``), cores from ``os.cpu_count()``, the
+    Memory comes from ``/proc/meminfo`` (else ``os.sysconf``), usable memory from its
+    ``MemAvailable`` plus this process's own anonymous memory (NOTE [ Usable memory, measured
+    from inside ]), cores from ``os.cpu_count()``, the
     CPU model from ``/proc/cpuinfo`` (else :mod:`platform`), the fastest core clock from
     ``cpufreq`` in sysfs, NVIDIA GPUs from ``/proc/driver/nvidia``. Nothing is benchmarked:
     FLOP/s, power, storage and energy figures are ``None`` with ``"unknown: not measured"`` as
@@ -454,7 +524,8 @@ def devices_table(devices: Iterable[Device]) -> Table:
     from rich.table import Table
 
     table = Table(title="Devices (sources: edgetrain devices --json)")
-    for header, justify in (("name", "left"), ("title", "left"), ("memory", "right"), ("cores", "right"),
+    for header, justify in (("name", "left"), ("title", "left"), ("memory", "right"), ("usable", "right"),
+                            ("cores", "right"),
                             ("peak GFLOP/s", "right"), ("power W typ/peak", "right"), ("storage", "left"),
                             ("read/write MB/s", "right")):
         table.add_column(header, justify=justify, no_wrap=header != "title")  # type: ignore[arg-type]
@@ -465,6 +536,7 @@ def devices_table(devices: Iterable[Device]) -> Table:
             device.name,
             device.title,
             format_bytes(device.memory_bytes),
+            "?" if device.usable_memory_bytes is None else format_bytes(device.usable_memory_bytes),
             _number(device.cpu_cores),
             _number(device.peak_fp32_gflops, "{:.1f}"),
             f"{_number(device.typical_power_w, '{:.3g}')}/{_number(device.peak_power_w, '{:.3g}')}",

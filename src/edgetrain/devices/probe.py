@@ -21,6 +21,10 @@ and recorded with the source they name, or left unknown.
   machine. With it, :func:`edgetrain.energy.scale_chain` predicts exactly the measured step
   for the probing model and batch; other models inherit the assumption stated there (the same
   achieved rate for every stage).
+* **Usable memory** (``usable_memory_bytes``): ``MemAvailable`` in ``/proc/meminfo`` plus the
+  probe's own anonymous memory, i.e. what a training process could have on the board as it is
+  when probed; run on the idle board with the services of its usual image, it is the catalog's
+  figure.
 * **Power** (``compute_power_w``, ``pagein_power_w``, ``pageout_power_w``): read from the board's
   own power monitors where it has them (a Jetson's INA3221 rails in sysfs: a power file, or a
   voltage and a current file whose product is the power), sampled in a background thread
@@ -495,6 +499,14 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
         if getattr(base, key) is not None:
             table[key] = getattr(base, key)
             sources[key] = base.sources.get(key, "detected at run time")
+    # NOTE [ Usable memory, measured from inside ] (catalog.py): run on the idle board, with the
+    # services of its usual image running, this is the memory a training process can have there.
+    sources["usable_memory_bytes"] = base.sources.get("usable_memory_bytes", "unknown: not measured")
+    if base.usable_memory_bytes is not None:
+        table["usable_memory_bytes"] = base.usable_memory_bytes
+        how = sources["usable_memory_bytes"].removeprefix("detected at run time: ")
+        sources["usable_memory_bytes"] = (f"measured by `edgetrain bench device` on {when}, on the board as it was "
+                                          f"(idle, with its usual services, if run as documented): {how}")
     for key in ENERGY_FIELDS:
         sources[key] = "unknown: not measured (run `edgetrain bench device` with the options that measure it)"
     if storage is not None:

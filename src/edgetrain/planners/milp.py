@@ -968,7 +968,10 @@ def _column_values(tg: TrainingGraph, lay: _Layout, sched: GraphSchedule, memory
 
 def _highs(tg: TrainingGraph, lay: _Layout, rows: _Rows, *, time_limit_s: float, mip_gap: float,
            offset: float) -> highspy.Highs:
-    import highspy
+    try:
+        import highspy
+    except ImportError:
+        raise EdgetrainError("the MILP planner needs HiGHS: pip install 'edgetrain[plan]'") from None
 
     h = highspy.Highs()
     for key, value in (("output_flag", False), ("threads", 1), ("time_limit", float(time_limit_s)),

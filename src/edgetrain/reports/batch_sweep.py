@@ -164,7 +164,10 @@ def sweep_batches(model: str, image: int, budget_bytes: int, *, batches: tuple[i
 
 def plot_sweep(sweep: BatchSweep, path: Path) -> None:
     """Two panels: throughput and peak memory against batch size (log-2 axis)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise EdgetrainError("plotting needs matplotlib: pip install 'edgetrain[reports]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

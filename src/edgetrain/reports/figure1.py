@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..chain import Chain
-from ..errors import InfeasibleBudgetError
+from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models.linear import LINEAR_RESNET_DEPTHS, linear_resnet
 from ..planners.optimal import solve
 from ..planners.revolve import revolve
@@ -167,7 +167,10 @@ def _to_markdown(figure: Figure1) -> str:
 
 
 def _plot(figure: Figure1, family: str, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise EdgetrainError("plotting needs matplotlib: pip install 'edgetrain[reports]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -235,7 +235,10 @@ def _claim(panel: dict[str, object], axis: str) -> dict[str, object]:
 
 
 def _plot(data: dict[str, object], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise EdgetrainError("plotting needs matplotlib: pip install 'edgetrain[reports]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
