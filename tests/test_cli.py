@@ -94,7 +94,9 @@ def test_devices_lists_the_catalog() -> None:
 
 
 def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -> None:
-    code, _, err = run("demo", "--out", str(tmp_path), "--samples", "80", "--epochs", "1")
+    # 160 samples: 120 train, 3 steps of 32; the peak is measured on the second (steady-state) step,
+    # so with one step (80 samples) the summary's measured peak is 0 and says nothing.
+    code, _, err = run("demo", "--out", str(tmp_path), "--samples", "160", "--epochs", "1")
     assert code == 0, err
     rows = json.loads((tmp_path / "node_fit.json").read_text())
     assert len(rows) == 5
