@@ -99,7 +99,8 @@ def test_devices_lists_the_catalog() -> None:
 
 
 def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -> None:
-    code, _, err = run("demo", "--out", str(tmp_path), "--samples", "120", "--epochs", "1")
+    # 160 samples: 120 train, 3 steps of 32, so the steady-state (second) step is measured.
+    code, _, err = run("demo", "--out", str(tmp_path), "--samples", "160", "--epochs", "1")
     assert code == 0, err
     rows = json.loads((tmp_path / "node_fit.json").read_text())
     assert len(rows) == 5
@@ -109,7 +110,7 @@ def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -
             assert row["plan"]["predicted_peak_bytes"] <= 2 * 2**30
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["predicted_peak_bytes"] <= summary["budget_bytes"]
-    assert summary["measured_peak_bytes"] <= summary["budget_bytes"] * 1.05
+    assert summary["predicted_peak_bytes"] * 0.995 <= summary["measured_peak_bytes"] <= summary["budget_bytes"]
     assert summary["recompute_factor"] > 1.0  # plain training does not fit the demo budget
 
 
@@ -146,7 +147,10 @@ def test_energy_plan_deadline_and_strategies() -> None:
     free = energy_plan("--memory", "250MiB")
     tight = energy_plan("--memory", "250MiB", "--deadline", "1.0")   # no slower than a step without either
     assert tight["deadline_s"] == pytest.approx(tight["predicted_time_s"] / tight["recompute_factor"])
-    assert tight["deadline_met"] is False or tight["predicted_time_s"] <= tight["deadline_s"] * (1 + 1e-9)
+    # 250 MiB is below the plain step's peak, so every schedule recomputes or pages: 1.0x is missed.
+    assert tight["deadline_met"] is False and tight["predicted_time_s"] > tight["deadline_s"]
+    met = energy_plan("--memory", "250MiB", "--deadline", f"{free['predicted_time_s']}s")   # the free plan's time
+    assert met["deadline_met"] is True and met["predicted_time_s"] <= free["predicted_time_s"]
     assert free["deadline_s"] is None
     best = energy_plan("--memory", "275MiB")["energy_j"]
     for strategy in ("recompute", "paging-only", "capuchin"):
