@@ -197,9 +197,12 @@ def _print_memory_report(report: dict[str, Any]) -> None:
 @app.command("plan")
 @_clean_errors
 def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
-                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 2GiB."),
+                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the step's tensors, e.g. "
+                                                      "2GiB (train's --memory bounds the whole process)."),
                  recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
                                                            help="Largest recompute factor ρ >= 1."),
+                 classes: Optional[int] = typer.Option(None, "--classes", min=2, help="Classes of the model's head "
+                                                       "(default: the zoo's; 10 for train's synthetic data)."),
                  strategy: str = typer.Option(
                      "auto", "--strategy", help="time: auto, uniform, revolve, optimal; energy: auto (= paging-dp), "
                      "paging-dp, recompute, paging-only, capuchin, milp."),
@@ -209,10 +212,13 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
                  deadline: Optional[str] = typer.Option(
                      None, "--deadline", help="Energy objective: longest step allowed, '1.2' = 1.2x the step without "
                      "recomputation or paging on the device, '3.5s' = seconds."),
-                 output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the schedule as JSON."),
+                 output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the plan for "
+                                                       "`edgetrain train --plan` (schedule, chain, settings)."),
                  as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """The best schedule for a memory budget (default: the device's memory) or a factor ρ; fastest or least energy."""
     from .devices import get_device
+    from .models import get_model_spec
+    from .planfile import PlanFile
     from .planners import plan
     from .profile import chain_for
 
@@ -223,16 +229,19 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         if target is None or target.memory_bytes is None:
             raise EdgetrainError("give --memory or --recompute (or a --device whose memory is the budget)")
         memory = str(target.memory_bytes)
-    chain = chain_for(model, batch, image, optimizer=optimizer)
+    chain = chain_for(model, batch, image, optimizer=optimizer, num_classes=classes)
+    shipped = functools.partial(PlanFile, model=model, batch=batch, image=image, optimizer=optimizer,
+                                num_classes=classes or get_model_spec(model).default_num_classes,
+                                device=None if target is None else target.name)
     if objective == "energy":
         _plan_energy(chain, model, batch, image, optimizer, memory, recompute, deadline, strategy, target, output,
-                     as_json)
+                     as_json, shipped)
         return
     if deadline is not None:
         raise EdgetrainError("--deadline applies to --objective energy")
     chosen = plan(chain, memory=memory, recompute=recompute, strategy=strategy)
     if output is not None:
-        chosen.schedule.save(output)
+        shipped(chain=chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
     report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, **chosen.to_dict()}
     if target is not None and target.memory_bytes is not None:
         report.update(device=target.name, device_memory_bytes=target.memory_bytes,
@@ -261,7 +270,7 @@ def _deadline_seconds(deadline: str, base_time_s: float) -> float:
 
 def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str, memory: Optional[str],
                  recompute: Optional[float], deadline: Optional[str], strategy: str, target: Any,
-                 output: Optional[Path], as_json: bool) -> None:
+                 output: Optional[Path], as_json: bool, shipped: Callable[..., Any]) -> None:
     from .energy import EnergyProfile, scale_chain
     from .planners.energy_plan import plan_energy
     from .planners.plan import sequential_baseline
@@ -284,7 +293,7 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
         if chosen.schedule is None:
             raise EdgetrainError(f"the MILP's decisions have no executor schedule "
                                  f"({chosen.to_dict()['schedule_error']}); use --strategy paging-dp")
-        chosen.schedule.save(output)
+        shipped(chain=device_chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
     report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
                               "objective": "energy", **chosen.to_dict()}
     try:
@@ -329,7 +338,7 @@ def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
         verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
         console.print(f"  {report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}")
     if output is not None:
-        console.print(f"  schedule written to {output}")
+        console.print(f"  plan written to {output}; train from it with edgetrain train --plan {output} ...")
 
 
 def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -349,7 +358,7 @@ def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
         verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
         console.print(f"  {report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}")
     if output is not None:
-        console.print(f"  schedule written to {output}")
+        console.print(f"  plan written to {output}; train from it with edgetrain train --plan {output} ...")
 
 
 @reproduce_app.command("tables")
@@ -568,10 +577,16 @@ def train_command(
         image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels."),
         memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole training process as the "
                                              "kernel counts it (resident memory), e.g. 600MiB."),
+        step_memory: Optional[str] = typer.Option(None, "--step-memory", help="Budget for the step's tensors only "
+                                                  "(as `plan --memory`), not the process."),
         recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
                                                   help="Largest recompute factor ρ >= 1."),
         device: Optional[str] = DeviceOpt,
         strategy: str = typer.Option("auto", "--strategy", help="auto, uniform, revolve or optimal."),
+        plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train from a plan made with `edgetrain plan "
+                                                 "... -o` (no profiling or planning here)."),
+        page_dir: Optional[Path] = typer.Option(None, "--page-dir", help="Where a paging schedule writes "
+                                                "(an SD card, flash); default: a temp directory."),
         epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training split."),
         optimizer: str = OptimizerOpt,
         lr: Optional[float] = typer.Option(None, "--lr", callback=_finite("--lr", above=0),
@@ -590,7 +605,8 @@ def train_command(
     from .train import TrainConfig
 
     config = TrainConfig(model=model, data=data, samples=samples, batch=batch, image=image, memory=memory,
-                         recompute=recompute, device=device, strategy=strategy, epochs=epochs, optimizer=optimizer,
+                         step_memory=step_memory, recompute=recompute, device=device, strategy=strategy,
+                         plan_file=plan_file, page_dir=page_dir, epochs=epochs, optimizer=optimizer,
                          lr=lr, workers=workers, run_dir=run_dir, resume=resume, overwrite=overwrite, replan=replan,
                          seed=seed, save_every=save_every, skip_corrupt=skip_corrupt)
     summary = _train_with_progress(config)
@@ -666,8 +682,9 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training needs "
                   f"{format_bytes(plain)}; the budget is {squeeze:.2f} of that, the fraction the node leaves "
                   f"ResNet-50 at batch 8 and 500 px, so plain training does not fit.")
-    config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image, memory=budget,
-                         epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data", overwrite=True)
+    config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image,
+                         step_memory=budget, epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data",
+                         overwrite=True)
     summary = _train_with_progress(config)
     _print_summary(summary, config.run_dir)
 
