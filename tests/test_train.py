@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,16 +39,18 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
-    config = TrainConfig(model="resnet18", image=32, batch=8, samples=120, epochs=2, memory="140MiB",
+    config = TrainConfig(model="resnet18", image=32, batch=8, samples=120, epochs=2, step_memory="140MiB",
                          run_dir=tmp_path / "run", data_root=tmp_path / "data", save_every=5)
     summary = train(config)
     assert summary.steps == 2 * (96 // 8)
     assert 0.0 <= summary.accuracy <= 1.0 and summary.chance_accuracy == 0.1
-    assert summary.budget_bytes == 140 * 2**20
+    assert summary.tensor_budget_bytes == 140 * 2**20 and summary.budget_bytes is None  # no process budget asked
     assert peak_tracks(summary.measured_peak_bytes, summary.predicted_peak_bytes)   # not 0, not above the plan
-    assert summary.predicted_peak_bytes <= summary.budget_bytes
+    assert summary.predicted_peak_bytes <= summary.tensor_budget_bytes
+    assert summary.runtime_baseline_bytes < summary.process_peak_bytes
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
-    for key in ("accuracy", "measured_peak_bytes", "budget_bytes", "recompute_factor", "wall_time_s"):
+    for key in ("accuracy", "measured_peak_bytes", "tensor_budget_bytes", "recompute_factor", "wall_time_s",
+                "process_peak_bytes", "runtime_baseline_bytes", "predicted_process_peak_bytes"):
         assert key in saved
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
@@ -59,8 +62,11 @@ def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
 def test_budget_below_minimum_is_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run(cli("train", *SMALL[:10], "--memory", "10MiB", "--run-dir", str(tmp_path)),
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2
-    assert "below the feasible minimum" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "below what training needs in this process: runtime baseline" in result.stderr
+    parts = [int(n) for n in re.findall(r"\((\d+) bytes", result.stderr)]
+    budget, baseline, step, needed = parts
+    assert budget == 10 * 2**20 and needed == baseline + 16 * 2**20 + int(step * 1.10) > budget
 
 
 @pytest.mark.slow

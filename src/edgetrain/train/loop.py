@@ -234,8 +234,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     executor = Executor(training_stages(model), chosen.schedule, chain, page_dir=config.page_dir)
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
     run.record(identity, _plan_figures(chosen, baseline))
-    predicted_process = baseline + chosen.predicted_peak_bytes if budget is None else \
-        budget.predicted_process_bytes(chosen.predicted_peak_bytes)
+    predicted_process = ProcessBudget(0, baseline).predicted_process_bytes(chosen.predicted_peak_bytes)
     log.info("plan: %s, predicted tensor peak %d bytes, process %d bytes, recompute factor %.3f", chosen.strategy,
              chosen.predicted_peak_bytes, predicted_process, chosen.recompute_factor)
 
@@ -291,7 +290,8 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     summary = TrainSummary(
         accuracy=accuracy, chance_accuracy=1 / num_classes, val_loss=val_loss,
         measured_peak_bytes=measured_peak or None, predicted_peak_bytes=chosen.predicted_peak_bytes,
-        budget_bytes=process_bytes, tensor_budget_bytes=None if budget is None else budget.tensor_bytes,
+        budget_bytes=process_bytes,
+        tensor_budget_bytes=config.step_budget_bytes() if budget is None else budget.tensor_bytes,
         process_peak_bytes=max(process_peak, read_process_memory().peak_rss_bytes), runtime_baseline_bytes=baseline,
         predicted_process_peak_bytes=predicted_process,
         recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
