@@ -704,13 +704,15 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     squeeze = (squeezed["capacity_bytes"] - squeezed["runtime_baseline_bytes"]) / squeezed["predicted_process_bytes"]
 
     model, batch, image = "mobilenet_v2", 32, 48
-    plain = estimate_memory(model, batch, image, num_classes=10).total_bytes
-    budget = int(plain * squeeze)
+    estimate = estimate_memory(model, batch, image, num_classes=10)
+    plain = estimate.total_bytes
+    least = _least_step_bytes(estimate.chain)
+    budget = max(int(plain * squeeze), int(least * 1.02))  # the squeeze, or 2% above the least step if it is tighter
     console.rule(f"2. Train {model} with its step's tensors within {format_bytes(budget)}")
     console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training's step needs "
-                  f"{format_bytes(plain)} of tensors; the budget is {squeeze:.2f} of that, the share of what it needs "
-                  f"that the node leaves ResNet-50 at batch 8 and 500 px beside the runtime, so plain training does "
-                  f"not fit. The process peak is reported beside it.")
+                  f"{format_bytes(plain)} of tensors; the node leaves ResNet-50 at batch 8 and 500 px {squeeze:.2f} of "
+                  f"what it needs beside the runtime, so the budget is {budget / plain:.2f} of that (the least step is "
+                  f"{least / plain:.2f}): plain training does not fit. The process peak is reported beside it.")
     config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image,
                          step_memory=budget, epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data",
                          overwrite=True)
@@ -719,6 +721,18 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
 
 
 DEMO_SQUEEZE = ("resnet50", 8, 500)
+
+
+def _least_step_bytes(chain: Any) -> int:
+    """The least tensor peak any schedule reaches on ``chain``."""
+    from .planners import plan
+
+    try:
+        plan(chain, memory=1, jit=False)
+    except InfeasibleBudgetError as exc:
+        assert exc.minimum_bytes is not None
+        return exc.minimum_bytes
+    return 1
 
 
 def _node_fit_rows(node: Any, progress: Callable[[int, int], None]) -> list[dict[str, Any]]:
