@@ -95,23 +95,33 @@ def test_training_and_planning_run_with_the_planning_extras_unimportable(tmp_pat
     probe = _run(tmp_path, "-c", "import numba")
     assert probe.returncode != 0 and "blocked by the test" in probe.stderr
 
-    # Execute: a budget below plain training's need, so the checkpointing DP plans every step.
-    trained = _run(tmp_path, "-m", "edgetrain", "train", "--model", "resnet18", "--data", "synthetic",
-                   "--samples", "40", "--batch", "8", "--image", "64", "--memory", "136MiB", "--strategy", "optimal",
-                   "--epochs", "1", "--run-dir", str(tmp_path / "run"))
+    # Execute: plan on the "workstation" (here too without numba: the pure-Python grid), train from
+    # the plan as a device would, and plan within a training run (the JIT-free exact table).
+    shipped = tmp_path / "plan.json"
     planned = _run(tmp_path, "-m", "edgetrain", "plan", "--model", "resnet18", "--batch", "8", "--image", "64",
-                   "--memory", "142MiB", "--strategy", "optimal", "--json")
+                   "--classes", "10", "--memory", "142MiB", "--strategy", "optimal", "--json", "-o", str(shipped))
+    from_plan = _run(tmp_path, "-m", "edgetrain", "train", "--model", "resnet18", "--data", "synthetic",
+                     "--samples", "40", "--batch", "8", "--image", "64", "--plan", str(shipped), "--memory", "800MiB",
+                     "--epochs", "1", "--run-dir", str(tmp_path / "shipped"))
+    trained = _run(tmp_path, "-m", "edgetrain", "train", "--model", "resnet18", "--data", "synthetic",
+                   "--samples", "40", "--batch", "8", "--image", "64", "--step-memory", "136MiB",
+                   "--strategy", "optimal", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     milp = _run(tmp_path, "-m", "edgetrain", "plan", "--model", "resnet18", "--batch", "8", "--device", "rpi4",
                 "--memory", "250MiB", "--objective", "energy", "--strategy", "milp")
 
-    # Assert: trained within the budget on the pure-Python DP; the MILP names the extra in one line.
-    assert trained.returncode == 0, trained.stderr
-    assert "numba is not installed" in trained.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["strategy"] == "optimal" and summary["recompute_factor"] > 1
-    assert summary["measured_peak_bytes"] <= summary["budget_bytes"] == 136 * 2**20
+    # Assert: planned on the pure-Python DP, trained from the plan within the process budget and
+    # within the step budget; the MILP names the extra in one line.
     assert planned.returncode == 0, planned.stderr
+    assert "numba is not installed" in planned.stderr
     plan = json.loads(planned.stdout)
     assert plan["strategy"] == "optimal" and plan["recompute_factor"] > 1
+    assert from_plan.returncode == 0, from_plan.stderr
+    shipped_run = json.loads((tmp_path / "shipped" / "summary.json").read_text())
+    assert shipped_run["recompute_factor"] == plan["recompute_factor"]
+    assert shipped_run["process_peak_bytes"] <= shipped_run["budget_bytes"] == 800 * 2**20
+    assert trained.returncode == 0, trained.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["strategy"] == "optimal" and summary["recompute_factor"] > 1
+    assert summary["measured_peak_bytes"] <= summary["tensor_budget_bytes"] == 136 * 2**20
     assert milp.returncode == 2
     assert milp.stderr.strip().splitlines() == ["error: the MILP planner needs HiGHS: pip install 'edgetrain[plan]'"]

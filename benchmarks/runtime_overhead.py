@@ -1,0 +1,61 @@
+"""What edgetrain adds to a training process beyond PyTorch: resident memory that is not a tensor.
+
+Runs, in alternating child processes, the same small CNN training (SGD with momentum, three
+steps, batch 8 at 128 px) as plain PyTorch, with edgetrain's training modules imported, and
+with those modules plus edgetrain's allocator setting (``configure_allocator``). Each child
+prints its resident memory less the bytes of its weights, buffers, gradients, momentum and
+batch: the runtime's own share.
+
+    python benchmarks/runtime_overhead.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+CHILD = """
+import sys, torch
+from torch import nn
+if sys.argv[1] != "plain":
+    import edgetrain.data, edgetrain.planners, edgetrain.runtime, edgetrain.train
+    from edgetrain.profile.process import configure_allocator
+    if sys.argv[1] == "edgetrain+allocator":
+        configure_allocator()
+net = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3), nn.BatchNorm2d(64), nn.ReLU(), nn.Conv2d(64, 128, 3, 2, 1),
+                    nn.BatchNorm2d(128), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(8, 3, 128, 128), torch.arange(8)
+for _ in range(3):
+    optimizer.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(net(x), y).backward()
+    optimizer.step()
+tensors = [*net.parameters(), *net.buffers(), x, y, *(p.grad for p in net.parameters()),
+           *(s["momentum_buffer"] for s in optimizer.state.values())]
+held = sum(t.numel() * t.element_size() for t in tensors)
+rss = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS"))
+print(rss - held)
+"""
+SETTINGS = ("plain", "edgetrain", "edgetrain+allocator")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    runs: dict[str, list[int]] = {setting: [] for setting in SETTINGS}
+    for _ in range(args.rounds):
+        for setting in SETTINGS:
+            out = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, check=True)
+            runs[setting].append(int(out.stdout.strip()))
+    mib = 2**20
+    print(json.dumps({setting: {"runtime_mib": [round(v / mib, 1) for v in values],
+                                "median_mib": round(statistics.median(values) / mib, 1)}
+                      for setting, values in runs.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
