@@ -26,7 +26,7 @@ from pathlib import Path
 from edgetrain.chain import Chain
 from edgetrain.devices import get_device
 from edgetrain.energy import EnergyProfile
-from edgetrain.models.linear import linear_resnet
+from edgetrain.profile.linear_resnet import linear_resnet
 from edgetrain.planners.paging import solve_paging
 from edgetrain.reports.poet import PoetFigure, reproduce_poet
 from edgetrain.schedule import keep_all, simulate

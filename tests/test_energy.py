@@ -9,13 +9,12 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from edgetrain.chain import Chain, StageCost
+from edgetrain.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from edgetrain.devices import get_device
 from edgetrain.devices.catalog import ENERGY_FIELDS
 from edgetrain.energy import EnergyProfile, compute_energy_j, page_energy_j, page_time_s, scale_chain
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import profile
-from edgetrain.profile.profiler import NOMINAL_FLOPS_PER_S
 
 FULL = ["mkr1000", "nrf52840", "rpi4", "rpi4-8gb"]
 

@@ -41,7 +41,7 @@ from edgetrain.planners import uniform
 from edgetrain.planners.paging import solve_paging
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import Executor, PageStore, run_schedule
-from edgetrain.runtime import paging
+from edgetrain.runtime import pager as paging
 from edgetrain.schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
                                 keep_all, memory_timeline, simulate)
 from edgetrain.stages import training_stages

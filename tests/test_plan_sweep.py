@@ -9,7 +9,7 @@ import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, StageCost, simulate
 from edgetrain.planners import plan, revolve, solve, uniform
-from edgetrain.planners.optimal import exact_minimum_bytes, solve_exact
+from edgetrain.planners.optimal_exact import exact_minimum_bytes, solve_exact
 from edgetrain.profile import chain_for
 from edgetrain.schedule import Stats, keep_all
 

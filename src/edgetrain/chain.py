@@ -30,9 +30,14 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory"]
+__all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory", "NOMINAL_FLOPS_PER_S"]
 
 OPTIMIZERS = ("sgd", "adam")
+
+# Rate that turns FLOPs into seconds when nothing is timed (meta device): only ratios of
+# times matter to a planner, so any fixed rate gives the same schedules and recompute factors.
+# A chain with ``meta["timed"] is False`` has stage times FLOPs / this rate.
+NOMINAL_FLOPS_PER_S = 1e10
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..processes import pid_running
+from ..pid_liveness import pid_running
 from ..units import format_bytes
 from .errors import DataError, DatasetTooLargeError
 

@@ -252,7 +252,8 @@ def _device_from_table(name: str, table: Any, origin: str) -> Device:
         raise DeviceCatalogError(f"{origin}: {exc}") from None
 
 
-def _parse_catalog(text: str, origin: str) -> dict[str, Device]:
+def parse_catalog(text: str, origin: str) -> dict[str, Device]:
+    """The devices of a device file's ``text`` (``origin`` names it in errors), validated; raises DeviceCatalogError."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -285,13 +286,13 @@ def load_devices_file(path: str | os.PathLike[str]) -> dict[str, Device]:
         >>> load_devices_file("my_devices.toml")["my-board"].memory_bytes  # doctest: +SKIP
         4294967296
     """
-    return _parse_catalog(Path(path).read_text(encoding="utf-8"), str(path))
+    return parse_catalog(Path(path).read_text(encoding="utf-8"), str(path))
 
 
 @functools.lru_cache(maxsize=1)
 def _builtin_devices() -> tuple[Device, ...]:
     text = resources.files(__package__).joinpath("devices.toml").read_text(encoding="utf-8")
-    return tuple(_parse_catalog(text, "edgetrain/devices/devices.toml").values())
+    return tuple(parse_catalog(text, "edgetrain/devices/devices.toml").values())
 
 
 def load_catalog() -> dict[str, Device]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..chain import Chain
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..models.linear import LINEAR_RESNET_DEPTHS, linear_resnet
+from ..profile.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet
 from ..planners.optimal import solve
 from ..planners.revolve import revolve
 from ..profile.estimate import chain_for

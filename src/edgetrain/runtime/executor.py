@@ -13,7 +13,7 @@ live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
   a leaf input would be pinned by its ``AccumulateGrad`` node whether saved or not. The
   alias's backward stores the incoming gradient ``δ_i`` in a box and stops there, so each
   stage's graph is separate and ``δ_i`` is handed to the next ``Backward`` by hand.
-* A record keeps a :class:`~edgetrain.handover.HandOver` output hung on the stage output,
+* A record keeps a :class:`~edgetrain.seeded_backward.HandOver` output hung on the stage output,
   never the output: ``x_{i+1}`` lives after it is released only if the stage saved it
   (``output_saved``), and then a weak reference to its storage finds it again if a later op
   needs it.
@@ -85,12 +85,12 @@ from torch import nn
 
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
-from ..handover import GradBox, HandOver, seed_backward
+from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..profile.tracker import storage_key
 from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
                         keep_all, memory_timeline, simulate, validate)
 from ..stages import LossStage
-from .paging import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
+from .pager import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
 
 __all__ = ["Executor", "PendingBackward", "run_schedule"]
 
@@ -620,7 +620,7 @@ class _Run:
         record = self.records.pop(i)
         is_loss = i == len(self.stages) - 1
         if record.seed is not None and (self.delta is not None or is_loss):
-            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.handover)
+            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.seeded_backward)
             record.output_grad.grad, self.delta = self.delta, None
             seed_backward(record.seed)
         # else: nothing downstream depends on this stage's output; no gradient flows through it.
@@ -650,7 +650,7 @@ class Executor:
             transfer is waited for at its own op.
         page_dir: where ``PageOut`` writes (an SD card, flash); None for the temp directory.
             Each step uses its own subdirectory, removed when the step ends or fails. A
-            :class:`~edgetrain.runtime.paging.PageStore` is used as it is (its own budget and
+            :class:`~edgetrain.runtime.pager.PageStore` is used as it is (its own budget and
             I/O timeout).
         disk_budget_bytes: the most a step may keep on storage; a page-out beyond it raises
             :class:`PagingError` before writing.
@@ -663,7 +663,7 @@ class Executor:
         PagingError: the page directory is missing or not writable, or (with a chain) the
             schedule's simulated ``peak_disk_bytes`` exceeds ``disk_budget_bytes``.
 
-    ``last_paging`` holds the :class:`~edgetrain.runtime.paging.PagingStats` of the last step
+    ``last_paging`` holds the :class:`~edgetrain.runtime.pager.PagingStats` of the last step
     of a paging schedule (None before one ran, or for a schedule that does not page).
 
     Example:

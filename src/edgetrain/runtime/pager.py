@@ -57,7 +57,7 @@ from typing import Any, Union
 import torch
 
 from ..errors import PagingError
-from ..processes import pid_running
+from ..pid_liveness import pid_running
 from ..schedule import OpMemory, Op, PageIn, PageInRecord, PageOut, PageOutRecord
 
 __all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "RecordKey", "PageKey",
