@@ -20,8 +20,21 @@ if TYPE_CHECKING:
     from .planners import Plan, plan
     from .profile import estimate_memory, measure_training_step, profile
     from .runtime import Checkpointed, Executor, run_schedule
-    from .schedule import (Backward, Discard, Forward, Keep, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
-                           Stats, keep_all, simulate, validate)
+    from .schedule import (
+        Backward,
+        Discard,
+        Forward,
+        Keep,
+        PageIn,
+        PageInRecord,
+        PageOut,
+        PageOutRecord,
+        Schedule,
+        Stats,
+        keep_all,
+        simulate,
+        validate,
+    )
     from .units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"

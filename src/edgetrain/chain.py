@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, cast
 
 __all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory", "NOMINAL_FLOPS_PER_S"]
 
@@ -169,7 +170,7 @@ class Chain:
     def from_dict(cls, data: dict[str, object]) -> Chain:
         fields = dict(data)
         fields.pop("version", None)
-        stages = tuple(StageCost(**s) for s in fields.pop("stages"))  # type: ignore[union-attr]
+        stages = tuple(StageCost(**s) for s in cast("list[dict[str, Any]]", fields.pop("stages")))
         return cls(stages=stages, **fields)  # type: ignore[arg-type]
 
     def save(self, path: str | Path) -> None:

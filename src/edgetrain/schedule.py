@@ -38,12 +38,12 @@ it is paged in or when the value dies; ``peak_disk_bytes`` is the most the step 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-import struct
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from .chain import Chain
 from .errors import ScheduleError
@@ -104,7 +104,7 @@ class PageInRecord:
     stage: int
 
 
-Op = Union[Forward, Backward, Discard, PageOut, PageIn, PageOutRecord, PageInRecord]
+Op = Forward | Backward | Discard | PageOut | PageIn | PageOutRecord | PageInRecord
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,8 @@ class Schedule:
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
-            raise ScheduleError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+            raise ScheduleError(
+                f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
         return cls.from_dict(data)
 
     def to_bytes(self) -> bytes:
@@ -577,7 +578,8 @@ def _stats(chain: Chain, tally: SimTally, profile: EnergyProfile | None, *, peak
     page_time_s = 0.0
     energies: dict[str, float | None] = {"energy_compute_j": None, "energy_pagein_j": None, "energy_pageout_j": None}
     if profile is not None:
-        from .energy import page_energy_j, page_time_s as transfer_s
+        from .energy import page_energy_j
+        from .energy import page_time_s as transfer_s
 
         page_time_s = (sum(transfer_s(n, profile, "in") for n in tally.pagein_transfers)
                        + sum(transfer_s(n, profile, "out") for n in tally.pageout_transfers))

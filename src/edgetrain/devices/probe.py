@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..chain import NOMINAL_FLOPS_PER_S
 from ..energy import Direction
 from ..errors import EdgetrainError
 from .catalog import ENERGY_FIELDS, Device, parse_catalog, this_machine, tomllib

@@ -127,10 +127,9 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
         high = min(max(low, saturated[entry, s + 1, t] + hold), width)
         _move(out, turn_cost[s], s, low, high, width, (entry * rows + _row(s + 1, t)) * width, hold, none, 0,
               cost_s, choice, tail_cost, tail_choice)
-    elif need < width:
-        if _better(turn_cost[s], s, tail_cost[need], tail_choice[need]):
-            tail_cost[need] = turn_cost[s]
-            tail_choice[need] = s
+    elif need < width and _better(turn_cost[s], s, tail_cost[need], tail_choice[need]):
+        tail_cost[need] = turn_cost[s]
+        tail_choice[need] = s
     # (b) checkpoint x_k
     hold = checkpoint_hold_units[e, s]
     for k in range(s + 1, t + 1 if recompute else s + 1):

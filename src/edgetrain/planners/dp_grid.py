@@ -459,7 +459,7 @@ def check_length(chain: Chain) -> None:
 
 
 class BudgetTable:
-    """What a solved table answers about budgets, whatever it minimises (time in ``optimal.py``, energy in ``paging.py``).
+    """What a solved table answers about budgets, whatever it minimises: time (``optimal.py``), energy (``paging.py``).
 
     A subclass provides ``chain``, ``max_memory_bytes``, ``grid`` and ``top_values``, the best
     value of the whole chain per memory unit (inf where nothing fits).

@@ -50,8 +50,22 @@ import numpy as np
 
 from ..chain import Chain
 from ..errors import ScheduleError
-from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord,
-                        Schedule, SimState, SimTally, apply_op, simulate)
+from ..schedule import (
+    Backward,
+    Discard,
+    Forward,
+    Keep,
+    Op,
+    PageIn,
+    PageInRecord,
+    PageOut,
+    PageOutRecord,
+    Schedule,
+    SimState,
+    SimTally,
+    apply_op,
+    simulate,
+)
 from .milp import MilpResult
 
 __all__ = ["milp_schedule"]

@@ -23,8 +23,20 @@ import numpy as np
 from ..chain import Chain
 from ..errors import InfeasibleBudgetError
 from ..schedule import Schedule
-from .dp_grid import (BudgetTable, Costs, MovesGrid, Solver, ceil_div, check_length, check_options, common_unit_bytes,
-                      discretise, rebuild, solve_grid, without_paging)
+from .dp_grid import (
+    BudgetTable,
+    Costs,
+    MovesGrid,
+    Solver,
+    ceil_div,
+    check_length,
+    check_options,
+    common_unit_bytes,
+    discretise,
+    rebuild,
+    solve_grid,
+    without_paging,
+)
 from .optimal_exact import below_minimum_error, exact_minimum_bytes
 
 __all__ = ["OptimalTable", "solve", "optimal"]

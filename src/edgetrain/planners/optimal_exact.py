@@ -214,7 +214,8 @@ class ExactTable:
         """
         self._step(memory_bytes)
         ops = _rebuild_fronts(self.chain, self.fronts, memory_bytes - self.chain.resident_bytes)
-        return Schedule(ops, self.chain.length, strategy="optimal", params={"budget_bytes": memory_bytes, "exact": True})
+        return Schedule(ops, self.chain.length, strategy="optimal",
+                        params={"budget_bytes": memory_bytes, "exact": True})
 
     def _step(self, memory_bytes: int) -> int:
         if memory_bytes > self.max_memory_bytes:

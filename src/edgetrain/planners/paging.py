@@ -49,8 +49,17 @@ from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from ..schedule import Schedule, Stats, keep_all, simulate
-from .dp_grid import (BudgetTable, Costs, MovesGrid, ceil_div, check_length, check_options, discretise, rebuild,
-                      solve_grid)
+from .dp_grid import (
+    BudgetTable,
+    Costs,
+    MovesGrid,
+    ceil_div,
+    check_length,
+    check_options,
+    discretise,
+    rebuild,
+    solve_grid,
+)
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
 
@@ -216,7 +225,8 @@ def _infeasible(chain: Chain, profile: EnergyProfile, weights: CostWeights, budg
     minimum = top
     if budget_bytes < top:
         try:
-            minimum = solve_paging(chain, profile, top, weights=weights, slots=slots, recompute=recompute).min_memory_bytes
+            table = solve_paging(chain, profile, top, weights=weights, slots=slots, recompute=recompute)
+            minimum = table.min_memory_bytes
         except InfeasibleBudgetError:   # the optimizer step alone needs more than keep-all's peak
             minimum = chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
     kind = "paging" if recompute else "paging-only"

@@ -85,10 +85,24 @@ from torch import nn
 
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
-from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..profile.tracker import storage_key
-from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
-                        keep_all, memory_timeline, simulate, validate)
+from ..schedule import (
+    Backward,
+    Discard,
+    Forward,
+    Keep,
+    Op,
+    PageIn,
+    PageInRecord,
+    PageOut,
+    PageOutRecord,
+    Schedule,
+    keep_all,
+    memory_timeline,
+    simulate,
+    validate,
+)
+from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..stages import LossStage
 from .pager import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
 
@@ -164,7 +178,7 @@ class _Record:
 class _Slot:
     """The executor's one reference to a pageable value ``x_k`` that records saved (NOTE [ Paged values ])."""
 
-    __slots__ = ("value", "tensor", "__weakref__")
+    __slots__ = ("__weakref__", "tensor", "value")
 
     def __init__(self, value: int, tensor: torch.Tensor) -> None:
         self.value = value
@@ -175,7 +189,7 @@ class _Saved:
     """What a record keeps for one saved tensor: the tensor itself, a view of a slot's value, or
     (while its record is paged out) only the view's geometry."""
 
-    __slots__ = ("tensor", "key", "slot", "dtype", "size", "stride", "offset", "__weakref__")
+    __slots__ = ("__weakref__", "dtype", "key", "offset", "size", "slot", "stride", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor: torch.Tensor | None = tensor
@@ -257,7 +271,7 @@ class _Internals:
 
     def page_in(self, storages: Sequence[torch.Tensor]) -> None:
         """Give each handle its view over the storage read back for its part."""
-        for ref, part in zip(self._handles, self._parts):
+        for ref, part in zip(self._handles, self._parts, strict=False):   # handles added since page_out stay
             saved = ref()
             if saved is not None:
                 saved.page_in(storages[part].untyped_storage())
@@ -398,7 +412,7 @@ def _frozen_statistics(stage: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for buffer, value in zip(buffers, saved):
+        for buffer, value in zip(buffers, saved, strict=True):
             buffer.data.copy_(value)
 
 
