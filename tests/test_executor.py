@@ -31,7 +31,7 @@ from edgetrain.runtime import Checkpointed, Executor, run_schedule
 from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, simulate
 from edgetrain.stages import training_stages
 
-from steps import StepResult, observe, plain_autograd_step
+from steps import StepResult, observe, peak_tracks, plain_autograd_step
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +176,24 @@ def test_measured_peak_tracks_simulated_peak_over_budgets(name: str, record_prop
 
     for budget, stat, peak in zip(budgets, stats, measured):
         assert stat.peak_bytes <= budget
-        assert peak <= stat.peak_bytes * 1.05
-        assert peak >= stat.peak_bytes * 0.95  # it tracks the simulator, not just stays below it
+        assert peak_tracks(peak, stat.peak_bytes), (peak, stat.peak_bytes)  # NOTE [ How close ... ] in steps.py
     assert all(later <= earlier for earlier, later in zip(measured, measured[1:]))
     assert all(later.time_s >= earlier.time_s for earlier, later in zip(stats, stats[1:]))
     assert measured[-1] < measured[0]  # the sweep did save memory
+
+
+def test_an_executor_that_keeps_every_activation_fails_the_peak_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above has teeth: an executor that never lets go of a value (Discard and the
+    release after a forward do nothing) measures far above the simulated peak, and is rejected."""
+    from edgetrain.runtime import executor
+
+    c = case("transformer_small", *MEMORY_SIZES["transformer_small"])
+    schedule = c.table.schedule(c.budgets(6)[-1])   # the least memory: values are dropped and recomputed
+    simulated = simulate(c.chain, schedule).peak_bytes
+    assert peak_tracks(measured_step_peak(c, schedule), simulated)
+    monkeypatch.setattr(executor._Run, "release", lambda self, k: None)
+    hoarding = measured_step_peak(c, schedule)
+    assert not peak_tracks(hoarding, simulated), (hoarding, simulated)
 
 
 def test_unsaved_transformer_layer_input_is_freed() -> None:
@@ -309,7 +322,12 @@ def test_checkpointed_user_loop_step_stays_within_the_predicted_peak() -> None:
             opt.step()
     log.info("Checkpointed user loop: measured %d, predicted %d", tracker.peak_bytes,
              wrapped.plan.predicted_peak_bytes)
-    assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes * 1.05
+    # The user's loss.backward() holds the model output's gradient (batch x 10 float32) while the
+    # scheduled backward runs inside _ScheduledForward.backward: the one tensor the plan, which
+    # hands that gradient over at the loss stage's Backward, does not count (measured: +328 bytes,
+    # that gradient's 320 and two scalars).
+    output_grad_bytes = len(c.y) * 10 * 4
+    assert peak_tracks(tracker.peak_bytes, wrapped.plan.predicted_peak_bytes, extra_bytes=output_grad_bytes)
 
 
 def test_checkpointed_replans_on_a_new_input_shape(caplog: pytest.LogCaptureFixture) -> None:

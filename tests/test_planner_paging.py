@@ -131,7 +131,8 @@ def test_paging_dp_schedule_round_trips_through_compact_form() -> None:
     data = schedule.to_bytes()
     assert Schedule.from_bytes(data).ops == schedule.ops
     assert len(data) == 6 + len(schedule.ops)
-    assert any(isinstance(op, (PageIn, Backward)) for op in Schedule.from_bytes(data).ops)
+    # The least-memory schedule pages, so the compact form carried every kind of op.
+    assert {type(op) for op in Schedule.from_bytes(data).ops} >= {Forward, Backward, PageOut, PageIn}
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from torch import nn
 from typer.testing import CliRunner
 
 from edgetrain.cli import app
@@ -21,6 +22,7 @@ from edgetrain.devices.probe import (ComputeProbe, PowerMeter, PowerRail, Storag
                                      write_device_entry)
 from edgetrain.energy import EnergyProfile, scale_chain
 from edgetrain.errors import EdgetrainError
+from edgetrain.models import get_model_spec
 from edgetrain.profile import chain_for
 
 SIZES = (4096, 65536, 1 << 20)
@@ -126,7 +128,16 @@ def test_the_measured_rate_makes_the_planner_predict_the_measured_step() -> None
 
     assert len(probe.steps_s) == 2 and all(s > 0 for s in probe.steps_s)
     assert scaled.compute_time_s == pytest.approx(probe.step_s, rel=1e-12)
-    assert probe.flops == pytest.approx(chain_for("resnet18", 2, 32).compute_time_s * 1e10, rel=1e-12)
+    # The FLOPs the rate divides: counted a second way, on a real step of the whole model ...
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = get_model_spec("resnet18")
+    net = spec.build()
+    with FlopCounterMode(display=False) as counter:
+        nn.functional.cross_entropy(net(spec.example_input(2, 32)), spec.example_target(2)).backward()
+    assert probe.flops == pytest.approx(counter.get_total_flops(), rel=1e-12)
+    # ... and by hand for the stem's convolution: 2 x batch 2 x 64 x 16 x 16 outputs x 3 x 7 x 7 MACs.
+    assert scaled.stages[0].fwd_time_s * profile.compute_flops_per_s == pytest.approx(2 * 2 * 64 * 16 * 16 * 3 * 7 * 7)
 
 
 # --- power sensors --------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def test_resume_with_a_budget_the_plan_does_not_meet_is_refused(finished: Path) 
     before = snapshot(finished)
     result = run_cli("train", *RUN, "--epochs", "3", "--memory", "50MiB", "--run-dir", str(finished), "--resume",
                      timeout=120)
-    assert_one_line_error(result, "budget_bytes: unset -> 52428800", "predicted peak", "--replan")
+    assert_one_line_error(result, "budget_bytes: unset -> 52428800", "predicted process peak", "--replan")
     assert snapshot(finished) == before
 
 

@@ -137,6 +137,15 @@ def _memory_of(device: str) -> int:
     return memory_bytes
 
 
+def _device_tensor_budget(target: Any) -> int:
+    """What a training step's tensors may use on ``target``: its usable memory (RAM where unknown) less the
+    runtime baseline measured here and the cushion (NOTE [ Process budget ])."""
+    from .train.budget import ProcessBudget, estimate_runtime_baseline_bytes
+
+    capacity = target.usable_memory_bytes if target.usable_memory_bytes is not None else target.memory_bytes
+    return max(1, ProcessBudget(capacity, estimate_runtime_baseline_bytes()).tensor_bytes)
+
+
 @app.command()
 @_clean_errors
 def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
@@ -170,6 +179,8 @@ def memory(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
     target = get_device(device) if device else None
     estimate = estimate_memory(model, batch, image, optimizer=optimizer)
     report = estimate.to_dict(target)
+    if target is not None:
+        report.update(_device_verdict(estimate.total_bytes, target))
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -189,17 +200,35 @@ def _print_memory_report(report: dict[str, Any]) -> None:
     if report["fits"] is None:
         return
     verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
+    console.print(f"{report['device']}: {verdict} as a training process, {_verdict_detail(report)}")
+
+
+def _device_verdict(tensor_peak_bytes: int, target: Any) -> dict[str, Any]:
+    """Process-level verdict for a step on ``target`` (NOTE [ Process budget ]), baseline measured here."""
+    from .train.budget import device_verdict, estimate_runtime_baseline_bytes
+
+    return device_verdict(tensor_peak_bytes, target.memory_bytes, target.usable_memory_bytes,
+                          estimate_runtime_baseline_bytes())
+
+
+def _verdict_detail(report: dict[str, Any]) -> str:
     margin = int(report["margin_bytes"])
-    console.print(f"{report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}, "
-                  f"margin {'+' if margin >= 0 else '-'}{format_bytes(abs(margin))}")
+    capacity = f"usable {format_bytes(report['capacity_bytes'])}" if report["os_memory_known"] else \
+        f"RAM {format_bytes(report['capacity_bytes'])}, an upper bound: its OS's share is unknown"
+    return (f"predicted {format_bytes(report['predicted_process_bytes'])} = runtime baseline "
+            f"{format_bytes(report['runtime_baseline_bytes'])} (measured here) + step + cushion; {capacity}; "
+            f"margin {'+' if margin >= 0 else '-'}{format_bytes(abs(margin))}")
 
 
 @app.command("plan")
 @_clean_errors
 def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
-                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole step, e.g. 2GiB."),
+                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the step's tensors, e.g. "
+                                                      "2GiB (train's --memory bounds the whole process)."),
                  recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
                                                            help="Largest recompute factor ρ >= 1."),
+                 classes: Optional[int] = typer.Option(None, "--classes", min=2, help="Classes of the model's head "
+                                                       "(default: the zoo's; 10 for train's synthetic data)."),
                  strategy: str = typer.Option(
                      "auto", "--strategy", help="time: auto, uniform, revolve, optimal; energy: auto (= paging-dp), "
                      "paging-dp, recompute, paging-only, capuchin, milp."),
@@ -209,10 +238,13 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
                  deadline: Optional[str] = typer.Option(
                      None, "--deadline", help="Energy objective: longest step allowed, '1.2' = 1.2x the step without "
                      "recomputation or paging on the device, '3.5s' = seconds."),
-                 output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the schedule as JSON."),
+                 output: Optional[Path] = typer.Option(None, "--output", "-o", help="Save the plan for "
+                                                       "`edgetrain train --plan` (schedule, chain, settings)."),
                  as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """The best schedule for a memory budget (default: the device's memory) or a factor ρ; fastest or least energy."""
     from .devices import get_device
+    from .models import get_model_spec
+    from .planfile import PlanFile
     from .planners import plan
     from .profile import chain_for
 
@@ -222,21 +254,24 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
     if memory is None and recompute is None:
         if target is None or target.memory_bytes is None:
             raise EdgetrainError("give --memory or --recompute (or a --device whose memory is the budget)")
-        memory = str(target.memory_bytes)
-    chain = chain_for(model, batch, image, optimizer=optimizer)
+        memory = str(_device_tensor_budget(target))
+    chain = chain_for(model, batch, image, optimizer=optimizer, num_classes=classes)
+    shipped = functools.partial(PlanFile, model=model, batch=batch, image=image, optimizer=optimizer,
+                                num_classes=classes or get_model_spec(model).default_num_classes,
+                                device=None if target is None else target.name)
     if objective == "energy":
         _plan_energy(chain, model, batch, image, optimizer, memory, recompute, deadline, strategy, target, output,
-                     as_json)
+                     as_json, shipped)
         return
     if deadline is not None:
         raise EdgetrainError("--deadline applies to --objective energy")
     chosen = plan(chain, memory=memory, recompute=recompute, strategy=strategy)
     if output is not None:
-        chosen.schedule.save(output)
+        shipped(chain=chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
     report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, **chosen.to_dict()}
     if target is not None and target.memory_bytes is not None:
         report.update(device=target.name, device_memory_bytes=target.memory_bytes,
-                      fits=chosen.predicted_peak_bytes <= target.memory_bytes)
+                      **_device_verdict(chosen.predicted_peak_bytes, target))
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -261,7 +296,7 @@ def _deadline_seconds(deadline: str, base_time_s: float) -> float:
 
 def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str, memory: Optional[str],
                  recompute: Optional[float], deadline: Optional[str], strategy: str, target: Any,
-                 output: Optional[Path], as_json: bool) -> None:
+                 output: Optional[Path], as_json: bool, shipped: Callable[..., Any]) -> None:
     from .energy import EnergyProfile, scale_chain
     from .planners.energy_plan import EnergyPlan, plan_energy
     from .planners.plan import sequential_baseline
@@ -284,7 +319,7 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
         if chosen.schedule is None:
             raise EdgetrainError(f"the MILP's decisions have no executor schedule "
                                  f"({chosen.to_dict()['schedule_error']}); use --strategy paging-dp")
-        chosen.schedule.save(output)
+        shipped(chain=device_chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
     report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
                               "objective": "energy", **chosen.to_dict()}
     try:
@@ -329,7 +364,7 @@ def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
         verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
         console.print(f"  {report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}")
     if output is not None:
-        console.print(f"  schedule written to {output}")
+        console.print(f"  plan written to {output}; train from it with edgetrain train --plan {output} ...")
 
 
 def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -347,9 +382,9 @@ def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
                       f"peak {format_bytes(baseline['peak_bytes'])}, ρ = {baseline['recompute_factor']:.3f}")
     if "fits" in report:
         verdict = "[green]fits[/]" if report["fits"] else "[red]does not fit[/]"
-        console.print(f"  {report['device']} ({format_bytes(report['device_memory_bytes'])}): {verdict}")
+        console.print(f"  {report['device']}: {verdict} as a training process, {_verdict_detail(report)}")
     if output is not None:
-        console.print(f"  schedule written to {output}")
+        console.print(f"  plan written to {output}; train from it with edgetrain train --plan {output} ...")
 
 
 @reproduce_app.command("tables")
@@ -581,10 +616,16 @@ def train_command(
         image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels."),
         memory: Optional[str] = typer.Option(None, "--memory", help="Budget for the whole training process as the "
                                              "kernel counts it (resident memory), e.g. 600MiB."),
+        step_memory: Optional[str] = typer.Option(None, "--step-memory", help="Budget for the step's tensors only "
+                                                  "(as `plan --memory`), not the process."),
         recompute: Optional[float] = typer.Option(None, "--recompute", callback=_finite("--recompute", 1),
                                                   help="Largest recompute factor ρ >= 1."),
         device: Optional[str] = DeviceOpt,
         strategy: str = typer.Option("auto", "--strategy", help="auto, uniform, revolve or optimal."),
+        plan_file: Optional[Path] = typer.Option(None, "--plan", help="Train from a plan made with `edgetrain plan "
+                                                 "... -o` (no profiling or planning here)."),
+        page_dir: Optional[Path] = typer.Option(None, "--page-dir", help="Where a paging schedule writes "
+                                                "(an SD card, flash); default: a temp directory."),
         epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training split."),
         optimizer: str = OptimizerOpt,
         lr: Optional[float] = typer.Option(None, "--lr", callback=_finite("--lr", above=0),
@@ -603,7 +644,8 @@ def train_command(
     from .train import TrainConfig
 
     config = TrainConfig(model=model, data=data, samples=samples, batch=batch, image=image, memory=memory,
-                         recompute=recompute, device=device, strategy=strategy, epochs=epochs, optimizer=optimizer,
+                         step_memory=step_memory, recompute=recompute, device=device, strategy=strategy,
+                         plan_file=plan_file, page_dir=page_dir, epochs=epochs, optimizer=optimizer,
                          lr=lr, workers=workers, run_dir=run_dir, resume=resume, overwrite=overwrite, replan=replan,
                          seed=seed, save_every=save_every, skip_corrupt=skip_corrupt)
     summary = _train_with_progress(config)
@@ -663,25 +705,31 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     The demo budget puts this small run under the same squeeze the node's 2 GiB puts on
     ResNet-50 at batch 8 and 500 px: the same fraction of what plain training needs.
     """
+    from .devices import get_device
     from .profile import estimate_memory
     from .train import TrainConfig
 
     node_memory = _memory_of("odroid-xu4")
     console.rule(f"1. Does training fit the Waggle node's ODROID XU4 ({format_bytes(node_memory)})?")
-    rows = _with_progress("estimating", lambda progress: _node_fit_rows(node_memory, progress))
+    rows = _with_progress("estimating", lambda progress: _node_fit_rows(get_device("odroid-xu4"), progress))
     out.mkdir(parents=True, exist_ok=True)
     (out / "node_fit.json").write_text(json.dumps(rows, indent=1))
-    squeeze = node_memory / next(r["total_bytes"] for r in rows if (r["model"], r["batch"], r["size"]) == DEMO_SQUEEZE)
+    squeezed = next(r for r in rows if (r["model"], r["batch"], r["size"]) == DEMO_SQUEEZE)
+    squeeze = (squeezed["capacity_bytes"] - squeezed["runtime_baseline_bytes"]) / squeezed["predicted_process_bytes"]
 
     model, batch, image = "mobilenet_v2", 32, 48
-    plain = estimate_memory(model, batch, image, num_classes=10).total_bytes
-    budget = int(plain * squeeze)
-    console.rule(f"2. Train {model} within {format_bytes(budget)}")
-    console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training needs "
-                  f"{format_bytes(plain)}; the budget is {squeeze:.2f} of that, the fraction the node leaves "
-                  f"ResNet-50 at batch 8 and 500 px, so plain training does not fit.")
-    config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image, memory=budget,
-                         epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data", overwrite=True)
+    estimate = estimate_memory(model, batch, image, num_classes=10)
+    plain = estimate.total_bytes
+    least = _least_step_bytes(estimate.chain)
+    budget = max(int(plain * squeeze), int(least * 1.02))  # the squeeze, or 2% above the least step if it is tighter
+    console.rule(f"2. Train {model} with its step's tensors within {format_bytes(budget)}")
+    console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training's step needs "
+                  f"{format_bytes(plain)} of tensors; the node leaves ResNet-50 at batch 8 and 500 px {squeeze:.2f} of "
+                  f"what it needs beside the runtime, so the budget is {budget / plain:.2f} of that (the least step is "
+                  f"{least / plain:.2f}): plain training does not fit. The process peak is reported beside it.")
+    config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image,
+                         step_memory=budget, epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data",
+                         overwrite=True)
     summary = _train_with_progress(config)
     _print_summary(summary, config.run_dir)
 
@@ -689,33 +737,61 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
 DEMO_SQUEEZE = ("resnet50", 8, 500)
 
 
-def _node_fit_rows(node_memory: int, progress: Callable[[int, int], None]) -> list[dict[str, Any]]:
-    """Plain peak of a few trainings, and the best plan within the node's memory where plain does not fit."""
+def _least_step_bytes(chain: Any) -> int:
+    """The least tensor peak any schedule reaches on ``chain``."""
+    from .planners import plan
+
+    try:
+        plan(chain, memory=1, jit=False)
+    except InfeasibleBudgetError as exc:
+        assert exc.minimum_bytes is not None
+        return exc.minimum_bytes
+    return 1
+
+
+def _node_fit_rows(node: Any, progress: Callable[[int, int], None]) -> list[dict[str, Any]]:
+    """Plain training of a few models as a whole process on ``node``, and the best plan where it does not fit.
+
+    The process is the runtime baseline measured here + the step + the cushion (NOTE [ Process
+    budget ]); a plan gets what the node's usable memory (RAM where unknown) leaves for tensors.
+    """
     from .planners import plan
     from .profile import estimate_memory
+    from .train.budget import ProcessBudget, device_verdict, estimate_runtime_baseline_bytes
 
+    baseline = estimate_runtime_baseline_bytes()
+    capacity = node.usable_memory_bytes if node.usable_memory_bytes is not None else node.memory_bytes
+    budget = ProcessBudget(capacity, baseline)
     configs = (("resnet18", 8, 224), ("resnet50", 8, 224), DEMO_SQUEEZE, ("resnet152", 8, 500),
                ("mobilenet_v2", 32, 224))
-    table = Table()
-    for column in ("model", "batch", "image", "plain peak", "fits", "with plan", "ρ"):
+    table = Table(caption=f"process = runtime baseline {format_bytes(baseline)} (measured here) + step + cushion; "
+                          + ("usable memory" if node.usable_memory_bytes is not None else
+                             "the node's RAM: an upper bound, its OS's share is unknown"))
+    for column in ("model", "batch", "image", "plain step", "plain process", "fits", "with plan", "ρ"):
         table.add_column(column, justify="right")
     rows = []
     for index, (model, batch, image) in enumerate(configs):
         estimate = estimate_memory(model, batch, image)
-        row: dict[str, Any] = estimate.to_dict()
-        row["fits"] = estimate.total_bytes <= node_memory
+        row: dict[str, Any] = {**estimate.to_dict(), **device_verdict(estimate.total_bytes, node.memory_bytes,
+                                                                      node.usable_memory_bytes, baseline)}
         planned, factor = "-", "-"
         if not row["fits"]:
             try:
-                chosen = plan(estimate.chain, memory=node_memory)
-                row["plan"] = chosen.to_dict()
-                planned, factor = format_bytes(chosen.predicted_peak_bytes), f"{chosen.recompute_factor:.3f}"
+                chosen = plan(estimate.chain, memory=max(1, budget.tensor_bytes), jit=False)  # no numba in the
+                # process that trains next (its ~100 MiB would stay resident)
+                row["plan"] = {**chosen.to_dict(),
+                               "predicted_process_bytes": budget.predicted_process_bytes(chosen.predicted_peak_bytes)}
+                planned = format_bytes(row["plan"]["predicted_process_bytes"])
+                factor = f"{chosen.recompute_factor:.3f}"
             except InfeasibleBudgetError as exc:
-                row["plan"] = {"feasible": False, "minimum_bytes": exc.minimum_bytes}
-                planned = f"no (needs {format_bytes(exc.minimum_bytes or 0)})"
+                needed = budget.predicted_process_bytes(exc.minimum_bytes or 0)
+                row["plan"] = {"feasible": False, "minimum_bytes": exc.minimum_bytes,
+                               "minimum_process_bytes": needed}
+                planned = f"no (needs {format_bytes(needed)})"
         table.add_row(model, str(batch), str(image), format_bytes(estimate.total_bytes),
-                      "[green]yes[/]" if row["fits"] else "[red]no[/]", planned, factor)
+                      format_bytes(row["predicted_process_bytes"]), "[green]yes[/]" if row["fits"] else "[red]no[/]",
+                      planned, factor)
         rows.append(row)
         progress(index + 1, len(configs))
-    console.print(table)
+    Console(width=max(console.width, 120)).print(table)
     return rows

@@ -20,9 +20,11 @@ the activations of one step stay resident as free heap and RSS sits far above th
 bytes. :func:`configure_allocator` pins the threshold (``mallopt(M_MMAP_THRESHOLD)``, which
 also stops the dynamic raise): every tensor of at least that size is its own mapping and goes
 back to the kernel when freed. :func:`return_freed_memory` (``malloc_trim(0)``) gives back free
-heap after start-up work such as profiling. Measured on ResNet-18 (batch 8, 128 px, 2
-threads): the peak RSS of three steps falls from 551 to 501 MiB with the threshold pinned at
-256 KiB; see ``benchmarks/process_memory.py`` for the effect on step time.
+heap after start-up work such as profiling. ``python benchmarks/mmap_threshold.py`` (ResNet-18,
+batch 8, 128 px, one thread, alternating child processes; this 2-core machine was shared while
+it ran, so times are noisy): the peak RSS of the steps is 545 MiB with glibc's default, 498 MiB
+pinned at 256 KiB, 508 MiB at 1 MiB and 527 MiB at 4 MiB; at 256 KiB the page faults of every
+new mapping cost 1.18-1.53x the step time, at 1 MiB none was visible (0.89x). We pin 1 MiB.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ __all__ = ["ProcessMemory", "read_process_memory", "reset_peak", "cgroup_memory_
 
 log = logging.getLogger(__name__)
 
-MMAP_THRESHOLD_BYTES = 256 * 1024
+MMAP_THRESHOLD_BYTES = 2**20
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _UNLIMITED = 2**62  # cgroup v1 reports "no limit" as a page-rounded LONG_MAX
 

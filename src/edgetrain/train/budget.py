@@ -13,8 +13,8 @@ tensor bytes, so the process budget is split once the process is up:
   otherwise stay resident at about 100 MiB;
 * a *cushion* for what the tensor simulation does not see: kernels' scratch memory and
   allocator slack, ``CUSHION_BYTES`` plus ``CUSHION_FRACTION`` of the tensor peak
-  (``benchmarks/process_memory.py`` measures process peak - baseline - tensor peak, 3-15 MiB
-  on ResNet-18 and MobileNetV2 here);
+  (``benchmarks/process_memory.py`` measures process peak - baseline - tensor peak: 3-11 MiB on
+  ResNet-18/50 here, up to 63 MiB, 9% of the tensor peak, on ResNet-152's 56 stages);
 * the *tensor budget* the planner gets: what is left.
 
 ``Checkpointed(memory=...)`` and ``plan(memory=...)`` keep the tensor meaning; this module is
@@ -23,6 +23,9 @@ the explicit process meaning for library users too (:func:`split_process_budget`
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +35,16 @@ from ..errors import InfeasibleBudgetError
 from ..profile.process import read_process_memory, return_freed_memory
 from ..units import format_bytes
 
-__all__ = ["ProcessBudget", "measure_runtime_baseline", "split_process_budget", "CUSHION_BYTES",
-           "CUSHION_FRACTION"]
+__all__ = ["ProcessBudget", "measure_runtime_baseline", "split_process_budget", "estimate_runtime_baseline_bytes",
+           "device_verdict", "CUSHION_BYTES", "CUSHION_FRACTION", "FIRST_STEP_BYTES"]
 
 CUSHION_BYTES = 16 * 2**20
-CUSHION_FRACTION = 0.05
+CUSHION_FRACTION = 0.10
+# What the first training step adds to the runtime (thread pools, kernel caches, autograd's
+# engine): 25-30 MiB measured on ResNet-18/MobileNetV2 here. Profiling runs real steps, so a
+# baseline measured after it includes this; one measured before any step (``train --plan``)
+# adds this allowance instead.
+FIRST_STEP_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -91,3 +99,51 @@ def split_process_budget(process_bytes: int, runtime_baseline_bytes: int) -> Pro
             f"cgroup allows: {format_bytes(limit)} ({limit} bytes); give --memory {limit} or less",
             minimum_bytes=None, budget_bytes=process_bytes)
     return ProcessBudget(process_bytes=process_bytes, runtime_baseline_bytes=runtime_baseline_bytes)
+
+
+_BASELINE_PROBE = """
+from edgetrain.profile.process import configure_allocator
+configure_allocator()
+import torch
+from edgetrain.data import open_dataset  # the data pipeline's modules, as a training process has them
+from edgetrain.train.budget import measure_runtime_baseline
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                          torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(8, 3, 64, 64), torch.arange(8)
+torch.nn.functional.cross_entropy(net(x), y).backward()
+optimizer.step()
+optimizer.zero_grad(set_to_none=True)
+optimizer.state.clear()
+print(measure_runtime_baseline(net, x, y))
+"""
+
+
+@functools.cache
+def estimate_runtime_baseline_bytes() -> int:
+    """The runtime baseline of a training process on this machine, for verdicts made before training.
+
+    Measured in a fresh child process (so nothing this process loaded, such as numba, counts):
+    PyTorch and edgetrain imported, the allocator set up, one training step of a small CNN run
+    (thread pools and kernel caches up), then resident memory less its weights and batch. A
+    real run measures its own (``runtime_baseline_bytes`` in ``summary.json``), typically
+    somewhat higher: its data pipeline is open and its kernels are larger.
+    """
+    result = subprocess.run([sys.executable, "-c", _BASELINE_PROBE], capture_output=True, text=True, timeout=300,
+                            check=True)
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def device_verdict(tensor_peak_bytes: int, memory_bytes: int | None, usable_memory_bytes: int | None,
+                   runtime_baseline_bytes: int) -> dict[str, object]:
+    """Whether a step of ``tensor_peak_bytes`` fits a device as a whole process (NOTE [ Process budget ]).
+
+    The capacity is the device's usable memory (RAM less its OS); where that is unknown, its RAM,
+    an upper bound (``os_memory_known`` False).
+    """
+    capacity = usable_memory_bytes if usable_memory_bytes is not None else memory_bytes
+    process = ProcessBudget(0, runtime_baseline_bytes).predicted_process_bytes(tensor_peak_bytes)
+    return {"runtime_baseline_bytes": runtime_baseline_bytes, "predicted_process_bytes": process,
+            "capacity_bytes": capacity, "os_memory_known": usable_memory_bytes is not None,
+            "fits": None if capacity is None else process <= capacity,
+            "margin_bytes": None if capacity is None else capacity - process}

@@ -6,12 +6,14 @@ written, so a bad setting costs nothing and leaves nothing behind.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import EdgetrainError, UnknownNameError
+from ..planfile import PlanFile
 from ..units import parse_bytes
 from .rundir import RunIdentity
 
@@ -22,6 +24,10 @@ __all__ = ["TrainConfig"]
 class TrainConfig:
     """What to train, on what data, within what budget, and where to keep the run.
 
+    ``memory`` bounds the whole process (NOTE [ Process budget ]); ``step_memory`` bounds only
+    the step's tensors, as ``plan(memory=...)`` does. ``plan_file`` trains from a plan made
+    elsewhere (``edgetrain plan -o``) without profiling or planning; ``page_dir`` is where a
+    paging schedule writes.
     ``resume`` continues the run in ``run_dir`` (or starts it when there is none yet);
     ``overwrite`` replaces a run that is there; ``replan`` lets a resumed run plan again when
     its saved plan does not meet a changed budget (see NOTE [ Run directory protocol ]).
@@ -33,7 +39,10 @@ class TrainConfig:
     batch: int = 8
     image: int = 64
     memory: str | int | None = None
+    step_memory: str | int | None = None
     recompute: float | None = None
+    plan_file: Path | None = None
+    page_dir: Path | None = None
     device: str | None = None
     strategy: str = "auto"
     epochs: int = 3
@@ -75,8 +84,13 @@ class TrainConfig:
             raise UnknownNameError("strategy", self.strategy, STRATEGIES)
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise EdgetrainError(f"--lr must be a finite number > 0, got {self.lr}")
-        if self.memory is not None and self.recompute is not None:
-            raise EdgetrainError("give --memory or --recompute, not both")
+        if self.recompute is not None and (self.memory is not None or self.step_memory is not None):
+            raise EdgetrainError("give --memory/--step-memory or --recompute, not both")
+        if self.memory is not None and self.step_memory is not None:
+            raise EdgetrainError("give --memory (the process) or --step-memory (the step's tensors), not both")
+        if self.plan_file is not None and (self.recompute is not None or self.step_memory is not None
+                                           or self.strategy != "auto"):
+            raise EdgetrainError("--plan replaces planning: drop --recompute, --step-memory and --strategy")
         if self.recompute is not None and not (math.isfinite(self.recompute) and self.recompute >= 1):
             raise EdgetrainError(f"--recompute is a factor ρ >= 1 (time with recomputation over time without), "
                                  f"got {self.recompute}")
@@ -92,6 +106,13 @@ class TrainConfig:
         budget = self.budget_bytes()
         if budget is not None and budget <= 0:
             raise EdgetrainError(f"--memory must be > 0, got {self.memory!r}")
+        if self.step_budget_bytes() == 0:
+            raise EdgetrainError(f"--step-memory must be > 0, got {self.step_memory!r}")
+        if self.page_dir is not None and not Path(self.page_dir).is_dir():
+            raise EdgetrainError(f"--page-dir {self.page_dir} is not a directory")
+        if self.plan_file is not None:
+            self.shipped_plan().check_matches(model=self.model, batch=self.batch, image=self.image,
+                                              optimizer=self.optimizer)
         if budget is not None and self.workers > 0:
             raise EdgetrainError("--workers > 0 with a memory budget: loader workers are processes of their own, "
                                  "outside the budget of the training process; use --workers 0")
@@ -109,6 +130,20 @@ class TrainConfig:
             return get_device(self.device).memory_bytes
         return None
 
+    def step_budget_bytes(self) -> int | None:
+        """The step's tensor budget ``step_memory``, if given."""
+        if self.step_memory is None:
+            return None
+        try:
+            return parse_bytes(self.step_memory)
+        except ValueError as exc:
+            raise EdgetrainError(f"--step-memory: {exc}") from None
+
+    def shipped_plan(self) -> PlanFile:
+        """The plan file given with ``plan_file`` (checked: see :meth:`PlanFile.load`)."""
+        assert self.plan_file is not None
+        return PlanFile.load(self.plan_file)
+
     def learning_rate(self) -> float:
         from ..optim import DEFAULT_LR
 
@@ -121,8 +156,10 @@ class TrainConfig:
             "model": self.model, "data": data, "samples": self.samples if self.data == "synthetic" else None,
             "batch": self.batch, "image": self.image, "optimizer": self.optimizer, "lr": self.learning_rate(),
             "seed": self.seed, "skip_corrupt": self.skip_corrupt}
-        request = {"budget_bytes": self.budget_bytes(), "recompute": self.recompute, "device": self.device,
-                   "strategy": self.strategy}
+        request = {"budget_bytes": self.budget_bytes(), "step_budget_bytes": self.step_budget_bytes(),
+                   "recompute": self.recompute, "device": self.device, "strategy": self.strategy}
+        if self.plan_file is not None:
+            identity["plan_sha256"] = hashlib.sha256(Path(self.plan_file).read_bytes()).hexdigest()
         return RunIdentity(identity=identity, request=request)
 
 

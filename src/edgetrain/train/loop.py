@@ -41,7 +41,7 @@ from ..runtime import Executor
 from ..schedule import Schedule, keep_all, simulate, validate
 from ..stages import training_stages
 from ..units import format_bytes
-from .budget import ProcessBudget, measure_runtime_baseline, split_process_budget
+from .budget import FIRST_STEP_BYTES, ProcessBudget, measure_runtime_baseline, split_process_budget
 from .config import TrainConfig
 from .rundir import (
     METRICS_FILE,
@@ -195,6 +195,10 @@ def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
     budget, peak = request.get("budget_bytes"), int(figures["predicted_process_bytes"])
     if budget is not None and peak > budget:
         unmet.append(f"predicted process peak {format_bytes(peak)} > budget {format_bytes(budget)}")
+    step_budget = request.get("step_budget_bytes")
+    if step_budget is not None and int(figures["predicted_peak_bytes"]) > step_budget:
+        unmet.append(f"predicted step peak {format_bytes(figures['predicted_peak_bytes'])} > step budget "
+                     f"{format_bytes(step_budget)}")
     limit, factor = request.get("recompute"), float(figures["recompute_factor"])
     if limit is not None and factor > limit * (1 + 1e-12):
         unmet.append(f"recompute factor {factor:.3f} > {limit}")
@@ -223,17 +227,23 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     resumed = opening.state
 
     sample_x, sample_y = first_batch(train_set, config.batch)
-    chain = _profile(model, sample_x, sample_y, config)
-    baseline = measure_runtime_baseline(model, sample_x, sample_y)
+    shipped = None if config.plan_file is None else config.shipped_plan()
+    if shipped is not None:  # planned elsewhere: no profiling, and the first step's caches are not up yet
+        shipped.check_matches(num_classes=num_classes)
+        chain = shipped.chain
+        baseline = measure_runtime_baseline(model, sample_x, sample_y) + FIRST_STEP_BYTES
+    else:
+        chain = _profile(model, sample_x, sample_y, config)
+        baseline = measure_runtime_baseline(model, sample_x, sample_y)
     process_bytes = config.budget_bytes()
     budget = None if process_bytes is None else split_process_budget(process_bytes, baseline)
-    chosen = _choose_plan(chain, config, budget, opening.schedule)
+    saved = opening.schedule if opening.schedule is not None else None if shipped is None else shipped.schedule
+    chosen = _choose_plan(chain, config, budget, saved)
     del sample_x, sample_y
-    executor = Executor(training_stages(model), chosen.schedule, chain)
+    executor = Executor(training_stages(model), chosen.schedule, chain, page_dir=config.page_dir)
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
     run.record(identity, _plan_figures(chosen, baseline))
-    predicted_process = baseline + chosen.predicted_peak_bytes if budget is None else \
-        budget.predicted_process_bytes(chosen.predicted_peak_bytes)
+    predicted_process = ProcessBudget(0, baseline).predicted_process_bytes(chosen.predicted_peak_bytes)
     log.info("plan: %s, predicted tensor peak %d bytes, process %d bytes, recompute factor %.3f", chosen.strategy,
              chosen.predicted_peak_bytes, predicted_process, chosen.recompute_factor)
 
@@ -289,7 +299,8 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     summary = TrainSummary(
         accuracy=accuracy, chance_accuracy=1 / num_classes, val_loss=val_loss,
         measured_peak_bytes=measured_peak or None, predicted_peak_bytes=chosen.predicted_peak_bytes,
-        budget_bytes=process_bytes, tensor_budget_bytes=None if budget is None else budget.tensor_bytes,
+        budget_bytes=process_bytes,
+        tensor_budget_bytes=config.step_budget_bytes() if budget is None else budget.tensor_bytes,
         process_peak_bytes=max(process_peak, read_process_memory().peak_rss_bytes), runtime_baseline_bytes=baseline,
         predicted_process_peak_bytes=predicted_process,
         recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
@@ -339,17 +350,22 @@ def _choose_plan(chain: Chain, config: TrainConfig, budget: ProcessBudget | None
         InfeasibleBudgetError: in process terms (NOTE [ Process budget ]): the least step does not fit
             beside the runtime baseline, or a resumed schedule no longer does.
     """
-    tensor_bytes = None if budget is None else budget.tensor_bytes
-    if saved is not None or (budget is None and config.recompute is None):
+    tensor_bytes = config.step_budget_bytes() if budget is None else budget.tensor_bytes
+    if saved is not None or (tensor_bytes is None and config.recompute is None):
         schedule = saved if saved is not None else keep_all(chain.length)
         validate(chain, schedule)
         chosen = Plan(Candidate(schedule, simulate(chain, schedule)), tensor_bytes, config.recompute, None)
         if budget is not None and chosen.predicted_peak_bytes > budget.tensor_bytes:
             raise budget.infeasible(chosen.predicted_peak_bytes)
+        if tensor_bytes is not None and chosen.predicted_peak_bytes > tensor_bytes:
+            raise InfeasibleBudgetError(f"the plan's predicted step peak {format_bytes(chosen.predicted_peak_bytes)} "
+                                        f"is above --step-memory {format_bytes(tensor_bytes)}",
+                                        minimum_bytes=chosen.predicted_peak_bytes, budget_bytes=tensor_bytes)
         return chosen
     if config.recompute is not None:
         return plan(chain, recompute=config.recompute, strategy=config.strategy, jit=False)
-    assert budget is not None
+    if budget is None:
+        return plan(chain, memory=tensor_bytes, strategy=config.strategy, jit=False)
     try:
         return plan(chain, memory=max(budget.tensor_bytes, 1), strategy=config.strategy, jit=False)
     except InfeasibleBudgetError as exc:
