@@ -24,7 +24,7 @@ test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check src benchmarks
+	$(BIN)/ruff check src benchmarks tests
 	$(BIN)/mypy src
 
 clean:

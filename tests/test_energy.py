@@ -130,7 +130,7 @@ def test_scaling_is_proportional_to_the_rate_ratio(host_flops_per_s: float) -> N
     scaled = scale_chain(chain, TOY, host_flops_per_s=host_flops_per_s)
 
     ratio = host_flops_per_s / TOY.compute_flops_per_s
-    for before, after in zip(chain.stages, scaled.stages):
+    for before, after in zip(chain.stages, scaled.stages, strict=False):
         assert after.fwd_time_s == pytest.approx(before.fwd_time_s * ratio, rel=1e-15)
         assert after.bwd_time_s == pytest.approx(before.bwd_time_s * ratio, rel=1e-15)
         assert dataclasses.replace(after, fwd_time_s=0.0, bwd_time_s=0.0) == \

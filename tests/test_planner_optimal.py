@@ -159,7 +159,7 @@ def revolve_with_loss(length: int, slots: int) -> Schedule:
     return Schedule(tuple(ops), length + 1)
 
 
-@pytest.mark.parametrize(("length", "slots"), [(l, s) for l in range(1, 17) for s in range(1, l + 1)])
+@pytest.mark.parametrize(("length", "slots"), [(n, s) for n in range(1, 17) for s in range(1, n + 1)])
 def test_griewank_chain_matches_revolve_closed_form(length: int, slots: int) -> None:
     """At Revolve's simulated peak the DP takes exactly ``2l + t(l, s)``, and not a byte less suffices."""
     chain = griewank_chain(length)
@@ -172,7 +172,7 @@ def test_griewank_chain_matches_revolve_closed_form(length: int, slots: int) -> 
         assert table.time_s(peak - 1) > best_s
 
 
-@pytest.mark.parametrize(("length", "slots"), [(l, s) for l in (2, 5, 8, 13, 21) for s in range(1, l + 1)])
+@pytest.mark.parametrize(("length", "slots"), [(n, s) for n in (2, 5, 8, 13, 21) for s in range(1, n + 1)])
 def test_uniform_chain_never_slower_than_revolve(length: int, slots: int) -> None:
     """On ``Chain.uniform`` a record costs no more than a checkpoint and ``δ_L``/``x_0`` are free,
     so the DP may beat Revolve; it must never lose to it."""
@@ -201,7 +201,7 @@ def test_uniform_chain_beats_revolve_by_hand() -> None:
 
 # --- (4) never slower than uniform segments -------------------------------------------------------
 
-@pytest.mark.parametrize(("length", "segments"), [(l, s) for l in (1, 4, 9, 16, 30) for s in range(1, l + 1)])
+@pytest.mark.parametrize(("length", "segments"), [(n, s) for n in (1, 4, 9, 16, 30) for s in range(1, n + 1)])
 def test_never_slower_than_uniform_on_uniform_chains(length: int, segments: int) -> None:
     chain = Chain.uniform(length)
     stats = simulate(chain, uniform(chain, segments))
