@@ -5,13 +5,13 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast clean
+.PHONY: demo test test-fast lint clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[all,test]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test,lint]'
 	touch $@
 
 demo: $(BIN)/.installed
@@ -23,5 +23,9 @@ test: $(BIN)/.installed
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "not slow"
 
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src benchmarks tests
+	$(BIN)/mypy src
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -26,8 +27,8 @@ from pathlib import Path
 from edgetrain.chain import Chain
 from edgetrain.devices import get_device
 from edgetrain.energy import EnergyProfile
-from edgetrain.models.linear import linear_resnet
 from edgetrain.planners.paging import solve_paging
+from edgetrain.profile.linear_resnet import linear_resnet
 from edgetrain.reports.poet import PoetFigure, reproduce_poet
 from edgetrain.schedule import keep_all, simulate
 
@@ -53,7 +54,7 @@ def time_solve_paging(chains: dict[str, Chain], profile: EnergyProfile, repeats:
     seconds = {}
     for name, chain in chains.items():
         top = simulate(chain, keep_all(chain.length)).peak_bytes
-        seconds[name] = _best_of(repeats, lambda: solve_paging(chain, profile, top, slots=TIMING_SLOTS))
+        seconds[name] = _best_of(repeats, functools.partial(solve_paging, chain, profile, top, slots=TIMING_SLOTS))
     return seconds
 
 

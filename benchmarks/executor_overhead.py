@@ -84,8 +84,9 @@ def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, object]:
     return {"model": name, "batch": batch, "size": size, "repeats": repeats, "plain_s": medians["plain"],
             "executor_s": medians["executor"], "op_by_op_s": medians["op_by_op"],
             "ratio": medians["executor"] / medians["plain"], "op_by_op_ratio": medians["op_by_op"] / medians["plain"],
-            "pair_ratio": statistics.median(e / p for e, p in zip(times["executor"], times["plain"])),
-            "op_by_op_pair_ratio": statistics.median(e / p for e, p in zip(times["op_by_op"], times["plain"]))}
+            "pair_ratio": statistics.median(e / p for e, p in zip(times["executor"], times["plain"], strict=True)),
+            "op_by_op_pair_ratio": statistics.median(
+                e / p for e, p in zip(times["op_by_op"], times["plain"], strict=True))}
 
 
 def main() -> None:

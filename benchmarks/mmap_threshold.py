@@ -1,7 +1,7 @@
 """The cost and gain of pinning glibc's mmap threshold (NOTE [ Returning freed memory ]).
 
-Alternates child processes that train a few steps with and without
-``configure_allocator()`` (at each of ``--thresholds``) and reports, per setting, the median step time and the peak RSS of
+Alternates child processes that train a few steps with and without ``configure_allocator()``
+(at each of ``--thresholds``) and reports, per setting, the median step time and the peak RSS of
 the steps (VmHWM reset after the first, warm-up step), and the ratio of the medians measured in
 the same run.
 
@@ -62,7 +62,7 @@ def main() -> None:
     summary = {setting: {"median_step_s": statistics.median(r["median_step_s"] for r in runs),
                          "peak_rss_mib": statistics.median(r["peak_rss_bytes"] for r in runs) / 2**20}
                for setting, runs in results.items()}
-    for setting, figures in summary.items():
+    for figures in summary.values():
         figures["step_time_ratio_to_default"] = figures["median_step_s"] / summary["default"]["median_step_s"]
     print(json.dumps({**vars(args), **summary}, indent=1))
 

@@ -94,8 +94,8 @@ def main() -> None:
 
     chains = [synthetic_chain(52), synthetic_chain(152)]
     if not args.skip_resnet:
-        from edgetrain.models.linear import linear_resnet
         from edgetrain.profile.estimate import chain_for
+        from edgetrain.profile.linear_resnet import linear_resnet
         chains += [replace(chain_for("resnet152", 8, 224), name="resnet152-b8-224"), linear_resnet(152, 8, 224)]
     cases = []
     for chain in chains:

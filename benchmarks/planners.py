@@ -330,7 +330,7 @@ def measure(bench: Bench, configs: list[Config], reps: int) -> tuple[int, list[T
             results = [bench.timed_step(config.run) for config in block]
             after = bench.timed_step(bench.plain)
             plain_times.append(after)
-            for config, timing in zip(block, results):
+            for config, timing in zip(block, results, strict=True):
                 config.times.append(timing)
                 for clock in CLOCKS:
                     reference = (getattr(before, clock) + getattr(after, clock)) / 2
@@ -577,9 +577,11 @@ def tables(records: Sequence[dict[str, Any]]) -> str:
     """One Markdown table per model: every point, as in the JSON (sizes in MiB)."""
     out = []
     for record in records:
-        out.append(f"### {record['model']} (batch {record['batch']}, size {record['size']}, {record['stages']} stages)\n")
-        out.append(f"Plain step {record['plain_time_s']:.3f} s wall, {record['plain_cpu_time_s']:.3f} s CPU (medians of "
-                   f"{len(record['plain_times_s'])} reference steps, IQR/median {record['plain_time_spread']:.3f} wall, "
+        out.append(f"### {record['model']} (batch {record['batch']}, size {record['size']}, "
+                   f"{record['stages']} stages)\n")
+        out.append(f"Plain step {record['plain_time_s']:.3f} s wall, {record['plain_cpu_time_s']:.3f} s CPU "
+                   f"(medians of {len(record['plain_times_s'])} reference steps, IQR/median "
+                   f"{record['plain_time_spread']:.3f} wall, "
                    f"{record['plain_cpu_time_spread']:.3f} CPU); floor (weights, buffers, momentum, batch, all "
                    f"gradients) {record['measured_floor_bytes'] / MiB:.1f} MiB measured, "
                    f"{record['chain']['step_floor_bytes'] / MiB:.1f} MiB simulated.\n")
@@ -617,7 +619,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(len(RATIO_KEYS), len(records), figsize=(5.5 * len(records), 4.2 * len(RATIO_KEYS)),
                              squeeze=False)
     for row, (clock, key) in enumerate(RATIO_KEYS.items()):
-        for ax, record in zip(axes[row], records):
+        for ax, record in zip(axes[row], records, strict=True):
             points = [p for p in record["points"] if p["feasible"]]
             for strategy, (color, marker) in STYLES.items():
                 mine = sorted((p for p in points if p["strategy"] == strategy),
@@ -630,7 +632,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
                         linestyle="-" if len(mine) > 1 and strategy != "checkpoint_sequential" else "",
                         markersize=9 if strategy == "pytorch" else 5, alpha=0.8, label=strategy)
                 if strategy == "checkpoint_sequential":
-                    for p, x, y in zip(mine, xs, ys):
+                    for p, x, y in zip(mine, xs, ys, strict=True):
                         ax.annotate(str(p["params"]["segments"]), (x, y), fontsize=6, color=color,
                                     xytext=(2, 2), textcoords="offset points")
             ax.axvline(record["measured_floor_bytes"] / MiB, color="grey", linestyle=":", linewidth=1,

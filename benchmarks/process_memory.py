@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 CONFIGS = "resnet18:8:128,resnet50:4:128,resnet152:2:128,mobilenet_v2:16:128"  # demo's table, scaled down
 
@@ -42,7 +43,7 @@ def train(run_dir: Path, model: str, batch: int, image: int, memory: int | None)
         return child.returncode, errors.read(), usage.ru_maxrss * 1024
 
 
-def point(root: Path, model: str, batch: int, image: int, memory: int | None) -> dict[str, object]:
+def point(root: Path, model: str, batch: int, image: int, memory: int | None) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     code, stderr, max_rss = train(run_dir, model, batch, image, memory)
     if code != 0:
@@ -77,15 +78,16 @@ def main() -> None:
             model, batch, image = config.split(":")
             plain = point(root, model, int(batch), int(image), None)
             least = least_budget(root, model, int(batch), int(image))
-            top = max(least, int(plain["process_peak_bytes"]))  # type: ignore[call-overload]
+            top = max(least, int(plain["process_peak_bytes"]))
             for budget in sorted({least + 2**21, (least + top) // 2, top + 2**21}):  # 2 MiB: baselines vary run to run
                 row = point(root, model, int(batch), int(image), budget)
                 rows.append(row)
                 mib = 2**20
                 print(f"{model} b{batch} {image}px budget {budget / mib:7.1f} MiB: baseline "
-                      f"{row['runtime_baseline_bytes'] / mib:6.1f}, tensor peak {row['measured_peak_bytes'] / mib:6.1f}, "  # type: ignore[operator]
-                      f"process peak {row['process_peak_bytes'] / mib:6.1f} (whole process "  # type: ignore[operator]
-                      f"{row['whole_process_max_rss_bytes'] / mib:6.1f}), overhead {row['overhead_bytes'] / mib:6.1f}, "  # type: ignore[operator]
+                      f"{row['runtime_baseline_bytes'] / mib:6.1f}, "
+                      f"tensor peak {row['measured_peak_bytes'] / mib:6.1f}, "
+                      f"process peak {row['process_peak_bytes'] / mib:6.1f} (whole process "
+                      f"{row['whole_process_max_rss_bytes'] / mib:6.1f}), overhead {row['overhead_bytes'] / mib:6.1f}, "
                       f"ρ {row['recompute_factor']:.3f}, within budget: {row['within_budget']}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))

@@ -13,7 +13,7 @@ from edgetrain.reports.batch_sweep import largest_batch
 
 def test_largest_batch_is_exact_for_a_monotone_predicate() -> None:
     for limit in (1, 2, 3, 7, 64, 100, 1000):
-        assert largest_batch(lambda b: b <= limit) == limit
+        assert largest_batch(lambda b, limit=limit: b <= limit) == limit
     assert largest_batch(lambda b: False) == 0
     assert largest_batch(lambda b: 2 <= b <= 9, start=2) == 9
 

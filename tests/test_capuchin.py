@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from chains import MB, keep_all_peak, random_chain
 
 from edgetrain.chain import Chain
 from edgetrain.energy import EnergyProfile
@@ -12,8 +13,6 @@ from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.capuchin import capuchin
 from edgetrain.planners.paging import solve_paging
 from edgetrain.schedule import PageOut, keep_all, simulate
-
-from chains import MB, keep_all_peak, random_chain
 
 # storage as fast as it gets: any transfer hides behind one stage of compute
 FAST = EnergyProfile("fast", 1e9, 3.0, 1e-9, 1e15, 1.0, 1e-9, 1e15, 1.0)

@@ -422,7 +422,7 @@ def test_truncated_cifar_file_raises_or_skips(tmp_path: Path) -> None:
     path = _write_cifar(tmp_path / "data_batch_1.bin", [1, 2, 3])
     path.write_bytes(path.read_bytes()[:-100])
 
-    with pytest.raises(DatasetFormatError, match="data_batch_1.bin") as caught:
+    with pytest.raises(DatasetFormatError, match=r"data_batch_1.bin") as caught:
         CifarBinary([path])
     assert "truncated" in str(caught.value) and caught.value.path == path
 
@@ -436,7 +436,7 @@ def test_cifar_bad_label_byte_is_a_corrupt_record(tmp_path: Path) -> None:
     with pytest.raises(CorruptSampleError, match="label byte 200"):
         CifarBinary([path])[1]
     skipping = CifarBinary([path], skip_corrupt=True)
-    assert list(make_loader(skipping, batch_size=2, shuffle=False))[0][1].tolist() == [1]
+    assert next(iter(make_loader(skipping, batch_size=2, shuffle=False)))[1].tolist() == [1]
     assert skipping.corrupt_count == 1
 
 
@@ -505,7 +505,7 @@ def test_open_dataset_splits_a_plain_image_folder(shapes: Path) -> None:
 def test_open_dataset_unknown_names_and_files_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "file.txt").write_text("x")
 
-    with pytest.raises(DatasetNotFoundError, match="'imagenet'.*synthetic"):
+    with pytest.raises(DatasetNotFoundError, match=r"'imagenet'.*synthetic"):
         open_dataset("imagenet")
     with pytest.raises(DatasetFormatError, match="is a file"):
         open_dataset(tmp_path / "file.txt")

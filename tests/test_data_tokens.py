@@ -46,7 +46,7 @@ def test_open_dataset_gives_token_ids_for_a_token_model(tmp_path: Path) -> None:
                                          vocab_size=300, classes=5)
 
     assert isinstance(train, TokenRecords) and (len(train), len(val), n_classes) == (40, 10, 5)
-    ids, label = train[0]
+    ids, _label = train[0]
     assert ids.dtype == torch.int64 and ids.shape == (12,) and int(ids.max()) < 300
     assert sorted(set(train.targets)) == list(range(5))
     assert sorted(train.targets + val.targets) == sorted(i % 5 for i in range(50))

@@ -9,13 +9,12 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from edgetrain.chain import Chain, StageCost
+from edgetrain.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from edgetrain.devices import get_device
 from edgetrain.devices.catalog import ENERGY_FIELDS
 from edgetrain.energy import EnergyProfile, compute_energy_j, page_energy_j, page_time_s, scale_chain
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import profile
-from edgetrain.profile.profiler import NOMINAL_FLOPS_PER_S
 
 FULL = ["mkr1000", "nrf52840", "rpi4", "rpi4-8gb"]
 
@@ -131,7 +130,7 @@ def test_scaling_is_proportional_to_the_rate_ratio(host_flops_per_s: float) -> N
     scaled = scale_chain(chain, TOY, host_flops_per_s=host_flops_per_s)
 
     ratio = host_flops_per_s / TOY.compute_flops_per_s
-    for before, after in zip(chain.stages, scaled.stages):
+    for before, after in zip(chain.stages, scaled.stages, strict=False):
         assert after.fwd_time_s == pytest.approx(before.fwd_time_s * ratio, rel=1e-15)
         assert after.bwd_time_s == pytest.approx(before.bwd_time_s * ratio, rel=1e-15)
         assert dataclasses.replace(after, fwd_time_s=0.0, bwd_time_s=0.0) == \

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import logging
 from dataclasses import dataclass
 
 import pytest
 import torch
+from steps import StepResult, observe, peak_tracks, plain_autograd_step
 from torch import nn
 
 from edgetrain.chain import Chain
@@ -30,8 +32,6 @@ from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import Checkpointed, Executor, run_schedule
 from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, simulate
 from edgetrain.stages import training_stages
-
-from steps import StepResult, observe, peak_tracks, plain_autograd_step
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,12 @@ def test_scheduled_step_equals_plain_autograd(name: str, kind: str) -> None:
 
     torch.testing.assert_close(got.loss, expected.loss, rtol=0, atol=1e-6)
     assert len(got.grads) == len(expected.grads)
-    for mine, theirs in zip(got.grads, expected.grads):
+    for mine, theirs in zip(got.grads, expected.grads, strict=False):
         assert (mine is None) == (theirs is None)
         if mine is not None:
             torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     # BatchNorm statistics updated once (num_batches_tracked == 1), as by the plain step.
-    for mine, theirs in zip(got.buffers, expected.buffers):
+    for mine, theirs in zip(got.buffers, expected.buffers, strict=False):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     # Same dropout masks (exact grads above) and the generator where the plain step left it.
     assert torch.equal(got.rng, expected.rng)
@@ -170,15 +170,15 @@ def test_measured_peak_tracks_simulated_peak_over_budgets(name: str, record_prop
     schedules = [c.table.schedule(b) for b in budgets]
     stats = [simulate(c.chain, s) for s in schedules]
     measured = [measured_step_peak(c, s) for s in schedules]
-    ratios = [m / s.peak_bytes for m, s in zip(measured, stats)]
+    ratios = [m / s.peak_bytes for m, s in zip(measured, stats, strict=False)]
     record_property("measured_over_simulated", ratios)
     log.info("%s measured/simulated over budgets %s: %s", name, budgets, [f"{r:.4f}" for r in ratios])
 
-    for budget, stat, peak in zip(budgets, stats, measured):
+    for budget, stat, peak in zip(budgets, stats, measured, strict=False):
         assert stat.peak_bytes <= budget
         assert peak_tracks(peak, stat.peak_bytes), (peak, stat.peak_bytes)  # NOTE [ How close ... ] in steps.py
-    assert all(later <= earlier for earlier, later in zip(measured, measured[1:]))
-    assert all(later.time_s >= earlier.time_s for earlier, later in zip(stats, stats[1:]))
+    assert all(later <= earlier for earlier, later in itertools.pairwise(measured))
+    assert all(later.time_s >= earlier.time_s for earlier, later in itertools.pairwise(stats))
     assert measured[-1] < measured[0]  # the sweep did save memory
 
 
@@ -250,7 +250,7 @@ def test_covered_output_is_found_again_after_release() -> None:
     ops = (Forward(0, Keep.ALL), Forward(1, Keep.ALL), Forward(2, Keep.NONE), Forward(2, Keep.ALL),
            Forward(3, Keep.ALL), Backward(3), Backward(2), Backward(1), Backward(0))
     run_schedule(training_stages(model), Schedule(ops, 4), x, y)
-    for mine, theirs in zip(model.parameters(), reference.parameters()):
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=False):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=1e-6)
 
 
@@ -260,7 +260,7 @@ def test_in_place_change_of_a_kept_input_is_an_error() -> None:
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
     ops = (Forward(0, Keep.ALL), Forward(1, Keep.INPUT), Forward(2, Keep.ALL), Forward(3, Keep.ALL), Backward(3),
            Backward(2), Forward(1, Keep.ALL), Backward(1), Backward(0))
-    with pytest.raises(RuntimeError, match="stage 1 .ReLU. modified its input in place"):
+    with pytest.raises(RuntimeError, match=r"stage 1 .ReLU. modified its input in place"):
         run_schedule(training_stages(model), Schedule(ops, 4), x, y)
     # Released after use, as by plain backprop, the same in-place stage is fine.
     run_schedule(training_stages(model), keep_all(4), x, y)
@@ -301,7 +301,7 @@ def test_checkpointed_training_matches_the_bare_model(name: str, use_step_loss: 
     train(wrapped, c.x, c.y, 3, use_step_loss=use_step_loss)
 
     assert torch.equal(torch.get_rng_state(), bare_rng)
-    for (key, mine), theirs in zip(wrapped.state_dict().items(), bare.state_dict().values()):
+    for (key, mine), theirs in zip(wrapped.state_dict().items(), bare.state_dict().values(), strict=False):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5, msg=key)
 
 
@@ -335,7 +335,7 @@ def test_checkpointed_replans_on_a_new_input_shape(caplog: pytest.LogCaptureFixt
     wrapped = Checkpointed(c.fresh_model(), sample=c.x, recompute=1.5, measure_time=False)
     first = wrapped.plan
     accumulated = [torch.full_like(p, 0.5) for p in wrapped.parameters()]
-    for p, grad in zip(wrapped.parameters(), accumulated):
+    for p, grad in zip(wrapped.parameters(), accumulated, strict=False):
         p.grad = grad.clone()
     smaller = c.x[:4, :16]
     with caplog.at_level(logging.WARNING, logger="edgetrain.runtime.checkpointed"):
@@ -345,7 +345,7 @@ def test_checkpointed_replans_on_a_new_input_shape(caplog: pytest.LogCaptureFixt
     assert wrapped.chain.meta["input_shape"] == [4, 16]
     assert wrapped.plan.predicted_peak_bytes < first.predicted_peak_bytes
     # Profiling for the new plan left a gradient-accumulating loop's .grad alone.
-    assert all(torch.equal(p.grad, grad) for p, grad in zip(wrapped.parameters(), accumulated))
+    assert all(torch.equal(p.grad, grad) for p, grad in zip(wrapped.parameters(), accumulated, strict=False))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="edgetrain.runtime.checkpointed"):
         wrapped(smaller)

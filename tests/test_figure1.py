@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from edgetrain import keep_all, simulate
-from edgetrain.models import linear_resnet
 from edgetrain.planners import revolve_advances
+from edgetrain.profile import linear_resnet
 from edgetrain.reports.figure1 import Curve, CurvePoint, linear_curve, reproduce_figure1, resnet_curve
 
 

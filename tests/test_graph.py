@@ -112,7 +112,8 @@ def test_resnet18_costs_match_whole_model(resnet18_graph: tuple[Graph, nn.Module
     assert graph.nodes[-1].out_bytes == 4  # a float32 scalar
 
 
-def test_resnet18_saved_tensors_closed_form(resnet18_graph: tuple[Graph, nn.Module, torch.Tensor, torch.Tensor]) -> None:
+def test_resnet18_saved_tensors_closed_form(
+        resnet18_graph: tuple[Graph, nn.Module, torch.Tensor, torch.Tensor]) -> None:
     nodes = {n.name: n for n in resnet18_graph[0].nodes}
     assert nodes["bn1"].saved_bytes == 2 * 64 * 4  # batch mean and inverse std, float32
     assert nodes["maxpool"].saved_bytes == BATCH * 64 * 16 * 16 * 8  # int64 argmax indices

@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 import pytest
+from chains import chain_with_output_records
 
 from edgetrain import Chain
 from edgetrain.chain import StageCost
@@ -21,8 +22,6 @@ from edgetrain.planners.milp_ops import milp_schedule
 from edgetrain.planners.milp_plan import MilpPlan, plan_milp
 from edgetrain.planners.paging import solve_paging
 from edgetrain.schedule import Forward, Keep, PageIn, PageOut, Schedule, keep_all, simulate
-
-from chains import chain_with_output_records
 
 PROFILE = EnergyProfile("toy", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
 CHEAP_STORAGE = EnergyProfile("cheap", 1.0, 3.0, 1e-6, 1000.0, 0.01, 1e-6, 1000.0, 0.01)
@@ -90,7 +89,7 @@ def input_saving_chain() -> Chain:
 def test_recomputing_a_saved_input_is_not_expressible() -> None:
     chain = input_saving_chain()
     result = milp(chain_training_graph(chain, PROFILE), 4, mip_gap=1e-9, paging=False)
-    with pytest.raises(ScheduleError, match="keeps its input x_1.*not expressible"):
+    with pytest.raises(ScheduleError, match=r"keeps its input x_1.*not expressible"):
         milp_schedule(chain, result)
     plan = MilpPlan(result, "toy", 4, chain.compute_time_s, chain=chain)
     assert plan.schedule is None

@@ -101,10 +101,10 @@ def test_parameter_count_on_cpu_equals_meta() -> None:
 def test_transformer_parameter_count_closed_form(build: Callable[..., nn.Module]) -> None:
     model = on_meta(build)
     emb, enc, head = model.embedding, model.layers[0], model.head.fc
-    v, l, d = emb.token.num_embeddings, emb.position.num_embeddings, emb.token.embedding_dim
+    v, positions, d = emb.token.num_embeddings, emb.position.num_embeddings, emb.token.embedding_dim
     f, c, layers = enc.linear1.out_features, head.out_features, len(model.layers)
     per_layer = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
-    assert n_params(model) == v * d + l * d + 2 * d + layers * per_layer + d * c + c
+    assert n_params(model) == v * d + positions * d + 2 * d + layers * per_layer + d * c + c
     assert len(stages_of(model)) == layers + 2
 
 
@@ -378,11 +378,11 @@ def test_example_input_and_target(name: str) -> None:
     else:
         x = spec.example_input(3, 20)
         assert x.shape == (3, 20) and x.dtype == torch.int64 and spec.min_size == 1
-        assert spec.vocab_size is not None and 0 <= int(x.min()) and int(x.max()) < spec.vocab_size
+        assert spec.vocab_size is not None and int(x.min()) >= 0 and int(x.max()) < spec.vocab_size
     assert torch.equal(x, spec.example_input(3, x.shape[-1]))  # deterministic
     y = spec.example_target(3)
     assert y.shape == (3,) and y.dtype == torch.int64
-    assert 0 <= int(y.min()) and int(y.max()) < spec.default_num_classes
+    assert int(y.min()) >= 0 and int(y.max()) < spec.default_num_classes
     meta = spec.example_input(3, x.shape[-1], device="meta")
     assert meta.device.type == "meta" and meta.shape == x.shape and meta.dtype == x.dtype
     assert spec.example_target(3, device="meta").device.type == "meta"
@@ -390,5 +390,5 @@ def test_example_input_and_target(name: str) -> None:
 
 def test_spec_is_frozen() -> None:
     with pytest.raises(AttributeError):
-        setattr(MODELS["resnet18"], "min_size", 1)
+        MODELS["resnet18"].min_size = 1
 

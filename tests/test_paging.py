@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import copy
 import errno
-import re
 import functools
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from steps import StepResult, observe, peak_tracks, plain_autograd_step
 from torch import nn
 
 from edgetrain.chain import Chain
@@ -41,12 +42,22 @@ from edgetrain.planners import uniform
 from edgetrain.planners.paging import solve_paging
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import Executor, PageStore, run_schedule
-from edgetrain.runtime import paging
-from edgetrain.schedule import (Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
-                                keep_all, memory_timeline, simulate)
+from edgetrain.runtime import pager as paging
+from edgetrain.schedule import (
+    Backward,
+    Forward,
+    Keep,
+    Op,
+    PageIn,
+    PageInRecord,
+    PageOut,
+    PageOutRecord,
+    Schedule,
+    keep_all,
+    memory_timeline,
+    simulate,
+)
 from edgetrain.stages import training_stages
-
-from steps import StepResult, observe, peak_tracks, plain_autograd_step
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +99,8 @@ def _needs_in_ram(op: Op, k: int, chain: Chain) -> bool:
     if isinstance(op, Forward):
         return op.stage == k
     if isinstance(op, Backward):
-        return (op.stage == k and chain.stages[k].input_saved) or (op.stage == k - 1 and chain.stages[k - 1].output_saved)
+        return ((op.stage == k and chain.stages[k].input_saved)
+                or (op.stage == k - 1 and chain.stages[k - 1].output_saved))
     return False
 
 
@@ -114,7 +126,7 @@ def with_paging(schedule: Schedule, chain: Chain, values: Sequence[int]) -> Sche
                     or not any(isinstance(op, (Forward, Backward)) for op in ops[at + 1:later[0]])):
                 at += 1
                 continue
-            trial = ops[:at + 1] + [PageOut(k)] + ops[at + 1:later[0]] + [PageIn(k)] + ops[later[0]:]
+            trial = [*ops[:at + 1], PageOut(k), *ops[at + 1:later[0]], PageIn(k), *ops[later[0]:]]
             try:
                 simulate(chain, Schedule(tuple(trial), schedule.length))
             except ScheduleError:
@@ -234,11 +246,11 @@ def test_paged_step_equals_plain_autograd(name: str, kind: str, tmp_path: Path) 
     got, expected = observe(model, executor.step(c.x, c.y)), plain_step(name)
 
     assert torch.equal(got.loss, expected.loss)
-    for mine, theirs in zip(got.grads, expected.grads):
+    for mine, theirs in zip(got.grads, expected.grads, strict=False):
         assert (mine is None) == (theirs is None)
         if mine is not None:
             torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
-    for mine, theirs in zip(got.buffers, expected.buffers):   # BN statistics updated once
+    for mine, theirs in zip(got.buffers, expected.buffers, strict=False):   # BN statistics updated once
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     assert torch.equal(got.rng, expected.rng)
     stats, simulated = executor.last_paging, simulate(c.chain, schedule)
@@ -251,7 +263,8 @@ def test_paged_step_equals_plain_autograd(name: str, kind: str, tmp_path: Path) 
 def test_page_round_trip_is_bitwise(tmp_path: Path) -> None:
     """Odd dtypes and a strided view of a larger storage come back with the same bytes and geometry."""
     base = torch.randn(6, 10)
-    values = {1: base[1:, ::3], 2: torch.randn(5, 3).to(torch.bfloat16), 3: torch.randint(0, 255, (7,), dtype=torch.uint8),
+    values = {1: base[1:, ::3], 2: torch.randn(5, 3).to(torch.bfloat16),
+              3: torch.randint(0, 255, (7,), dtype=torch.uint8),
               4: torch.empty(0), 5: torch.tensor(float("nan"))}
     with PageStore(tmp_path).session() as pages:
         for key, value in values.items():
@@ -277,7 +290,7 @@ def test_record_page_round_trip_is_bitwise(tmp_path: Path) -> None:
         back = pages.finish_read_storages(paging.RecordKey(2))
         assert [bytes(b.untyped_storage()) for b in back] == [bytes(t.untyped_storage()) for t in storages]
         assert all(b.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or t.numel() == 0
-                   for b, t in zip(back, storages))
+                   for b, t in zip(back, storages, strict=False))
         assert pages.disk_bytes == 0 and list(pages.path.iterdir()) == []
     assert list(tmp_path.iterdir()) == []
 
@@ -343,7 +356,8 @@ def test_page_out_frees_the_value_and_page_in_brings_it_back(tmp_path: Path) -> 
         tracker.register([c.x, c.y])
         executor.step(c.x, c.y, on_op=on_op)
     # Op by op, the executor holds what the simulator counts (up to the 4-byte loss).
-    offsets = [measured - simulated.after_bytes for measured, simulated in zip(live, memory_timeline(c.chain, schedule))]
+    offsets = [measured - simulated.after_bytes
+               for measured, simulated in zip(live, memory_timeline(c.chain, schedule), strict=False)]
     assert max(offsets) - min(offsets) <= 16
     sizes = c.chain.value_bytes
     for index, op in enumerate(schedule.ops):
@@ -374,7 +388,8 @@ def test_record_page_out_frees_exactly_its_internals(tmp_path: Path) -> None:
         tracker.register(model.buffers())
         tracker.register([c.x, c.y])
         executor.step(c.x, c.y, on_op=lambda index, op: live.append(tracker.current_bytes))
-    offsets = [measured - simulated.after_bytes for measured, simulated in zip(live, memory_timeline(c.chain, schedule))]
+    offsets = [measured - simulated.after_bytes
+               for measured, simulated in zip(live, memory_timeline(c.chain, schedule), strict=False)]
     assert max(offsets) - min(offsets) <= 16
     changes = {op: live[index] - live[index - 1] for index, op in enumerate(schedule.ops)
                if isinstance(op, (PageOutRecord, PageInRecord))}
@@ -403,7 +418,7 @@ def test_overlap_stays_under_the_simulated_peak() -> None:
                 assert start <= j
                 for t in range(start, j):
                     extra[t] += transfer_bytes(c.chain, schedule.ops[j])
-            assert all(m.transient_bytes + e <= peak for m, e in zip(timeline, extra))
+            assert all(m.transient_bytes + e <= peak for m, e in zip(timeline, extra, strict=False))
             assert len(plan.release_before) + len(plan.issue_before) == simulate(c.chain, schedule).pageout_count * 2
             if kind in VALUE_KINDS or name == "resnet18":
                 assert any(end > j + 1 for j, end in plan.release_before.items()), kind   # it does overlap somewhere
@@ -467,7 +482,7 @@ def test_split_step_with_paging_cleans_up(kind: str, tmp_path: Path) -> None:
     pending(output.grad)
     assert list(tmp_path.iterdir()) == []
     assert executor.last_paging is not None and executor.last_paging.pageins == executor.last_paging.pageouts
-    for mine, theirs in zip(model.parameters(), plain_step("resnet18").grads):
+    for mine, theirs in zip(model.parameters(), plain_step("resnet18").grads, strict=False):
         torch.testing.assert_close(mine.grad, theirs, rtol=0, atol=1e-6)
 
     output, pending = executor.forward(c.x)
@@ -533,7 +548,7 @@ def test_views_of_one_storage_are_paged_once(tmp_path: Path) -> None:
     executor = Executor(training_stages(model), gated_schedule(chain), chain, page_dir=tmp_path)
     loss = executor.step(x, y)
     assert torch.equal(loss, nn.functional.cross_entropy(expected(x), y).detach())
-    for mine, theirs in zip(model.parameters(), expected.parameters()):
+    for mine, theirs in zip(model.parameters(), expected.parameters(), strict=False):
         assert torch.equal(mine.grad, theirs.grad)
     stats = executor.last_paging
     assert stats is not None and stats.pageouts == 2
@@ -675,7 +690,8 @@ def test_directory_that_becomes_unwritable_is_a_clear_error(tmp_path: Path, monk
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
     monkeypatch.setattr(paging.os, "mkdir", refuse)
-    with pytest.raises(PagingError, match=r"cannot create the step's page directory .*Permission denied \[errno EACCES\]"):
+    with pytest.raises(PagingError,
+                       match=r"cannot create the step's page directory .*Permission denied \[errno EACCES\]"):
         executor.step(x, y)
 
 
@@ -738,7 +754,7 @@ def test_full_disk_while_paging_a_record_is_a_clear_error(tmp_path: Path, monkey
     monkeypatch.setattr(paging, "_write_bytes", full)
     for with_chain in (None, chain):
         executor = Executor(training_stages(model), gated_schedule(chain), with_chain, page_dir=tmp_path)
-        error = within(30, lambda: executor.step(x, y))
+        error = within(30, lambda executor=executor: executor.step(x, y))
         assert isinstance(error, PagingError), error
         # with overlapped writes the failure may surface at a later record's write: any names its record and file
         assert re.search(r"writing the record of stage \d+ .*to .*\.page failed", str(error)), error
@@ -757,7 +773,7 @@ def test_full_disk_is_a_clear_error_not_a_hang(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(paging, "_write_bytes", full)
     for with_chain in (None, chain):   # serial, and overlapped where the plan allows it
         executor = Executor(training_stages(model), schedule, with_chain, page_dir=tmp_path)
-        error = within(30, lambda: executor.step(x, y))
+        error = within(30, lambda executor=executor: executor.step(x, y))
         assert isinstance(error, PagingError), error
         assert "No space left on device [errno ENOSPC]" in str(error) and "x2.page" in str(error)
         assert list(tmp_path.iterdir()) == []

@@ -95,7 +95,8 @@ def test_planning_without_the_jit_never_imports_numba() -> None:
     import sys
 
     code = ("import sys; from edgetrain.profile import chain_for; from edgetrain.planners import plan; "
-            "c = chain_for('resnet18', 8, 128); plan(c, recompute=1.2, jit=False); plan(c, memory=200 * 2**20, jit=False);"
+            "c = chain_for('resnet18', 8, 128); plan(c, recompute=1.2, jit=False); "
+            "plan(c, memory=200 * 2**20, jit=False);"
             "print('numba' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "False"

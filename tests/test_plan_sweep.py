@@ -1,7 +1,11 @@
-"""plan() at budgets and factors near the least feasible ones: the fastest (or least-peak) schedule, never a grid error."""
+"""plan() at budgets and factors near the least feasible ones.
+
+The fastest (or least-peak) schedule, never a grid error.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -9,7 +13,7 @@ import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, StageCost, simulate
 from edgetrain.planners import plan, revolve, solve, uniform
-from edgetrain.planners.optimal import exact_minimum_bytes, solve_exact
+from edgetrain.planners.optimal_exact import exact_minimum_bytes, solve_exact
 from edgetrain.profile import chain_for
 from edgetrain.schedule import Stats, keep_all
 
@@ -20,10 +24,8 @@ def competitors(chain: Chain, budget: int) -> list[Stats]:
     """Every uniform segmentation, revolve slot count and the DP on a finer grid that fits ``budget``."""
     found = [simulate(chain, uniform(chain, n)) for n in range(1, chain.length + 1)]
     found += [simulate(chain, revolve(chain, n)) for n in range(1, max(chain.length - 1, 1) + 1)]
-    try:
+    with contextlib.suppress(InfeasibleBudgetError):
         found.append(simulate(chain, solve(chain, budget, slots=FINE_SLOTS).schedule(budget)))
-    except InfeasibleBudgetError:
-        pass
     return [stats for stats in found if stats.peak_bytes <= budget]
 
 

@@ -92,7 +92,8 @@ def test_a_plan_for_another_run_is_refused_naming_the_mismatch(tmp_path: Path, s
 
 def test_a_plan_for_another_number_of_classes_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "p1000.json"
-    assert cli("plan", "-m", "resnet18", "-b", "8", "--image", "64", "--recompute", "1.2", "-o", str(path)).returncode == 0
+    made = cli("plan", "-m", "resnet18", "-b", "8", "--image", "64", "--recompute", "1.2", "-o", str(path))
+    assert made.returncode == 0
     result = cli("train", *RUN, "--plan", str(path), "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2 and "num_classes: 1000 (plan) -> 10 (run)" in result.stderr
 
@@ -119,6 +120,6 @@ def test_an_energy_plan_pages_to_the_given_directory_and_leaves_nothing(tmp_path
     pages.mkdir()
     ran = cli("train", *RUN, "--plan", str(path), "--page-dir", str(pages), "--run-dir", str(tmp_path / "run"))
     assert ran.returncode == 0, ran.stderr
-    plain = cli("train", *RUN, "--run-dir", str(tmp_path / "plain"))
+    cli("train", *RUN, "--run-dir", str(tmp_path / "plain"))
     assert step_losses(tmp_path / "run") == step_losses(tmp_path / "plain")
     assert list(pages.iterdir()) == []

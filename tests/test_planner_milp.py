@@ -23,9 +23,20 @@ from edgetrain.devices import get_device
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import EdgetrainError, InfeasibleBudgetError, ScheduleError
 from edgetrain.graph import capture_graph
-from edgetrain.planners.milp import (GraphSchedule, TrainingGraph, TrainingNode, chain_training_graph, coarsen,
-                                     keep_all_schedule, milp, minimum_bytes, paging_schedule, recompute_schedule,
-                                     simulate_graph_schedule, training_graph)
+from edgetrain.planners.milp import (
+    GraphSchedule,
+    TrainingGraph,
+    TrainingNode,
+    chain_training_graph,
+    coarsen,
+    keep_all_schedule,
+    milp,
+    minimum_bytes,
+    paging_schedule,
+    recompute_schedule,
+    simulate_graph_schedule,
+    training_graph,
+)
 
 RPI4 = EnergyProfile.from_device(get_device("rpi4"))
 
@@ -96,7 +107,7 @@ def brute_force(tg: TrainingGraph) -> list[tuple[int, float]]:
     found = []
     for bits in itertools.product((False, True), repeat=len(cells)):
         R = np.eye(n, dtype=bool)
-        for on, (t, i) in zip(bits, cells):
+        for on, (t, i) in zip(bits, cells, strict=False):
             R[t, i] = on
         try:
             stats = simulate_graph_schedule(tg, _schedule(tg, R, z, z))
@@ -127,7 +138,7 @@ def test_unlimited_memory_is_one_pass() -> None:
     result = milp(tg, 10**12)
     assert result.status == "optimal"
     assert result.energy_j == pytest.approx(tg.compute_energy_j)
-    assert (result.R == np.eye(len(tg), dtype=bool)).all()
+    assert (np.eye(len(tg), dtype=bool) == result.R).all()
     assert not result.M_in.any() and not result.M_out.any()
     check(tg, result, 10**12)
 
@@ -285,7 +296,7 @@ def test_matches_brute_force_with_paging() -> None:
     for bits in itertools.product((False, True), repeat=len(cells)):
         m = {k: np.zeros((n, n), dtype=bool) for k in ("R", "in", "out")}
         m["R"] |= np.eye(n, dtype=bool)
-        for on, (k, t, i) in zip(bits, cells):
+        for on, (k, t, i) in zip(bits, cells, strict=False):
             m[k][t, i] = on
         try:
             stats = simulate_graph_schedule(tg, _schedule(tg, m["R"], m["in"], m["out"]))

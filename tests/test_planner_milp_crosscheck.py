@@ -15,13 +15,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from chains import chain_with_output_records
 
 from edgetrain.energy import EnergyProfile
 from edgetrain.planners.milp import chain_training_graph, milp
 from edgetrain.planners.paging import solve_paging
 from edgetrain.schedule import keep_all, simulate
-
-from chains import chain_with_output_records
 
 PROFILE = EnergyProfile("toy", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
 

@@ -10,7 +10,6 @@ exhaustive search over simulator states on tiny chains.
 from __future__ import annotations
 
 import heapq
-import importlib
 import itertools
 import math
 import random
@@ -23,13 +22,12 @@ from hypothesis import strategies as st
 
 from edgetrain.chain import Chain, StageCost
 from edgetrain.errors import InfeasibleBudgetError
+from edgetrain.planners import dp_grid
 from edgetrain.planners.optimal import OptimalTable, optimal, solve
+from edgetrain.planners.optimal_exact import exact_minimum_bytes
 from edgetrain.planners.revolve import revolve, revolve_advances
 from edgetrain.planners.uniform import uniform
 from edgetrain.schedule import Backward, Forward, Keep, Op, Schedule, keep_all, simulate, validate
-
-# ``edgetrain.planners`` re-exports the function ``optimal``, which shadows the module's name.
-optimal_module = importlib.import_module("edgetrain.planners.optimal")
 
 
 def random_chain(rng: random.Random, length: int, *, scale_bytes: int = 1, flags: bool = True) -> Chain:
@@ -60,7 +58,7 @@ def keep_all_peak(chain: Chain) -> int:
 def exact_table(chain: Chain, max_memory_bytes: int) -> OptimalTable:
     """A table whose unit is the sizes' common divisor (small integer chains): no rounding."""
     table = solve(chain, max_memory_bytes, slots=max_memory_bytes + 1)
-    assert table.unit_bytes == optimal_module._common_unit_bytes(chain)
+    assert table.unit_bytes == dp_grid.common_unit_bytes(chain)
     return table
 
 
@@ -99,7 +97,7 @@ def test_exact_grid_is_tight_at_the_minimum(seed: int) -> None:
     stats = simulate(chain, table.schedule(table.min_memory_bytes))
 
     assert stats.peak_bytes == table.min_memory_bytes
-    assert table.min_memory_bytes == optimal_module._exact_minimum_bytes(chain)
+    assert table.min_memory_bytes == exact_minimum_bytes(chain)
 
 
 def test_optimal_is_solve_then_rebuild() -> None:
@@ -126,11 +124,11 @@ def test_long_chain_in_few_slots() -> None:
 def test_reference_and_fast_tables_are_identical(seed: int) -> None:
     rng = random.Random(1000 + seed)
     chain = random_chain(rng, rng.randint(1, 7), scale_bytes=rng.choice([1, 997]))
-    grid = optimal_module._without_paging(
-        optimal_module._discretise(chain, keep_all_peak(chain) - chain.resident_bytes, rng.choice([5, 23, 64])))
+    grid = dp_grid.without_paging(
+        dp_grid.discretise(chain, keep_all_peak(chain) - chain.resident_bytes, rng.choice([5, 23, 64])))
 
-    fast_cost_s, fast_choice = optimal_module._solve_fast(grid)
-    reference_cost_s, reference_choice = optimal_module._solve_reference(grid)
+    fast_cost_s, fast_choice = dp_grid.solve_fast(grid)
+    reference_cost_s, reference_choice = dp_grid.solve_reference(grid)
 
     np.testing.assert_array_equal(fast_cost_s, reference_cost_s)
     np.testing.assert_array_equal(fast_choice, reference_choice)
@@ -161,7 +159,7 @@ def revolve_with_loss(length: int, slots: int) -> Schedule:
     return Schedule(tuple(ops), length + 1)
 
 
-@pytest.mark.parametrize(("length", "slots"), [(l, s) for l in range(1, 17) for s in range(1, l + 1)])
+@pytest.mark.parametrize(("length", "slots"), [(n, s) for n in range(1, 17) for s in range(1, n + 1)])
 def test_griewank_chain_matches_revolve_closed_form(length: int, slots: int) -> None:
     """At Revolve's simulated peak the DP takes exactly ``2l + t(l, s)``, and not a byte less suffices."""
     chain = griewank_chain(length)
@@ -174,7 +172,7 @@ def test_griewank_chain_matches_revolve_closed_form(length: int, slots: int) -> 
         assert table.time_s(peak - 1) > best_s
 
 
-@pytest.mark.parametrize(("length", "slots"), [(l, s) for l in (2, 5, 8, 13, 21) for s in range(1, l + 1)])
+@pytest.mark.parametrize(("length", "slots"), [(n, s) for n in (2, 5, 8, 13, 21) for s in range(1, n + 1)])
 def test_uniform_chain_never_slower_than_revolve(length: int, slots: int) -> None:
     """On ``Chain.uniform`` a record costs no more than a checkpoint and ``δ_L``/``x_0`` are free,
     so the DP may beat Revolve; it must never lose to it."""
@@ -203,7 +201,7 @@ def test_uniform_chain_beats_revolve_by_hand() -> None:
 
 # --- (4) never slower than uniform segments -------------------------------------------------------
 
-@pytest.mark.parametrize(("length", "segments"), [(l, s) for l in (1, 4, 9, 16, 30) for s in range(1, l + 1)])
+@pytest.mark.parametrize(("length", "segments"), [(n, s) for n in (1, 4, 9, 16, 30) for s in range(1, n + 1)])
 def test_never_slower_than_uniform_on_uniform_chains(length: int, segments: int) -> None:
     chain = Chain.uniform(length)
     stats = simulate(chain, uniform(chain, segments))
@@ -292,7 +290,7 @@ def test_optimizer_step_sets_the_minimum() -> None:
 def test_budget_lost_to_rounding_says_so() -> None:
     """Just above the exact minimum a coarse grid may find nothing; the error says what to change."""
     chain = random_chain(random.Random(11), 20, scale_bytes=1009)
-    minimum = optimal_module._exact_minimum_bytes(chain)
+    minimum = exact_minimum_bytes(chain)
 
     with pytest.raises(InfeasibleBudgetError, match="slots >=") as info:
         optimal(chain, minimum, slots=25)

@@ -6,16 +6,15 @@ import random
 
 import numpy as np
 import pytest
+from chains import MB, keep_all_peak, random_chain
 
 from edgetrain import Chain
 from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.optimal import solve
-from edgetrain.planners.paging import CostWeights, paging_dp, solve_paging
+from edgetrain.planners.paging import paging_dp, solve_paging
 from edgetrain.schedule import Backward, Forward, PageIn, PageOut, Schedule, simulate
-
-from chains import MB, keep_all_peak, random_chain
 
 # cheap storage: 100 MB/s in at 1 W, 50 MB/s out at 1.5 W, 1 ms latency; compute at 3 W
 CHEAP = EnergyProfile("cheap", 1e9, 3.0, 1e-3, 1e8, 1.0, 1e-3, 5e7, 1.5)

@@ -7,7 +7,7 @@ advances, solved here by brute force over every split.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from math import comb
 
 import pytest
@@ -48,7 +48,7 @@ def max_live_checkpoints(ops: tuple[Op, ...]) -> int:
     return most
 
 
-@lru_cache(maxsize=None)
+@cache
 def dp_advances(length: int, slots: int) -> int:
     """Minimal advances by the recurrence ``t(l,s) = min_j [j + t(l-j, s-1) + t(j, s)]``.
 

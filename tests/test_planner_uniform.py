@@ -71,7 +71,7 @@ def test_schedule_validates(length: int, segments: int) -> None:
     assert schedule.params == {"segments": segments}
 
 
-@pytest.mark.parametrize(("length", "segments"), [(l, s) for l, s in GRID if l >= 2])
+@pytest.mark.parametrize(("length", "segments"), [(n, s) for n, s in GRID if n >= 2])
 def test_peak_matches_founding_formula(length: int, segments: int) -> None:
     """Peak on ``Chain.uniform(l)`` is the founding paper's ``s - 1 + (l - floor(l/s)*(s-1))`` plus 2.
 

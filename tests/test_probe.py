@@ -15,11 +15,22 @@ from typer.testing import CliRunner
 
 from edgetrain.cli import app
 from edgetrain.devices import DeviceCatalogError, get_device, load_devices_file
-from edgetrain.devices.catalog import DEVICES_ENV
 from edgetrain.devices import probe as probe_module
-from edgetrain.devices.probe import (ComputeProbe, PowerMeter, PowerRail, StorageProbe, Transfer, TransferFit,
-                                     device_entry, fit_transfers, measured_powers, probe_compute, probe_storage,
-                                     write_device_entry)
+from edgetrain.devices.catalog import DEVICES_ENV
+from edgetrain.devices.probe import (
+    ComputeProbe,
+    PowerMeter,
+    PowerRail,
+    StorageProbe,
+    Transfer,
+    TransferFit,
+    device_entry,
+    fit_transfers,
+    measured_powers,
+    probe_compute,
+    probe_storage,
+    write_device_entry,
+)
 from edgetrain.energy import EnergyProfile, scale_chain
 from edgetrain.errors import EdgetrainError
 from edgetrain.models import get_model_spec

@@ -61,7 +61,7 @@ def test_saved_bytes_from_hooks_equal_live_growth_and_cpu_equals_meta() -> None:
     cpu = profile(spec.build(), spec.example_input(2, 64), spec.example_target(2), measure_time=False)
     meta = estimate_memory("resnet18", 2, 64).chain
     assert [s.saved_bytes for s in cpu.stages] == list(cpu.meta["saved_live_bytes"])
-    for a, b in zip(cpu.stages, meta.stages):
+    for a, b in zip(cpu.stages, meta.stages, strict=False):
         assert (a.out_bytes, a.saved_bytes, a.grad_bytes, a.input_saved, a.output_saved) == \
                (b.out_bytes, b.saved_bytes, b.grad_bytes, b.input_saved, b.output_saved)
 

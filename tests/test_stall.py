@@ -55,7 +55,7 @@ class BusyTransform:
         return pixels
 
 
-def busy_step(seconds: float):  # noqa: ANN201 - a step function
+def busy_step(seconds: float):
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         busy_wait(seconds)
     return step

@@ -347,7 +347,7 @@ def test_failed_write_removes_its_temp_file_and_keeps_older_states(
         raise OSError("card removed")
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(StateError, match="cannot save the training state .*: card removed; the states saved before"):
+    with pytest.raises(StateError, match=r"cannot save the training state .*: card removed; the states saved before"):
         store.save(tiny_state(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state-000000001.pt"]
 

@@ -11,13 +11,13 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
+from steps import peak_tracks
 
 from edgetrain.train import StateStore, TrainConfig, train
-
-from steps import peak_tracks
 
 SMALL = ["--model", "resnet18", "--image", "32", "--batch", "8", "--samples", "160", "--epochs", "2",
          "--recompute", "1.5", "--save-every", "2"]
@@ -102,7 +102,7 @@ def test_metrics_reach_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     without the tensorboard package (grpcio, protobuf), which the test extra does not install.
     """
     class Writer:
-        made: list[Writer] = []
+        made: ClassVar[list[Writer]] = []
 
         def __init__(self, log_dir: str) -> None:
             self.log_dir, self.scalars, self.closed = log_dir, [], False

@@ -2,21 +2,89 @@
 
 Profile a model into a :class:`Chain` of stage costs, plan a checkpointing :class:`Schedule`
 for a memory budget or a recompute factor, simulate it, and run it.
+
+The names below are imported on first use (PEP 562): ``import edgetrain.cli`` or
+``import edgetrain.units`` must not pay for PyTorch, which most of the library imports.
 """
 
-from .chain import Chain, StageCost
-from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
-from .planners import Plan, plan
-from .profile import estimate_memory, measure_training_step, profile
-from .runtime import Checkpointed, Executor, run_schedule
-from .schedule import Backward, Discard, Forward, Keep, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule, Stats, keep_all, simulate, validate
-from .units import format_bytes, parse_bytes
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .chain import Chain, StageCost
+    from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
+    from .planners import Plan, plan
+    from .profile import estimate_memory, measure_training_step, profile
+    from .runtime import Checkpointed, Executor, run_schedule
+    from .schedule import (
+        Backward,
+        Discard,
+        Forward,
+        Keep,
+        PageIn,
+        PageInRecord,
+        PageOut,
+        PageOutRecord,
+        Schedule,
+        Stats,
+        keep_all,
+        simulate,
+        validate,
+    )
+    from .units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "keep_all",
-    "simulate", "validate", "profile", "estimate_memory", "measure_training_step", "plan", "Plan",
-    "Checkpointed", "Executor", "run_schedule",
+    "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "PageOut", "PageIn",
+    "PageOutRecord", "PageInRecord", "keep_all", "simulate", "validate", "profile", "estimate_memory",
+    "measure_training_step", "plan", "Plan", "Checkpointed", "Executor", "run_schedule",
     "EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError", "parse_bytes", "format_bytes",
 ]
+
+# Where each public name lives: the module imported when the name is first read.
+_HOMES = {
+    ".chain": ("Chain", "StageCost"),
+    ".errors": ("EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError"),
+    ".planners": ("Plan", "plan"),
+    ".profile": ("estimate_memory", "measure_training_step", "profile"),
+    ".runtime": ("Checkpointed", "Executor", "run_schedule"),
+    ".schedule": ("Backward", "Discard", "Forward", "Keep", "PageIn", "PageInRecord", "PageOut", "PageOutRecord",
+                  "Schedule", "Stats", "keep_all", "simulate", "validate"),
+    ".units": ("format_bytes", "parse_bytes"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+class _Package(ModuleType):
+    """NOTE [ The function profile and the package profile ]
+    ``edgetrain.profile`` is the function, as it was when this module imported it eagerly, yet
+    ``edgetrain/profile/`` is also a subpackage, and importing a subpackage binds it to its name
+    in the parent. A public name never gives way to a subpackage of the same name: the binding
+    gets the name's own value (the subpackage is loaded by then, so this costs nothing).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, ModuleType) and name in _HOME_OF:
+            value = getattr(importlib.import_module(_HOME_OF[name], __name__), name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value   # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

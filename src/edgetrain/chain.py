@@ -29,10 +29,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, cast
 
-__all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory"]
+__all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory", "NOMINAL_FLOPS_PER_S"]
 
 OPTIMIZERS = ("sgd", "adam")
+
+# Rate that turns FLOPs into seconds when nothing is timed (meta device): only ratios of
+# times matter to a planner, so any fixed rate gives the same schedules and recompute factors.
+# A chain with ``meta["timed"] is False`` has stage times FLOPs / this rate.
+NOMINAL_FLOPS_PER_S = 1e10
 
 
 @dataclass(frozen=True)
@@ -164,7 +170,7 @@ class Chain:
     def from_dict(cls, data: dict[str, object]) -> Chain:
         fields = dict(data)
         fields.pop("version", None)
-        stages = tuple(StageCost(**s) for s in fields.pop("stages"))  # type: ignore[union-attr]
+        stages = tuple(StageCost(**s) for s in cast("list[dict[str, Any]]", fields.pop("stages")))
         return cls(stages=stages, **fields)  # type: ignore[arg-type]
 
     def save(self, path: str | Path) -> None:

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     except _click.exceptions.ClickException as exc:
         _error(exc.format_message())
         sys.exit(exc.exit_code)
-    except _click.exceptions.Abort:
+    except typer.Abort:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
 
@@ -298,7 +298,7 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
                  recompute: Optional[float], deadline: Optional[str], strategy: str, target: Any,
                  output: Optional[Path], as_json: bool, shipped: Callable[..., Any]) -> None:
     from .energy import EnergyProfile, scale_chain
-    from .planners.energy_plan import plan_energy
+    from .planners.energy_plan import EnergyPlan, plan_energy
     from .planners.plan import sequential_baseline
 
     if target is None:
@@ -310,9 +310,9 @@ def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str,
     deadline_s = None if deadline is None else _deadline_seconds(deadline, device_chain.compute_time_s)
     name = "paging-dp" if strategy == "auto" else strategy
     if name == "milp":
-        from .planners.milp_plan import plan_milp
+        from .planners.milp_plan import MilpPlan, plan_milp
 
-        chosen = plan_milp(device_chain, profile, memory, deadline_s=deadline_s)
+        chosen: MilpPlan | EnergyPlan = plan_milp(device_chain, profile, memory, deadline_s=deadline_s)
     else:
         chosen = plan_energy(device_chain, profile, memory, deadline_s=deadline_s, strategy=name)
     if output is not None:
@@ -441,7 +441,8 @@ def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", hel
         within = "-" if lowest is None else f"{lowest:.0f}% ({poets['lowest_budget_pct']:.0f}% in POET's accounting)"
         console.print(f"  {panel['model']} on {panel['device']}: paging-dp within 1% of unconstrained energy down to "
                       f"{within} of keep-all's peak (least feasible {claim['least_feasible_pct']:.0f}%); POET's claim "
-                      f"{verdicts[claim['holds']]} for whole-step budgets, {verdicts[poets['holds']]} in its accounting")
+                      f"{verdicts[claim['holds']]} for whole-step budgets, {verdicts[poets['holds']]} in its "
+                      "accounting")
     for name, reason in figure.data["skipped_devices"].items():  # type: ignore[attr-defined]
         console.print(f"  {name}: skipped ({reason})")
 
@@ -451,7 +452,8 @@ def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", hel
 def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
                 device: str = typer.Option("odroid-xu4", "--device", "-d", help="Whose memory is the budget."),
                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget instead of the device's memory."),
-                max_run_batch: int = typer.Option(64, "--max-run-batch", min=1, help="Largest batch actually run here."),
+                max_run_batch: int = typer.Option(64, "--max-run-batch", min=1,
+                                                  help="Largest batch actually run here."),
                 reps: int = typer.Option(3, "--reps", min=1, help="Timed steps per point (median)."),
                 out: Path = typer.Option(Path("out/bench_batch"), "--out", "-o", help="Output directory."),
                 as_json: bool = typer.Option(False, "--json", help="Print the sweep as JSON.")) -> None:
@@ -534,9 +536,11 @@ def bench_device(
         steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (median)."),
         skip_storage: bool = typer.Option(False, "--skip-storage", help="Do not measure paging."),
         skip_compute: bool = typer.Option(False, "--skip-compute", help="Do not measure the compute rate."),
-        compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w", callback=_finite("--compute-power-w", above=0),
+        compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w",
+                                                        callback=_finite("--compute-power-w", above=0),
                                                         help="Power while training, W."),
-        pagein_power_w: Optional[float] = typer.Option(None, "--pagein-power-w", callback=_finite("--pagein-power-w", above=0),
+        pagein_power_w: Optional[float] = typer.Option(None, "--pagein-power-w",
+                                                       callback=_finite("--pagein-power-w", above=0),
                                                        help="Power while paging in, W."),
         pageout_power_w: Optional[float] = typer.Option(None, "--pageout-power-w",
                                                         callback=_finite("--pageout-power-w", above=0),
@@ -546,19 +550,28 @@ def bench_device(
         power_sensor: Optional[list[str]] = typer.Option(
             None, "--power-sensor", help="Measure the powers from a sysfs power monitor: PATH (mW) or VOLTS*AMPS "
             "(mV x mA), optionally @SCALE (W per unit); repeat to sum rails."),
-        idle_s: float = typer.Option(2.0, "--idle-s", callback=_finite("--idle-s", 0), help="Seconds of idle sampled before, subtracted from powers."),
+        idle_s: float = typer.Option(2.0, "--idle-s", callback=_finite("--idle-s", 0),
+                                     help="Seconds of idle sampled before, subtracted from powers."),
         whole_power: bool = typer.Option(False, "--whole-power", help="Record whole sensor readings, idle included."),
         output: Path = typer.Option(Path("out/device/devices.toml"), "--output", "-o",
                                     help="Device file to write (an existing one keeps its other devices)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
     from .devices.catalog import ENERGY_FIELDS
-    from .devices.probe import (POWER_FIELDS, PowerMeter, PowerRail, device_entry, measured_powers, probe_compute,
-                                probe_storage, write_device_entry)
+    from .devices.probe import (
+        POWER_FIELDS,
+        PowerMeter,
+        PowerRail,
+        device_entry,
+        measured_powers,
+        probe_compute,
+        probe_storage,
+        write_device_entry,
+    )
     from .units import parse_bytes
 
     sizes_bytes = [parse_bytes(part.strip()) for part in sizes.split(",") if part.strip()]
-    given = dict(zip(POWER_FIELDS, (compute_power_w, pagein_power_w, pageout_power_w)))
+    given = dict(zip(POWER_FIELDS, (compute_power_w, pagein_power_w, pageout_power_w), strict=True))
     powers = {key: value for key, value in given.items() if value is not None}
     if powers and power_sensor:
         raise EdgetrainError("give the powers from a meter (--compute-power-w ...) or from --power-sensor, not both")
@@ -676,7 +689,8 @@ def _print_summary(summary: Any, run_dir: Path) -> None:
     console.print(f"process peak {format_bytes(summary.process_peak_bytes)} vs {budget} (predicted "
                   f"{format_bytes(summary.predicted_process_peak_bytes)}; runtime baseline "
                   f"{format_bytes(summary.runtime_baseline_bytes)})")
-    console.print(f"tensor peak {measured} (predicted {format_bytes(summary.predicted_peak_bytes)}); plan {summary.strategy}, "
+    console.print(f"tensor peak {measured} (predicted {format_bytes(summary.predicted_peak_bytes)}); "
+                  f"plan {summary.strategy}, "
                   f"ρ = {summary.recompute_factor:.3f}; {summary.steps} steps in {summary.wall_time_s:.1f} s")
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}, summary: {run_dir / 'summary.json'}")
 

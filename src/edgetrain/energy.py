@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from .chain import Chain, StageCost
+from .chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from .devices.catalog import ENERGY_FIELDS, Device
 from .errors import EdgetrainError
 
@@ -130,8 +130,6 @@ def _host_rate(chain: Chain, host_flops_per_s: float | None) -> float:
             raise EdgetrainError(
                 f"chain {chain.name!r} has measured (or unknown-origin) stage times; pass host_flops_per_s, "
                 "the achieved FLOP/s of the machine that timed it")
-        from .profile.profiler import NOMINAL_FLOPS_PER_S  # the profiler imports torch
-
         host_flops_per_s = NOMINAL_FLOPS_PER_S
     if isinstance(host_flops_per_s, bool) or not math.isfinite(host_flops_per_s) or host_flops_per_s <= 0:
         raise EdgetrainError(f"host_flops_per_s must be a finite number > 0, got {host_flops_per_s!r}")

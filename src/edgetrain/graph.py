@@ -306,7 +306,7 @@ class _Tracer(fx.Tracer):
         stack = self.module_stack.copy()
         try:
             return super().call_module(m, forward, args, kwargs)
-        except Exception as error:  # data-dependent control flow, len() of a proxy, ...
+        except Exception as error:  # noqa: BLE001 - data-dependent control flow, len() of a proxy, ...
             log.debug("tracing %s failed (%s); keeping it as a leaf", qualified_name, error)
             for node in reversed(list(self.graph.nodes)[n_before:]):
                 self.graph.erase_node(node)
@@ -466,7 +466,8 @@ class _GraphBuilder(fx.Interpreter):
         cost = _measure(fn, (logits, target), {}, [], self.param_keys)
         loss = fn(logits, target)
         inputs = (logits_index, target_index)
-        saved_inputs = {i for i, t in zip(inputs, (logits, target)) if storage_key(t) in cost.saved_input_keys}
+        saved_inputs = {i for i, t in zip(inputs, (logits, target), strict=True)
+                        if storage_key(t) in cost.saved_input_keys}
         self.nodes.append(GraphNode(
             name="loss", op="loss", kind="loss", target=getattr(fn, "__name__", type(fn).__name__),
             inputs=inputs, out_bytes=storage_bytes(_tensors(loss)), fwd_flops=cost.fwd_flops,

@@ -38,12 +38,12 @@ it is paged in or when the value dies; ``peak_disk_bytes`` is the most the step 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-import struct
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from .chain import Chain
 from .errors import ScheduleError
@@ -51,8 +51,9 @@ from .errors import ScheduleError
 if TYPE_CHECKING:
     from .energy import EnergyProfile
 
-__all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "Op", "Schedule", "Stats", "validate",
-           "simulate", "keep_all", "OpMemory", "memory_timeline"]
+__all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "Op",
+           "Schedule", "Stats", "validate", "simulate", "keep_all", "OpMemory", "memory_timeline", "SimState",
+           "SimTally", "apply_op"]
 
 SCHEDULE_VERSION = 2
 READABLE_VERSIONS = (1, 2)   # version 1 had no paging ops
@@ -103,7 +104,7 @@ class PageInRecord:
     stage: int
 
 
-Op = Union[Forward, Backward, Discard, PageOut, PageIn, PageOutRecord, PageInRecord]
+Op = Forward | Backward | Discard | PageOut | PageIn | PageOutRecord | PageInRecord
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ class Schedule:
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
-            raise ScheduleError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+            raise ScheduleError(
+                f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
         return cls.from_dict(data)
 
     def to_bytes(self) -> bytes:
@@ -335,8 +337,12 @@ class Stats:
         return self.energy_compute_j + self.energy_pagein_j + self.energy_pageout_j
 
 
-class _State:
-    """Live values, records and gradients while a schedule runs; sizes from the chain."""
+class SimState:
+    """Live values, records and gradients while a schedule runs; sizes from the chain.
+
+    :func:`apply_op` steps it; :func:`simulate` is the loop over a schedule, and a planner that
+    turns another model's solution into ops (``planners/milp_ops.py``) steps it op by op.
+    """
 
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
@@ -389,7 +395,7 @@ class _State:
 
 
 @dataclass
-class _Tally:
+class SimTally:
     """Counters of one simulated step."""
 
     compute_time_s: float = 0.0
@@ -400,7 +406,7 @@ class _Tally:
     pageout_transfers: list[int] = field(default_factory=list)
 
 
-def _forward(state: _State, tally: _Tally, op: Forward, before: int, fail: Callable[[str], ScheduleError]) -> int:
+def _forward(state: SimState, tally: SimTally, op: Forward, before: int, fail: Callable[[str], ScheduleError]) -> int:
     chain, i = state.chain, op.stage
     if not 0 <= i < chain.length:
         raise fail(f"no stage {i} in a chain of {chain.length}")
@@ -429,7 +435,7 @@ def _forward(state: _State, tally: _Tally, op: Forward, before: int, fail: Calla
     return transient
 
 
-def _backward(state: _State, tally: _Tally, op: Backward, before: int, fail: Callable[[str], ScheduleError]) -> int:
+def _backward(state: SimState, tally: SimTally, op: Backward, before: int, fail: Callable[[str], ScheduleError]) -> int:
     chain, i = state.chain, op.stage
     if not 0 <= i < chain.length:
         raise fail(f"no stage {i} in a chain of {chain.length}")
@@ -459,7 +465,7 @@ def _backward(state: _State, tally: _Tally, op: Backward, before: int, fail: Cal
     return transient
 
 
-def _page(state: _State, tally: _Tally, op: PageOut | PageIn, before: int,
+def _page(state: SimState, tally: SimTally, op: PageOut | PageIn, before: int,
           fail: Callable[[str], ScheduleError]) -> int:
     k, chain = op.value, state.chain
     if not 0 < k < chain.length:
@@ -488,7 +494,7 @@ class OpMemory:
     after_bytes: int
 
 
-def _page_record(state: _State, tally: _Tally, op: PageOutRecord | PageInRecord, before: int,
+def _page_record(state: SimState, tally: SimTally, op: PageOutRecord | PageInRecord, before: int,
                  fail: Callable[[str], ScheduleError]) -> int:
     i = op.stage
     if i not in state.recorded:
@@ -509,37 +515,45 @@ def _page_record(state: _State, tally: _Tally, op: PageOutRecord | PageInRecord,
     return before + size
 
 
+def apply_op(state: SimState, tally: SimTally, op: Op, fail: Callable[[str], ScheduleError]) -> int:
+    """Run ``op`` on ``state``, counting it in ``tally``; returns the RAM while it runs.
+
+    Raises ``fail(why)`` when the op cannot run. A value that died while paged out keeps its
+    copy on disk until ``state.drop_dead_copies()``, so a caller can read the disk's peak first.
+    """
+    before = state.memory()
+    if isinstance(op, Forward):
+        return _forward(state, tally, op, before, fail)
+    if isinstance(op, Backward):
+        return _backward(state, tally, op, before, fail)
+    if isinstance(op, (PageOut, PageIn)):
+        return _page(state, tally, op, before, fail)
+    if isinstance(op, (PageOutRecord, PageInRecord)):
+        return _page_record(state, tally, op, before, fail)
+    if isinstance(op, Discard):
+        k = op.value
+        if k == 0:
+            raise fail("x_0 is the caller's input and stays in memory")
+        if k not in state.held:
+            raise fail(f"x_{k} is not held")
+        state.held.discard(k)
+        return before
+    raise fail("unknown op type")
+
+
 def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
          timeline: list[OpMemory] | None = None) -> Stats:
     """Check every op against the state and account memory, time and energy; raise on the first bad op."""
     if schedule.length != chain.length:
         raise ScheduleError(f"schedule is for {schedule.length} stages, chain has {chain.length}")
-    state, tally = _State(chain), _Tally()
+    state, tally = SimState(chain), SimTally()
     peak, peak_op, peak_grads, peak_disk = state.memory(), None, 0, 0
 
     for index, op in enumerate(schedule.ops):
         def fail(why: str, index: int = index, op: Op = op) -> ScheduleError:
             return ScheduleError(f"op {index} {op}: {why}")
 
-        before = state.memory()
-        if isinstance(op, Forward):
-            transient = _forward(state, tally, op, before, fail)
-        elif isinstance(op, Backward):
-            transient = _backward(state, tally, op, before, fail)
-        elif isinstance(op, (PageOut, PageIn)):
-            transient = _page(state, tally, op, before, fail)
-        elif isinstance(op, (PageOutRecord, PageInRecord)):
-            transient = _page_record(state, tally, op, before, fail)
-        elif isinstance(op, Discard):
-            k = op.value
-            if k == 0:
-                raise fail("x_0 is the caller's input and stays in memory")
-            if k not in state.held:
-                raise fail(f"x_{k} is not held")
-            state.held.discard(k)
-            transient = before
-        else:
-            raise fail("unknown op type")
+        transient = apply_op(state, tally, op, fail)
         peak_disk = max(peak_disk, state.disk_bytes)
         state.drop_dead_copies()
         after = state.memory()
@@ -559,12 +573,13 @@ def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
     return _stats(chain, tally, profile, peak=peak, peak_op=peak_op, peak_grads=peak_grads, peak_disk=peak_disk)
 
 
-def _stats(chain: Chain, tally: _Tally, profile: EnergyProfile | None, *, peak: int, peak_op: int | None,
+def _stats(chain: Chain, tally: SimTally, profile: EnergyProfile | None, *, peak: int, peak_op: int | None,
            peak_grads: int, peak_disk: int) -> Stats:
     page_time_s = 0.0
     energies: dict[str, float | None] = {"energy_compute_j": None, "energy_pagein_j": None, "energy_pageout_j": None}
     if profile is not None:
-        from .energy import page_energy_j, page_time_s as transfer_s
+        from .energy import page_energy_j
+        from .energy import page_time_s as transfer_s
 
         page_time_s = (sum(transfer_s(n, profile, "in") for n in tally.pagein_transfers)
                        + sum(transfer_s(n, profile, "out") for n in tally.pageout_transfers))

@@ -48,7 +48,7 @@ def parse_bytes(value: int | float | str) -> int:
         raise ValueError(f"not a byte quantity a machine can have: {value!r}")
     if amount < 0:
         raise ValueError(f"a byte quantity cannot be negative: {value!r}")
-    return int(round(amount * factor))
+    return round(amount * factor)
 
 
 def format_bytes(n_bytes: float) -> str:

@@ -96,9 +96,9 @@ def _image_folder(path: Path, *, image_size: int, seed: int, val_fraction: float
                   skip_corrupt: bool) -> tuple[FileDataset, FileDataset, int]:
     for train_name, val_name in _SPLIT_NAMES:
         if (path / train_name).is_dir() and (path / val_name).is_dir():
-            train = ImageFolder(path / train_name, image_size=image_size, skip_corrupt=skip_corrupt)
-            val = ImageFolder(path / val_name, image_size=image_size, classes=train.classes,
-                              skip_corrupt=skip_corrupt)
+            train: FileDataset = ImageFolder(path / train_name, image_size=image_size, skip_corrupt=skip_corrupt)
+            val: FileDataset = ImageFolder(path / val_name, image_size=image_size, classes=train.classes,
+                                           skip_corrupt=skip_corrupt)
             return train, val, train.num_classes
     whole = ImageFolder(path, image_size=image_size, skip_corrupt=skip_corrupt)
     train, val = train_val_split(whole, val_fraction=val_fraction, seed=seed)
@@ -113,8 +113,9 @@ def _cifar(path: Path, *, image_size: int, seed: int, val_fraction: float,
                                  f"data_batch_*.bin to train on; a model trained on the test set has no test",
                                  path=path)
     if test_files:
-        train = CifarBinary(train_files, image_size=image_size, skip_corrupt=skip_corrupt)
-        val = CifarBinary(test_files, image_size=image_size, classes=train.classes, skip_corrupt=skip_corrupt)
+        train: FileDataset = CifarBinary(train_files, image_size=image_size, skip_corrupt=skip_corrupt)
+        val: FileDataset = CifarBinary(test_files, image_size=image_size, classes=train.classes,
+                                       skip_corrupt=skip_corrupt)
         return train, val, train.num_classes
     whole = CifarBinary(train_files, image_size=image_size, skip_corrupt=skip_corrupt)
     train, val = train_val_split(whole, val_fraction=val_fraction, seed=seed)

@@ -152,7 +152,8 @@ class FileDataset(Dataset[Any]):
             raw = self.reader.read(where.path, where.offset, where.size)
             pixels, label = self._decode(raw, index)
         except _DECODE_ERRORS as exc:
-            return self._on_corrupt(index, where, exc)
+            self._on_corrupt(index, where, exc)
+            return None
         if self.transform is not None:
             pixels = self.transform(pixels)
         return pixels, label
@@ -323,7 +324,7 @@ def train_val_split(dataset: FileDataset, *, val_fraction: float = 0.2,
     val_indices: list[int] = []
     for label in np.unique(targets).tolist():
         members = np.flatnonzero(targets == label)
-        n_val = min(int(round(len(members) * val_fraction)), len(members) - 1)
+        n_val = min(round(len(members) * val_fraction), len(members) - 1)
         val_indices.extend(rng.permutation(members)[:n_val].tolist())
     in_val = np.zeros(len(targets), dtype=bool)
     in_val[val_indices] = True

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..processes import pid_running
+from ..pid_liveness import pid_running
 from ..units import format_bytes
 from .errors import DataError, DatasetTooLargeError
 
@@ -76,7 +76,7 @@ def stratified_split(samples: int, classes: int, seed: int, val_fraction: float)
     val: list[int] = []
     for label in range(classes):
         members = np.arange(label, samples, classes)
-        n_val = min(int(round(len(members) * val_fraction)), len(members) - 1)
+        n_val = min(round(len(members) * val_fraction), len(members) - 1)
         val.extend(rng.permutation(members)[:n_val].tolist())
     in_val = set(val)
     return {"train": [i for i in range(samples) if i not in in_val], "val": sorted(val)}
@@ -182,7 +182,7 @@ def temporary_folder(root: Path) -> Iterator[Path]:
 def _generator_alive(temporary: Path, pid: int) -> bool:
     """Whether the process that writes ``temporary`` still runs: its lock is held, or (no lock file) its PID lives."""
     try:
-        lock = open(temporary / LOCK_NAME, "rb")
+        lock = open(temporary / LOCK_NAME, "rb")  # noqa: SIM115 - `with` below; a missing file is told apart here
     except FileNotFoundError:
         return pid_running(pid)
     with lock:

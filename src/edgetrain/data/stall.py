@@ -215,13 +215,12 @@ def _time_steps(batches: Iterable[Batch | None], step_fn: StepFn, n_steps: int) 
     return times_s
 
 
-def _synthetic_batches(example: Batch, batch_size: int, num_classes: int) -> Iterable[Batch]:
+def _synthetic_batches(sample: torch.Tensor, batch_size: int, num_classes: int) -> Iterable[Batch]:
     """The same in-memory batch forever (run 1): what the step would see if data were free.
 
-    Float inputs (pixels) are drawn at random; integer ones (token ids) repeat the example's,
+    Float inputs (pixels) are drawn at random; integer ones (token ids) repeat the ``sample``'s,
     which are valid ids of the model's vocabulary.
     """
-    sample = example[0]
     if sample.is_floating_point():
         inputs = torch.randn(batch_size, *sample.shape)  # (B, C, H, W)
     else:
@@ -319,7 +318,7 @@ def analyze_stalls(step_fn: StepFn, dataset: FileDataset, batch_size: int, worke
     if example is None:
         raise DataError("the first sampled sample is corrupt; cannot size the synthetic batch")
 
-    compute_times_s = _time_steps(_synthetic_batches(example, batch_size, dataset.num_classes), step_fn, n_steps)
+    compute_times_s = _time_steps(_synthetic_batches(example[0], batch_size, dataset.num_classes), step_fn, n_steps)
     compute_s = _median_after_warmup(compute_times_s, warmup_batches)
     warm = _warm_dataset(dataset, indices)
     cold = _cold_dataset(dataset, read_bps, read_latency_s)

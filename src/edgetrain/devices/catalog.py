@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import platform
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -49,10 +50,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import EdgetrainError, UnknownNameError
 from ..units import format_bytes
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -84,12 +85,12 @@ INT_FIELDS = ("memory_bytes", "usable_memory_bytes", "flash_bytes", "cpu_cores")
 ENERGY_FIELDS = ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
                  "pageout_latency_s", "pageout_bps", "pageout_power_w")
 FLOAT_FIELDS = ("cpu_max_freq_hz", "peak_fp32_gflops", "typical_power_w", "peak_power_w",
-                "storage_read_bps", "storage_write_bps") + ENERGY_FIELDS
+                "storage_read_bps", "storage_write_bps", *ENERGY_FIELDS)
 NUMERIC_FIELDS = INT_FIELDS + FLOAT_FIELDS
 TEXT_FIELDS = ("title", "cpu", "accelerator", "storage")
 _REQUIRED = ("title", "memory_bytes", "cpu")
 _DATA_FIELDS = TEXT_FIELDS + NUMERIC_FIELDS  # what sources and notes may be keyed by
-_NOTE_KEYS = _DATA_FIELDS + ("device",)  # "device": a note on the record as a whole
+_NOTE_KEYS = (*_DATA_FIELDS, "device")  # "device": a note on the record as a whole
 _NOT_MEASURED = "unknown: not measured"
 
 
@@ -252,7 +253,8 @@ def _device_from_table(name: str, table: Any, origin: str) -> Device:
         raise DeviceCatalogError(f"{origin}: {exc}") from None
 
 
-def _parse_catalog(text: str, origin: str) -> dict[str, Device]:
+def parse_catalog(text: str, origin: str) -> dict[str, Device]:
+    """The devices of a device file's ``text`` (``origin`` names it in errors), validated; raises DeviceCatalogError."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -285,13 +287,13 @@ def load_devices_file(path: str | os.PathLike[str]) -> dict[str, Device]:
         >>> load_devices_file("my_devices.toml")["my-board"].memory_bytes  # doctest: +SKIP
         4294967296
     """
-    return _parse_catalog(Path(path).read_text(encoding="utf-8"), str(path))
+    return parse_catalog(Path(path).read_text(encoding="utf-8"), str(path))
 
 
 @functools.lru_cache(maxsize=1)
 def _builtin_devices() -> tuple[Device, ...]:
     text = resources.files(__package__).joinpath("devices.toml").read_text(encoding="utf-8")
-    return tuple(_parse_catalog(text, "edgetrain/devices/devices.toml").values())
+    return tuple(parse_catalog(text, "edgetrain/devices/devices.toml").values())
 
 
 def load_catalog() -> dict[str, Device]:

@@ -57,9 +57,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..chain import NOMINAL_FLOPS_PER_S
 from ..energy import Direction
 from ..errors import EdgetrainError
-from .catalog import ENERGY_FIELDS, Device, _parse_catalog, this_machine, tomllib
+from .catalog import ENERGY_FIELDS, Device, parse_catalog, this_machine, tomllib
 
 __all__ = ["ComputeProbe", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit", "device_entry",
            "fit_transfers", "measured_powers", "probe_compute", "probe_storage", "write_device_entry"]
@@ -393,7 +394,6 @@ def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, re
 
     from ..models import get_model_spec
     from ..profile import chain_for
-    from ..profile.profiler import NOMINAL_FLOPS_PER_S
 
     if repeats < 1:
         raise EdgetrainError(f"repeats must be >= 1, got {repeats}")
@@ -546,12 +546,12 @@ def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[s
     data: dict[str, Any] = {"devices": {}}
     if target.exists():
         text = target.read_text(encoding="utf-8")
-        _parse_catalog(text, str(target))
+        parse_catalog(text, str(target))
         data = tomllib.loads(text)
         data.setdefault("devices", {})
     data["devices"][name] = dict(entry)
     text = tomli_w.dumps(data)
-    device = _parse_catalog(text, str(target))[name]
+    device = parse_catalog(text, str(target))[name]
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     partial.write_text(text, encoding="utf-8")

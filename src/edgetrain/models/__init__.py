@@ -1,5 +1,7 @@
 """The model zoo: ResNets, MobileNetV2 and a BERT-shaped encoder, each also a chain of stages.
 
+LinearResNet, a cost model built from the estimator, lives in ``profile/linear_resnet.py``.
+
 NOTE [ Model stages ]
 Checkpointing planners see a model as a chain ``x_{i+1} = stage_i(x_i)`` (NOTE [ The chain
 memory model ] in ``chain.py``). Every model here has ``stages() -> list[nn.Module]`` whose
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from .linear import LINEAR_RESNET_DEPTHS, linear_resnet
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
 from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -26,7 +27,7 @@ from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
-    "transformer_encoder", "transformer_encoder_small", "linear_resnet", "LINEAR_RESNET_DEPTHS", "stages_of",
+    "transformer_encoder", "transformer_encoder_small", "stages_of",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",
 ]
 

@@ -62,7 +62,7 @@ class InvertedResidual(nn.Module):
         super().__init__()
         if stride not in (1, 2):
             raise ValueError(f"stride must be 1 or 2, got {stride}")
-        hidden = int(round(in_channels * expand_ratio))
+        hidden = round(in_channels * expand_ratio)
         self.stride = stride
         self.use_res_connect = stride == 1 and in_channels == out_channels
         layers: list[nn.Module] = []

@@ -64,7 +64,8 @@ class ModelSpec:
         """
         check_input(self, batch, size)
         if self.input_kind == "image":
-            shape, dtype = (batch, 3, size, size), torch.float32
+            shape: tuple[int, ...] = (batch, 3, size, size)
+            dtype = torch.float32
         else:
             shape, dtype = (batch, size), torch.int64
         if torch.device(device).type == "meta":

@@ -1,6 +1,6 @@
-"""The compiled (numba) solver of the checkpointing DP's table; see ``optimal.py`` and ``paging.py``.
+"""The compiled (numba) solver of the checkpointing DP's table; see ``dp_grid.py`` and ``paging.py``.
 
-It fills the same table as ``optimal._solve_reference``, bit for bit: the same additions in
+It fills the same table as ``dp_grid.solve_reference``, bit for bit: the same additions in
 the same order and the same tie-breaking (the least ``(cost, choice code)`` pair). The moves
 are ``optimal``'s (a) record and (b) checkpoint, then the paged moves (a') and (b') of NOTE
 [ The paging DP ] (``paging.py``), which the recompute-only planner switches off. Besides
@@ -127,10 +127,9 @@ def _solve_row(e: int, s: int, t: int, turn_cost: np.ndarray, sweep_cost: np.nda
         high = min(max(low, saturated[entry, s + 1, t] + hold), width)
         _move(out, turn_cost[s], s, low, high, width, (entry * rows + _row(s + 1, t)) * width, hold, none, 0,
               cost_s, choice, tail_cost, tail_choice)
-    elif need < width:
-        if _better(turn_cost[s], s, tail_cost[need], tail_choice[need]):
-            tail_cost[need] = turn_cost[s]
-            tail_choice[need] = s
+    elif need < width and _better(turn_cost[s], s, tail_cost[need], tail_choice[need]):
+        tail_cost[need] = turn_cost[s]
+        tail_choice[need] = s
     # (b) checkpoint x_k
     hold = checkpoint_hold_units[e, s]
     for k in range(s + 1, t + 1 if recompute else s + 1):
@@ -183,8 +182,8 @@ def solve_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np.ndarra
                        paged_sweep_bytes: np.ndarray, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``cost[e, row(s, t), m]`` and ``choice[e, row(s, t), m]`` for every needed ``(e, s)``.
 
-    The arguments are the fields of ``optimal._MovesGrid`` and of its ``base`` grid (same
-    names). ``choice`` holds the move codes of ``optimal.py`` and ``-1`` where nothing fits
+    The arguments are the fields of ``dp_grid.MovesGrid`` and of its ``base`` grid (same
+    names). ``choice`` holds the move codes of ``dp_grid.py`` and ``-1`` where nothing fits
     (or where ``needed[e, s]`` is false: no schedule ever reaches that sub-problem).
     """
     length = turn_cost.shape[0]

@@ -35,7 +35,7 @@ from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, PageIn, PageOut, Schedule, simulate
-from .uniform import _advance, _record_and_reverse
+from .uniform import advance, record_and_reverse
 
 __all__ = ["Mode", "capuchin", "capuchin_schedule"]
 
@@ -55,8 +55,8 @@ def capuchin_schedule(chain: Chain, modes: list[Mode]) -> Schedule:
             end = i
             while modes[end] == "recompute":
                 end += 1
-            forward += _advance(i, end)
-            backward.append(_record_and_reverse(i, end))
+            forward += advance(i, end)
+            backward.append(record_and_reverse(i, end))
             i = end
             continue
         swapped = modes[i] == "swap"

@@ -126,7 +126,8 @@ def plan_energy(chain: Chain, profile: EnergyProfile, memory: int | str, *, dead
         minimum = exc.minimum_bytes
         raise InfeasibleBudgetError(
             f"budget {format_bytes(budget)} ({budget} bytes) is below what strategy {strategy!r} can fit for "
-            f"{chain.name or 'this chain'}" + (f": at least {format_bytes(minimum)} ({minimum} bytes)" if minimum else ""),
+            f"{chain.name or 'this chain'}"
+            + (f": at least {format_bytes(minimum)} ({minimum} bytes)" if minimum else ""),
             minimum_bytes=minimum, budget_bytes=budget) from exc
     elapsed = time.perf_counter() - start
     return EnergyPlan(schedule, simulate(chain, schedule, profile), profile.device_name, budget, deadline_s, elapsed)

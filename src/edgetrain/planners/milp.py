@@ -63,6 +63,7 @@ stage, or read by nobody in the stage, is held to the end of the stage.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import time
@@ -255,7 +256,7 @@ def training_graph(graph: Graph, profile: EnergyProfile, *, optimizer: str = "sg
     members: dict[int, list[int]] = {g: [] for g in groups}
     resident = sum(n.out_bytes for i, n in enumerate(nodes) if is_input[i] and root[i] == i)
     params = sum(n.param_bytes for n in nodes)
-    for i, n in enumerate(nodes):
+    for i in range(len(nodes)):
         if group_input[root[i]]:
             continue
         members[root[i]].append(i)
@@ -426,7 +427,7 @@ def _on_disk(M_out: np.ndarray) -> np.ndarray:
 
 
 def _minimal_storage(tg: TrainingGraph, R: np.ndarray, M_in: np.ndarray,
-                     M_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     M_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Drop useless recomputations, then the least ``S`` that makes the schedule runnable.
 
     Going backwards over the stages: a recomputation (``R[t,i]``, ``i < t``) that no later
@@ -861,7 +862,8 @@ def _free_variables(tg: TrainingGraph, lay: _Layout, rows: _Rows) -> None:
     paged_in = lay.M_in[tt, lay.src[ee]]
     rows.add_dense("free_unless_kept", np.stack([lay.FREE[tt, ee], s_next, paged_in], axis=1), [1.0, 1.0, -1.0],
                    -np.inf, 1.0)
-    pairs = [(e, j) for e, (i_, k_) in enumerate(zip(lay.src, lay.dst)) for j in tg.consumers[i_] if j > k_]
+    pairs = [(e, j) for e, (i_, k_) in enumerate(zip(lay.src, lay.dst, strict=True))
+             for j in tg.consumers[i_] if j > k_]
     if pairs:
         pe = np.array([p[0] for p in pairs])
         pj = np.array([p[1] for p in pairs])
@@ -897,14 +899,18 @@ def _memory(tg: TrainingGraph, lay: _Layout, rows: _Rows, memory_bytes: int) -> 
         live = np.flatnonzero(lay.S[t] >= 0)
         cols = [lay.U[t, pos[0]], *lay.S[t, live], lay.R[t, pos[0]]]
         vals = [1.0, *(-mem[live]), -mem[pos[0]]]
-        r_list.append(np.full(len(cols), row)); c_list.append(cols); v_list.append(vals)
+        r_list.append(np.full(len(cols), row))
+        c_list.append(cols)
+        v_list.append(vals)
         lo_list.append(tg.resident_bytes * scale)
         row += 1
-        for prev, p in zip(pos[:-1], pos[1:]):
+        for prev, p in itertools.pairwise(pos):
             frees = [e for e in edges_by_dst[prev] if lay.FREE[t, e] >= 0]
             cols = [lay.U[t, p], lay.U[t, prev], lay.R[t, p], *lay.FREE[t, frees]]
             vals = [1.0, -1.0, -mem[p], *mem[lay.src[frees]]]
-            r_list.append(np.full(len(cols), row)); c_list.append(cols); v_list.append(vals)
+            r_list.append(np.full(len(cols), row))
+            c_list.append(cols)
+            v_list.append(vals)
             lo_list.append(0.0)
             row += 1
     lo = np.array(lo_list)
@@ -915,10 +921,10 @@ def _memory(tg: TrainingGraph, lay: _Layout, rows: _Rows, memory_bytes: int) -> 
     plain = ~fixed & (work[kk] == 0)
     u_up[lay.U[tt[plain], kk[plain]]] = 1.0
     other = ~fixed & (work[kk] > 0)
-    cols = np.stack([lay.U[tt[other], kk[other]], lay.R[tt[other], kk[other]]], axis=1)
-    rows.add("memory_budget", np.repeat(np.arange(len(cols)), 2), cols.ravel(),
-             np.stack([np.ones(len(cols)), work[kk[other]]], axis=1).ravel(), np.full(len(cols), -np.inf),
-             np.ones(len(cols)))
+    pairs = np.stack([lay.U[tt[other], kk[other]], lay.R[tt[other], kk[other]]], axis=1)
+    rows.add("memory_budget", np.repeat(np.arange(len(pairs)), 2), pairs.ravel(),
+             np.stack([np.ones(len(pairs)), work[kk[other]]], axis=1).ravel(), np.full(len(pairs), -np.inf),
+             np.ones(len(pairs)))
 
 
 def _deadline(tg: TrainingGraph, lay: _Layout, rows: _Rows, deadline_s: float) -> None:
@@ -930,7 +936,8 @@ def _deadline(tg: TrainingGraph, lay: _Layout, rows: _Rows, deadline_s: float) -
         cols.append(index[on])
         vals.append(np.broadcast_to(per_node[None, :], index.shape)[on] / deadline_s)
     c = np.concatenate(cols)
-    rows.add("deadline", np.zeros(len(c), dtype=np.int64), c, np.concatenate(vals), [-np.inf], [1.0])
+    rows.add("deadline", np.zeros(len(c), dtype=np.int64), c, np.concatenate(vals), np.array([-np.inf]),
+             np.array([1.0]))
 
 
 def _column_values(tg: TrainingGraph, lay: _Layout, sched: GraphSchedule, memory_bytes: int) -> np.ndarray | None:
@@ -974,9 +981,9 @@ def _highs(tg: TrainingGraph, lay: _Layout, rows: _Rows, *, time_limit_s: float,
         raise EdgetrainError("the MILP planner needs HiGHS: pip install 'edgetrain[plan]'") from None
 
     h = highspy.Highs()
-    for key, value in (("output_flag", False), ("threads", 1), ("time_limit", float(time_limit_s)),
-                       ("mip_rel_gap", float(mip_gap)), ("random_seed", 0)):
-        h.setOptionValue(key, value)
+    for key, setting in (("output_flag", False), ("threads", 1), ("time_limit", float(time_limit_s)),
+                         ("mip_rel_gap", float(mip_gap)), ("random_seed", 0)):
+        h.setOptionValue(key, setting)
     lp = highspy.HighsLp()
     lp.num_col_ = lay.n_cols
     lp.num_row_ = rows.count

@@ -50,8 +50,22 @@ import numpy as np
 
 from ..chain import Chain
 from ..errors import ScheduleError
-from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord,
-                        Schedule, _backward, _forward, _page, _page_record, _State, _Tally, simulate)
+from ..schedule import (
+    Backward,
+    Discard,
+    Forward,
+    Keep,
+    Op,
+    PageIn,
+    PageInRecord,
+    PageOut,
+    PageOutRecord,
+    Schedule,
+    SimState,
+    SimTally,
+    apply_op,
+    simulate,
+)
 from .milp import MilpResult
 
 __all__ = ["milp_schedule"]
@@ -78,7 +92,7 @@ class _Converter:
         for i, t in enumerate(self.record_stage):
             if t > self._b_node(i):
                 raise ScheduleError(f"the MILP computes F{i} in stage {t}, after B{i}")
-        self.state, self.tally = _State(chain), _Tally()
+        self.state, self.tally = SimState(chain), SimTally()
         self.ops: list[Op] = []
         self.pageouts = np.zeros(length, dtype=int)      # per node F_j: PageOut(j + 1) emitted
         self.record_pageouts = np.zeros(length, dtype=int)
@@ -105,25 +119,11 @@ class _Converter:
 
     # --- stepping the simulator's state ---------------------------------------------------------
     def emit(self, op: Op, where: str) -> None:
-        state, tally = self.state, self.tally
-
         def fail(why: str) -> ScheduleError:
             return ScheduleError(f"MILP {where}: op {op} cannot run: {why}")
 
-        before = state.memory()
-        if isinstance(op, Forward):
-            _forward(state, tally, op, before, fail)
-        elif isinstance(op, Backward):
-            _backward(state, tally, op, before, fail)
-        elif isinstance(op, (PageOut, PageIn)):
-            _page(state, tally, op, before, fail)
-        elif isinstance(op, (PageOutRecord, PageInRecord)):
-            _page_record(state, tally, op, before, fail)
-        elif isinstance(op, Discard):
-            if op.value not in state.held:
-                raise fail(f"x_{op.value} is not held")
-            state.held.discard(op.value)
-        state.drop_dead_copies()
+        apply_op(self.state, self.tally, op, fail)
+        self.state.drop_dead_copies()
         self.ops.append(op)
 
     # --- decisions ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ POFO (Beaumont, Eyraud-Dubois, Shilova, "Optimal GPU-CPU offloading strategies f
 network training", Euro-Par 2020) adds offloading to the heterogeneous-chain DP of
 ``optimal.py``; POET (Patil et al., ICML 2022) prices recomputation and paging in *energy* on
 small devices. This module is the same dynamic programme as ``optimal.py`` (read NOTE [ The
-optimal DP's sub-problem ] there first) with two more moves and a weighted cost.
+optimal DP's sub-problem ] in ``dp_grid.py`` first) with two more moves and a weighted cost.
 
 NOTE [ The paging DP ]
 Besides (a) *record s* and (b) *checkpoint x_k*:
@@ -49,8 +49,17 @@ from ..chain import Chain
 from ..energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from ..schedule import Schedule, Stats, keep_all, simulate
-from .optimal import (BudgetTable, _ceil_div, _check_length, _check_options, _Costs, _discretise, _MovesGrid,
-                      _rebuild, _solve_grid)
+from .dp_grid import (
+    BudgetTable,
+    Costs,
+    MovesGrid,
+    ceil_div,
+    check_length,
+    check_options,
+    discretise,
+    rebuild,
+    solve_grid,
+)
 
 __all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
 
@@ -95,14 +104,14 @@ def _transfers_cost(n_bytes: int, weights: CostWeights, profile: EnergyProfile) 
 
 
 def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, weights: CostWeights,
-                       profile: EnergyProfile, recompute: bool) -> _MovesGrid:
+                       profile: EnergyProfile, recompute: bool) -> MovesGrid:
     """The arrays of NOTE [ The paging DP ]; sizes rounded so that what fits in units fits in bytes.
 
     Memory a move *frees* for a child (``x_s`` counted by the parent's record, ``e = 0``) is
     rounded down, memory it holds rounded up.
     """
-    base = _discretise(chain, activation_budget_bytes, slots)
-    costs, length, unit, values = _Costs.of(chain), chain.length, base.unit_bytes, chain.value_bytes
+    base = discretise(chain, activation_budget_bytes, slots)
+    costs, length, unit, values = Costs.of(chain), chain.length, base.unit_bytes, chain.value_bytes
     value_cost = np.array([_transfers_cost(values[s] if s > 0 else 0, weights, profile) for s in range(length)])
     value_can = np.zeros((2, length), np.bool_)
     record_can = np.zeros((3, 2, length), np.bool_)
@@ -126,20 +135,20 @@ def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, w
             held = costs.record_hold(e, s)
             pinned = values[s] if e == 1 else 0
             record_can[:, e, s] = (value, internals > 0, value and internals > 0)
-            record_hold[:, e, s] = (_ceil_div(held - pinned, unit) - credit * (1 - e),
-                                    _ceil_div(held - internals, unit),
-                                    _ceil_div(held - pinned - internals, unit) - credit * (1 - e))
+            record_hold[:, e, s] = (ceil_div(held - pinned, unit) - credit * (1 - e),
+                                    ceil_div(held - internals, unit),
+                                    ceil_div(held - pinned - internals, unit) - credit * (1 - e))
             for t in range(s, length):
                 forward, backward, after = costs.record_peaks(e, s, t)
                 page_in = held + costs.delta_bytes[s + 1] + costs.grads(s + 1, t)
-                early = _ceil_div(max(forward, backward, after, page_in), unit)
+                early = ceil_div(max(forward, backward, after, page_in), unit)
                 if late[e, s]:   # x_s stays out through the backward: it frees the parent's bytes there too
                     freed = credit * unit
-                    late_need = _ceil_div(max(forward, backward - freed, after, page_in - freed), unit)
+                    late_need = ceil_div(max(forward, backward - freed, after, page_in - freed), unit)
                     record_need[:, e, s, t] = (late_need, early, late_need)
                 else:
                     record_need[:, e, s, t] = early
-    return _MovesGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
+    return MovesGrid(base=base, turn_cost=weights.compute * base.turn_time_s,
                        sweep_cost=weights.compute * base.sweep_time_s, value_paging_cost=value_cost,
                        value_can_page=value_can, record_can_page=record_can, record_paging_cost=record_cost,
                        record_hold_units=record_hold, record_need_units=record_need, late=late,
@@ -156,7 +165,7 @@ class PagingTable(BudgetTable):
     weights: CostWeights
     max_memory_bytes: int
     slots: int
-    grid: _MovesGrid
+    grid: MovesGrid
     top_cost: np.ndarray   # [max_units + 1] C(0, L-1, m, 0)
     choice: np.ndarray
 
@@ -171,7 +180,7 @@ class PagingTable(BudgetTable):
         return float(self.top_cost[self._top_units(memory_bytes)])
 
     def schedule(self, memory_bytes: int) -> Schedule:
-        ops = _rebuild(self.grid, self.choice, self._top_units(memory_bytes))
+        ops = rebuild(self.grid, self.choice, self._top_units(memory_bytes))
         return Schedule(ops, self.chain.length, strategy="paging-dp",
                         params={"slots": self.slots, "budget_bytes": memory_bytes, "unit_bytes": self.unit_bytes,
                                 "weights": [self.weights.compute, self.weights.pagein, self.weights.pageout]})
@@ -196,14 +205,14 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
         InfeasibleBudgetError: nothing fits; ``minimum_bytes`` is the least budget of a
             table solved up to keep-all's peak on the same grid.
     """
-    _check_options(slots, solver)
+    check_options(slots, solver)
     weights = weights or CostWeights.energy(profile)
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
         raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
-    _check_length(chain)
+    check_length(chain)
     grid = _discretise_paging(chain, activation_bytes, slots, weights, profile, recompute)
-    table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid, *_solve_grid(grid, solver))
+    table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid, *solve_grid(grid, solver))
     if not np.isfinite(table.top_cost[-1]) or table.step_bytes > max_memory_bytes:
         raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
     return table
@@ -216,7 +225,8 @@ def _infeasible(chain: Chain, profile: EnergyProfile, weights: CostWeights, budg
     minimum = top
     if budget_bytes < top:
         try:
-            minimum = solve_paging(chain, profile, top, weights=weights, slots=slots, recompute=recompute).min_memory_bytes
+            table = solve_paging(chain, profile, top, weights=weights, slots=slots, recompute=recompute)
+            minimum = table.min_memory_bytes
         except InfeasibleBudgetError:   # the optimizer step alone needs more than keep-all's peak
             minimum = chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
     kind = "paging" if recompute else "paging-only"

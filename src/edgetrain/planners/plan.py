@@ -16,7 +16,9 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
-from .optimal import OptimalTable, Solver, exact_minimum_bytes, solve, solve_exact
+from .dp_grid import Solver
+from .optimal import OptimalTable, solve
+from .optimal_exact import exact_minimum_bytes, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..chain import Chain
 from ..schedule import Backward, Forward, Keep, Op, Schedule
 
-__all__ = ["uniform", "segment_bounds"]
+__all__ = ["uniform", "segment_bounds", "advance", "record_and_reverse"]
 
 
 def segment_bounds(length: int, segments: int) -> list[tuple[int, int]]:
@@ -45,12 +45,12 @@ def segment_bounds(length: int, segments: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _advance(start: int, end: int) -> list[Op]:
+def advance(start: int, end: int) -> list[Op]:
     """No-grad forward of ``[start, end)`` keeping only its input ``x_start`` (a checkpoint)."""
     return [Forward(start, Keep.INPUT), *(Forward(i, Keep.NONE) for i in range(start + 1, end))]
 
 
-def _record_and_reverse(start: int, end: int) -> list[Op]:
+def record_and_reverse(start: int, end: int) -> list[Op]:
     """Recorded forward of ``[start, end)`` followed by its backward, last stage first."""
     return [*(Forward(i, Keep.ALL) for i in range(start, end)),
             *(Backward(i) for i in reversed(range(start, end)))]
@@ -80,8 +80,8 @@ def uniform(chain: Chain, segments: int) -> Schedule:
     *checkpointed, last = bounds
     ops: list[Op] = []
     for start, end in checkpointed:
-        ops += _advance(start, end)
-    ops += _record_and_reverse(*last)
+        ops += advance(start, end)
+    ops += record_and_reverse(*last)
     for start, end in reversed(checkpointed):
-        ops += _record_and_reverse(start, end)
+        ops += record_and_reverse(start, end)
     return Schedule(tuple(ops), chain.length, strategy="uniform", params={"segments": segments})

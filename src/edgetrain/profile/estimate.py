@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..chain import Chain
 from ..errors import EdgetrainError
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..devices import Device
@@ -70,8 +70,9 @@ def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_
     except ValueError as exc:
         if "more than 1 value per channel" not in str(exc):
             raise
-        raise EdgetrainError(f"{model} cannot train on batch {batch} at size {size}: BatchNorm would see a single "
-                             "value per channel (PyTorch refuses); use a batch of at least 2 or a larger size") from None
+        raise EdgetrainError(f"{model} cannot train on batch {batch} at size {size}: BatchNorm would see a "
+                             "single value per channel (PyTorch refuses); use a batch of at least 2 or a larger "
+                             "size") from None
     return replace(chain, name=model)
 
 

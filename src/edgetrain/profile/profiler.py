@@ -21,18 +21,14 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..chain import Chain, StageCost
-from ..handover import GradBox, HandOver, seed_backward
+from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
+from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..stages import LossFn, LossStage, training_stages
 from .tracker import LiveBytesTracker, SavedTensors, storage_bytes, storage_key
 
-__all__ = ["profile", "NOMINAL_FLOPS_PER_S"]
+__all__ = ["profile"]
 
 log = logging.getLogger(__name__)
-
-# Rate that turns FLOPs into seconds when nothing is timed (meta device): only ratios of
-# times matter to a planner, so any fixed rate gives the same schedules and recompute factors.
-NOMINAL_FLOPS_PER_S = 1e10
 
 
 @dataclass
@@ -143,7 +139,7 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker
     saved_live = after - before
 
     # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
-    #    is handed to the engine as the executor hands it (edgetrain.handover): freed once used.
+    #    is handed to the engine as the executor hands it (edgetrain.seeded_backward): freed once used.
     box = GradBox()
     seed = HandOver.apply(y, box) if y.requires_grad else None
     box.grad = None if y.dim() == 0 else torch.ones_like(y)

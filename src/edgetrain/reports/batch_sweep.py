@@ -176,7 +176,7 @@ def plot_sweep(sweep: BatchSweep, path: Path) -> None:
     batches = [p.batch for p in sweep.points]
     for label, rates in (("plain", [p.plain_samples_per_s for p in sweep.points]),
                          ("with plan", [p.planned_samples_per_s for p in sweep.points])):
-        xs = [b for b, r in zip(batches, rates) if r is not None]
+        xs = [b for b, r in zip(batches, rates, strict=True) if r is not None]
         left.plot(xs, [r for r in rates if r is not None], marker="o", label=label)
     left.set(xscale="log", xlabel="batch size", ylabel="samples / s (this machine)", title="Throughput")
     right.plot(batches, [p.plain_peak_bytes / 2**30 for p in sweep.points], marker="o", label="plain")

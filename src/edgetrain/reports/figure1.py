@@ -26,10 +26,10 @@ from pathlib import Path
 
 from ..chain import Chain
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..models.linear import LINEAR_RESNET_DEPTHS, linear_resnet
 from ..planners.optimal import solve
 from ..planners.revolve import revolve
 from ..profile.estimate import chain_for
+from ..profile.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet
 from ..schedule import Schedule, keep_all, simulate
 from ..units import format_bytes
 
@@ -129,7 +129,7 @@ def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int,
     out.mkdir(parents=True, exist_ok=True)
     (out / "figure1.csv").write_text(_to_csv(figure))
     (out / "figure1.md").write_text(_to_markdown(figure))
-    for family, name in zip(FAMILIES, ("figure1_linear.png", "figure1_resnet.png")):
+    for family, name in zip(FAMILIES, ("figure1_linear.png", "figure1_resnet.png"), strict=True):
         _plot(figure, family, out / name)
     return figure
 
@@ -176,7 +176,7 @@ def _plot(figure: Figure1, family: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8), sharey=False)
-    for axis, (image, batch), letter in zip(axes, PANELS, "abcd"):
+    for axis, (image, batch), letter in zip(axes, PANELS, "abcd", strict=True):
         for curve in (c for c in figure.curves if c.family == family and (c.image, c.batch) == (image, batch)):
             xs = [p.recompute_factor for p in curve.points] + [3.0]
             ys = [p.peak_bytes / 2**30 for p in curve.points]

@@ -131,7 +131,8 @@ class _Milp:
     """
 
     def __init__(self, chain: Chain, profile: EnergyProfile, time_limit_s: float) -> None:
-        self.time_limit_s, self.reason, self.failures = time_limit_s, None, {}
+        self.time_limit_s, self.reason = time_limit_s, None
+        self.failures: dict[int, str] = {}
         try:
             from ..planners.milp import chain_training_graph, milp
 
@@ -255,7 +256,7 @@ def _plot(data: dict[str, object], path: Path) -> None:
                   for p in panel["points"]]  # type: ignore[attr-defined]
             xy = [(x, y) for x, y in xy if y is not None]
             if xy:
-                ax.plot(*zip(*xy), marker=".", label=strategy)
+                ax.plot(*zip(*xy, strict=True), marker=".", label=strategy)
         ax.set_title(f"{panel['model']} on {panel['device']}", fontsize=9)
         ax.set_xlabel("budget (% of keep-all peak)")
         ax.set_ylabel("energy / keep-all energy")

@@ -143,7 +143,7 @@ def _line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Intercept and slope of the least-squares line through the points."""
     n = len(xs)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum((x - mean_x) ** 2 for x in xs)
     return mean_y - slope * mean_x, slope
 
 

@@ -2,6 +2,6 @@
 
 from .checkpointed import Checkpointed
 from .executor import Executor, PendingBackward, run_schedule
-from .paging import PageSession, PageStore, PagingStats
+from .pager import PageSession, PageStore, PagingStats
 
 __all__ = ["Executor", "PendingBackward", "run_schedule", "Checkpointed", "PageStore", "PageSession", "PagingStats"]

@@ -13,7 +13,7 @@ live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
   a leaf input would be pinned by its ``AccumulateGrad`` node whether saved or not. The
   alias's backward stores the incoming gradient ``δ_i`` in a box and stops there, so each
   stage's graph is separate and ``δ_i`` is handed to the next ``Backward`` by hand.
-* A record keeps a :class:`~edgetrain.handover.HandOver` output hung on the stage output,
+* A record keeps a :class:`~edgetrain.seeded_backward.HandOver` output hung on the stage output,
   never the output: ``x_{i+1}`` lives after it is released only if the stage saved it
   (``output_saved``), and then a weak reference to its storage finds it again if a later op
   needs it.
@@ -85,12 +85,26 @@ from torch import nn
 
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
-from ..handover import GradBox, HandOver, seed_backward
 from ..profile.tracker import storage_key
-from ..schedule import (Backward, Discard, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord, Schedule,
-                        keep_all, memory_timeline, simulate, validate)
+from ..schedule import (
+    Backward,
+    Discard,
+    Forward,
+    Keep,
+    Op,
+    PageIn,
+    PageInRecord,
+    PageOut,
+    PageOutRecord,
+    Schedule,
+    keep_all,
+    memory_timeline,
+    simulate,
+    validate,
+)
+from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..stages import LossStage
-from .paging import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
+from .pager import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
 
 __all__ = ["Executor", "PendingBackward", "run_schedule"]
 
@@ -164,7 +178,7 @@ class _Record:
 class _Slot:
     """The executor's one reference to a pageable value ``x_k`` that records saved (NOTE [ Paged values ])."""
 
-    __slots__ = ("value", "tensor", "__weakref__")
+    __slots__ = ("__weakref__", "tensor", "value")
 
     def __init__(self, value: int, tensor: torch.Tensor) -> None:
         self.value = value
@@ -175,7 +189,7 @@ class _Saved:
     """What a record keeps for one saved tensor: the tensor itself, a view of a slot's value, or
     (while its record is paged out) only the view's geometry."""
 
-    __slots__ = ("tensor", "key", "slot", "dtype", "size", "stride", "offset", "__weakref__")
+    __slots__ = ("__weakref__", "dtype", "key", "offset", "size", "slot", "stride", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor: torch.Tensor | None = tensor
@@ -257,7 +271,7 @@ class _Internals:
 
     def page_in(self, storages: Sequence[torch.Tensor]) -> None:
         """Give each handle its view over the storage read back for its part."""
-        for ref, part in zip(self._handles, self._parts):
+        for ref, part in zip(self._handles, self._parts, strict=False):   # handles added since page_out stay
             saved = ref()
             if saved is not None:
                 saved.page_in(storages[part].untyped_storage())
@@ -398,7 +412,7 @@ def _frozen_statistics(stage: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for buffer, value in zip(buffers, saved):
+        for buffer, value in zip(buffers, saved, strict=True):
             buffer.data.copy_(value)
 
 
@@ -620,7 +634,7 @@ class _Run:
         record = self.records.pop(i)
         is_loss = i == len(self.stages) - 1
         if record.seed is not None and (self.delta is not None or is_loss):
-            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.handover)
+            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.seeded_backward)
             record.output_grad.grad, self.delta = self.delta, None
             seed_backward(record.seed)
         # else: nothing downstream depends on this stage's output; no gradient flows through it.
@@ -650,7 +664,7 @@ class Executor:
             transfer is waited for at its own op.
         page_dir: where ``PageOut`` writes (an SD card, flash); None for the temp directory.
             Each step uses its own subdirectory, removed when the step ends or fails. A
-            :class:`~edgetrain.runtime.paging.PageStore` is used as it is (its own budget and
+            :class:`~edgetrain.runtime.pager.PageStore` is used as it is (its own budget and
             I/O timeout).
         disk_budget_bytes: the most a step may keep on storage; a page-out beyond it raises
             :class:`PagingError` before writing.
@@ -663,7 +677,7 @@ class Executor:
         PagingError: the page directory is missing or not writable, or (with a chain) the
             schedule's simulated ``peak_disk_bytes`` exceeds ``disk_budget_bytes``.
 
-    ``last_paging`` holds the :class:`~edgetrain.runtime.paging.PagingStats` of the last step
+    ``last_paging`` holds the :class:`~edgetrain.runtime.pager.PagingStats` of the last step
     of a paging schedule (None before one ran, or for a schedule that does not page).
 
     Example:

@@ -43,7 +43,16 @@ from ..stages import training_stages
 from ..units import format_bytes
 from .budget import FIRST_STEP_BYTES, ProcessBudget, measure_runtime_baseline, split_process_budget
 from .config import TrainConfig
-from .rundir import METRICS_FILE, PLAN_FILE, RUN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory, RunIdentity, RunMismatchError
+from .rundir import (
+    METRICS_FILE,
+    PLAN_FILE,
+    RUN_FILE,
+    STATE_DIR,
+    SUMMARY_FILE,
+    RunDirectory,
+    RunIdentity,
+    RunMismatchError,
+)
 from .state import ResumableSampler, StateStore, TrainingState, capture_rng, restore_rng
 
 __all__ = ["TrainSummary", "StepMetrics", "train", "evaluate"]
@@ -252,7 +261,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     process_peak = max((int(r["process_peak_bytes"]) for r in past if r.get("process_peak_bytes")), default=0)
     return_freed_memory()
     reset_peak()  # from here on the kernel's high-water mark is training's
-    last_eval = next((r for r in reversed(past) if "val_accuracy" in r), {})
+    last_eval: dict[str, Any] = next((r for r in reversed(past) if "val_accuracy" in r), {})
     accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
     with _MetricsLog(run.file(METRICS_FILE)) as metrics_log:
         for event in opening.events:

@@ -54,7 +54,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -114,7 +114,8 @@ def capture_rng() -> dict[str, Any]:
         True
     """
     version, internal, gauss_next = random.getstate()
-    name, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)  # type: ignore[misc]
+    name, key, pos, has_gauss, cached_gaussian = cast("tuple[str, np.ndarray, int, int, float]",
+                                                      np.random.get_state(legacy=True))
     return {
         "torch": torch.get_rng_state(),
         "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
@@ -396,7 +397,7 @@ class _HashingWriter:
 class _PayloadView(io.RawIOBase):
     """A read-only, seekable window ``[offset, offset + length)`` of an open file, for ``torch.load``."""
 
-    def __init__(self, file: IO[bytes], offset: int, length: int) -> None:
+    def __init__(self, file: io.BufferedIOBase, offset: int, length: int) -> None:
         super().__init__()
         self.file, self.offset, self.length, self.pos = file, offset, length, 0
 
@@ -438,7 +439,7 @@ def save_state(state: TrainingState, path: str | Path) -> Path:
         with os.fdopen(fd, "wb") as file:
             file.write(bytes(_HEADER_BYTES))
             writer = _HashingWriter(file)
-            torch.save(payload, writer)
+            torch.save(payload, writer)  # type: ignore[arg-type]  # any object with write(); the stub says IO
             file.seek(0)
             file.write(_HEADER.pack(_MAGIC, STATE_FORMAT_VERSION, writer.length, writer.sha256.digest()))
             file.flush()
@@ -468,7 +469,8 @@ def load_state(path: str | Path) -> TrainingState:
         with open(path, "rb") as file:
             length = _verify(file, path)
             try:
-                payload = torch.load(_PayloadView(file, _HEADER_BYTES, length), map_location="cpu", weights_only=True)
+                payload = torch.load(_PayloadView(file, _HEADER_BYTES, length),  # type: ignore[arg-type]  # a RawIOBase
+                                     map_location="cpu", weights_only=True)
                 return TrainingState.from_payload(payload)
             except Exception as exc:  # a verified payload that still fails: wrong kind, version, or content
                 raise CorruptStateError(path, f"payload does not load: {exc}") from exc

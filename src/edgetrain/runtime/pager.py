@@ -52,13 +52,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 
 from ..errors import PagingError
-from ..processes import pid_running
-from ..schedule import OpMemory, Op, PageIn, PageInRecord, PageOut, PageOutRecord
+from ..pid_liveness import pid_running
+from ..schedule import Op, OpMemory, PageIn, PageInRecord, PageOut, PageOutRecord
 
 __all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "RecordKey", "PageKey",
            "page_key", "STEP_DIR_PREFIX"]
@@ -83,7 +83,7 @@ class RecordKey:
         return f"the record of stage {self.stage}"
 
 
-PageKey = Union[int, RecordKey]   # a value x_k, or a record's internals
+PageKey = int | RecordKey   # a value x_k, or a record's internals
 
 
 def page_key(op: Op) -> PageKey | None:
@@ -214,7 +214,7 @@ class _View:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> _View:
-        return cls(tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+        return cls(tensor.dtype, tensor.size(), tensor.stride(), int(tensor.storage_offset()))
 
 
 @dataclass
@@ -457,7 +457,7 @@ class PageSession:
 def _write_job(paths: Sequence[Path], arrays: Sequence[Any]) -> float:
     """The writer's job: each storage's bytes to a new file; returns the seconds it took."""
     start = time.perf_counter()
-    for path, array in zip(paths, arrays):
+    for path, array in zip(paths, arrays, strict=True):
         _write_bytes(path, memoryview(array).cast("B"))
     return time.perf_counter() - start
 
@@ -465,7 +465,7 @@ def _write_job(paths: Sequence[Path], arrays: Sequence[Any]) -> float:
 def _read_job(paths: Sequence[Path], arrays: Sequence[Any]) -> float:
     """The reader's job: each file into the bytes taken for it, then the file is deleted."""
     start = time.perf_counter()
-    for path, array in zip(paths, arrays):
+    for path, array in zip(paths, arrays, strict=True):
         _read_bytes(path, memoryview(array).cast("B"))
         path.unlink()
     return time.perf_counter() - start

@@ -5,7 +5,8 @@ by analogy to ResNet-x": the same weight memory as ResNet-x, ``x`` identical lay
 an activation of ResNet-x's total activation divided by ``x``, and unit forward and backward
 cost, so a step without recomputation costs ``2x`` and the recompute factor is
 ``time / 2x``. It exists only as a cost model (there is no network to run), so it is a
-:class:`~edgetrain.chain.Chain`, built from our estimator's measurement of the real ResNet.
+:class:`~edgetrain.chain.Chain`, built from our estimator's measurement of the real ResNet
+(hence here, beside the estimator, and not in ``models``, which the estimator reads).
 Only weights and activations are counted, as in the paper: no gradients, no optimizer state.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import replace
 
 from ..chain import Chain
 from ..errors import EdgetrainError
+from .estimate import chain_for
 
 __all__ = ["linear_resnet", "LINEAR_RESNET_DEPTHS"]
 
@@ -31,8 +33,6 @@ def linear_resnet(depth: int, batch: int = 1, image_size: int = 224) -> Chain:
     """
     if depth not in LINEAR_RESNET_DEPTHS:
         raise EdgetrainError(f"LinearResNet depth must be one of {LINEAR_RESNET_DEPTHS}, got {depth}")
-    from ..profile.estimate import chain_for
-
     resnet = chain_for(f"resnet{depth}", batch, image_size)
     total_activation = sum(stage.saved_bytes for stage in resnet.stages)
     per_layer = -(-total_activation // depth)

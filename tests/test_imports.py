@@ -1,0 +1,129 @@
+"""How edgetrain's modules import each other: a light CLI, public names across modules, no cycles."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import edgetrain
+
+SRC = Path(edgetrain.__file__).parent
+
+
+def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    """Dotted name -> (file, syntax tree) of every module of the package (a package by its ``__init__``)."""
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = (path, ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _imports(name: str, path: Path, tree: ast.Module) -> list[tuple[ast.ImportFrom | ast.Import, str]]:
+    """Every import of a package module in ``tree`` (in functions too, not under ``if TYPE_CHECKING``).
+
+    Returns (node, absolute name of the module it imports from).
+    """
+    type_only = {id(node) for branch in ast.walk(tree)
+                 if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+                 for statement in branch.body for node in ast.walk(statement)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[ast.ImportFrom | ast.Import, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "edgetrain":
+                found.append((node, target))
+        elif isinstance(node, ast.Import):
+            found += [(node, alias.name) for alias in node.names if alias.name.split(".")[0] == "edgetrain"]
+    return found
+
+
+def test_importing_the_cli_does_not_import_torch() -> None:
+    # Execute: a fresh interpreter, as the `edgetrain` script starts
+    result = subprocess.run([sys.executable, "-c", "import edgetrain.cli, sys; print('torch' in sys.modules)"],
+                            capture_output=True, text=True, check=True, timeout=120)
+
+    # Assert
+    assert result.stdout.strip() == "False"
+
+
+def test_public_api_is_lazy_and_complete() -> None:
+    # Execute: a fresh interpreter; the subpackage `profile` is imported before the function is read
+    code = ("import sys, edgetrain; torch_at_start = 'torch' in sys.modules; import edgetrain.profile.estimate; "
+            "from edgetrain import plan, profile; "
+            "print(torch_at_start, all(hasattr(edgetrain, n) for n in edgetrain.__all__), callable(profile), "
+            "edgetrain.profile is sys.modules['edgetrain.profile'].profile, plan.__module__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+
+    # Assert
+    assert result.stdout.split() == ["False", "True", "True", "True", "edgetrain.planners.plan"]
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    # Prepare
+    modules = _modules()
+
+    # Execute
+    private = [f"{path.relative_to(SRC.parent)}:{node.lineno} imports {alias.name} from {target}"
+               for name, (path, tree) in modules.items() for node, target in _imports(name, path, tree)
+               if isinstance(node, ast.ImportFrom) for alias in node.names
+               if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+    # Assert
+    assert private == [], "a name two modules share wants a public name (in a shared module if need be)"
+
+
+def test_modules_import_each_other_without_cycles() -> None:
+    """Lower floors never import higher ones, even inside functions: the import graph has no cycle.
+
+    A module's import of its own parent package is left out: ``__init__`` re-exports its
+    submodules, which necessarily import their package first.
+    """
+    # Prepare: the graph, an import of ``a.b.c`` counting as one of ``a.b.c`` and of ``a.b``
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, (path, tree) in modules.items():
+        targets = set()
+        for node, target in _imports(name, path, tree):
+            names = [alias.name for alias in node.names]
+            wanted = [f"{target}.{n}" if f"{target}.{n}" in modules else target for n in names]
+            if isinstance(node, ast.Import):
+                wanted = [target]
+            for module in wanted:
+                parts = module.split(".")
+                targets |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
+        graph[name] = {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+
+    # Execute: depth-first search for a back edge
+    state: dict[str, int] = {}   # 1 on the stack, 2 done
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*stack[stack.index(target):], target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+    # Assert
+    assert cycles == [], "move the shared constant or function down to the lower floor"
