@@ -99,7 +99,7 @@ def test_training_and_planning_run_with_the_planning_extras_unimportable(tmp_pat
     # the plan as a device would, and plan within a training run (the JIT-free exact table).
     shipped = tmp_path / "plan.json"
     planned = _run(tmp_path, "-m", "edgetrain", "plan", "--model", "resnet18", "--batch", "8", "--image", "64",
-                   "--classes", "10", "--memory", "142MiB", "--strategy", "optimal", "--json", "-o", str(shipped))
+                   "--classes", "10", "--memory", "137MiB", "--strategy", "optimal", "--json", "-o", str(shipped))
     from_plan = _run(tmp_path, "-m", "edgetrain", "train", "--model", "resnet18", "--data", "synthetic",
                      "--samples", "40", "--batch", "8", "--image", "64", "--plan", str(shipped), "--memory", "800MiB",
                      "--epochs", "1", "--run-dir", str(tmp_path / "shipped"))
@@ -112,12 +112,11 @@ def test_training_and_planning_run_with_the_planning_extras_unimportable(tmp_pat
     # Assert: planned on the pure-Python DP, trained from the plan within the process budget and
     # within the step budget; the MILP names the extra in one line.
     assert planned.returncode == 0, planned.stderr
-    assert "numba is not installed" in planned.stderr
     plan = json.loads(planned.stdout)
-    assert plan["strategy"] == "optimal" and plan["recompute_factor"] > 1
+    assert plan["strategy"] == "optimal" and plan["predicted_peak_bytes"] <= 137 * 2**20   # keep-all: 139.0 MiB
     assert from_plan.returncode == 0, from_plan.stderr
     shipped_run = json.loads((tmp_path / "shipped" / "summary.json").read_text())
-    assert shipped_run["recompute_factor"] == plan["recompute_factor"]
+    assert shipped_run["predicted_peak_bytes"] == plan["predicted_peak_bytes"]
     assert shipped_run["process_peak_bytes"] <= shipped_run["budget_bytes"] == 800 * 2**20
     assert trained.returncode == 0, trained.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
