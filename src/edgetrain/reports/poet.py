@@ -134,7 +134,8 @@ class _Milp:
         self.time_limit_s, self.reason = time_limit_s, None
         self.failures: dict[int, str] = {}
         try:
-            from ..planners.milp import chain_training_graph, milp
+            from ..planners.milp import milp
+            from ..planners.milp_graph import chain_training_graph
 
             self.solve, self.graph = milp, chain_training_graph(chain, profile)
         except Exception as exc:  # noqa: BLE001 - see the docstring

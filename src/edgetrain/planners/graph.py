@@ -52,9 +52,9 @@ from torch import fx, nn
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from .errors import EdgetrainError
-from .profile.tracker import SavedTensors, storage_bytes, storage_key
-from .stages import LossFn
+from ..errors import EdgetrainError
+from ..profile.tracker import SavedTensors, storage_bytes, storage_key
+from ..stages import LossFn
 
 __all__ = ["GraphNode", "Graph", "capture_graph"]
 
