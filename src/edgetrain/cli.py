@@ -26,6 +26,7 @@ from rich.text import Text
 from typer import _click
 
 from .errors import EdgetrainError, InfeasibleBudgetError
+from .fileio import write_atomic
 from .units import format_bytes
 
 app = typer.Typer(help="Make deep-learning training fit and run well on small edge machines.",
@@ -465,7 +466,7 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
     sweep = _with_progress("batch sizes", lambda progress: sweep_batches(
         model, image, budget, max_run_batch=max_run_batch, reps=reps, progress=progress))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_batch.json").write_text(json.dumps(sweep.to_dict(), indent=1))
+    write_atomic(out / "bench_batch.json", json.dumps(sweep.to_dict(), indent=1))
     plot_sweep(sweep, out / "bench_batch.png")
     if as_json:
         typer.echo(json.dumps(sweep.to_dict()))
@@ -713,7 +714,7 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     console.rule(f"1. Does training fit the Waggle node's ODROID XU4 ({format_bytes(node_memory)})?")
     rows = _with_progress("estimating", lambda progress: _node_fit_rows(get_device("odroid-xu4"), progress))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "node_fit.json").write_text(json.dumps(rows, indent=1))
+    write_atomic(out / "node_fit.json", json.dumps(rows, indent=1))
     squeezed = next(r for r in rows if (r["model"], r["batch"], r["size"]) == DEMO_SQUEEZE)
     squeeze = (squeezed["capacity_bytes"] - squeezed["runtime_baseline_bytes"]) / squeezed["predicted_process_bytes"]
 

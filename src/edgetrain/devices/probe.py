@@ -60,6 +60,7 @@ import numpy as np
 from ..chain import NOMINAL_FLOPS_PER_S
 from ..energy import Direction
 from ..errors import EdgetrainError
+from ..fileio import write_atomic
 from .catalog import ENERGY_FIELDS, Device, parse_catalog, this_machine, tomllib
 
 __all__ = ["ComputeProbe", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit", "device_entry",
@@ -534,8 +535,8 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
 def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[str, Any]) -> Device:
     """Put ``entry`` as ``[devices.<name>]`` into the device file at ``path``, keeping its other devices.
 
-    The new file is validated by the catalog's rules before it replaces the old one (written
-    to a temporary file, then renamed), so a crash leaves either file whole.
+    The new file is validated by the catalog's rules before it replaces the old one
+    (:func:`~edgetrain.fileio.write_atomic`), so a crash leaves either file whole.
 
     Raises:
         DeviceCatalogError: the existing file is not a valid device file, or the entry breaks a rule.
@@ -553,7 +554,5 @@ def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[s
     text = tomli_w.dumps(data)
     device = parse_catalog(text, str(target))[name]
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, target)
+    write_atomic(target, text)
     return device
