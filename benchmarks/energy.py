@@ -84,8 +84,8 @@ def operator_milp_times(time_limit_s: float) -> list[dict[str, object]]:
     """
     import torch
 
-    from edgetrain.graph import capture_graph
     from edgetrain.models import resnet18
+    from edgetrain.planners.graph import capture_graph
     from edgetrain.planners.milp import keep_all_schedule, milp, simulate_graph_schedule, training_graph
 
     with torch.device("meta"):

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from edgetrain.errors import EdgetrainError
-from edgetrain.graph import Graph, GraphNode, capture_graph
+from edgetrain.planners.graph import Graph, GraphNode, capture_graph
 from edgetrain.models import get_model_spec
 
 BATCH = 2

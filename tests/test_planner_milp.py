@@ -22,7 +22,7 @@ from edgetrain.chain import Chain, StageCost
 from edgetrain.devices import get_device
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import EdgetrainError, InfeasibleBudgetError, ScheduleError
-from edgetrain.graph import capture_graph
+from edgetrain.planners.graph import capture_graph
 from edgetrain.planners.milp import (
     GraphSchedule,
     TrainingGraph,
@@ -99,7 +99,7 @@ def random_chain(rng: random.Random, length: int, scale: int = 1) -> Chain:
 
 def brute_force(tg: TrainingGraph) -> list[tuple[int, float]]:
     """(peak, energy) of every recomputation pattern without paging that replays, each replayed."""
-    from edgetrain.planners.milp import _schedule  # the minimal-storage rule the planner reads back with
+    from edgetrain.planners.milp_replay import schedule_from_decisions  # the minimal-storage rule the planner reads back with
 
     n = len(tg)
     cells = [(t, i) for t in range(n) for i in range(t) if not tg.nodes[i].backward and t <= tg.need_end[i]]
@@ -110,7 +110,7 @@ def brute_force(tg: TrainingGraph) -> list[tuple[int, float]]:
         for on, (t, i) in zip(bits, cells, strict=False):
             R[t, i] = on
         try:
-            stats = simulate_graph_schedule(tg, _schedule(tg, R, z, z))
+            stats = simulate_graph_schedule(tg, schedule_from_decisions(tg, R, z, z))
         except ScheduleError:
             continue
         found.append((stats.peak_bytes, stats.energy_j))
@@ -286,7 +286,7 @@ def test_matches_brute_force_with_paging() -> None:
         fwd("a", 2.0, 4, page=(0.3, 0.4), page_time=(0.5, 0.5)), fwd("b", 1.0, 3, (0,), page=(0.2, 0.9)),
         fwd("c", 3.0, 2, (1,), page=(1.5, 0.1)), bwd("Bc", 1.0, 2, (2, 1)), bwd("Bb", 1.0, 2, (3, 0)),
     ), resident_bytes=1)
-    from edgetrain.planners.milp import _schedule
+    from edgetrain.planners.milp_replay import schedule_from_decisions
 
     n, end = len(tg), tg.need_end
     cells = ([("R", t, i) for t in range(n) for i in range(t) if not tg.nodes[i].backward and t <= end[i]]
@@ -299,7 +299,7 @@ def test_matches_brute_force_with_paging() -> None:
         for on, (k, t, i) in zip(bits, cells, strict=False):
             m[k][t, i] = on
         try:
-            stats = simulate_graph_schedule(tg, _schedule(tg, m["R"], m["in"], m["out"]))
+            stats = simulate_graph_schedule(tg, schedule_from_decisions(tg, m["R"], m["in"], m["out"]))
         except ScheduleError:
             continue
         patterns.append((stats.peak_bytes, stats.energy_j))

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from .fileio import write_atomic
+
 __all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory", "NOMINAL_FLOPS_PER_S"]
 
 OPTIMIZERS = ("sgd", "adam")
@@ -174,7 +176,7 @@ class Chain:
         return cls(stages=stages, **fields)  # type: ignore[arg-type]
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Chain:

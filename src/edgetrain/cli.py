@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 from typer import _click
 
-from .errors import EdgetrainError, InfeasibleBudgetError
+from .errors import EdgetrainError
+from .fileio import write_atomic
 from .units import format_bytes
 
 app = typer.Typer(help="Make deep-learning training fit and run well on small edge machines.",
@@ -127,6 +128,15 @@ def _with_progress(description: str, work: Callable[[Callable[[int, int], None]]
         return work(lambda done, total: bar.update(task, completed=done, total=total))
 
 
+def _with_phases(work: Callable[[Callable[[str, int, int], None]], T]) -> T:
+    """Run ``work(progress)`` under a progress bar on stderr; ``progress(phase, done, total)`` names and advances it."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=None, visible=False)
+        return work(lambda phase, done, total: bar.update(task, description=phase, completed=done, total=total,
+                                                          visible=True))
+
+
 def _memory_of(device: str) -> int:
     """Memory of a catalog device, for commands that need it as a budget."""
     from .devices import get_device
@@ -135,15 +145,6 @@ def _memory_of(device: str) -> int:
     if memory_bytes is None:
         raise EdgetrainError(f"device {device!r} has no known memory size")
     return memory_bytes
-
-
-def _device_tensor_budget(target: Any) -> int:
-    """What a training step's tensors may use on ``target``: its usable memory (RAM where unknown) less the
-    runtime baseline measured here and the cushion (NOTE [ Process budget ])."""
-    from .train.budget import ProcessBudget, estimate_runtime_baseline_bytes
-
-    capacity = target.usable_memory_bytes if target.usable_memory_bytes is not None else target.memory_bytes
-    return max(1, ProcessBudget(capacity, estimate_runtime_baseline_bytes()).tensor_bytes)
 
 
 @app.command()
@@ -254,14 +255,35 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
     if memory is None and recompute is None:
         if target is None or target.memory_bytes is None:
             raise EdgetrainError("give --memory or --recompute (or a --device whose memory is the budget)")
-        memory = str(_device_tensor_budget(target))
+        from .train.budget import device_tensor_budget
+
+        memory = str(device_tensor_budget(target))
     chain = chain_for(model, batch, image, optimizer=optimizer, num_classes=classes)
     shipped = functools.partial(PlanFile, model=model, batch=batch, image=image, optimizer=optimizer,
                                 num_classes=classes or get_model_spec(model).default_num_classes,
                                 device=None if target is None else target.name)
     if objective == "energy":
-        _plan_energy(chain, model, batch, image, optimizer, memory, recompute, deadline, strategy, target, output,
-                     as_json, shipped)
+        if target is None:
+            raise EdgetrainError("--objective energy needs --device (its power and storage figures price the plan)")
+        if recompute is not None or memory is None:
+            raise EdgetrainError("--objective energy takes a memory budget (--memory or the device's), not --recompute")
+        from .planners.energy_plan import energy_report
+
+        energy = energy_report(chain, target, memory, deadline=deadline, strategy=strategy)
+        if output is not None:
+            if energy.plan.schedule is None:
+                raise EdgetrainError(f"the MILP's decisions have no executor schedule "
+                                     f"({energy.plan.to_dict()['schedule_error']}); use --strategy paging-dp")
+            shipped(chain=energy.chain, schedule=energy.plan.schedule, budget_bytes=energy.plan.budget_bytes).save(
+                output)
+        energy_dict: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
+                                       "objective": "energy", **energy.to_dict()}
+        energy_dict.update(device_memory_bytes=target.memory_bytes, fits=None if target.memory_bytes is None
+                           else energy_dict["predicted_peak_bytes"] <= target.memory_bytes)
+        if as_json:
+            typer.echo(json.dumps(energy_dict))
+            return
+        _print_energy_plan(energy_dict, output)
         return
     if deadline is not None:
         raise EdgetrainError("--deadline applies to --objective energy")
@@ -276,65 +298,6 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         typer.echo(json.dumps(report))
         return
     _print_plan(report, output)
-
-
-def _deadline_seconds(deadline: str, base_time_s: float) -> float:
-    """``'1.2'`` is a factor of the step without recomputation or paging; ``'3.5s'`` is seconds."""
-    text = deadline.strip().lower()
-    try:
-        value = float(text[:-1]) if text.endswith("s") else float(text)
-    except ValueError:
-        raise EdgetrainError(f"--deadline must be a factor like 1.2 or seconds like 3.5s, got {deadline!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise EdgetrainError(f"--deadline must be a finite number > 0, got {deadline!r}")
-    if text.endswith("s"):
-        return value
-    if value < 1:
-        raise EdgetrainError(f"a --deadline factor below 1 ({deadline}) is faster than a step without recomputation")
-    return value * base_time_s
-
-
-def _plan_energy(chain: Any, model: str, batch: int, image: int, optimizer: str, memory: Optional[str],
-                 recompute: Optional[float], deadline: Optional[str], strategy: str, target: Any,
-                 output: Optional[Path], as_json: bool, shipped: Callable[..., Any]) -> None:
-    from .energy import EnergyProfile, scale_chain
-    from .planners.energy_plan import EnergyPlan, plan_energy
-    from .planners.plan import sequential_baseline
-
-    if target is None:
-        raise EdgetrainError("--objective energy needs --device (its power and storage figures price the plan)")
-    if recompute is not None or memory is None:
-        raise EdgetrainError("--objective energy takes a memory budget (--memory or the device's), not --recompute")
-    profile = EnergyProfile.from_device(target)
-    device_chain = scale_chain(chain, profile)
-    deadline_s = None if deadline is None else _deadline_seconds(deadline, device_chain.compute_time_s)
-    name = "paging-dp" if strategy == "auto" else strategy
-    if name == "milp":
-        from .planners.milp_plan import MilpPlan, plan_milp
-
-        chosen: MilpPlan | EnergyPlan = plan_milp(device_chain, profile, memory, deadline_s=deadline_s)
-    else:
-        chosen = plan_energy(device_chain, profile, memory, deadline_s=deadline_s, strategy=name)
-    if output is not None:
-        if chosen.schedule is None:
-            raise EdgetrainError(f"the MILP's decisions have no executor schedule "
-                                 f"({chosen.to_dict()['schedule_error']}); use --strategy paging-dp")
-        shipped(chain=device_chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
-    report: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
-                              "objective": "energy", **chosen.to_dict()}
-    try:
-        recompute_only = plan_energy(device_chain, profile, chosen.budget_bytes, strategy="recompute")
-        report["recompute_only_energy_j"] = recompute_only.stats.energy_j
-    except InfeasibleBudgetError:
-        report["recompute_only_energy_j"] = None
-    baseline = sequential_baseline(device_chain, chosen.budget_bytes)
-    report["baseline"] = None if baseline is None else baseline.to_dict()
-    report.update(device_memory_bytes=target.memory_bytes,
-                  fits=None if target.memory_bytes is None else report["predicted_peak_bytes"] <= target.memory_bytes)
-    if as_json:
-        typer.echo(json.dumps(report))
-        return
-    _print_energy_plan(report, output)
 
 
 def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -465,7 +428,7 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
     sweep = _with_progress("batch sizes", lambda progress: sweep_batches(
         model, image, budget, max_run_batch=max_run_batch, reps=reps, progress=progress))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_batch.json").write_text(json.dumps(sweep.to_dict(), indent=1))
+    write_atomic(out / "bench_batch.json", json.dumps(sweep.to_dict(), indent=1))
     plot_sweep(sweep, out / "bench_batch.png")
     if as_json:
         typer.echo(json.dumps(sweep.to_dict()))
@@ -558,36 +521,17 @@ def bench_device(
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
     from .devices.catalog import ENERGY_FIELDS
-    from .devices.probe import (
-        POWER_FIELDS,
-        PowerMeter,
-        PowerRail,
-        device_entry,
-        measured_powers,
-        probe_compute,
-        probe_storage,
-        write_device_entry,
-    )
+    from .devices.probe import POWER_FIELDS, measure_device
     from .units import parse_bytes
 
     sizes_bytes = [parse_bytes(part.strip()) for part in sizes.split(",") if part.strip()]
     given = dict(zip(POWER_FIELDS, (compute_power_w, pagein_power_w, pageout_power_w), strict=True))
     powers = {key: value for key, value in given.items() if value is not None}
-    if powers and power_sensor:
-        raise EdgetrainError("give the powers from a meter (--compute-power-w ...) or from --power-sensor, not both")
-    meter = PowerMeter(tuple(PowerRail.parse(spec) for spec in power_sensor)) if power_sensor else None
-    idle_w = None if meter is None or whole_power else meter.idle_w(idle_s)
-    storage = None if skip_storage else _with_progress("paging transfers", lambda progress: probe_storage(
-        page_dir, sizes=sizes_bytes, repeats=repeats, meter=meter, progress=progress))
-    compute = None if skip_compute else _with_progress("training steps", lambda progress: probe_compute(
-        model, batch, image, repeats=steps, meter=meter, progress=progress))
-    if meter is not None:
-        powers, measured = measured_powers(meter, compute=compute, storage=storage, idle_w=idle_w)
-        power_source = f"measured: {measured}"
-    elif powers:
-        power_source = f"given by the user: {power_source}" if (power_source or "").strip() else None
-    entry = device_entry(name, storage=storage, compute=compute, powers=powers, power_source=power_source)
-    device = write_device_entry(output, name, entry)
+    measurement = _with_phases(lambda progress: measure_device(
+        name, output, page_dir=page_dir, sizes=sizes_bytes, repeats=repeats, model=model, batch=batch, size=image,
+        steps=steps, storage=not skip_storage, compute=not skip_compute, powers=powers, power_source=power_source,
+        power_sensors=power_sensor or (), idle_s=idle_s, whole_power=whole_power, progress=progress))
+    device, storage, compute = measurement.device, measurement.storage, measurement.compute
     if as_json:
         typer.echo(json.dumps({"device": device.to_dict(), "file": str(output),
                                "storage": None if storage is None else storage.to_dict(),
@@ -706,21 +650,24 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     ResNet-50 at batch 8 and 500 px: the same fraction of what plain training needs.
     """
     from .devices import get_device
+    from .planners.plan import least_step_bytes
     from .profile import estimate_memory
+    from .reports.node_fit import DEMO_SQUEEZE, node_fit_rows
     from .train import TrainConfig
 
     node_memory = _memory_of("odroid-xu4")
     console.rule(f"1. Does training fit the Waggle node's ODROID XU4 ({format_bytes(node_memory)})?")
-    rows = _with_progress("estimating", lambda progress: _node_fit_rows(get_device("odroid-xu4"), progress))
+    rows = _with_progress("estimating", lambda progress: node_fit_rows(get_device("odroid-xu4"), progress))
+    _print_node_fit(rows)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "node_fit.json").write_text(json.dumps(rows, indent=1))
+    write_atomic(out / "node_fit.json", json.dumps(rows, indent=1))
     squeezed = next(r for r in rows if (r["model"], r["batch"], r["size"]) == DEMO_SQUEEZE)
     squeeze = (squeezed["capacity_bytes"] - squeezed["runtime_baseline_bytes"]) / squeezed["predicted_process_bytes"]
 
     model, batch, image = "mobilenet_v2", 32, 48
     estimate = estimate_memory(model, batch, image, num_classes=10)
     plain = estimate.total_bytes
-    least = _least_step_bytes(estimate.chain)
+    least = least_step_bytes(estimate.chain)
     budget = max(int(plain * squeeze), int(least * 1.02))  # the squeeze, or 2% above the least step if it is tighter
     console.rule(f"2. Train {model} with its step's tensors within {format_bytes(budget)}")
     console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training's step needs "
@@ -734,64 +681,22 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     _print_summary(summary, config.run_dir)
 
 
-DEMO_SQUEEZE = ("resnet50", 8, 500)
-
-
-def _least_step_bytes(chain: Any) -> int:
-    """The least tensor peak any schedule reaches on ``chain``."""
-    from .planners import plan
-
-    try:
-        plan(chain, memory=1, jit=False)
-    except InfeasibleBudgetError as exc:
-        assert exc.minimum_bytes is not None
-        return exc.minimum_bytes
-    return 1
-
-
-def _node_fit_rows(node: Any, progress: Callable[[int, int], None]) -> list[dict[str, Any]]:
-    """Plain training of a few models as a whole process on ``node``, and the best plan where it does not fit.
-
-    The process is the runtime baseline measured here + the step + the cushion (NOTE [ Process
-    budget ]); a plan gets what the node's usable memory (RAM where unknown) leaves for tensors.
-    """
-    from .planners import plan
-    from .profile import estimate_memory
-    from .train.budget import ProcessBudget, device_verdict, estimate_runtime_baseline_bytes
-
-    baseline = estimate_runtime_baseline_bytes()
-    capacity = node.usable_memory_bytes if node.usable_memory_bytes is not None else node.memory_bytes
-    budget = ProcessBudget(capacity, baseline)
-    configs = (("resnet18", 8, 224), ("resnet50", 8, 224), DEMO_SQUEEZE, ("resnet152", 8, 500),
-               ("mobilenet_v2", 32, 224))
+def _print_node_fit(rows: list[dict[str, Any]]) -> None:
+    """The node-fit table (:func:`~edgetrain.reports.node_fit.node_fit_rows`): plain step and process, any plan."""
+    baseline, usable = rows[0]["runtime_baseline_bytes"], rows[0]["os_memory_known"]
     table = Table(caption=f"process = runtime baseline {format_bytes(baseline)} (measured here) + step + cushion; "
-                          + ("usable memory" if node.usable_memory_bytes is not None else
+                          + ("usable memory" if usable else
                              "the node's RAM: an upper bound, its OS's share is unknown"))
     for column in ("model", "batch", "image", "plain step", "plain process", "fits", "with plan", "ρ"):
         table.add_column(column, justify="right")
-    rows = []
-    for index, (model, batch, image) in enumerate(configs):
-        estimate = estimate_memory(model, batch, image)
-        row: dict[str, Any] = {**estimate.to_dict(), **device_verdict(estimate.total_bytes, node.memory_bytes,
-                                                                      node.usable_memory_bytes, baseline)}
+    for row in rows:
         planned, factor = "-", "-"
-        if not row["fits"]:
-            try:
-                chosen = plan(estimate.chain, memory=max(1, budget.tensor_bytes), jit=False)  # no numba in the
-                # process that trains next (its ~100 MiB would stay resident)
-                row["plan"] = {**chosen.to_dict(),
-                               "predicted_process_bytes": budget.predicted_process_bytes(chosen.predicted_peak_bytes)}
-                planned = format_bytes(row["plan"]["predicted_process_bytes"])
-                factor = f"{chosen.recompute_factor:.3f}"
-            except InfeasibleBudgetError as exc:
-                needed = budget.predicted_process_bytes(exc.minimum_bytes or 0)
-                row["plan"] = {"feasible": False, "minimum_bytes": exc.minimum_bytes,
-                               "minimum_process_bytes": needed}
-                planned = f"no (needs {format_bytes(needed)})"
-        table.add_row(model, str(batch), str(image), format_bytes(estimate.total_bytes),
+        if "plan" in row and row["plan"].get("feasible", True):
+            planned = format_bytes(row["plan"]["predicted_process_bytes"])
+            factor = f"{row['plan']['recompute_factor']:.3f}"
+        elif "plan" in row:
+            planned = f"no (needs {format_bytes(row['plan']['minimum_process_bytes'])})"
+        table.add_row(row["model"], str(row["batch"]), str(row["size"]), format_bytes(row["total_bytes"]),
                       format_bytes(row["predicted_process_bytes"]), "[green]yes[/]" if row["fits"] else "[red]no[/]",
                       planned, factor)
-        rows.append(row)
-        progress(index + 1, len(configs))
     Console(width=max(console.width, 120)).print(table)
-    return rows

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from .chain import Chain
 from .errors import ScheduleError
+from .fileio import write_atomic
 
 if TYPE_CHECKING:
     from .energy import EnergyProfile
@@ -152,7 +153,7 @@ class Schedule:
         return cls(ops=ops, length=length, strategy=strategy, params=dict(params))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        write_atomic(path, json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Schedule:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fileio import fsync_dir, write_atomic
 from ..pid_liveness import pid_running
 from ..units import format_bytes
 from .errors import DataError, DatasetTooLargeError
@@ -93,7 +94,7 @@ def read_manifest(root: str | Path, kind: str) -> dict[str, Any] | None:
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json``: the last file of a generated tree, so its presence means the rest is there."""
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+    write_atomic(folder / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def is_complete(root: Path, expected: dict[str, Any]) -> bool:
@@ -234,6 +235,7 @@ def _swap_in(temporary: Path, root: Path, expected: dict[str, Any]) -> None:
         if not is_complete(root, expected):  # another process got there first with the same data
             raise
         logger.info("another process wrote %s first; using its copy", root)
+    fsync_dir(root.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -60,10 +60,12 @@ import numpy as np
 from ..chain import NOMINAL_FLOPS_PER_S
 from ..energy import Direction
 from ..errors import EdgetrainError
+from ..fileio import write_atomic
 from .catalog import ENERGY_FIELDS, Device, parse_catalog, this_machine, tomllib
 
-__all__ = ["ComputeProbe", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit", "device_entry",
-           "fit_transfers", "measured_powers", "probe_compute", "probe_storage", "write_device_entry"]
+__all__ = ["ComputeProbe", "DeviceMeasurement", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit",
+           "device_entry", "fit_transfers", "measure_device", "measured_powers", "probe_compute", "probe_storage",
+           "write_device_entry"]
 
 logger = logging.getLogger(__name__)
 
@@ -534,8 +536,8 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
 def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[str, Any]) -> Device:
     """Put ``entry`` as ``[devices.<name>]`` into the device file at ``path``, keeping its other devices.
 
-    The new file is validated by the catalog's rules before it replaces the old one (written
-    to a temporary file, then renamed), so a crash leaves either file whole.
+    The new file is validated by the catalog's rules before it replaces the old one
+    (:func:`~edgetrain.fileio.write_atomic`), so a crash leaves either file whole.
 
     Raises:
         DeviceCatalogError: the existing file is not a valid device file, or the entry breaks a rule.
@@ -553,7 +555,63 @@ def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[s
     text = tomli_w.dumps(data)
     device = parse_catalog(text, str(target))[name]
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, target)
+    write_atomic(target, text)
     return device
+
+
+@dataclass(frozen=True)
+class DeviceMeasurement:
+    """What ``edgetrain bench device`` measured, and the device entry written from it."""
+
+    device: Device
+    storage: StorageProbe | None
+    compute: ComputeProbe | None
+
+
+def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str | os.PathLike[str] = ".",
+                   sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3, model: str = "resnet18", batch: int = 8,
+                   size: int = 64, steps: int = 5, storage: bool = True, compute: bool = True,
+                   powers: Mapping[str, float] | None = None, power_source: str | None = None,
+                   power_sensors: Sequence[str] = (), idle_s: float = 2.0, whole_power: bool = False,
+                   progress: Callable[[str, int, int], None] | None = None) -> DeviceMeasurement:
+    """Measure this machine's energy-profile figures and put them as ``[devices.<name>]`` into ``output``.
+
+    Args:
+        name: the device's name in the file.
+        output: the device file (an existing one keeps its other devices).
+        page_dir: a directory on the storage paging will use; ``sizes`` and ``repeats`` its transfers.
+        model, batch, size, steps: the training step that measures the compute rate (median of ``steps``).
+        storage, compute: whether to measure paging and the compute rate.
+        powers: figures of :data:`POWER_FIELDS` given from a meter, W; ``power_source`` says which.
+        power_sensors: sysfs power monitors (:meth:`PowerRail.parse`) to measure the powers with,
+            summed; ``idle_s`` seconds of idle sampled first are subtracted unless ``whole_power``.
+        progress: called with ``(phase, done, total)``; the phases are ``"paging transfers"`` and
+            ``"training steps"``.
+
+    Returns:
+        The device as written, with the probes it comes from.
+
+    Raises:
+        EdgetrainError: powers both given and to be measured.
+        DeviceCatalogError: the existing file is not a valid device file, or the entry breaks a rule.
+    """
+    given = dict(powers or {})
+    if given and power_sensors:
+        raise EdgetrainError("give the powers from a meter (--compute-power-w ...) or from --power-sensor, not both")
+    meter = PowerMeter(tuple(PowerRail.parse(spec) for spec in power_sensors)) if power_sensors else None
+    idle_w = None if meter is None or whole_power else meter.idle_w(idle_s)
+
+    def phase(description: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else lambda done, total: progress(description, done, total)
+
+    storage_probe = probe_storage(page_dir, sizes=sizes, repeats=repeats, meter=meter,
+                                  progress=phase("paging transfers")) if storage else None
+    compute_probe = probe_compute(model, batch, size, repeats=steps, meter=meter,
+                                  progress=phase("training steps")) if compute else None
+    if meter is not None:
+        given, measured = measured_powers(meter, compute=compute_probe, storage=storage_probe, idle_w=idle_w)
+        power_source = f"measured: {measured}"
+    elif given:
+        power_source = f"given by the user: {power_source}" if (power_source or "").strip() else None
+    entry = device_entry(name, storage=storage_probe, compute=compute_probe, powers=given, power_source=power_source)
+    return DeviceMeasurement(write_device_entry(output, name, entry), storage_probe, compute_probe)

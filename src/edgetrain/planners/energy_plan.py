@@ -8,19 +8,26 @@ and every candidate is priced by :func:`~edgetrain.schedule.simulate` with the d
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..chain import Chain
-from ..energy import EnergyProfile
-from ..errors import InfeasibleBudgetError, UnknownNameError
+from ..energy import EnergyProfile, scale_chain
+from ..errors import EdgetrainError, InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
 from .optimal import solve
 from .paging import paging_dp
+from .plan import sequential_baseline
 
-__all__ = ["EnergyPlan", "plan_energy", "ENERGY_STRATEGIES"]
+if TYPE_CHECKING:
+    from ..devices import Device
+    from .milp_plan import MilpPlan
+
+__all__ = ["EnergyPlan", "plan_energy", "ENERGY_STRATEGIES", "EnergyReport", "energy_report", "deadline_seconds"]
 
 ENERGY_STRATEGIES = ("paging-dp", "recompute", "paging-only", "capuchin")
 
@@ -131,3 +138,83 @@ def plan_energy(chain: Chain, profile: EnergyProfile, memory: int | str, *, dead
             minimum_bytes=minimum, budget_bytes=budget) from exc
     elapsed = time.perf_counter() - start
     return EnergyPlan(schedule, simulate(chain, schedule, profile), profile.device_name, budget, deadline_s, elapsed)
+
+
+def deadline_seconds(deadline: str, base_time_s: float) -> float:
+    """A deadline as written on the command line, in seconds.
+
+    Args:
+        deadline: ``"1.2"``, a factor of ``base_time_s``; ``"3.5s"``, seconds.
+        base_time_s: the step without recomputation or paging on the device.
+
+    Raises:
+        EdgetrainError: not a number, not finite and > 0, or a factor below 1.
+    """
+    text = deadline.strip().lower()
+    try:
+        value = float(text[:-1]) if text.endswith("s") else float(text)
+    except ValueError:
+        raise EdgetrainError(f"--deadline must be a factor like 1.2 or seconds like 3.5s, got {deadline!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise EdgetrainError(f"--deadline must be a finite number > 0, got {deadline!r}")
+    if text.endswith("s"):
+        return value
+    if value < 1:
+        raise EdgetrainError(f"a --deadline factor below 1 ({deadline}) is faster than a step without recomputation")
+    return value * base_time_s
+
+
+@dataclass(frozen=True)
+class EnergyReport:
+    """An energy plan on a device beside what it saves: the recompute-only optimum and ``checkpoint_sequential``.
+
+    ``chain`` is the chain with the device's stage times, the one the plan's schedule runs on.
+    """
+
+    plan: EnergyPlan | MilpPlan
+    chain: Chain
+    recompute_only_energy_j: float | None
+    baseline: dict[str, object] | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {**self.plan.to_dict(), "recompute_only_energy_j": self.recompute_only_energy_j,
+                "baseline": self.baseline}
+
+
+def energy_report(chain: Chain, device: Device, memory: int | str, *, deadline: str | None = None,
+                  strategy: str = "auto") -> EnergyReport:
+    """The least-energy plan of ``chain`` on ``device`` (``edgetrain plan --objective energy``), compared.
+
+    Args:
+        chain: the cost model (any stage times: they are scaled to the device's).
+        device: the device whose power and storage figures price the plan.
+        memory: the whole peak allowed, bytes or text such as ``"512MiB"``.
+        deadline: the longest step, as :func:`deadline_seconds` reads it; None for none.
+        strategy: ``"auto"`` (= ``"paging-dp"``), one of :data:`ENERGY_STRATEGIES`, or ``"milp"``
+            (POET's MILP, :func:`~edgetrain.planners.milp_plan.plan_milp`).
+
+    Returns:
+        An :class:`EnergyReport`; ``recompute_only_energy_j`` is None when recomputation alone
+        cannot fit the plan's budget, ``baseline`` when no ``checkpoint_sequential`` segmentation does.
+
+    Raises:
+        InfeasibleBudgetError: nothing of the strategy fits.
+        EdgetrainError: a malformed deadline; the MILP without HiGHS.
+    """
+    profile = EnergyProfile.from_device(device)
+    device_chain = scale_chain(chain, profile)
+    deadline_s = None if deadline is None else deadline_seconds(deadline, device_chain.compute_time_s)
+    name = "paging-dp" if strategy == "auto" else strategy
+    if name == "milp":
+        from .milp_plan import plan_milp
+
+        chosen: MilpPlan | EnergyPlan = plan_milp(device_chain, profile, memory, deadline_s=deadline_s)
+    else:
+        chosen = plan_energy(device_chain, profile, memory, deadline_s=deadline_s, strategy=name)
+    try:
+        recompute_only: float | None = plan_energy(device_chain, profile, chosen.budget_bytes,
+                                                   strategy="recompute").stats.energy_j
+    except InfeasibleBudgetError:
+        recompute_only = None
+    baseline = sequential_baseline(device_chain, chosen.budget_bytes)
+    return EnergyReport(chosen, device_chain, recompute_only, None if baseline is None else baseline.to_dict())

@@ -22,7 +22,8 @@ from ..energy import EnergyProfile
 from ..errors import EdgetrainError
 from ..schedule import Schedule, simulate
 from ..units import parse_bytes
-from .milp import MilpResult, chain_training_graph, milp
+from .milp import MilpResult, milp
+from .milp_graph import chain_training_graph
 
 __all__ = ["MilpPlan", "plan_milp"]
 

@@ -22,7 +22,7 @@ from .optimal_exact import exact_minimum_bytes, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
-__all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "STRATEGIES"]
+__all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "least_step_bytes", "STRATEGIES"]
 
 STRATEGIES = ("auto", "uniform", "revolve", "optimal")
 EXACT_MAX_STAGES = 64  # longest chain the exact optimal table is solved for (NOTE [ Grid and exact optimal tables ])
@@ -136,6 +136,16 @@ def sequential_baseline(chain: Chain, budget_bytes: int) -> Candidate | None:
     """The fastest ``checkpoint_sequential`` segmentation within ``budget_bytes``; None when none fits."""
     return min((c for c in _uniform_candidates(chain) if c.stats.peak_bytes <= budget_bytes), key=_fastest,
                default=None)
+
+
+def least_step_bytes(chain: Chain) -> int:
+    """The least tensor peak any schedule reaches on ``chain`` (what :func:`plan` says a 1-byte budget needs)."""
+    try:
+        plan(chain, memory=1, jit=False)
+    except InfeasibleBudgetError as exc:
+        assert exc.minimum_bytes is not None
+        return exc.minimum_bytes
+    return 1
 
 
 def _fastest(candidate: Candidate) -> tuple[float, int]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..chain import Chain
 from ..errors import EdgetrainError, InfeasibleBudgetError
+from ..fileio import write_atomic
 from ..planners.optimal import solve
 from ..planners.revolve import revolve
 from ..profile.estimate import chain_for
@@ -127,8 +128,8 @@ def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int,
     figure = Figure1(tuple(curves), budget_bytes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "figure1.csv").write_text(_to_csv(figure))
-    (out / "figure1.md").write_text(_to_markdown(figure))
+    write_atomic(out / "figure1.csv", _to_csv(figure))
+    write_atomic(out / "figure1.md", _to_markdown(figure))
     for family, name in zip(FAMILIES, ("figure1_linear.png", "figure1_resnet.png"), strict=True):
         _plot(figure, family, out / name)
     return figure

@@ -34,6 +34,7 @@ from ..chain import Chain
 from ..devices import get_device
 from ..energy import EnergyProfile, scale_chain
 from ..errors import EdgetrainError, InfeasibleBudgetError
+from ..fileio import write_atomic
 from ..planners.capuchin import capuchin
 from ..planners.optimal import OptimalTable, solve
 from ..planners.paging import PagingTable, solve_paging
@@ -134,7 +135,8 @@ class _Milp:
         self.time_limit_s, self.reason = time_limit_s, None
         self.failures: dict[int, str] = {}
         try:
-            from ..planners.milp import chain_training_graph, milp
+            from ..planners.milp import milp
+            from ..planners.milp_graph import chain_training_graph
 
             self.solve, self.graph = milp, chain_training_graph(chain, profile)
         except Exception as exc:  # noqa: BLE001 - see the docstring
@@ -353,7 +355,7 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
         "devices": {name: dataclasses.asdict(p) for name, p in profiles.items()},
         "skipped_devices": skipped, "panels": panels}
     figure = PoetFigure(out / "poet.json", out / "poet.png", out / "poet.md", data)
-    figure.json_path.write_text(json.dumps(data, indent=1))
+    write_atomic(figure.json_path, json.dumps(data, indent=1))
     _plot(data, figure.png_path)
-    figure.md_path.write_text(_summary(data))
+    write_atomic(figure.md_path, _summary(data))
     return figure

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..chain import Chain
+from ..fileio import write_atomic
 from ..profile.estimate import estimate_memory
 from ..units import format_bytes
 
@@ -101,8 +102,8 @@ def reproduce_tables(out_dir: str | Path, budget_bytes: int,
             progress(index + 1, len(values))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tables.csv").write_text(_to_csv(cells))
-    (out / "tables.md").write_text(_to_markdown(cells, budget_bytes))
+    write_atomic(out / "tables.csv", _to_csv(cells))
+    write_atomic(out / "tables.md", _to_markdown(cells, budget_bytes))
     return cells
 
 

@@ -115,17 +115,8 @@ OpCallback = Callable[[int, Op], None]
 
 # --- autograd plumbing -------------------------------------------------------------------------
 
-class _GradBox:
-    """Where :class:`_CatchInputGrad` puts the gradient of a stage input (``δ_i``)."""
-
-    __slots__ = ("grad",)
-
-    def __init__(self) -> None:
-        self.grad: torch.Tensor | None = None
-
-
 class _CatchInputGrad(torch.autograd.Function):
-    """Identity on ``value`` whose backward stores the incoming gradient and stops the graph there.
+    """Identity on ``value`` whose backward stores the incoming gradient (``δ_i``) in ``box`` and stops the graph there.
 
     ``anchor`` is a 0-element leaf that requires grad: it makes the output require grad
     without making ``value`` a leaf (whose ``AccumulateGrad`` node would pin its storage).
@@ -134,7 +125,7 @@ class _CatchInputGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, value: torch.Tensor, box: _GradBox) -> torch.Tensor:
+    def forward(ctx: Any, anchor: torch.Tensor, value: torch.Tensor, box: GradBox) -> torch.Tensor:
         ctx.box = box
         return value.detach()
 
@@ -168,7 +159,7 @@ class _Record:
 
     seed: torch.Tensor | None          # a HandOver output on the stage output; None when it needs no grad
     output_grad: GradBox                # where Backward puts δ_{i+1} for the seed to hand over
-    input_grad: _GradBox | None        # None for stage 0 and non-float inputs
+    input_grad: GradBox | None         # None for stage 0 and non-float inputs
     output_ref: _ValueRef
     internals: _Internals | None = None   # when the schedule pages this record (NOTE [ Paged records ])
 
@@ -559,10 +550,10 @@ class _Run:
             yield
 
     def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        box: _GradBox | None = None
+        box: GradBox | None = None
         with torch.enable_grad(), self._slot_hooks(i, x) as pending:
             if i > 0 and (x.is_floating_point() or x.is_complex()):
-                box = _GradBox()
+                box = GradBox()
                 stage_input = _CatchInputGrad.apply(self.anchor, x.detach(), box)
             else:
                 stage_input = x.detach()  # the batch needs no gradient; cut any outer graph

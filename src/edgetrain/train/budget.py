@@ -27,6 +27,7 @@ import functools
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -35,8 +36,11 @@ from ..errors import InfeasibleBudgetError
 from ..profile.process import read_process_memory, return_freed_memory
 from ..units import format_bytes
 
+if TYPE_CHECKING:
+    from ..devices import Device
+
 __all__ = ["ProcessBudget", "measure_runtime_baseline", "split_process_budget", "estimate_runtime_baseline_bytes",
-           "device_verdict", "CUSHION_BYTES", "CUSHION_FRACTION", "FIRST_STEP_BYTES"]
+           "device_verdict", "device_tensor_budget", "CUSHION_BYTES", "CUSHION_FRACTION", "FIRST_STEP_BYTES"]
 
 CUSHION_BYTES = 16 * 2**20
 CUSHION_FRACTION = 0.10
@@ -147,3 +151,16 @@ def device_verdict(tensor_peak_bytes: int, memory_bytes: int | None, usable_memo
             "capacity_bytes": capacity, "os_memory_known": usable_memory_bytes is not None,
             "fits": None if capacity is None else process <= capacity,
             "margin_bytes": None if capacity is None else capacity - process}
+
+
+def device_tensor_budget(device: Device) -> int:
+    """What a training step's tensors may use on ``device``: its usable memory (RAM where unknown) less the
+    runtime baseline measured here and the cushion (NOTE [ Process budget ]); at least 1 byte.
+
+    Raises:
+        ValueError: the device's memory is unknown.
+    """
+    capacity = device.usable_memory_bytes if device.usable_memory_bytes is not None else device.memory_bytes
+    if capacity is None:
+        raise ValueError(f"device {device.name!r} has no known memory size")
+    return max(1, ProcessBudget(capacity, estimate_runtime_baseline_bytes()).tensor_bytes)

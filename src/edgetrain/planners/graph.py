@@ -52,9 +52,10 @@ from torch import fx, nn
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from .errors import EdgetrainError
-from .profile.tracker import SavedTensors, storage_bytes, storage_key
-from .stages import LossFn
+from ..errors import EdgetrainError
+from ..fileio import write_atomic
+from ..profile.tracker import SavedTensors, storage_bytes, storage_key
+from ..stages import LossFn
 
 __all__ = ["GraphNode", "Graph", "capture_graph"]
 
@@ -194,7 +195,7 @@ class Graph:
         return cls(nodes=nodes, **fields)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Graph:
