@@ -10,8 +10,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from edgetrain.errors import EdgetrainError
-from edgetrain.planners.graph import Graph, GraphNode, capture_graph
 from edgetrain.models import get_model_spec
+from edgetrain.planners.graph import Graph, GraphNode, capture_graph
 
 BATCH = 2
 

@@ -99,7 +99,8 @@ def random_chain(rng: random.Random, length: int, scale: int = 1) -> Chain:
 
 def brute_force(tg: TrainingGraph) -> list[tuple[int, float]]:
     """(peak, energy) of every recomputation pattern without paging that replays, each replayed."""
-    from edgetrain.planners.milp_replay import schedule_from_decisions  # the minimal-storage rule the planner reads back with
+    # The minimal-storage rule the planner reads back with.
+    from edgetrain.planners.milp_replay import schedule_from_decisions
 
     n = len(tg)
     cells = [(t, i) for t in range(n) for i in range(t) if not tg.nodes[i].backward and t <= tg.need_end[i]]
