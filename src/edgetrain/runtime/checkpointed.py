@@ -76,7 +76,11 @@ class Checkpointed(nn.Module):
     Args:
         model: a chain-able model (``stages()`` or ``nn.Sequential``).
         sample: an example input batch of the shape training will use.
-        memory: the whole peak of a step allowed, in bytes or as text (``"300MiB"``).
+        memory: the step's tensor peak allowed (weights, gradients, optimizer state, batch,
+            activations, workspace as the simulator counts them), in bytes or as text
+            (``"300MiB"``). Not the process: the interpreter, PyTorch's libraries and caches
+            come on top (NOTE [ Process budget ]; :func:`edgetrain.train.budget.split_process_budget`
+            turns a process budget into this one).
         recompute: instead of ``memory``, the largest acceptable time / plain time (>= 1).
         strategy: ``"auto"``, ``"uniform"``, ``"revolve"`` or ``"optimal"``.
         loss_fn: the loss the user loop computes (cross-entropy by default); profiled and
