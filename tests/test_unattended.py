@@ -214,3 +214,27 @@ def test_five_random_kills_resume_to_the_uninterrupted_run_bit_for_bit(tmp_path:
     sixth = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert sixth.returncode == 0, sixth.stderr
     assert snapshot(broken) == before
+
+
+def test_replan_on_resume_is_explicit_and_recorded(tmp_path: Path) -> None:
+    """A second epoch within a step budget the first epoch's keep-all plan exceeds: refused, then replanned."""
+    run_dir = tmp_path / "run"
+    mobilenet = ["--model", "mobilenet_v2", "--image", "64", "--batch", "8", "--samples", "80", "--save-every", "3"]
+    first = run_cli("train", *mobilenet, "--epochs", "1", "--run-dir", str(run_dir), timeout=300)
+    assert first.returncode == 0, first.stderr
+    done = json.loads((run_dir / "summary.json").read_text())
+    budget = str(int(done["predicted_peak_bytes"] * 0.8))  # keep-all 69.7 MiB; the least step 39.3 MiB
+    grown = [*mobilenet, "--epochs", "2", "--step-memory", budget, "--run-dir", str(run_dir), "--resume"]
+    before = snapshot(run_dir)
+    refused = run_cli("train", *grown, timeout=120)
+    assert_one_line_error(refused, "step_budget_bytes: unset ->", "--replan")
+    assert snapshot(run_dir) == before
+    replanned = run_cli("train", *grown, "--replan", timeout=300)
+    assert replanned.returncode == 0, replanned.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [r for r in records if r.get("event") == "replanned"]
+    assert len(events) == 1 and events[0]["step"] == done["steps"]
+    assert any("step_budget_bytes" in change for change in events[0]["changes"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["steps"] == 2 * done["steps"] and summary["recompute_factor"] > 1.0
+    assert summary["predicted_peak_bytes"] <= int(budget) == summary["tensor_budget_bytes"]

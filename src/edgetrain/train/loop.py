@@ -224,17 +224,21 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
     store = StateStore(run.file(STATE_DIR), keep_last=config.keep_last)
     sampler = ResumableSampler(len(train_set), config.seed)
-    resumed = opening.state
 
     sample_x, sample_y = first_batch(train_set, config.batch)
     shipped = None if config.plan_file is None else config.shipped_plan()
-    if shipped is not None:  # planned elsewhere: no profiling, and the first step's caches are not up yet
+    if shipped is not None:
         shipped.check_matches(num_classes=num_classes)
-        chain = shipped.chain
-        baseline = measure_runtime_baseline(model, sample_x, sample_y) + FIRST_STEP_BYTES
-    else:
-        chain = _profile(model, sample_x, sample_y, config)
-        baseline = measure_runtime_baseline(model, sample_x, sample_y)
+    chain = shipped.chain if shipped is not None else _profile(model, sample_x, sample_y, config)
+    epoch, step, resumed_at = 0, 0, None
+    if opening.state is not None:  # after profiling (NOTE [ Exact resume ]); the loaded copy is then dropped
+        opening.state.restore(model, optimizer, sampler=sampler)
+        epoch, step = opening.state.epoch, opening.state.step
+        resumed_at, opening.state = (step, epoch), None
+    optimizer_state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    baseline = measure_runtime_baseline(model, sample_x, sample_y, *optimizer_state)
+    if shipped is not None:  # planned elsewhere: no step has run yet to bring up the runtime's caches
+        baseline += FIRST_STEP_BYTES
     process_bytes = config.budget_bytes()
     budget = None if process_bytes is None else split_process_budget(process_bytes, baseline)
     saved = opening.schedule if opening.schedule is not None else None if shipped is None else shipped.schedule
@@ -250,11 +254,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     cache = _sample_cache(chosen, budget, config)
     if cache is not None:
         train_set = train_set.with_reader(CachingReader(cache))
-    epoch, step = 0, 0
-    past = _truncate_metrics(run.file(METRICS_FILE), resumed)
-    if resumed is not None:
-        resumed.restore(model, optimizer, sampler=sampler)
-        epoch, step = resumed.epoch, resumed.step
+    past = _truncate_metrics(run.file(METRICS_FILE), resumed_at)
     start_step = step
     total_steps = len(train_set) // config.batch * config.epochs
     measured_peak = max((int(r["peak_bytes"]) for r in past if r.get("peak_bytes")), default=0)
@@ -306,7 +306,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
         recompute_factor=chosen.recompute_factor, strategy=chosen.strategy,
         wall_time_s=time.perf_counter() - started, steps=step, epochs=config.epochs,
         train_samples=len(train_set), val_samples=len(val_set),
-        resumed_from_step=resumed.step if resumed else None,
+        resumed_from_step=None if resumed_at is None else resumed_at[0],
         skipped_samples=train_set.corrupt_count + val_set.corrupt_count,
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()})
     write_json(run.file(SUMMARY_FILE), asdict(summary))
@@ -466,8 +466,8 @@ class _MetricsLog:
             self.board.close()
 
 
-def _truncate_metrics(path: Path, state: TrainingState | None) -> list[dict[str, Any]]:
-    """Drop metrics written after the resumed state was saved (all of them without a state): those
+def _truncate_metrics(path: Path, resumed_at: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """Drop metrics written after the resumed state ``(step, epoch)`` was saved (all without one): those
     steps are about to run again. Returns the records kept.
 
     Step lines are numbered by the step they end; the evaluation of epoch ``e`` is written just
@@ -482,9 +482,10 @@ def _truncate_metrics(path: Path, state: TrainingState | None) -> list[dict[str,
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by the crash
             continue
-        if state is None:
+        if resumed_at is None:
             continue
-        past = record["epoch"] < state.epoch if "val_accuracy" in record else record["step"] <= state.step
+        step, epoch = resumed_at
+        past = record["epoch"] < epoch if "val_accuracy" in record else record["step"] <= step
         if past:
             kept.append((line, record))
     write_atomic(path, "".join(line + "\n" for line, _ in kept))
