@@ -4,7 +4,8 @@ Runs, in alternating child processes, the same small CNN training (SGD with mome
 steps, batch 8 at 128 px) as plain PyTorch, with edgetrain's training modules imported, and
 with those modules plus edgetrain's allocator setting (``configure_allocator``). Each child
 prints its resident memory less the bytes of its weights, buffers, gradients, momentum and
-batch: the runtime's own share.
+batch: the runtime's own share. ``import torch`` is the resident memory right after importing
+PyTorch, for scale.
 
     python benchmarks/runtime_overhead.py [--rounds 3]
 """
@@ -20,6 +21,9 @@ import sys
 CHILD = """
 import sys, torch
 from torch import nn
+if sys.argv[1] == "import torch":  # resident memory right after importing PyTorch, nothing else
+    print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS")))
+    sys.exit()
 if sys.argv[1] != "plain":
     import edgetrain.data, edgetrain.planners, edgetrain.runtime, edgetrain.train
     from edgetrain.profile.process import configure_allocator
@@ -39,7 +43,7 @@ held = sum(t.numel() * t.element_size() for t in tensors)
 rss = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS"))
 print(rss - held)
 """
-SETTINGS = ("plain", "edgetrain", "edgetrain+allocator")
+SETTINGS = ("import torch", "plain", "edgetrain", "edgetrain+allocator")
 
 
 def main() -> None:
