@@ -18,7 +18,7 @@ demo: $(BIN)/.installed
 	$(BIN)/edgetrain demo
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1,7 +1,9 @@
 """The cost and gain of pinning glibc's mmap threshold (NOTE [ Returning freed memory ]).
 
 Alternates child processes that train a few steps with and without ``configure_allocator()``
-(at each of ``--thresholds``) and reports, per setting, the median step time and the peak RSS of
+(at each of ``--thresholds``; a ``+thp`` suffix runs that setting with PyTorch's
+``THP_MEM_ALLOC_ENABLE=1``, huge pages for tensors of 2 MiB and more, as ``edgetrain`` sets it)
+and reports, per setting, the median step time and the peak RSS of
 the steps (VmHWM reset after the first, warm-up step), and the ratio of the medians measured in
 the same run.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,14 +53,19 @@ def main() -> None:
     parser.add_argument("--image", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--thresholds", default="262144,1048576,4194304",
-                        help="pinned thresholds in bytes to compare with glibc's default, comma-separated")
+    parser.add_argument("--thresholds", default="262144,262144+thp,1048576,default+thp",
+                        help="pinned thresholds in bytes ('+thp': with huge pages) to compare with glibc's default")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"default": [], **{t: [] for t in args.thresholds.split(",")}}
     for _ in range(args.rounds):
         for setting in results:
-            out = subprocess.run([sys.executable, "-c", CHILD, setting, args.model, str(args.batch), str(args.image),
-                                  str(args.steps)], capture_output=True, text=True, check=True).stdout
+            threshold, _, thp = setting.partition("+")
+            env = {key: value for key, value in os.environ.items() if key != "THP_MEM_ALLOC_ENABLE"}
+            if thp:
+                env["THP_MEM_ALLOC_ENABLE"] = "1"
+            out = subprocess.run([sys.executable, "-c", CHILD, threshold, args.model, str(args.batch),
+                                  str(args.image), str(args.steps)], capture_output=True, text=True, check=True,
+                                 env=env).stdout
             results[setting].append(json.loads(out))
     summary = {setting: {"median_step_s": statistics.median(r["median_step_s"] for r in runs),
                          "peak_rss_mib": statistics.median(r["peak_rss_bytes"] for r in runs) / 2**20}

@@ -75,6 +75,9 @@ def _clean_errors(command: F) -> F:
 
 def main(argv: list[str] | None = None) -> None:
     """The ``edgetrain`` script (``argv`` default: the process's): usage errors on one line too."""
+    # Huge pages for large tensors; PyTorch reads this at its first allocation, so before any
+    # command imports torch (NOTE [ Returning freed memory ] in profile/process.py).
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         code = app(args=argv, standalone_mode=False, prog_name="edgetrain")
     except _click.exceptions.UsageError as exc:

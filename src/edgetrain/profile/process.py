@@ -20,11 +20,25 @@ the activations of one step stay resident as free heap and RSS sits far above th
 bytes. :func:`configure_allocator` pins the threshold (``mallopt(M_MMAP_THRESHOLD)``, which
 also stops the dynamic raise): every tensor of at least that size is its own mapping and goes
 back to the kernel when freed. :func:`return_freed_memory` (``malloc_trim(0)``) gives back free
-heap after start-up work such as profiling. ``python benchmarks/mmap_threshold.py`` (ResNet-18,
-batch 8, 128 px, one thread, alternating child processes; this 2-core machine was shared while
-it ran, so times are noisy): the peak RSS of the steps is 545 MiB with glibc's default, 498 MiB
-pinned at 256 KiB, 508 MiB at 1 MiB and 527 MiB at 4 MiB; at 256 KiB the page faults of every
-new mapping cost 1.18-1.53x the step time, at 1 MiB none was visible (0.89x). We pin 1 MiB.
+heap after start-up work such as profiling.
+
+The threshold is 256 KiB. At 1 MiB the tensors between 256 KiB and 1 MiB (a MobileNetV2's
+deep activations, most weights' gradients and momentum) share the heap with long-lived small
+objects; under recomputation they are freed and re-made in a new order every step and the free
+holes between live blocks grow step after step: MobileNetV2, batch 16, 128 px at its least
+process budget (511 MiB), heap free space at the step's peak 22 → 29 → 37 … 70 MiB over the
+first eight steps, process peak 571 MiB. At 256 KiB the heap stays at 5-6 MiB free and the peak at
+505 MiB (``mallinfo2``, one run each). ``python benchmarks/mmap_threshold.py`` measures the
+cost.
+
+Every mapping costs a page fault per 4 KiB page each time a tensor is made: MobileNetV2 at
+batch 16, 128 px trains 2.3-2.6x slower with the threshold pinned than with glibc's default,
+which keeps freed blocks for reuse. PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` aligns tensors of at
+least 2 MiB to 2 MiB and asks for transparent huge pages (``madvise``), one fault per 2 MiB:
+with it the pinned threshold trains as fast as glibc's default at the pinned threshold's lower
+peak. PyTorch reads the variable once, at its first allocation, so ``edgetrain``'s command line
+sets it before importing torch (``cli.main``); a library user sets it in the environment.
+Where the kernel has no transparent huge pages the advice is ignored.
 """
 
 from __future__ import annotations
@@ -40,7 +54,7 @@ __all__ = ["ProcessMemory", "read_process_memory", "reset_peak", "cgroup_memory_
 
 log = logging.getLogger(__name__)
 
-MMAP_THRESHOLD_BYTES = 2**20
+MMAP_THRESHOLD_BYTES = 256 * 2**10
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _UNLIMITED = 2**62  # cgroup v1 reports "no limit" as a page-rounded LONG_MAX
 

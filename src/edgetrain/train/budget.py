@@ -24,6 +24,7 @@ the explicit process meaning for library users too (:func:`split_process_budget`
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ def estimate_runtime_baseline_bytes() -> int:
     somewhat higher: its data pipeline is open and its kernels are larger.
     """
     result = subprocess.run([sys.executable, "-c", _BASELINE_PROBE], capture_output=True, text=True, timeout=300,
-                            check=True)
+                            check=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})  # as cli.main sets it
     return int(result.stdout.strip().splitlines()[-1])
 
 
