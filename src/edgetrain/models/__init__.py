@@ -23,11 +23,12 @@ from torch import nn
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
 from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
+from .traced import NotTraceableError, is_plain_layer, traced_stages
 from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
-    "transformer_encoder", "transformer_encoder_small", "stages_of",
+    "transformer_encoder", "transformer_encoder_small", "stages_of", "traced_stages", "NotTraceableError",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",
 ]
 
@@ -36,14 +37,16 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
     """The chain of stages of ``model``, for planners and the executor.
 
     Args:
-        model: a model with a ``stages()`` method (every model of this package), or an
-            ``nn.Sequential`` whose children are the stages.
+        model: a model with a ``stages()`` method (every model of this package, or a user's
+            override), an ``nn.Sequential`` of plain ``torch.nn`` layers (its children are the
+            stages), or any other model that torch.fx can trace: it is cut where one tensor
+            passes (NOTE [ Traced stages ] in ``models/traced.py``).
 
     Returns:
         Modules whose sequential composition equals ``model(x)``, sharing its parameters.
 
     Raises:
-        TypeError: for any other model, saying how to make it chain-able.
+        NotTraceableError: (a ``TypeError``) for a model that cannot be traced, naming the construct.
 
     Example:
         >>> import torch
@@ -57,9 +60,6 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
         if not result or not all(isinstance(s, nn.Module) for s in result):
             raise TypeError(f"{type(model).__name__}.stages() must return a non-empty list of nn.Module")
         return result
-    if isinstance(model, nn.Sequential):
+    if isinstance(model, nn.Sequential) and len(model) and all(is_plain_layer(child) for child in model):
         return list(model.children())
-    raise TypeError(
-        f"{type(model).__name__} is not chain-able: give it a method stages() -> list[nn.Module] whose "
-        "sequential composition equals forward(), or wrap it as an nn.Sequential of stages"
-    )
+    return traced_stages(model)

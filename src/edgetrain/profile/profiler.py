@@ -45,7 +45,7 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
     """Profile one training step of ``model`` into a chain of stages (the loss is the last stage).
 
     Args:
-        model: a chain-able model (``model.stages()`` or an ``nn.Sequential``), in train mode.
+        model: any model :func:`~edgetrain.models.stages_of` turns into stages, in train mode.
         sample: an input batch, or the shape of a float input batch (made on the model's device).
         target: labels for the loss; class 0 for every sample if omitted.
         loss_fn: ``loss_fn(output, target)``; cross-entropy by default.

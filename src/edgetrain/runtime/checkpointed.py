@@ -74,7 +74,8 @@ class Checkpointed(nn.Module):
     (unpadded sequences) re-profile each new shape: pad them to a few fixed lengths.
 
     Args:
-        model: a chain-able model (``stages()`` or ``nn.Sequential``).
+        model: a model with ``stages()``, an ``nn.Sequential``, or any model torch.fx traces
+            (NOTE [ Traced stages ] in ``models/traced.py``).
         sample: an example input batch of the shape training will use.
         memory: the step's tensor peak allowed (weights, gradients, optimizer state, batch,
             activations, workspace as the simulator counts them), in bytes or as text
