@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from edgetrain.chain import Chain
+
 
 @dataclass
 class StepResult:
@@ -55,31 +57,40 @@ class BudgetCheck:
     measured_bytes: int
     forward_advances: int
     worst_grad_error: float  # max |g - g_ref| / max |g_ref| over the parameters
+    # A recomputing forward copies its stage's normalisation statistics to restore them after
+    # (executor._frozen_statistics): at most the largest stage's buffers, which the chain does
+    # not count. Only tiny test models, whose activations are a few hundred KiB, notice it.
+    statistics_copy_bytes: int
+
+    def peak_tracks(self, floor: float = PEAK_FLOOR) -> bool:
+        """``peak_tracks`` with the statistics copies allowed above, and ``floor`` below."""
+        return (floor * self.predicted_bytes <= self.measured_bytes
+                <= self.predicted_bytes * PEAK_CEILING + self.statistics_copy_bytes)
 
 
-def least_and_keep_all_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
-    """The least feasible step peak and plain training's (keep-all) peak of ``model`` on ``(x, y)``."""
+def three_budgets(chain: Chain) -> list[int]:
+    """The least feasible budget, the middle, and plain training's (keep-all) peak."""
     from edgetrain.planners.plan import least_step_bytes
-    from edgetrain.profile import profile
     from edgetrain.schedule import keep_all, simulate
 
-    chain = profile(model, x, y, measure_time=False)
-    return least_step_bytes(chain), simulate(chain, keep_all(chain.length)).peak_bytes
+    least, keep_all_peak = least_step_bytes(chain), simulate(chain, keep_all(chain.length)).peak_bytes
+    return [least, (least + keep_all_peak) // 2, keep_all_peak]
 
 
-def checkpointed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes: int,
+def checkpointed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes: int, chain: Chain,
                       seed: int = 0) -> BudgetCheck:
     """Train a copy of ``model`` two steps under ``Checkpointed(memory=budget_bytes)``; the first
     step's gradients against plain autograd's, the second's live-bytes peak (momentum buffers
     by then exist) against the plan's prediction."""
     import copy
 
+    from edgetrain.models import stages_of
     from edgetrain.profile import LiveBytesTracker
     from edgetrain.runtime import Checkpointed
 
     reference, mine = copy.deepcopy(model), copy.deepcopy(model)
     expected = plain_autograd_step(reference, x, y, seed)
-    wrapped = Checkpointed(mine, sample=x, target=y, memory=budget_bytes, measure_time=False)
+    wrapped = Checkpointed(mine, sample=x, target=y, memory=budget_bytes, measure_time=False, chain=chain)
     optimizer = torch.optim.SGD(mine.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(seed)
     wrapped.step_loss(x, y)
@@ -97,11 +108,7 @@ def checkpointed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget
                          if isinstance(t, torch.Tensor))
         wrapped.step_loss(x, y)
         optimizer.step()
+    copies = max(sum(b.untyped_storage().nbytes() for b in stage.buffers()) for stage in stages_of(mine))
     return BudgetCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, tracker.peak_bytes,
-                       wrapped.plan.stats.forward_advances, max(errors, default=0.0))
-
-
-def three_budgets(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[int]:
-    """The least feasible budget, the middle, and plain training's peak."""
-    least, keep_all_peak = least_and_keep_all_bytes(model, x, y)
-    return [least, (least + keep_all_peak) // 2, keep_all_peak]
+                       wrapped.plan.stats.forward_advances, max(errors, default=0.0),
+                       copies if wrapped.plan.stats.forward_advances else 0)

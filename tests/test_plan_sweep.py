@@ -166,7 +166,7 @@ def test_long_chain_requests_get_a_schedule_never_a_grid_error(chain: Chain) -> 
         chosen = plan(chain, memory=budget, strategy="optimal")
         assert simulate(chain, chosen.schedule) == chosen.stats
         assert chosen.predicted_peak_bytes <= budget
-    for factor in (1.05, 2.0):
+    for factor in (1.05,):
         chosen = plan(chain, recompute=factor, strategy="optimal")
         assert simulate(chain, chosen.schedule) == chosen.stats
         assert chosen.recompute_factor <= factor * (1 + 1e-12)

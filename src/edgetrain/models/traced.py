@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _SCALAR_METHODS = frozenset({"size", "dim", "numel", "item", "tolist", "__len__", "stride", "nelement"})
 _SCALAR_FUNCTIONS = frozenset({builtins.getattr, builtins.len, builtins.int, builtins.float})
+_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "transpose", "permute",
+                           "squeeze", "unsqueeze", "expand", "expand_as", "t", "narrow", "select", "chunk", "split",
+                           "unbind", "contiguous", "__getitem__", "movedim", "swapaxes", "detach"})
+_VIEW_FUNCTIONS = frozenset({torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
+                             torch.unsqueeze, torch.t, torch.narrow, torch.select, torch.chunk, torch.split,
+                             torch.unbind, torch.movedim, torch.swapaxes, operator.getitem})
 _INPLACE_FUNCTIONS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                                 operator.ior, operator.ixor, operator.ilshift, operator.irshift})
 
@@ -256,7 +262,34 @@ def _cuts(model: nn.Module, nodes: list[fx.Node], result: fx.Node) -> list[_Cut]
             cuts.append((i, value))
     if not cuts or cuts[-1][1] is not result:
         cuts.append((end - 1, result))
-    return cuts
+    return _without_view_stages(model, nodes, cuts)
+
+
+def _without_view_stages(model: nn.Module, nodes: list[fx.Node], cuts: list[_Cut]) -> list[_Cut]:
+    """Merge each stage of views alone (a transpose, a flatten) into the next (the last into the previous).
+
+    Its output would share its input's storage, which the chain counts as two values.
+    """
+    kept = list(cuts)
+    index = 1
+    while index < len(kept) and len(kept) > 2:
+        body = nodes[kept[index - 1][0] + 1:kept[index][0] + 1]
+        if all(_is_view(model, node) for node in body):
+            del kept[index if index < len(kept) - 1 else index - 1]
+        else:
+            index += 1
+    return kept
+
+
+def _is_view(model: nn.Module, node: fx.Node) -> bool:
+    """Whether ``node``'s result may share its input's storage."""
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    if node.op == "call_function":
+        return node.target in _VIEW_FUNCTIONS
+    if node.op == "call_module":
+        return isinstance(model.get_submodule(str(node.target)), (nn.Flatten, nn.Unflatten, nn.Identity))
+    return False
 
 
 def _is_scalar(node: fx.Node) -> bool:
