@@ -1,4 +1,6 @@
-"""The model zoo: ResNets, MobileNetV2 and a BERT-shaped encoder, each also a chain of stages.
+"""The model zoo: ResNets, MobileNetV2 and a BERT-shaped encoder, each also a chain of stages; and
+models written with no thought of edgetrain (MobileNetV3-Small, EfficientNet-B0, DenseNet-121, a
+U-Net, YOLOv8, a GPT-2-style decoder in ``edge_vision.py`` and ``edge_dense.py``), traced into stages.
 
 LinearResNet, a cost model built from the estimator, lives in ``profile/linear_resnet.py``.
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from .edge_dense import gpt_decoder, unet, yolov8
+from .edge_vision import densenet121, efficientnet_b0, mobilenet_v3_small
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
 from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
@@ -28,7 +32,8 @@ from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
-    "transformer_encoder", "transformer_encoder_small", "stages_of", "traced_stages", "NotTraceableError",
+    "transformer_encoder", "transformer_encoder_small", "mobilenet_v3_small", "efficientnet_b0", "densenet121",
+    "unet", "yolov8", "gpt_decoder", "stages_of", "traced_stages", "NotTraceableError",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",
 ]
 
