@@ -13,6 +13,7 @@ from steps import checkpointed_step, three_budgets
 from torch import fx, nn
 
 from edgetrain.models import NotTraceableError, resnet18, stages_of, traced_stages
+from edgetrain.planners import plan
 from edgetrain.profile import profile
 
 
@@ -185,3 +186,32 @@ def test_a_shape_is_never_a_stage_boundary() -> None:
     assert all(isinstance(s, (nn.Linear, fx.GraphModule)) for s in stages)
     x = torch.randn(2, 3, 4)
     assert run_chain(stages, x).shape == (2, 2)
+
+
+class OpaqueStages(nn.Module):
+    """A Sequential seen as its children (the chain before tracing): the encoder one opaque stage."""
+
+    def __init__(self, model: nn.Sequential) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def stages(self) -> list[nn.Module]:
+        return list(self.model)
+
+
+def test_issue_encoder_plans_at_every_factor_and_tracing_lets_it_recompute() -> None:
+    # The issue's model and batch: its refusal quoted 8301496 bytes, keep-all's peak here.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    model = nn.Sequential(nn.Embedding(1000, 64), nn.TransformerEncoder(layer, 4, enable_nested_tensor=False),
+                          nn.Flatten(), nn.Linear(64 * 32, 10))
+    x, y = torch.randint(0, 1000, (8, 32)), torch.randint(0, 10, (8,))
+    opaque = profile(OpaqueStages(model), x, y, measure_time=False)
+    traced = profile(model, x, y, measure_time=False)
+    assert (opaque.length, traced.length) == (5, 19)
+    for factor in (1.05, 1.5, 2.0, 3.0):  # each was "too close to it for a grid of 500 slots"
+        assert plan(opaque, recompute=factor).predicted_peak_bytes == 8_301_496  # nothing to drop
+    assert plan(traced, recompute=1.5).predicted_peak_bytes == 3_479_224    # 0.42 of it
