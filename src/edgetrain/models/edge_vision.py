@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .mobilenet import _make_divisible
+from .mobilenet import make_divisible
 
-__all__ = ["mobilenet_v3_small", "efficientnet_b0", "densenet121"]
+__all__ = ["mobilenet_v3_small", "efficientnet_b0", "densenet121", "MobileNetV3", "EfficientNet", "DenseNet",
+           "V3_SMALL_BLOCKS", "B0_STAGES"]
 
 
 def _conv_bn(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, groups: int = 1,
@@ -84,23 +85,23 @@ class MobileBlock(nn.Module):
 
 
 # (kernel, expanded, out, squeeze-excite, hard-swish, stride) per block, Table 2 of MobileNetV3 (Small).
-_V3_SMALL = ((3, 16, 16, True, False, 2), (3, 72, 24, False, False, 2), (3, 88, 24, False, False, 1),
+V3_SMALL_BLOCKS = ((3, 16, 16, True, False, 2), (3, 72, 24, False, False, 2), (3, 88, 24, False, False, 1),
              (5, 96, 40, True, True, 2), (5, 240, 40, True, True, 1), (5, 240, 40, True, True, 1),
              (5, 120, 48, True, True, 1), (5, 144, 48, True, True, 1), (5, 288, 96, True, True, 2),
              (5, 576, 96, True, True, 1), (5, 576, 96, True, True, 1))
 
 
 class MobileNetV3(nn.Module):
-    """``blocks`` (rows of ``_V3_SMALL``) may be cut short for a quick test of the same layers."""
+    """``blocks`` (rows of ``V3_SMALL_BLOCKS``) may be cut short for a quick test of the same layers."""
 
-    def __init__(self, num_classes: int = 1000, blocks: tuple[tuple[int, int, int, bool, bool, int], ...] = _V3_SMALL,
-                 ) -> None:
+    def __init__(self, num_classes: int = 1000,
+                 blocks: tuple[tuple[int, int, int, bool, bool, int], ...] = V3_SMALL_BLOCKS) -> None:
         super().__init__()
         layers: list[nn.Module] = [_conv_bn(3, 16, 3, 2, activation=nn.Hardswish)]
         channels = 16
         for kernel, expanded, out, use_se, hard_swish, stride in blocks:
             activation = nn.Hardswish if hard_swish else nn.ReLU
-            se = SqueezeExcite(expanded, _make_divisible(expanded // 4), nn.ReLU, nn.Hardsigmoid) if use_se else None
+            se = SqueezeExcite(expanded, make_divisible(expanded // 4), nn.ReLU, nn.Hardsigmoid) if use_se else None
             layers.append(MobileBlock(channels, kernel, expanded, out, stride, activation, se))
             channels = out
         layers.append(_conv_bn(channels, 6 * channels, 1, activation=nn.Hardswish))
@@ -118,25 +119,25 @@ def mobilenet_v3_small(num_classes: int = 1000) -> MobileNetV3:
 
 
 # (expansion, kernel, stride, in, out, repeats) per stage, Table 1 of EfficientNet (B0).
-_B0 = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+B0_STAGES = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
        (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1))
 
 
 class EfficientNet(nn.Module):
     """MBConv stages with squeeze-excite (a quarter of each block's input channels) and stochastic depth.
 
-    ``stages`` (rows of ``_B0``) may be cut short for a quick test of the same layers.
+    ``stages`` (rows of ``B0_STAGES``) may be cut short for a quick test of the same layers.
     """
 
     def __init__(self, num_classes: int = 1000, stochastic_depth: float = 0.2,
-                 stages: tuple[tuple[int, int, int, int, int, int], ...] = _B0) -> None:
+                 stages: tuple[tuple[int, int, int, int, int, int], ...] = B0_STAGES) -> None:
         super().__init__()
         layers: list[nn.Module] = [_conv_bn(3, 32, 3, 2, activation=nn.SiLU)]
         total, index = sum(stage[-1] for stage in stages), 0
         for expansion, kernel, stride, in_channels, out_channels, repeats in stages:
             for repeat in range(repeats):
                 channels = in_channels if repeat == 0 else out_channels
-                expanded = _make_divisible(channels * expansion)
+                expanded = make_divisible(channels * expansion)
                 se = SqueezeExcite(expanded, max(1, channels // 4), nn.SiLU, nn.Sigmoid)
                 layers.append(MobileBlock(channels, kernel, expanded, out_channels, stride if repeat == 0 else 1,
                                           nn.SiLU, se, drop=stochastic_depth * index / total))
