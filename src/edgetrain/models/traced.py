@@ -11,16 +11,19 @@ own forward must trace.
 The chain is cut after node ``i`` when exactly one value made at or before ``i`` is used after
 it, that value is a tensor, and nothing after the cut changes it in place: the graph's
 *articulation values*, through which every later op depends on everything earlier. Between two
-cuts lies one stage: a skip-connected region (a residual block, a U-Net level, a DenseNet
-block, a squeeze-excite) is one stage, as the chain model (one tensor between stages) needs.
-A stage of a single ``torch.nn`` module applied to its input is that module itself, so an
+cuts lies one stage: a skip-connected region (a residual block, a DenseNet block, a
+squeeze-excite, a U-Net's nested skips) is one stage, as the chain model (one tensor between
+stages) needs.
+A stage made of views alone (a transpose, a ``Flatten``) joins its neighbour: its output would
+share its input's storage, which the chain would count twice. A stage of a single ``torch.nn``
+module applied to its input is that module itself, so an
 ``nn.Sequential`` of plain layers keeps its children as stages; any other stage is an
 ``fx.GraphModule`` whose submodules and parameters are the model's own objects (no copies):
 the optimizer, ``state_dict`` and ``.train()``/``.eval()`` of the model act on them.
 
 The trace is taken in training mode (what the stages run for) with PyTorch's multi-head
-attention fast path off, which training never takes; a Python value read during the trace
-(``self.training``, a shape) is fixed in the graph as it was then. Extra arguments of
+attention fast path off, which training never takes; a Python value that does not come from
+the input (``self.training``) is fixed in the graph as it was then. Extra arguments of
 ``forward`` keep their defaults. A model whose own forward cannot be traced, that takes
 more than one tensor, or that returns anything but one tensor is refused in one line naming
 the construct.
