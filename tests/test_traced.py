@@ -215,3 +215,28 @@ def test_issue_encoder_plans_at_every_factor_and_tracing_lets_it_recompute() -> 
     for factor in (1.05, 1.5, 2.0, 3.0):  # each was "too close to it for a grid of 500 slots"
         assert plan(opaque, recompute=factor).predicted_peak_bytes == 8_301_496  # nothing to drop
     assert plan(traced, recompute=1.5).predicted_peak_bytes == 3_479_224    # 0.42 of it
+
+
+class Reused(nn.Module):
+    """The same two layers applied twice: four stages share parameters (NOTE [ Shared parameters ])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            x = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.head(x)
+
+
+def test_a_module_called_twice_is_counted_once_and_trains_as_plain_autograd() -> None:
+    torch.manual_seed(0)
+    model, x, y = Reused(), torch.randn(2048, 64), torch.randint(0, 10, (2048,))
+    chain = profile(model, x, y, measure_time=False)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert chain.weights_bytes == chain.gradients_bytes == weights  # not twice a and b
+    checks = [checkpointed_step(model, x, y, budget, chain) for budget in three_budgets(chain)]
+    for check in checks:
+        assert check.worst_grad_error <= 1e-6 and check.peak_tracks(), check
+    assert checks[0].forward_advances > 0
