@@ -229,8 +229,11 @@ def test_view_stages_hold_the_models_modules() -> None:
 def test_stages_of_sequential_and_errors() -> None:
     seq = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     assert stages_of(seq) == list(seq)
-    with pytest.raises(TypeError, match=r"stages\(\).*nn.Sequential"):
-        stages_of(nn.Linear(3, 4))
+    # Any other model is traced (tests/test_traced.py); a lone layer is a one-stage chain.
+    layer = nn.Linear(3, 4)
+    (stage,) = stages_of(layer)
+    x = torch.randn(2, 3)
+    assert torch.equal(stage(x), layer(x)) and list(stage.parameters()) == list(layer.parameters())
 
 
 @settings(max_examples=8, deadline=None)

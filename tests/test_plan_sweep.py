@@ -13,7 +13,7 @@ import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, StageCost, simulate
 from edgetrain.planners import plan, revolve, solve, uniform
-from edgetrain.planners.optimal_exact import exact_minimum_bytes, solve_exact
+from edgetrain.planners.optimal_exact import exact_minimum_bytes, least_peak_schedule, solve_exact
 from edgetrain.profile import chain_for
 from edgetrain.schedule import Stats, keep_all
 
@@ -147,3 +147,31 @@ def test_exact_table_hands_a_child_what_an_unsaved_output_frees() -> None:
         assert exact.time_s(budget) <= grid.time_s(budget)
         stats = simulate(chain, exact.schedule(budget))
         assert stats.peak_bytes <= budget and stats.time_s == pytest.approx(exact.time_s(budget), rel=1e-12)
+
+
+LONG_CHAINS = [random_chain(70, 7), random_chain(70, 8, fixed_bytes=50_000_000, heavy_gradients=True)]
+
+
+@pytest.mark.parametrize("chain", LONG_CHAINS, ids=lambda chain: f"{chain.name}-{chain.resident_bytes}")
+def test_long_chain_requests_get_a_schedule_never_a_grid_error(chain: Chain) -> None:
+    # Longer than EXACT_MAX_STAGES: no exact table; at the least budget the grid rounds every
+    # schedule away, and the least-peak schedule answers (a refusal naming the minimum as the
+    # "feasible minimum" it met, before).
+    minimum = exact_minimum_bytes(chain)
+    keep_all_peak = simulate(chain, keep_all(chain.length)).peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        plan(chain, memory=minimum - 1, strategy="optimal")
+    assert caught.value.minimum_bytes == minimum
+    for budget in (minimum, minimum + (keep_all_peak - minimum) // 9):
+        chosen = plan(chain, memory=budget, strategy="optimal")
+        assert simulate(chain, chosen.schedule) == chosen.stats
+        assert chosen.predicted_peak_bytes <= budget
+    for factor in (1.05,):
+        chosen = plan(chain, recompute=factor, strategy="optimal")
+        assert simulate(chain, chosen.schedule) == chosen.stats
+        assert chosen.recompute_factor <= factor * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("chain", [*CHAINS, *LONG_CHAINS], ids=lambda chain: f"{chain.name}-{chain.resident_bytes}")
+def test_least_peak_schedule_reaches_the_exact_minimum(chain: Chain) -> None:
+    assert simulate(chain, least_peak_schedule(chain)).peak_bytes == exact_minimum_bytes(chain)

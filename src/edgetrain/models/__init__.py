@@ -1,4 +1,6 @@
-"""The model zoo: ResNets, MobileNetV2 and a BERT-shaped encoder, each also a chain of stages.
+"""The model zoo: ResNets, MobileNetV2 and a BERT-shaped encoder, each also a chain of stages; and
+models written with no thought of edgetrain (MobileNetV3-Small, EfficientNet-B0, DenseNet-121, a
+U-Net, YOLOv8, a GPT-2-style decoder in ``edge_vision.py`` and ``edge_dense.py``), traced into stages.
 
 LinearResNet, a cost model built from the estimator, lives in ``profile/linear_resnet.py``.
 
@@ -20,14 +22,18 @@ from __future__ import annotations
 
 from torch import nn
 
+from .edge_dense import gpt_decoder, unet, yolov8
+from .edge_vision import densenet121, efficientnet_b0, mobilenet_v3_small
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
 from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
+from .traced import NotTraceableError, is_plain_layer, traced_stages
 from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
-    "transformer_encoder", "transformer_encoder_small", "stages_of",
+    "transformer_encoder", "transformer_encoder_small", "mobilenet_v3_small", "efficientnet_b0", "densenet121",
+    "unet", "yolov8", "gpt_decoder", "stages_of", "traced_stages", "NotTraceableError",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",
 ]
 
@@ -36,14 +42,16 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
     """The chain of stages of ``model``, for planners and the executor.
 
     Args:
-        model: a model with a ``stages()`` method (every model of this package), or an
-            ``nn.Sequential`` whose children are the stages.
+        model: a model with a ``stages()`` method (every model of this package, or a user's
+            override), an ``nn.Sequential`` of plain ``torch.nn`` layers (its children are the
+            stages), or any other model that torch.fx can trace: it is cut where one tensor
+            passes (NOTE [ Traced stages ] in ``models/traced.py``).
 
     Returns:
         Modules whose sequential composition equals ``model(x)``, sharing its parameters.
 
     Raises:
-        TypeError: for any other model, saying how to make it chain-able.
+        NotTraceableError: (a ``TypeError``) for a model that cannot be traced, naming the construct.
 
     Example:
         >>> import torch
@@ -57,9 +65,6 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
         if not result or not all(isinstance(s, nn.Module) for s in result):
             raise TypeError(f"{type(model).__name__}.stages() must return a non-empty list of nn.Module")
         return result
-    if isinstance(model, nn.Sequential):
+    if isinstance(model, nn.Sequential) and len(model) and all(is_plain_layer(child) for child in model):
         return list(model.children())
-    raise TypeError(
-        f"{type(model).__name__} is not chain-able: give it a method stages() -> list[nn.Module] whose "
-        "sequential composition equals forward(), or wrap it as an nn.Sequential of stages"
-    )
+    return traced_stages(model)

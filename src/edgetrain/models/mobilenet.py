@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["ConvBNReLU6", "InvertedResidual", "MobileNetV2", "mobilenet_v2"]
+__all__ = ["ConvBNReLU6", "InvertedResidual", "MobileNetV2", "mobilenet_v2", "make_divisible"]
 
 # (expansion t, output channels c, repeats n, first stride s) per group, Table 2 of the paper.
 _INVERTED_RESIDUAL_SETTING = (
@@ -26,7 +26,7 @@ _INVERTED_RESIDUAL_SETTING = (
 )
 
 
-def _make_divisible(value: float, divisor: int = 8) -> int:
+def make_divisible(value: float, divisor: int = 8) -> int:
     """Round a scaled channel count to a multiple of ``divisor`` without losing more than 10%.
 
     Multiples of 8 keep vectorised kernels efficient; the rule is the reference implementation's,
@@ -109,11 +109,11 @@ class MobileNetV2(nn.Module):
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         if width_mult <= 0:
             raise ValueError(f"width_mult must be > 0, got {width_mult}")
-        in_channels = _make_divisible(32 * width_mult)
-        self.last_channel = _make_divisible(1280 * max(1.0, width_mult))
+        in_channels = make_divisible(32 * width_mult)
+        self.last_channel = make_divisible(1280 * max(1.0, width_mult))
         features: list[nn.Module] = [ConvBNReLU6(3, in_channels, stride=2)]
         for t, c, n, s in _INVERTED_RESIDUAL_SETTING:
-            out_channels = _make_divisible(c * width_mult)
+            out_channels = make_divisible(c * width_mult)
             for i in range(n):
                 features.append(InvertedResidual(in_channels, out_channels, s if i == 0 else 1, t))
                 in_channels = out_channels

@@ -9,7 +9,6 @@ the same recurrence with ``max`` for memory in place of ``+`` for time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
@@ -18,32 +17,75 @@ from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, Schedule
 from .dp_grid import Costs, check_length, needed_subproblems, step_bytes, sweep_time_s
 
-__all__ = ["ExactTable", "solve_exact", "exact_minimum_bytes", "below_minimum_error"]
+__all__ = ["ExactTable", "solve_exact", "exact_minimum_bytes", "least_peak_schedule", "below_minimum_error"]
+
+_Least = dict[tuple[int, int, int], tuple[int, float, int]]  # (s, t, e) -> (peak bytes, time s, move)
+
+
+def _least_peaks(chain: Chain) -> _Least:
+    """Every ``P(s, t, e)``'s least memory, the least time at that memory, and the move reaching both.
+
+    The recurrence with ``max`` for memory in place of ``+`` for time (``O(L^3)``), ties in
+    memory broken by time and then by the smallest move (``s`` records, ``k > s`` checkpoints).
+    """
+    costs, length = Costs.of(chain), chain.length
+    child_entry = [0 if stage.output_saved else 1 for stage in chain.stages]
+    turn = [stage.fwd_time_s + stage.bwd_time_s for stage in chain.stages]
+    sweep = sweep_time_s(chain).tolist()
+    least: _Least = {}
+    for span in range(length):          # bottom-up: every child is solved before its parent
+        for s in range(length - span):
+            t = s + span
+            for e in (0, 1):
+                record_peak, record_time = costs.record_peak(e, s, t), turn[s]
+                if s < t:
+                    child_peak, child_time, _ = least[s + 1, t, child_entry[s]]
+                    record_peak = max(record_peak, costs.record_hold(e, s) + child_peak)
+                    record_time += child_time
+                moves = [(record_peak, record_time, s)]
+                for k in range(s + 1, t + 1):
+                    upper, lower = least[k, t, 1], least[s, k - 1, e]
+                    peak = max(costs.sweep_peak(e, s, k, t), costs.entry(e, s) + upper[0], costs.grads(k, t) + lower[0])
+                    moves.append((peak, sweep[s][k] + upper[1] + lower[1], k))
+                least[s, t, e] = min(moves)
+    return least
+
 
 def exact_minimum_bytes(chain: Chain) -> int:
     """Least budget, in bytes and without rounding, of any schedule the recurrence builds.
 
-    The same recurrence with ``max`` for memory in place of ``+`` for time (``O(L^3)``);
-    it tells a caller what a request needs when a table has no feasible entry.
+    It tells a caller what a request needs when a table has no feasible entry.
     """
-    costs, length = Costs.of(chain), chain.length
-    child_entry = [0 if stage.output_saved else 1 for stage in chain.stages]
-
-    @cache
-    def least(s: int, t: int, e: int) -> int:
-        record = costs.record_peak(e, s, t)
-        if s < t:
-            record = max(record, costs.record_hold(e, s) + least(s + 1, t, child_entry[s]))
-        checkpoints = (max(costs.sweep_peak(e, s, k, t), costs.entry(e, s) + least(k, t, 1),
-                           costs.grads(k, t) + least(s, k - 1, e)) for k in range(s + 1, t + 1))
-        return min([record, *checkpoints])
-
-    for span in range(length):          # fill bottom-up so the recursion stays shallow
-        for s in range(length - span):
-            for e in (0, 1):
-                least(s, s + span, e)
     step = chain.gradients_bytes + chain.optimizer_workspace_bytes
-    return chain.resident_bytes + max(least(0, length - 1, 0), step)
+    return chain.resident_bytes + max(_least_peaks(chain)[0, chain.length - 1, 0][0], step)
+
+
+def least_peak_schedule(chain: Chain) -> Schedule:
+    """The schedule of least peak (:func:`exact_minimum_bytes`), the fastest of those, in ``O(L^3)``.
+
+    Where no table is solved (a chain too long for the exact table whose grid rounds every
+    schedule away near the minimum), it is the answer that fits every feasible budget.
+    """
+    least = _least_peaks(chain)
+    ops: list[Op] = []
+    stack: list[tuple[int, int, int] | Op] = [(0, chain.length - 1, 0)]
+    while stack:
+        task = stack.pop()
+        if not isinstance(task, tuple):
+            ops.append(task)
+            continue
+        s, t, e = task
+        k = least[s, t, e][2]
+        if k == s:                         # (a): what runs later is pushed first
+            stack.append(Backward(s))
+            if s < t:
+                stack.append((s + 1, t, 0 if chain.stages[s].output_saved else 1))
+            ops.append(Forward(s, Keep.ALL))
+        else:                              # (b)
+            stack += [(s, k - 1, e), (k, t, 1)]
+            ops.append(Forward(s, Keep.INPUT))
+            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
+    return Schedule(tuple(ops), chain.length, strategy="optimal", params={"least_peak": True})
 
 
 def below_minimum_error(chain: Chain, budget_bytes: int, minimum_bytes: int) -> InfeasibleBudgetError:

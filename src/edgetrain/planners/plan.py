@@ -18,7 +18,7 @@ from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
 from .dp_grid import Solver
 from .optimal import OptimalTable, solve
-from .optimal_exact import exact_minimum_bytes, solve_exact
+from .optimal_exact import exact_minimum_bytes, least_peak_schedule, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
@@ -195,7 +195,10 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int, jit: bool) -> 
     best time at ``budget`` from below: when the two agree the table's answer is the optimum.
     Otherwise the exact table (no grid) answers, on chains of up to ``EXACT_MAX_STAGES``
     stages: its cost grows as ``L^3`` in Python (0.1 s for 22 stages, 1.3 s for 56, minutes
-    for 152), so longer chains keep the grid's answer, found or not.
+    for 152), so longer chains keep the grid's answer; where rounding leaves the grid empty
+    near the minimum, they get the least-peak schedule (``least_peak_schedule``, ``O(L^3)``
+    on numbers, about a second for 100 stages), which fits every feasible budget, so a
+    valid request never meets a grid error.
     """
     everything = _keep_all_as_optimal(chain)
     if everything.stats.peak_bytes <= budget:
@@ -208,7 +211,10 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int, jit: bool) -> 
             return _candidate(chain, solve_exact(chain, budget).schedule(budget))
         except InfeasibleBudgetError:
             return None
-    return None if table is None else _candidate(chain, table.schedule(budget))
+    if table is not None:
+        return _candidate(chain, table.schedule(budget))
+    least = _candidate(chain, least_peak_schedule(chain))
+    return least if least.stats.peak_bytes <= budget else None
 
 
 def _grid_table(chain: Chain, budget: int, slots: int, jit: bool) -> OptimalTable | None:

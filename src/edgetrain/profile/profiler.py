@@ -45,7 +45,7 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
     """Profile one training step of ``model`` into a chain of stages (the loss is the last stage).
 
     Args:
-        model: a chain-able model (``model.stages()`` or an ``nn.Sequential``), in train mode.
+        model: any model :func:`~edgetrain.models.stages_of` turns into stages, in train mode.
         sample: an input batch, or the shape of a float input batch (made on the model's device).
         target: labels for the loss; class 0 for every sample if omitted.
         loss_fn: ``loss_fn(output, target)``; cross-entropy by default.
@@ -90,14 +90,17 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
             tracker.register(module.buffers())
         tracker.register([x])
         current = x.detach()
+        first_holder, last_holder = _parameter_holders(stages)
         for index, module in enumerate(stages):
             if isinstance(module, LossStage):
                 if target is None:
                     target = torch.zeros(current.shape[0], dtype=torch.long, device=current.device)
                 module.target = target
                 tracker.register([target])
+            counted = _Counted(weights={k for k, i in first_holder.items() if i == index},
+                               grads={k for k, i in last_holder.items() if i == index})
             measure = _profile_stage(module, current, index > 0, tracker, timed, repeats, flops_per_s,
-                                     name=_stage_name(module, index))
+                                     name=_stage_name(module, index), counted=counted)
             measures.append(measure)
             current = measure.output
             if progress is not None:
@@ -108,8 +111,34 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
     return measures, target if target is not None else torch.empty(0)
 
 
+@dataclass(frozen=True)
+class _Counted:
+    """Parameters (by ``id``) whose weights and gradients a stage's cost counts.
+
+    NOTE [ Shared parameters ]
+    A parameter that several stages use (a GPT's token embedding tied to its output layer, a
+    module called twice) exists once: its weight is counted in the first stage that holds it,
+    its gradient in the last, whose backward runs first and creates it; the earlier stages'
+    backwards add into it in place, and what they allocate for that is their workspace.
+    """
+
+    weights: set[int]
+    grads: set[int]
+
+
+def _parameter_holders(stages: list[nn.Module]) -> tuple[dict[int, int], dict[int, int]]:
+    """For each parameter (by ``id``), the first and the last stage that holds it."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for index, module in enumerate(stages):
+        for p in module.parameters():
+            first.setdefault(id(p), index)
+            last[id(p)] = index
+    return first, last
+
+
 def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker: LiveBytesTracker,
-                   timed: bool, repeats: int, flops_per_s: float, name: str) -> _StageMeasure:
+                   timed: bool, repeats: int, flops_per_s: float, name: str, counted: _Counted) -> _StageMeasure:
     params = [p for p in module.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
@@ -148,20 +177,21 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker
     if seed is not None:
         seed_backward(seed)
     grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
-    grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None)
+    grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
     bwd_workspace = tracker.peak_bytes - before - grad_in - grad_bytes
     del y, seed, box
     x_rec.grad = None
     for p in params:
         p.grad = None
 
+    weight_bytes = storage_bytes(p for p in module.parameters() if id(p) in counted.weights) if params else 0
     fwd_flops, bwd_flops = _count_flops(module, x, input_grad)
     if timed:
         fwd_time, bwd_time = _time_stage(module, x, input_grad, repeats)
     else:
         fwd_time, bwd_time = fwd_flops / flops_per_s, bwd_flops / flops_per_s
     cost = StageCost(name=name, fwd_time_s=fwd_time, bwd_time_s=bwd_time, out_bytes=out_bytes,
-                     saved_bytes=saved_bytes, param_bytes=storage_bytes(module.parameters()) if params else 0,
+                     saved_bytes=saved_bytes, param_bytes=weight_bytes,
                      grad_bytes=grad_bytes, fwd_workspace_bytes=fwd_workspace,
                      rec_workspace_bytes=rec_workspace, bwd_workspace_bytes=bwd_workspace,
                      input_saved=storage_key(x_rec) in recorded.keys, output_saved=output_saved)

@@ -74,7 +74,8 @@ class Checkpointed(nn.Module):
     (unpadded sequences) re-profile each new shape: pad them to a few fixed lengths.
 
     Args:
-        model: a chain-able model (``stages()`` or ``nn.Sequential``).
+        model: a model with ``stages()``, an ``nn.Sequential``, or any model torch.fx traces
+            (NOTE [ Traced stages ] in ``models/traced.py``).
         sample: an example input batch of the shape training will use.
         memory: the step's tensor peak allowed (weights, gradients, optimizer state, batch,
             activations, workspace as the simulator counts them), in bytes or as text
@@ -89,6 +90,9 @@ class Checkpointed(nn.Module):
         target: example labels for profiling (class 0 everywhere when omitted); re-plans
             for another batch size repeat or cut it along the first dimension.
         measure_time: time stages on real tensors (else FLOP counts stand for times).
+        chain: the chain of this model profiled on a batch of ``sample``'s shape (with
+            ``loss_fn`` and ``optimizer``), to plan without profiling again: a saved one
+            (:meth:`Chain.load`), or one profiled once for plans at several budgets.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
@@ -102,7 +106,8 @@ class Checkpointed(nn.Module):
 
     def __init__(self, model: nn.Module, *, sample: torch.Tensor, memory: int | str | None = None,
                  recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
-                 optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True) -> None:
+                 optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
+                 chain: Chain | None = None) -> None:
         super().__init__()
         if (memory is None) == (recompute is None):
             raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
@@ -119,7 +124,7 @@ class Checkpointed(nn.Module):
         self._executor: Executor
         self._input_key: _InputKey = _input_key(sample)
         self._plans: dict[_InputKey, tuple[Chain, Plan, Executor]] = {}
-        self._replan(sample, target)
+        self._replan(sample, target, chain)
 
     # --- training ------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,11 +158,15 @@ class Checkpointed(nn.Module):
                     _describe(key), _describe(self._input_key))
         self._replan(x, target if target is not None else _resize_batch(self._example_target, x.shape[0]))
 
-    def _replan(self, sample: torch.Tensor, target: torch.Tensor | None) -> None:
-        """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched) and plan."""
-        with _training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
-            chain = profile(self.model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
-                            measure_time=self._measure_time)
+    def _replan(self, sample: torch.Tensor, target: torch.Tensor | None, chain: Chain | None = None) -> None:
+        """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched), unless given, and plan."""
+        if chain is None:
+            with _training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
+                chain = profile(self.model, sample.detach(), target, loss_fn=self._loss_fn,
+                                optimizer=self._optimizer, measure_time=self._measure_time)
+        elif chain.length != len(self._stages):
+            raise ValueError(f"the chain has {chain.length} stages but {type(self.model).__name__} has "
+                             f"{len(self._stages)} (its stages and the loss): profile this model")
         chosen = plan(chain, **self._request)
         key = _input_key(sample)
         self._plans[key] = (chain, chosen, Executor(self._stages, chosen.schedule, chain))

@@ -1,0 +1,345 @@
+"""Stages of any traceable model: trace it with torch.fx and cut the graph where one tensor passes.
+
+NOTE [ Traced stages ]
+A model without ``stages()`` is traced with :mod:`torch.fx` into one graph of operations. The
+tracer descends into containers (nested ``nn.Sequential``, user modules, ``ModuleList``
+loops, ``nn.TransformerEncoder`` and its layers); the modules of ``torch.nn`` itself (convolutions,
+norms, attention, activations) stay whole, as ``call_module`` nodes. A submodule whose forward
+cannot be traced (data-dependent control flow, say) is kept whole too, so only the model's
+own forward must trace.
+
+The chain is cut after node ``i`` when exactly one value made at or before ``i`` is used after
+it, that value is a tensor, and nothing after the cut changes it in place: the graph's
+*articulation values*, through which every later op depends on everything earlier. Between two
+cuts lies one stage: a skip-connected region (a residual block, a DenseNet block, a
+squeeze-excite, a U-Net's nested skips) is one stage, as the chain model (one tensor between
+stages) needs.
+A stage made of views alone (a transpose, a ``Flatten``) joins its neighbour: its output would
+share its input's storage, which the chain would count twice. A stage of a single ``torch.nn``
+module applied to its input is that module itself, so an
+``nn.Sequential`` of plain layers keeps its children as stages; any other stage is an
+``fx.GraphModule`` whose submodules and parameters are the model's own objects (no copies):
+the optimizer, ``state_dict`` and ``.train()``/``.eval()`` of the model act on them.
+
+The trace is taken in training mode (what the stages run for) with PyTorch's multi-head
+attention fast path off, which training never takes; a Python value that does not come from
+the input (``self.training``) is fixed in the graph as it was then. Extra arguments of
+``forward`` keep their defaults. A model whose own forward cannot be traced, that takes
+more than one tensor, or that returns anything but one tensor is refused in one line naming
+the construct.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect
+import itertools
+import logging
+import operator
+import re
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+__all__ = ["traced_stages", "is_plain_layer", "NotTraceableError"]
+
+log = logging.getLogger(__name__)
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_SCALAR_METHODS = frozenset({"size", "dim", "numel", "item", "tolist", "__len__", "stride", "nelement"})
+_SCALAR_FUNCTIONS = frozenset({builtins.getattr, builtins.len, builtins.int, builtins.float})
+_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "transpose", "permute",
+                           "squeeze", "unsqueeze", "expand", "expand_as", "t", "narrow", "select", "chunk", "split",
+                           "unbind", "contiguous", "__getitem__", "movedim", "swapaxes", "detach"})
+_VIEW_FUNCTIONS = frozenset({torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
+                             torch.unsqueeze, torch.t, torch.narrow, torch.select, torch.chunk, torch.split,
+                             torch.unbind, torch.movedim, torch.swapaxes, operator.getitem})
+_INPLACE_FUNCTIONS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
+                                operator.ior, operator.ixor, operator.ilshift, operator.irshift})
+
+
+class NotTraceableError(TypeError):
+    """A model that torch.fx cannot turn into a chain of stages; the message names the construct."""
+
+
+class _StageTracer(fx.Tracer):
+    """fx's tracer that keeps ``torch.nn`` layers whole and keeps whole any submodule it cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.whole: set[int] = set()     # ids of submodules kept whole after their trace failed
+        self.kept_whole: list[str] = []  # "qualname: construct", for the log
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if id(m) in self.whole:
+            return True
+        if isinstance(m, (nn.Sequential, nn.TransformerEncoderLayer)):
+            return False
+        return m.__module__.startswith("torch.nn")
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        if isinstance(m, nn.TransformerEncoder) and len(args) == 1 and not kwargs:
+            return self._encoder_layers(m, args[0])
+        if self.is_leaf_module(m, self.path_of_module(m)):
+            return super().call_module(m, forward, args, kwargs)
+        last = next(iter(reversed(self.graph.nodes)))
+        stack = list(self.module_stack.items())
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure of a submodule's trace: keep it whole
+            self._erase_after(last)
+            self.module_stack.clear()
+            self.module_stack.update(stack)
+            self.whole.add(id(m))
+            self.kept_whole.append(f"{self.path_of_module(m)}: {_construct(exc)}")
+            return super().call_module(m, forward, args, kwargs)
+
+    def _encoder_layers(self, encoder: nn.TransformerEncoder, src: Any) -> Any:
+        """``nn.TransformerEncoder(src)`` without masks in training is its layers in turn, then its norm."""
+        for layer in encoder.layers:
+            src = self.call_module(layer, layer.forward, (src,), {})
+        if encoder.norm is not None:
+            src = self.call_module(encoder.norm, encoder.norm.forward, (src,), {})
+        return src
+
+    def _erase_after(self, last: fx.Node) -> None:
+        nodes = list(self.graph.nodes)
+        for node in reversed(nodes[nodes.index(last) + 1:]):
+            self.graph.erase_node(node)
+
+
+def traced_stages(model: nn.Module) -> list[nn.Module]:
+    """The chain of stages of ``model`` cut at its graph's articulation values (NOTE [ Traced stages ]).
+
+    Args:
+        model: any module whose forward takes one tensor (other arguments keep their defaults)
+            and returns one tensor.
+
+    Returns:
+        Modules whose composition in order computes ``model(x)`` with the same ops in the same
+        order, sharing the model's parameters.
+
+    Raises:
+        NotTraceableError: naming what stopped the trace (or the extra input or output).
+
+    Example:
+        >>> class Skip(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(8, 2)
+        ...     def forward(self, x):
+        ...         h = torch.relu(self.a(x))
+        ...         return self.c(torch.cat([h, torch.relu(self.b(h))], 1))
+        >>> [type(s).__name__ for s in traced_stages(Skip())]
+        ['Linear', 'Stage_relu', 'Stage_b_cat', 'Linear']
+    """
+    graph, tracer = _trace(model)
+    if tracer.kept_whole:
+        log.info("%s: kept whole (not traceable inside): %s", type(model).__name__, "; ".join(tracer.kept_whole))
+    nodes = [node for node in graph.nodes if node.op not in ("get_attr", "output")]
+    result = _output_value(model, graph)
+    cuts = _cuts(model, nodes, result)
+    stages = [_stage(model, nodes, start, end) for start, end in itertools.pairwise(cuts)]
+    log.debug("%s traced into %d stages", type(model).__name__, len(stages))
+    return stages
+
+
+def is_plain_layer(module: nn.Module) -> bool:
+    """A ``torch.nn`` layer the tracer keeps whole (not a container, not an encoder)."""
+    return _StageTracer().is_leaf_module(module, "") and not isinstance(module, nn.TransformerEncoder)
+
+
+# --- tracing ------------------------------------------------------------------------------------
+
+def _trace(model: nn.Module) -> tuple[fx.Graph, _StageTracer]:
+    name = type(model).__name__
+    concrete = _concrete_args(model)
+    tracer = _StageTracer()
+    with _training(model), _mha_fastpath_off():
+        try:
+            graph = tracer.trace(model, concrete_args=concrete)
+        except Exception as exc:  # whatever stopped the trace is what the user must see
+            raise NotTraceableError(f"{name} cannot be traced into stages: {_construct(exc)}; give it a method "
+                                    "stages() -> list[nn.Module] whose composition equals forward()") from exc
+    _drop_specialised_args(graph, name)
+    return graph, tracer
+
+
+def _concrete_args(model: nn.Module) -> dict[str, Any]:
+    """Every argument of ``forward`` after the first, fixed at its default; refuse one without."""
+    parameters = list(inspect.signature(model.forward).parameters.values())
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not positional or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+        raise NotTraceableError(f"{type(model).__name__}.forward must take one tensor (and arguments with "
+                                "defaults) to be traced into stages")
+    missing = [p.name for p in positional[1:] if p.default is inspect.Parameter.empty]
+    if missing:
+        raise NotTraceableError(f"{type(model).__name__}.forward takes more than one input ({', '.join(missing)} "
+                                "beside the first); a chain's stages take one tensor")
+    return {p.name: p.default for p in positional[1:]}
+
+
+def _drop_specialised_args(graph: fx.Graph, name: str) -> None:
+    """Remove the placeholders of fixed arguments and the checks fx adds on them."""
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    reached: list[fx.Node] = []
+    for node in graph.nodes:
+        if node in placeholders[1:] or any(arg in reached for arg in node.all_input_nodes):
+            reached.append(node)
+    for node in reversed(reached):
+        if node.op == "output" or any(user not in reached for user in node.users):
+            raise NotTraceableError(f"{name}: an argument after the first reaches the output; a chain's stages "
+                                    "take one tensor")
+        graph.erase_node(node)
+
+
+def _output_value(model: nn.Module, graph: fx.Graph) -> fx.Node:
+    output = next(node for node in graph.nodes if node.op == "output")
+    value = output.args[0]
+    if not isinstance(value, fx.Node) or _is_scalar(value):
+        raise NotTraceableError(f"{type(model).__name__}.forward returns {type(value).__name__}, not one tensor; "
+                                "a chain ends in one tensor (return the logits, compute the rest outside)")
+    return value
+
+
+def _construct(exc: BaseException) -> str:
+    """What stopped a trace, in one line: the error and the user's line of code that raised it."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_TORCH_DIR)]
+    if not frames:
+        return f"{type(exc).__name__}: {message}"
+    frame = frames[-1]
+    return f"{type(exc).__name__}: {message} (at {Path(frame.filename).name}:{frame.lineno}: {frame.line})"
+
+
+@contextlib.contextmanager
+def _training(model: nn.Module) -> Iterator[None]:
+    modes = {module: module.training for module in model.modules()}
+    model.train()
+    try:
+        yield
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
+@contextlib.contextmanager
+def _mha_fastpath_off() -> Iterator[None]:
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+# --- cutting ------------------------------------------------------------------------------------
+
+_Cut = tuple[int, fx.Node]  # (position of the last node before the cut, the one value passed on)
+
+
+def _cuts(model: nn.Module, nodes: list[fx.Node], result: fx.Node) -> list[_Cut]:
+    """The articulation values in order: after the input, each single tensor every later op depends on."""
+    position = {node: i for i, node in enumerate(nodes)}
+    end = len(nodes)
+    last_use = {node: max((position.get(user, end) for user in node.users), default=-1) for node in nodes}
+    cuts: list[_Cut] = []
+    live: set[fx.Node] = set()
+    for i, node in enumerate(nodes):
+        live.add(node)
+        live = {value for value in live if last_use[value] > i}
+        if len(live) != 1:
+            continue
+        (value,) = live
+        if _is_scalar(value) or any(_mutates(model, later) for later in value.users if later.args[:1] == (value,)):
+            continue
+        if cuts and cuts[-1][1] is value:
+            cuts[-1] = (i, value)    # ops that only read or rewrite nothing: keep them before the cut
+        else:
+            cuts.append((i, value))
+    if not cuts or cuts[-1][1] is not result:
+        cuts.append((end - 1, result))
+    return _without_view_stages(model, nodes, cuts)
+
+
+def _without_view_stages(model: nn.Module, nodes: list[fx.Node], cuts: list[_Cut]) -> list[_Cut]:
+    """Merge each stage of views alone (a transpose, a flatten) into the next (the last into the previous).
+
+    Its output would share its input's storage, which the chain counts as two values.
+    """
+    kept = list(cuts)
+    index = 1
+    while index < len(kept) and len(kept) > 2:
+        body = nodes[kept[index - 1][0] + 1:kept[index][0] + 1]
+        if all(_is_view(model, node) for node in body):
+            del kept[index if index < len(kept) - 1 else index - 1]
+        else:
+            index += 1
+    return kept
+
+
+def _is_view(model: nn.Module, node: fx.Node) -> bool:
+    """Whether ``node``'s result may share its input's storage."""
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    if node.op == "call_function":
+        return node.target in _VIEW_FUNCTIONS
+    if node.op == "call_module":
+        return isinstance(model.get_submodule(str(node.target)), (nn.Flatten, nn.Unflatten, nn.Identity))
+    return False
+
+
+def _is_scalar(node: fx.Node) -> bool:
+    """A shape, size or Python number computed from tensors: never a stage boundary."""
+    if node.op == "call_method":
+        return node.target in _SCALAR_METHODS
+    if node.op == "call_function":
+        if node.target in _SCALAR_FUNCTIONS:
+            return True
+        inputs = node.all_input_nodes
+        return getattr(node.target, "__module__", None) in ("_operator", "operator") and bool(inputs) and all(
+            _is_scalar(arg) for arg in inputs)
+    return False
+
+
+def _mutates(model: nn.Module, node: fx.Node) -> bool:
+    """Whether ``node`` changes its first argument in place (``add_``, ``+=``, ``ReLU(inplace=True)``)."""
+    if node.op == "call_method":
+        return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_function":
+        return node.target in _INPLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))
+    if node.op == "call_module":
+        return bool(getattr(model.get_submodule(str(node.target)), "inplace", False))
+    return False
+
+
+def _stage(model: nn.Module, nodes: list[fx.Node], start: _Cut, end: _Cut) -> nn.Module:
+    """The ops after cut ``start`` up to cut ``end`` as one module: itself when it is one submodule call."""
+    body = nodes[start[0] + 1:end[0] + 1]
+    first, source, result = body[0], start[1], end[1]
+    if (len(body) == 1 and first is result and first.op == "call_module" and first.args == (source,)
+            and not first.kwargs):
+        return model.get_submodule(str(first.target))
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {source: graph.placeholder("x")}
+
+    def mapped(node: fx.Node) -> fx.Node:
+        if node not in env:  # a parameter or buffer read: copied into each stage that reads it
+            env[node] = graph.node_copy(node)
+        return env[node]
+
+    for node in body:
+        env[node] = graph.node_copy(node, mapped)
+    graph.output(mapped(result))
+    return fx.GraphModule(model, graph, class_name=_stage_class_name(body))
+
+
+def _stage_class_name(body: list[fx.Node]) -> str:
+    label = body[0].name if len(body) == 1 else f"{body[0].name}_{body[-1].name}"
+    return "Stage_" + re.sub(r"\W", "_", label)

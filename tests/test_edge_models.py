@@ -1,0 +1,92 @@
+"""Models no one shaped for edgetrain: published parameter counts, traced stages, checkpointed training.
+
+The counts are the published ones of the real architectures (torchvision's ``num_params`` for
+MobileNetV3-Small, EfficientNet-B0 and DenseNet-121; Ultralytics' summary line in
+``yolov8.yaml`` for YOLOv8n; GPT-2 small's 124,439,808; the U-Net paper's Fig. 1 counted by
+hand below). Training runs the same classes at test sizes (fewer blocks, narrower), four of the six here, each under
+``Checkpointed(memory=...)`` at the least feasible budget, the middle and keep-all's peak:
+gradients equal plain autograd's and the measured peak is what the plan predicts.
+``benchmarks/any_model.py`` trains the full-size models the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from steps import checkpointed_step, three_budgets
+from torch import nn
+
+from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilenet_v3_small, stages_of, unet, yolov8
+from edgetrain.models.edge_vision import B0_STAGES, DenseNet, EfficientNet
+from edgetrain.profile import profile
+
+
+def unet_paper_count() -> int:
+    """U-Net's Fig. 1: 1 input channel, 64 channels doubling to 1024, up-convs 2x2, 2 classes."""
+    def conv(cin: int, cout: int, k: int = 3) -> int:
+        return cin * cout * k * k + cout
+    w = [64, 128, 256, 512, 1024]
+    contracting = conv(1, 64) + conv(64, 64) + sum(conv(w[i], w[i + 1]) + conv(w[i + 1], w[i + 1]) for i in range(4))
+    expanding = sum(conv(w[i + 1], w[i], 2) + conv(2 * w[i], w[i]) + conv(w[i], w[i]) for i in range(4))
+    return contracting + expanding + conv(64, 2, 1)
+
+
+FULL: dict[str, tuple[Callable[[], nn.Module], int, int]] = {
+    # name: (builder, published parameters, traced stages)
+    "mobilenet_v3_small": (mobilenet_v3_small, 2_542_856, 58),
+    "efficientnet_b0": (efficientnet_b0, 5_288_548, 78),
+    "densenet121": (densenet121, 7_978_856, 24),
+    "unet": (lambda: unet(1, 2), unet_paper_count(), 10),
+    "yolov8n": (yolov8, 3_157_200, 12),
+    "gpt2": (gpt_decoder, 124_439_808, 28),
+}
+
+
+def test_unet_hand_count_is_the_reported_one() -> None:
+    assert unet_paper_count() == 31_030_658
+
+
+@pytest.mark.parametrize("name", list(FULL))
+def test_published_parameter_count_and_traced_stages(name: str) -> None:
+    build, published, stage_count = FULL[name]
+    with torch.device("meta"):
+        model = build()
+    assert sum(p.numel() for p in model.parameters()) == published
+    stages = stages_of(model)
+    assert len(stages) == stage_count
+    # The stages hold the model's own trainable parameters (a tied one in two stages), no copies.
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for s in stages for p in s.parameters() if p.requires_grad} == trainable
+
+
+def small(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The same classes at test sizes, with a batch and targets for ``cross_entropy``."""
+    torch.manual_seed(0)
+    image = torch.randn(2, 3, 32, 32)
+    labels = torch.randint(0, 10, (2,))
+    if name == "efficientnet_b0":      # MBConv with SE, residual and stochastic depth
+        return EfficientNet(10, stages=(B0_STAGES[0], (6, 3, 1, 16, 16, 1))), image, labels
+    if name == "densenet121":          # dense blocks (every earlier map joined) and a transition
+        return DenseNet((2, 2), growth=8, init_features=16, num_classes=10), image, labels
+    if name == "unet":                 # segmentation: a class per pixel
+        return unet(3, 2, width=4), image, torch.randint(0, 2, (2, 32, 32))
+    tokens = torch.randint(0, 128, (2, 16))  # next-token targets: the tokens shifted
+    return gpt_decoder(128, 16, 2, 32, 4), tokens, torch.roll(tokens, -1, 1)
+
+
+# MobileNetV3-Small (its blocks are EfficientNet's MobileBlock) and YOLOv8n (the slowest to profile:
+# ~250 small ops) train at full size in benchmarks/any_model.py, to keep this file within its time.
+@pytest.mark.parametrize("name", ["efficientnet_b0", "densenet121", "unet", "gpt2"])
+def test_trains_at_three_budgets_as_plain_autograd(name: str) -> None:
+    model, x, y = small(name)
+    chain = profile(model, x, y, measure_time=False)  # once: Checkpointed(chain=) plans each budget on it
+    budgets = three_budgets(chain)
+    assert budgets[0] < budgets[2]
+    checks = [checkpointed_step(model, x, y, budget, chain) for budget in budgets]
+    for check in checks:
+        assert check.predicted_bytes <= check.budget_bytes
+        assert check.worst_grad_error <= 1e-6, check
+        assert check.peak_tracks(), check
+    assert checks[0].forward_advances > 0 and checks[-1].forward_advances == 0
