@@ -6,6 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from calibration import TEST_HOST
+
+
+@pytest.fixture(autouse=True)
+def fixed_host_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CLI call that calibrates this machine gets :data:`TEST_HOST` instead of measuring."""
+    monkeypatch.setattr("edgetrain.devices.rate.calibrate_host", lambda rounds=5: TEST_HOST)
 
 
 @pytest.fixture

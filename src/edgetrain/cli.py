@@ -248,6 +248,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
     from .planfile import PlanFile
     from .planners import plan
     from .profile import chain_for
+    from .timemodel import scale_to_rate, training_rate
 
     if objective not in ("time", "energy"):
         raise EdgetrainError(f"--objective must be time or energy, got {objective!r}")
@@ -269,7 +270,9 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
             raise EdgetrainError("--objective energy takes a memory budget (--memory or the device's), not --recompute")
         from .planners.energy_plan import energy_report
 
-        energy = energy_report(chain, target, memory, deadline=deadline, strategy=strategy)
+        host = _host_for(target)
+        energy = energy_report(chain, target, memory, deadline=deadline, strategy=strategy, host=host)
+        device_rate = training_rate(target, host)
         if output is not None:
             if energy.plan.schedule is None:
                 raise EdgetrainError(f"the MILP's decisions have no executor schedule "
@@ -277,7 +280,10 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
             shipped(chain=energy.chain, schedule=energy.plan.schedule, budget_bytes=energy.plan.budget_bytes).save(
                 output)
         energy_dict: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
-                                       "objective": "energy", **energy.to_dict()}
+                                       "objective": "energy", **energy.to_dict(),
+                                       "training_flops_per_s": None if device_rate is None
+                                       else device_rate.flops_per_s,
+                                       "time_source": _time_source(target)}
         energy_dict.update(device_memory_bytes=target.memory_bytes, fits=None if target.memory_bytes is None
                            else energy_dict["predicted_peak_bytes"] <= target.memory_bytes)
         if as_json:
@@ -287,10 +293,18 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         return
     if deadline is not None:
         raise EdgetrainError("--deadline applies to --objective energy")
-    chosen = plan(chain, memory=memory, recompute=recompute, strategy=strategy)
+    rate = None if target is None else training_rate(target, _host_for(target))
+    timed = chain if rate is None else scale_to_rate(chain, rate.flops_per_s, rate.device_name)
+    chosen = plan(timed, memory=memory, recompute=recompute, strategy=strategy)
     if output is not None:
         shipped(chain=chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
-    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, **chosen.to_dict()}
+    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, "objective": "time",
+              **chosen.to_dict(), "training_flops_per_s": None if rate is None else rate.flops_per_s,
+              "time_source": _time_source(target)}
+    if rate is None:  # NOTE [ One time model ]: no sourced rate, no time (the schedule is the same at any rate)
+        report["predicted_time_s"] = None
+        if chosen.baseline is not None:
+            report["baseline"] = {**chosen.baseline.to_dict(), "time_s": None}
     if target is not None and target.memory_bytes is not None:
         report.update(device=target.name, device_memory_bytes=target.memory_bytes,
                       **_device_verdict(chosen.predicted_peak_bytes, target))
@@ -298,6 +312,27 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         typer.echo(json.dumps(report))
         return
     _print_plan(report, output)
+
+
+def _host_for(target: Any) -> Any:
+    """This machine's calibration when ``target``'s training rate needs it (NOTE [ One time model ]), else None."""
+    from .timemodel import needs_calibration
+
+    if target is None or not needs_calibration(target):
+        return None
+    from .devices.rate import calibrate_host
+
+    return _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: calibrate_host())
+
+
+def _time_source(target: Any) -> str:
+    """Where a device time comes from, or why there is none."""
+    from .timemodel import training_rate, unknown_rate_reason
+
+    if target is None:
+        return "unknown: no --device; a step time needs a device's training rate (NOTE [ One time model ])"
+    rate = training_rate(target, _host_for(target))
+    return f"unknown: {unknown_rate_reason(target)}" if rate is None else rate.source
 
 
 def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -337,6 +372,8 @@ def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
     console.print(f"  predicted peak {format_bytes(report['predicted_peak_bytes'])}, "
                   f"recompute factor ρ = {report['recompute_factor']:.3f}, "
                   f"{report['forward_advances']} forward recomputations")
+    step = "unknown" if report["predicted_time_s"] is None else f"{report['predicted_time_s']:.4g} s"
+    console.print(f"  step time {step} ({report['time_source']})")
     baseline = report["baseline"]
     if baseline is None:
         console.print("  checkpoint_sequential: no segment count meets this request")
@@ -392,10 +429,12 @@ def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", hel
                                                "keep-all's peak and the least feasible, evenly between)."),
                    milp: bool = typer.Option(False, "--milp", help="Add the MILP series (ResNet-18; slower).")) -> None:
     """POET's Fig. 3 shape: energy per step vs memory budget, per device, for every energy strategy."""
+    from .devices.rate import calibrate_host
     from .reports.poet import reproduce_poet as build
 
-    figure = _with_progress("sweeping budgets",
-                            lambda progress: build(out, budgets=budgets, include_milp=milp, progress=progress))
+    host = _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: calibrate_host())
+    figure = _with_progress("sweeping budgets", lambda progress: build(out, budgets=budgets, include_milp=milp,
+                                                                       host=host, progress=progress))
     console.print(f"wrote {figure.json_path}, {figure.png_path} and {figure.md_path}")
     verdicts = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "untestable"}
     for panel in figure.data["panels"]:  # type: ignore[attr-defined]
@@ -520,7 +559,7 @@ def bench_device(
                                     help="Device file to write (an existing one keeps its other devices)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
-    from .devices.catalog import ENERGY_FIELDS
+    from .devices.catalog import ENERGY_FIELDS, RATE_FIELDS
     from .devices.probe import POWER_FIELDS, measure_device
     from .units import parse_bytes
 
@@ -541,7 +580,7 @@ def bench_device(
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("source")
-    for key in ENERGY_FIELDS:
+    for key in (*RATE_FIELDS, *ENERGY_FIELDS):
         value = getattr(device, key)
         table.add_row(key, "-" if value is None else f"{value:.4g}", device.sources.get(key, ""))
     Console(width=max(console.width, 150)).print(table)
