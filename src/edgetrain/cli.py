@@ -8,11 +8,13 @@ Heavy imports happen inside the commands that need them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -465,35 +467,58 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget instead of the device's memory."),
                 max_run_batch: int = typer.Option(64, "--max-run-batch", min=1,
                                                   help="Largest batch actually run here."),
-                reps: int = typer.Option(3, "--reps", min=1, help="Timed steps per point (median)."),
+                reps: int = typer.Option(3, "--reps", min=1, help="Timed steps per run (median)."),
+                runs: int = typer.Option(3, "--runs", min=1, help="Separate runs per point (median and range)."),
+                largest_on: str = typer.Option(
+                    "", "--largest-on", help="Devices, comma-separated (e.g. rpi4): the largest batch whose whole "
+                    "training process fits each, for the model and its CIFAR-stem variant, beside published ones."),
                 out: Path = typer.Option(Path("out/bench_batch"), "--out", "-o", help="Output directory."),
                 as_json: bool = typer.Option(False, "--json", help="Print the sweep as JSON.")) -> None:
     """Throughput and peak memory vs batch size, with and without planning, and the largest batch that fits."""
-    from .reports.batch_sweep import plot_sweep, sweep_batches
+    from .devices import get_device
+    from .reports.batch_sweep import largest_batches_by_device, plot_sweep, sweep_batches
+    from .train.budget import device_tensor_budget
     from .units import parse_bytes
 
     budget = parse_bytes(memory) if memory is not None else _memory_of(device)
+    targets = [get_device(name.strip()) for name in largest_on.split(",") if name.strip()]
     sweep = _with_progress("batch sizes", lambda progress: sweep_batches(
-        model, image, budget, max_run_batch=max_run_batch, reps=reps, progress=progress))
+        model, image, budget, max_run_batch=max_run_batch, reps=reps, runs=runs, progress=progress))
+    variants = ("resnet18", "resnet18_cifar") if model in ("resnet18", "resnet18_cifar") else (model,)
+    largest = _with_progress("largest batch per device", lambda _: largest_batches_by_device(
+        variants, image, {t.name: device_tensor_budget(t) for t in targets})) if targets else []
+    report = {**sweep.to_dict(), "largest_by_device": [dataclasses.asdict(row) for row in largest]}
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "bench_batch.json", json.dumps(sweep.to_dict(), indent=1))
+    write_atomic(out / "bench_batch.json", json.dumps(report, indent=1))
     plot_sweep(sweep, out / "bench_batch.png")
     if as_json:
-        typer.echo(json.dumps(sweep.to_dict()))
+        typer.echo(json.dumps(report))
         return
     table = Table(title=f"{model} at {image} px, budget {format_bytes(budget)}")
-    for column in ("batch", "plain peak", "planned peak", "ρ", "plain samples/s", "planned samples/s"):
+    for column in ("batch", "plain peak", "planned peak", "ρ", f"plain samples/s (median, min-max of {runs} runs)",
+                   "planned samples/s"):
         table.add_column(column, justify="right")
     for p in sweep.points:
         table.add_row(str(p.batch), format_bytes(p.plain_peak_bytes),
                       "-" if p.planned_peak_bytes is None else format_bytes(p.planned_peak_bytes),
                       "-" if p.planned_recompute_factor is None else f"{p.planned_recompute_factor:.3f}",
-                      "-" if p.plain_samples_per_s is None else f"{p.plain_samples_per_s:.1f}",
-                      "-" if p.planned_samples_per_s is None else f"{p.planned_samples_per_s:.1f}")
+                      _rate_spread(p.plain_runs_samples_per_s), _rate_spread(p.planned_runs_samples_per_s))
     console.print(table)
+    for row in largest:
+        paper = "" if row.paper_batch is None else f"; published: {row.paper_batch} ({row.paper_source})"
+        console.print(f"{row.model} at {row.image} px on {row.device} (step budget {format_bytes(row.budget_bytes)} = "
+                      f"memory less the runtime baseline measured here and a cushion): largest batch plain "
+                      f"{row.largest_plain_batch}, with planning {row.largest_planned_batch}{paper}")
     console.print(f"largest batch within {format_bytes(budget)}: plain {sweep.largest_plain_batch}, "
                   f"with planning {sweep.largest_planned_batch}; wrote {out / 'bench_batch.json'} and "
                   f"{out / 'bench_batch.png'}")
+
+
+def _rate_spread(runs: Optional[tuple[float, ...]]) -> str:
+    """'median (min-max)' of per-run throughputs, or '-' when not run."""
+    if runs is None:
+        return "-"
+    return f"{statistics.median(runs):.1f} ({min(runs):.1f}-{max(runs):.1f})"
 
 
 @bench_app.command("data")

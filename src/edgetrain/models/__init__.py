@@ -22,11 +22,11 @@ from torch import nn
 
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
-from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
+from .resnet import resnet18, resnet18_cifar, resnet34, resnet50, resnet101, resnet152
 from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
+    "resnet18", "resnet18_cifar", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
     "transformer_encoder", "transformer_encoder_small", "stages_of",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",
 ]
