@@ -420,17 +420,21 @@ def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o
                       device: str = typer.Option("odroid-xu4", "--device", "-d",
                                                  help="Whose memory is the horizontal line.")) -> None:
     """Fig. 1 of Kukreja et al. 2019: peak memory vs recompute factor, LinearResNet and real ResNets."""
-    from .reports.figure1 import CLAIM_RHO, FAMILIES
+    from .reports.figure1 import CLAIM_RHO, FAMILIES, PNG_NAMES
     from .reports.figure1 import reproduce_figure1 as build
 
     budget = _memory_of(device)
     figure = _with_progress("computing curves", lambda progress: build(out, budget, progress=progress))
-    console.print(f"wrote {out}/figure1_linear.png, figure1_resnet.png, figure1.csv, figure1.md")
+    console.print(f"wrote {', '.join(f'{out}/{name}' for name in PNG_NAMES)}, figure1.csv, figure1.md")
+    verdicts = {True: "[green]holds[/]", False: "[red]does not hold[/]"}
     for family in FAMILIES:
         factors = ", ".join(f"{d}: {'-' if f is None else f'{f:.2f}'}" for d, f in figure.claim(family).items())
-        verdict = "[green]holds[/]" if figure.claim_holds(family) else "[red]does not hold[/]"
+        peak = figure.plain_peak_bytes(family).get(18)
+        rho_one = "" if peak is None else (
+            f"; at ρ = 1 ResNet-18 needs {format_bytes(peak)}, claim 'even ResNet-18 does not fit' "
+            f"{verdicts[bool(figure.resnet18_misses_at_rho_one(family))]}")
         console.print(f"{family}, batch 8 at 500 px, least ρ that fits {format_bytes(budget)} per depth: {factors}; "
-                      f"claim 'all fit with ρ > {CLAIM_RHO}' {verdict}")
+                      f"claim 'all fit with ρ > {CLAIM_RHO}' {verdicts[figure.claim_holds(family)]}{rho_one}")
 
 
 @reproduce_app.command("poet")
