@@ -8,11 +8,13 @@ import pytest
 import torch
 from calibration import TEST_HOST
 
+from edgetrain.devices.rate import CALIBRATION_ENV
+
 
 @pytest.fixture(autouse=True)
 def fixed_host_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every CLI call that calibrates this machine gets :data:`TEST_HOST` instead of measuring."""
-    monkeypatch.setattr("edgetrain.devices.rate.calibrate_host", lambda rounds=5: TEST_HOST)
+    """Every command that calibrates this machine, in this process or a child, gets :data:`TEST_HOST`."""
+    monkeypatch.setenv(CALIBRATION_ENV, f"{TEST_HOST.gemm_fp64_flops_per_s},{TEST_HOST.training_flops_per_s}")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from test_cli import run
 
 from edgetrain.chain import NOMINAL_FLOPS_PER_S
 from edgetrain.devices import get_device
-from edgetrain.devices.rate import probe_gemm
+from edgetrain.devices.rate import CALIBRATION_ENV, host_calibration, probe_gemm
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import chain_for
 from edgetrain.timemodel import HostCalibration, training_rate
@@ -75,3 +75,11 @@ def test_the_gemm_probe_counts_two_n_cubed_flops_per_product() -> None:
     assert probe.flops_per_s == probe.flops / probe.elapsed_s
     with pytest.raises(EdgetrainError, match="n >= 1 and seconds > 0"):
         probe_gemm(0, 1.0)
+
+
+def test_a_given_calibration_is_read_from_the_environment_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CALIBRATION_ENV, "3e10,1.5e10")
+    assert host_calibration().efficiency == 0.5
+    monkeypatch.setenv(CALIBRATION_ENV, "fast")
+    with pytest.raises(EdgetrainError, match="must be 'GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S'"):
+        host_calibration()

@@ -272,6 +272,10 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
             raise EdgetrainError("--objective energy takes a memory budget (--memory or the device's), not --recompute")
         from .planners.energy_plan import energy_report
 
+        if deadline is not None:  # a malformed deadline is refused before this machine is calibrated
+            from .planners.energy_plan import deadline_seconds
+
+            deadline_seconds(deadline, 1.0)
         host = _host_for(target)
         energy = energy_report(chain, target, memory, deadline=deadline, strategy=strategy, host=host)
         device_rate = training_rate(target, host)
@@ -322,9 +326,9 @@ def _host_for(target: Any) -> Any:
 
     if target is None or not needs_calibration(target):
         return None
-    from .devices.rate import calibrate_host
+    from .devices.rate import host_calibration
 
-    return _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: calibrate_host())
+    return _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: host_calibration())
 
 
 def _time_source(target: Any) -> str:

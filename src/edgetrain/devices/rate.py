@@ -10,6 +10,7 @@ with a training step, whose ratio is the training efficiency the time model tran
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +18,12 @@ from typing import Any
 from ..errors import EdgetrainError
 from ..timemodel import HostCalibration
 
-__all__ = ["GemmProbe", "calibrate_host", "probe_gemm"]
+__all__ = ["CALIBRATION_ENV", "GemmProbe", "calibrate_host", "host_calibration", "probe_gemm"]
 
 CALIBRATION_STEP = ("resnet18", 8, 64)  # model, batch, size of the training step timed here
+# "GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S": a calibration measured before (its numbers are in every
+# calibrated time_source), reused instead of measuring again; makes device times reproducible.
+CALIBRATION_ENV = "EDGETRAIN_HOST_CALIBRATION"
 
 
 @dataclass(frozen=True)
@@ -105,3 +109,20 @@ def calibrate_host(rounds: int = 5) -> HostCalibration:
               f"training step (batch {batch}, {size} px, {flops:.4g} FLOP, forward + loss + backward) on "
               f"{torch.get_num_threads()} threads")
     return HostCalibration(max(gemm_rates), flops / min(steps_s), source)
+
+
+def host_calibration() -> HostCalibration:
+    """This machine's calibration: ``$EDGETRAIN_HOST_CALIBRATION`` when set, else measured (:func:`calibrate_host`).
+
+    Raises:
+        EdgetrainError: a malformed ``$EDGETRAIN_HOST_CALIBRATION``.
+    """
+    text = os.environ.get(CALIBRATION_ENV)
+    if text is None:
+        return calibrate_host()
+    try:
+        gemm, training = (float(part) for part in text.split(","))
+    except ValueError:
+        raise EdgetrainError(f"{CALIBRATION_ENV} must be 'GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S', e.g. "
+                             f"'2e10,1e10', got {text!r}") from None
+    return HostCalibration(gemm, training, f"given by ${CALIBRATION_ENV}={text}")
