@@ -289,7 +289,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
                                        "objective": "energy", **energy.to_dict(),
                                        "training_flops_per_s": None if device_rate is None
                                        else device_rate.flops_per_s,
-                                       "time_source": _time_source(target)}
+                                       "time_source": _time_source(target, device_rate)}
         energy_dict.update(device_memory_bytes=target.memory_bytes, fits=None if target.memory_bytes is None
                            else energy_dict["predicted_peak_bytes"] <= target.memory_bytes)
         if as_json:
@@ -306,7 +306,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         shipped(chain=chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
     report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, "objective": "time",
               **chosen.to_dict(), "training_flops_per_s": None if rate is None else rate.flops_per_s,
-              "time_source": _time_source(target)}
+              "time_source": _time_source(target, rate)}
     if rate is None:  # NOTE [ One time model ]: no sourced rate, no time (the schedule is the same at any rate)
         report["predicted_time_s"] = None
         if chosen.baseline is not None:
@@ -331,14 +331,13 @@ def _host_for(target: Any) -> Any:
     return _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: host_calibration())
 
 
-def _time_source(target: Any) -> str:
-    """Where a device time comes from, or why there is none."""
-    from .timemodel import training_rate, unknown_rate_reason
+def _time_source(target: Any, rate: Any) -> str:
+    """Where a device time comes from (``rate``: the target's training rate), or why there is none."""
+    from .timemodel import unknown_rate_reason
 
     if target is None:
         return "unknown: no --device; a step time needs a device's training rate (NOTE [ One time model ])"
-    rate = training_rate(target, _host_for(target))
-    return f"unknown: {unknown_rate_reason(target)}" if rate is None else rate.source
+    return f"unknown: {unknown_rate_reason(target)}" if rate is None else str(rate.source)
 
 
 def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
