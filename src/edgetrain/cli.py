@@ -577,6 +577,8 @@ def bench_device(
         batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size of that step."),
         image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels (sequence length)."),
         steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (median)."),
+        gemm_seconds: float = typer.Option(3.0, "--gemm-seconds", callback=_finite("--gemm-seconds", above=0),
+                                           help="Seconds of the sustained FP64 DGEMM probe (the time model's rate)."),
         skip_storage: bool = typer.Option(False, "--skip-storage", help="Do not measure paging."),
         skip_compute: bool = typer.Option(False, "--skip-compute", help="Do not measure the compute rate."),
         compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w",
@@ -609,8 +611,9 @@ def bench_device(
     powers = {key: value for key, value in given.items() if value is not None}
     measurement = _with_phases(lambda progress: measure_device(
         name, output, page_dir=page_dir, sizes=sizes_bytes, repeats=repeats, model=model, batch=batch, size=image,
-        steps=steps, storage=not skip_storage, compute=not skip_compute, powers=powers, power_source=power_source,
-        power_sensors=power_sensor or (), idle_s=idle_s, whole_power=whole_power, progress=progress))
+        steps=steps, storage=not skip_storage, compute=not skip_compute, gemm_s=gemm_seconds, powers=powers,
+        power_source=power_source, power_sensors=power_sensor or (), idle_s=idle_s, whole_power=whole_power,
+        progress=progress))
     device, storage, compute = measurement.device, measurement.storage, measurement.compute
     if as_json:
         typer.echo(json.dumps({"device": device.to_dict(), "file": str(output),

@@ -579,7 +579,7 @@ class DeviceMeasurement:
 
 def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str | os.PathLike[str] = ".",
                    sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3, model: str = "resnet18", batch: int = 8,
-                   size: int = 64, steps: int = 5, storage: bool = True, compute: bool = True,
+                   size: int = 64, steps: int = 5, storage: bool = True, compute: bool = True, gemm_s: float = 3.0,
                    powers: Mapping[str, float] | None = None, power_source: str | None = None,
                    power_sensors: Sequence[str] = (), idle_s: float = 2.0, whole_power: bool = False,
                    progress: Callable[[str, int, int], None] | None = None) -> DeviceMeasurement:
@@ -590,7 +590,8 @@ def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str |
         output: the device file (an existing one keeps its other devices).
         page_dir: a directory on the storage paging will use; ``sizes`` and ``repeats`` its transfers.
         model, batch, size, steps: the training step that measures the compute rate (median of ``steps``).
-        storage, compute: whether to measure paging and the compute rate.
+        storage, compute: whether to measure paging and the compute rate (with the DGEMM rate).
+        gemm_s: seconds of the sustained DGEMM probe (:func:`edgetrain.devices.rate.probe_gemm`).
         powers: figures of :data:`POWER_FIELDS` given from a meter, W; ``power_source`` says which.
         power_sensors: sysfs power monitors (:meth:`PowerRail.parse`) to measure the powers with,
             summed; ``idle_s`` seconds of idle sampled first are subtracted unless ``whole_power``.
@@ -622,7 +623,7 @@ def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str |
         power_source = f"measured: {measured}"
     elif given:
         power_source = f"given by the user: {power_source}" if (power_source or "").strip() else None
-    gemm_probe = probe_gemm(seconds=3.0) if compute else None
+    gemm_probe = probe_gemm(seconds=gemm_s) if compute else None
     entry = device_entry(name, storage=storage_probe, compute=compute_probe, powers=given, power_source=power_source,
                          gemm=gemm_probe)
     return DeviceMeasurement(write_device_entry(output, name, entry), storage_probe, compute_probe)
