@@ -26,17 +26,25 @@ from pathlib import Path
 
 from edgetrain.chain import Chain
 from edgetrain.devices import get_device
+from edgetrain.devices.rate import calibrate_host
 from edgetrain.energy import EnergyProfile
 from edgetrain.planners.paging import solve_paging
 from edgetrain.profile.linear_resnet import linear_resnet
 from edgetrain.reports.poet import PoetFigure, reproduce_poet
 from edgetrain.schedule import keep_all, simulate
+from edgetrain.timemodel import training_rate
 
 FULL_MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
 QUICK_MODELS = (("resnet18", 2, 128), ("transformer_small", 4, 32))
 DEVICES = ("mkr1000", "nrf52840", "rpi4", "jetson-tx2")
 TIMING_SLOTS = 500
 
+
+
+def _rpi4_profile() -> EnergyProfile:
+    """The Raspberry Pi 4's profile, its training rate calibrated here (NOTE [ One time model ])."""
+    rpi4 = get_device("rpi4")
+    return EnergyProfile.from_device(rpi4, training_rate(rpi4, calibrate_host()))
 
 def _best_of(repeats: int, run: Callable[[], object]) -> float:
     """Least wall-clock seconds of ``repeats`` calls: the cost of the work, not of whatever else ran."""
@@ -91,7 +99,7 @@ def operator_milp_times(time_limit_s: float) -> list[dict[str, object]]:
     with torch.device("meta"):
         model = resnet18()
     graph = capture_graph(model, (8, 3, 224, 224), target=torch.zeros(8, dtype=torch.long))
-    tg = training_graph(graph, EnergyProfile.from_device(get_device("rpi4")))
+    tg = training_graph(graph, _rpi4_profile())
     keep = simulate_graph_schedule(tg, keep_all_schedule(tg)).peak_bytes
     rows = []
     for fraction in (1.0, 0.75, 0.6):
@@ -125,13 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     budgets = args.budgets or (4 if args.quick else 12)
     models = QUICK_MODELS if args.quick else FULL_MODELS
+    host = calibrate_host()  # the Raspberry Pi 4's training rate is calibrated here (NOTE [ One time model ])
+    print(f"  calibration: {host.source}; efficiency {host.efficiency:.3f}", flush=True)
     start = time.perf_counter()
     figure = reproduce_poet(args.out, models=models, devices=DEVICES, budgets=budgets, include_milp=not args.quick,
-                            milp_time_limit_s=args.milp_time_limit,
+                            milp_time_limit_s=args.milp_time_limit, host=host,
                             progress=lambda done, total: print(f"  panel {done}/{total}", flush=True))
     sweep_s = time.perf_counter() - start
 
-    rpi4 = EnergyProfile.from_device(get_device("rpi4"))
+    rpi4 = _rpi4_profile()
     chains = {"Chain.uniform(152)": Chain.uniform(152)}
     if not args.quick:
         chains["LinearResNet-152 b8 224px"] = linear_resnet(152, batch=8, image_size=224)

@@ -7,6 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from calibration import TEST_HOST
+
+from edgetrain.devices.rate import CALIBRATION_ENV
+
+
+@pytest.fixture(autouse=True)
+def fixed_host_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command that calibrates this machine, in this process or a child, gets :data:`TEST_HOST`."""
+    monkeypatch.setenv(CALIBRATION_ENV, f"{TEST_HOST.gemm_fp64_flops_per_s},{TEST_HOST.training_flops_per_s}")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
     torch.set_num_threads(1)

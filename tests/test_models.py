@@ -20,6 +20,7 @@ from edgetrain.models import (
     get_model_spec,
     mobilenet_v2,
     resnet18,
+    resnet18_cifar,
     resnet34,
     resnet50,
     resnet101,
@@ -284,6 +285,17 @@ def test_transformer_rejects_too_long_sequence() -> None:
         model(torch.zeros(1, 129, dtype=torch.int64))
 
 
+def test_resnet18_cifar_has_the_common_cifar_parameter_count_and_stem() -> None:
+    model = on_meta(resnet18_cifar)
+    # kuangliu/pytorch-cifar's ResNet18 at 10 classes: torchvision's body (11,689,512 - 9,408 stem -
+    # 513,000 head = 11,167,104) + a 3x3 stem conv (3 * 64 * 9 = 1,728) + a 10-class head (5,130).
+    assert n_params(model) == 11_689_512 - 9_408 - 513_000 + 1_728 + 5_130 == 11_173_962
+    stages = stages_of(model)
+    assert len(stages) == STAGE_COUNTS["resnet18"] - 1 and not any(isinstance(s, nn.MaxPool2d) for s in stages)
+    # stride 1, no pool: the first stage's maps stay 32 x 32 (ImageNet's stem makes them 8 x 8)
+    assert model.layer1(model.bn1(model.conv1(torch.empty(2, 3, 32, 32, device="meta")))).shape == (2, 64, 32, 32)
+
+
 # --- meta device -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -341,8 +353,8 @@ def test_encoder_fast_path_never_taken_in_train(monkeypatch: pytest.MonkeyPatch)
 # --- registry ----------------------------------------------------------------------------------
 
 def test_registry_names() -> None:
-    assert set(MODELS) == {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
-                           "transformer", "transformer_small"}
+    assert set(MODELS) == {"resnet18", "resnet18_cifar", "resnet34", "resnet50", "resnet101", "resnet152",
+                           "mobilenet_v2", "transformer", "transformer_small"}
     assert all(spec.name == name for name, spec in MODELS.items())
     assert get_model_spec("resnet50") is MODELS["resnet50"]
 

@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from calibration import TEST_HOST
 from torch import nn
 
 from edgetrain.chain import Chain, StageCost
@@ -37,8 +38,9 @@ from edgetrain.planners.milp import (
     simulate_graph_schedule,
     training_graph,
 )
+from edgetrain.timemodel import training_rate
 
-RPI4 = EnergyProfile.from_device(get_device("rpi4"))
+RPI4 = EnergyProfile.from_device(get_device("rpi4"), training_rate(get_device("rpi4"), TEST_HOST))
 
 
 def fwd(name: str, energy: float, mem: int, deps: tuple[int, ...] = (), *, time: float | None = None,

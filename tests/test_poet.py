@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from calibration import TEST_HOST
 
 from edgetrain.reports.poet import STRATEGIES, PoetFigure, reproduce_poet
 
@@ -15,7 +16,7 @@ def figure(tmp_path_factory: pytest.TempPathFactory) -> PoetFigure:
     calls: list[tuple[int, int]] = []
     out = tmp_path_factory.mktemp("poet")
     result = reproduce_poet(out, models=(("transformer_small", 4, 32), ("resnet18", 2, 128)),
-                            devices=("rpi4", "nrf52840", "jetson-tx2"), budgets=3,
+                            devices=("rpi4", "nrf52840", "jetson-tx2"), budgets=3, host=TEST_HOST,
                             progress=lambda done, total: calls.append((done, total)))
     assert calls[-1] == (4, 4)
     return result

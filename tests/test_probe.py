@@ -311,7 +311,7 @@ def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monk
     measured = runner.invoke(app, [
         "bench", "device", "--name", "probe-board", "--page-dir", str(page_dir), "--sizes", "4KiB,4MiB",
         "--repeats", "1", "--model", "resnet18", "--batch", "2", "--image", "32", "--steps", "1",
-        "--compute-power-w", "5", "--pagein-power-w", "0.4", "--pageout-power-w", "0.6",
+        "--gemm-seconds", "0.1", "--compute-power-w", "5", "--pagein-power-w", "0.4", "--pageout-power-w", "0.6",
         "--power-source", "test figures", "--output", str(path), "--json"])
     assert measured.exit_code == 0, measured.output
     report = json.loads(measured.output)
@@ -322,6 +322,9 @@ def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monk
 
     assert report["device"]["compute_flops_per_s"] == report["compute"]["compute_flops_per_s"]
     assert report["device"]["pageout_bps"] == pytest.approx(WRITE[1], rel=1e-9)
+    # the microbenchmark the time model calibrates with (NOTE [ One time model ]), measured too
+    assert report["device"]["gemm_fp64_flops_per_s"] > 0
+    assert report["device"]["sources"]["gemm_fp64_flops_per_s"].startswith("measured by `edgetrain bench device`")
     assert list(page_dir.iterdir()) == []
     assert plan["device"] == "probe-board"
     # Keep-all fits the board's memory, so the plan is one plain step: the measured one.
@@ -336,7 +339,7 @@ def test_bench_device_measures_powers_from_a_sensor(tmp_path: Path, monkeypatch:
     path = tmp_path / "devices.toml"
     common = ["bench", "device", "--name", "rails", "--page-dir", str(tmp_path), "--sizes", "4KiB,4MiB",
               "--repeats", "1", "--model", "resnet18", "--batch", "2", "--image", "32", "--steps", "1",
-              "--power-sensor", str(sensor), "--idle-s", "0.02", "--output", str(path)]
+              "--gemm-seconds", "0.1", "--power-sensor", str(sensor), "--idle-s", "0.02", "--output", str(path)]
 
     whole = CliRunner().invoke(app, [*common, "--whole-power", "--json"])
     flat = CliRunner().invoke(app, common)   # a constant rail is never above its idle

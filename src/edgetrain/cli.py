@@ -8,11 +8,13 @@ Heavy imports happen inside the commands that need them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -251,6 +253,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
     from .planfile import PlanFile
     from .planners import plan
     from .profile import chain_for
+    from .timemodel import scale_to_rate, training_rate
 
     if objective not in ("time", "energy"):
         raise EdgetrainError(f"--objective must be time or energy, got {objective!r}")
@@ -272,7 +275,13 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
             raise EdgetrainError("--objective energy takes a memory budget (--memory or the device's), not --recompute")
         from .planners.energy_plan import energy_report
 
-        energy = energy_report(chain, target, memory, deadline=deadline, strategy=strategy)
+        if deadline is not None:  # a malformed deadline is refused before this machine is calibrated
+            from .planners.energy_plan import deadline_seconds
+
+            deadline_seconds(deadline, 1.0)
+        host = _host_for(target)
+        energy = energy_report(chain, target, memory, deadline=deadline, strategy=strategy, host=host)
+        device_rate = training_rate(target, host)
         if output is not None:
             if energy.plan.schedule is None:
                 raise EdgetrainError(f"the MILP's decisions have no executor schedule "
@@ -280,7 +289,10 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
             shipped(chain=energy.chain, schedule=energy.plan.schedule, budget_bytes=energy.plan.budget_bytes).save(
                 output)
         energy_dict: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
-                                       "objective": "energy", **energy.to_dict()}
+                                       "objective": "energy", **energy.to_dict(),
+                                       "training_flops_per_s": None if device_rate is None
+                                       else device_rate.flops_per_s,
+                                       "time_source": _time_source(target, device_rate)}
         energy_dict.update(device_memory_bytes=target.memory_bytes, fits=None if target.memory_bytes is None
                            else energy_dict["predicted_peak_bytes"] <= target.memory_bytes)
         if as_json:
@@ -290,10 +302,18 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         return
     if deadline is not None:
         raise EdgetrainError("--deadline applies to --objective energy")
-    chosen = plan(chain, memory=memory, recompute=recompute, strategy=strategy)
+    rate = None if target is None else training_rate(target, _host_for(target))
+    timed = chain if rate is None else scale_to_rate(chain, rate.flops_per_s, rate.device_name)
+    chosen = plan(timed, memory=memory, recompute=recompute, strategy=strategy)
     if output is not None:
         shipped(chain=chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
-    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, **chosen.to_dict()}
+    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, "objective": "time",
+              **chosen.to_dict(), "training_flops_per_s": None if rate is None else rate.flops_per_s,
+              "time_source": _time_source(target, rate)}
+    if rate is None:  # NOTE [ One time model ]: no sourced rate, no time (the schedule is the same at any rate)
+        report["predicted_time_s"] = None
+        if chosen.baseline is not None:
+            report["baseline"] = {**chosen.baseline.to_dict(), "time_s": None}
     if target is not None and target.memory_bytes is not None:
         report.update(device=target.name, device_memory_bytes=target.memory_bytes,
                       **_device_verdict(chosen.predicted_peak_bytes, target))
@@ -301,6 +321,26 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         typer.echo(json.dumps(report))
         return
     _print_plan(report, output)
+
+
+def _host_for(target: Any) -> Any:
+    """This machine's calibration when ``target``'s training rate needs it (NOTE [ One time model ]), else None."""
+    from .timemodel import needs_calibration
+
+    if target is None or not needs_calibration(target):
+        return None
+    from .devices.rate import host_calibration
+
+    return _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: host_calibration())
+
+
+def _time_source(target: Any, rate: Any) -> str:
+    """Where a device time comes from (``rate``: the target's training rate), or why there is none."""
+    from .timemodel import unknown_rate_reason
+
+    if target is None:
+        return "unknown: no --device; a step time needs a device's training rate (NOTE [ One time model ])"
+    return f"unknown: {unknown_rate_reason(target)}" if rate is None else str(rate.source)
 
 
 def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
@@ -340,6 +380,8 @@ def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
     console.print(f"  predicted peak {format_bytes(report['predicted_peak_bytes'])}, "
                   f"recompute factor ρ = {report['recompute_factor']:.3f}, "
                   f"{report['forward_advances']} forward recomputations")
+    step = "unknown" if report["predicted_time_s"] is None else f"{report['predicted_time_s']:.4g} s"
+    console.print(f"  step time {step} ({report['time_source']})")
     baseline = report["baseline"]
     if baseline is None:
         console.print("  checkpoint_sequential: no segment count meets this request")
@@ -358,15 +400,24 @@ def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
 def reproduce_tables(out: Path = typer.Option(Path("out/tables"), "--out", "-o", help="Output directory."),
                      device: str = typer.Option("odroid-xu4", "--device", "-d",
                                                 help="Whose memory marks cells that do not fit.")) -> None:
-    """Tables I-III of Kukreja et al. 2019: our estimate, the published value and their ratio."""
+    """Tables I-III of Kukreja et al. 2019: published, the paper's accounting recomputed, a real step; claims."""
     from .reports.tables import reproduce_tables as build
 
     budget = _memory_of(device)
     cells = _with_progress("estimating cells", lambda progress: build(out, budget, progress=progress))
-    ratios = [c.ratio for c in cells]
-    console.print(f"wrote {out / 'tables.md'} and {out / 'tables.csv'}: {len(cells)} cells, "
-                  f"ratio ours/paper {min(ratios):.2f}..{max(ratios):.2f}; "
-                  f"{sum(not c.fits for c in cells)} cells do not fit {format_bytes(budget)}")
+    from .reports.tables import claim_verdicts
+
+    accounting = [c.accounting_ratio for c in cells]
+    ours = [c.ratio for c in cells]
+    console.print(f"wrote {out / 'tables.md'} and {out / 'tables.csv'}: {len(cells)} cells; the paper's accounting "
+                  f"recomputed is {min(accounting):.3f}..{max(accounting):.3f} of the paper, a real training "
+                  f"step {min(ours):.2f}..{max(ours):.2f}; cells that do not fit {format_bytes(budget)}: paper "
+                  f"{sum(not c.paper_fits for c in cells)}, its accounting "
+                  f"{sum(not c.accounting_fits for c in cells)}, ours {sum(not c.fits for c in cells)}")
+    for claim, paper, accounting_holds, ours_holds in claim_verdicts(cells):
+        verdicts = ", ".join(f"{who} {'confirms' if holds else 'refutes'}" for who, holds in
+                             (("paper", paper), ("its accounting", accounting_holds), ("ours", ours_holds)))
+        console.print(f"  '{claim.text}' ({claim.test}): {verdicts}")
 
 
 @reproduce_app.command("figure1")
@@ -375,17 +426,21 @@ def reproduce_figure1(out: Path = typer.Option(Path("out/figure1"), "--out", "-o
                       device: str = typer.Option("odroid-xu4", "--device", "-d",
                                                  help="Whose memory is the horizontal line.")) -> None:
     """Fig. 1 of Kukreja et al. 2019: peak memory vs recompute factor, LinearResNet and real ResNets."""
-    from .reports.figure1 import CLAIM_RHO, FAMILIES
+    from .reports.figure1 import CLAIM_RHO, FAMILIES, PNG_NAMES
     from .reports.figure1 import reproduce_figure1 as build
 
     budget = _memory_of(device)
     figure = _with_progress("computing curves", lambda progress: build(out, budget, progress=progress))
-    console.print(f"wrote {out}/figure1_linear.png, figure1_resnet.png, figure1.csv, figure1.md")
+    console.print(f"wrote {', '.join(f'{out}/{name}' for name in PNG_NAMES)}, figure1.csv, figure1.md")
+    verdicts = {True: "[green]holds[/]", False: "[red]does not hold[/]"}
     for family in FAMILIES:
         factors = ", ".join(f"{d}: {'-' if f is None else f'{f:.2f}'}" for d, f in figure.claim(family).items())
-        verdict = "[green]holds[/]" if figure.claim_holds(family) else "[red]does not hold[/]"
+        peak = figure.plain_peak_bytes(family).get(18)
+        rho_one = "" if peak is None else (
+            f"; at ρ = 1 ResNet-18 needs {format_bytes(peak)}, claim 'even ResNet-18 does not fit' "
+            f"{verdicts[bool(figure.resnet18_misses_at_rho_one(family))]}")
         console.print(f"{family}, batch 8 at 500 px, least ρ that fits {format_bytes(budget)} per depth: {factors}; "
-                      f"claim 'all fit with ρ > {CLAIM_RHO}' {verdict}")
+                      f"claim 'all fit with ρ > {CLAIM_RHO}' {verdicts[figure.claim_holds(family)]}{rho_one}")
 
 
 @reproduce_app.command("poet")
@@ -395,10 +450,12 @@ def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", hel
                                                "keep-all's peak and the least feasible, evenly between)."),
                    milp: bool = typer.Option(False, "--milp", help="Add the MILP series (ResNet-18; slower).")) -> None:
     """POET's Fig. 3 shape: energy per step vs memory budget, per device, for every energy strategy."""
+    from .devices.rate import calibrate_host
     from .reports.poet import reproduce_poet as build
 
-    figure = _with_progress("sweeping budgets",
-                            lambda progress: build(out, budgets=budgets, include_milp=milp, progress=progress))
+    host = _with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: calibrate_host())
+    figure = _with_progress("sweeping budgets", lambda progress: build(out, budgets=budgets, include_milp=milp,
+                                                                       host=host, progress=progress))
     console.print(f"wrote {figure.json_path}, {figure.png_path} and {figure.md_path}")
     verdicts = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "untestable"}
     for panel in figure.data["panels"]:  # type: ignore[attr-defined]
@@ -420,35 +477,58 @@ def bench_batch(model: str = ModelOpt, image: int = SizeOpt,
                 memory: Optional[str] = typer.Option(None, "--memory", help="Budget instead of the device's memory."),
                 max_run_batch: int = typer.Option(64, "--max-run-batch", min=1,
                                                   help="Largest batch actually run here."),
-                reps: int = typer.Option(3, "--reps", min=1, help="Timed steps per point (median)."),
+                reps: int = typer.Option(3, "--reps", min=1, help="Timed steps per run (median)."),
+                runs: int = typer.Option(3, "--runs", min=1, help="Separate runs per point (median and range)."),
+                largest_on: str = typer.Option(
+                    "", "--largest-on", help="Devices, comma-separated (e.g. rpi4): the largest batch whose whole "
+                    "training process fits each, for the model and its CIFAR-stem variant, beside published ones."),
                 out: Path = typer.Option(Path("out/bench_batch"), "--out", "-o", help="Output directory."),
                 as_json: bool = typer.Option(False, "--json", help="Print the sweep as JSON.")) -> None:
     """Throughput and peak memory vs batch size, with and without planning, and the largest batch that fits."""
-    from .reports.batch_sweep import plot_sweep, sweep_batches
+    from .devices import get_device
+    from .reports.batch_sweep import largest_batches_by_device, plot_sweep, sweep_batches
+    from .train.budget import device_tensor_budget
     from .units import parse_bytes
 
     budget = parse_bytes(memory) if memory is not None else _memory_of(device)
+    targets = [get_device(name.strip()) for name in largest_on.split(",") if name.strip()]
     sweep = _with_progress("batch sizes", lambda progress: sweep_batches(
-        model, image, budget, max_run_batch=max_run_batch, reps=reps, progress=progress))
+        model, image, budget, max_run_batch=max_run_batch, reps=reps, runs=runs, progress=progress))
+    variants = ("resnet18", "resnet18_cifar") if model in ("resnet18", "resnet18_cifar") else (model,)
+    largest = _with_progress("largest batch per device", lambda _: largest_batches_by_device(
+        variants, image, {t.name: device_tensor_budget(t) for t in targets})) if targets else []
+    report = {**sweep.to_dict(), "largest_by_device": [dataclasses.asdict(row) for row in largest]}
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "bench_batch.json", json.dumps(sweep.to_dict(), indent=1))
+    write_atomic(out / "bench_batch.json", json.dumps(report, indent=1))
     plot_sweep(sweep, out / "bench_batch.png")
     if as_json:
-        typer.echo(json.dumps(sweep.to_dict()))
+        typer.echo(json.dumps(report))
         return
     table = Table(title=f"{model} at {image} px, budget {format_bytes(budget)}")
-    for column in ("batch", "plain peak", "planned peak", "ρ", "plain samples/s", "planned samples/s"):
+    for column in ("batch", "plain peak", "planned peak", "ρ", f"plain samples/s (median, min-max of {runs} runs)",
+                   "planned samples/s"):
         table.add_column(column, justify="right")
     for p in sweep.points:
         table.add_row(str(p.batch), format_bytes(p.plain_peak_bytes),
                       "-" if p.planned_peak_bytes is None else format_bytes(p.planned_peak_bytes),
                       "-" if p.planned_recompute_factor is None else f"{p.planned_recompute_factor:.3f}",
-                      "-" if p.plain_samples_per_s is None else f"{p.plain_samples_per_s:.1f}",
-                      "-" if p.planned_samples_per_s is None else f"{p.planned_samples_per_s:.1f}")
+                      _rate_spread(p.plain_runs_samples_per_s), _rate_spread(p.planned_runs_samples_per_s))
     console.print(table)
+    for row in largest:
+        paper = "" if row.paper_batch is None else f"; published: {row.paper_batch} ({row.paper_source})"
+        console.print(f"{row.model} at {row.image} px on {row.device} (step budget {format_bytes(row.budget_bytes)} = "
+                      f"memory less the runtime baseline measured here and a cushion): largest batch plain "
+                      f"{row.largest_plain_batch}, with planning {row.largest_planned_batch}{paper}")
     console.print(f"largest batch within {format_bytes(budget)}: plain {sweep.largest_plain_batch}, "
                   f"with planning {sweep.largest_planned_batch}; wrote {out / 'bench_batch.json'} and "
                   f"{out / 'bench_batch.png'}")
+
+
+def _rate_spread(runs: Optional[tuple[float, ...]]) -> str:
+    """'median (min-max)' of per-run throughputs, or '-' when not run."""
+    if runs is None:
+        return "-"
+    return f"{statistics.median(runs):.1f} ({min(runs):.1f}-{max(runs):.1f})"
 
 
 @bench_app.command("data")
@@ -500,6 +580,8 @@ def bench_device(
         batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size of that step."),
         image: int = typer.Option(64, "--image", "--size", min=1, help="Image side in pixels (sequence length)."),
         steps: int = typer.Option(5, "--steps", min=1, help="Timed training steps (median)."),
+        gemm_seconds: float = typer.Option(3.0, "--gemm-seconds", callback=_finite("--gemm-seconds", above=0),
+                                           help="Seconds of the sustained FP64 DGEMM probe (the time model's rate)."),
         skip_storage: bool = typer.Option(False, "--skip-storage", help="Do not measure paging."),
         skip_compute: bool = typer.Option(False, "--skip-compute", help="Do not measure the compute rate."),
         compute_power_w: Optional[float] = typer.Option(None, "--compute-power-w",
@@ -523,7 +605,7 @@ def bench_device(
                                     help="Device file to write (an existing one keeps its other devices)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
-    from .devices.catalog import ENERGY_FIELDS
+    from .devices.catalog import ENERGY_FIELDS, RATE_FIELDS
     from .devices.probe import POWER_FIELDS, measure_device
     from .units import parse_bytes
 
@@ -532,8 +614,9 @@ def bench_device(
     powers = {key: value for key, value in given.items() if value is not None}
     measurement = _with_phases(lambda progress: measure_device(
         name, output, page_dir=page_dir, sizes=sizes_bytes, repeats=repeats, model=model, batch=batch, size=image,
-        steps=steps, storage=not skip_storage, compute=not skip_compute, powers=powers, power_source=power_source,
-        power_sensors=power_sensor or (), idle_s=idle_s, whole_power=whole_power, progress=progress))
+        steps=steps, storage=not skip_storage, compute=not skip_compute, gemm_s=gemm_seconds, powers=powers,
+        power_source=power_source, power_sensors=power_sensor or (), idle_s=idle_s, whole_power=whole_power,
+        progress=progress))
     device, storage, compute = measurement.device, measurement.storage, measurement.compute
     if as_json:
         typer.echo(json.dumps({"device": device.to_dict(), "file": str(output),
@@ -544,7 +627,7 @@ def bench_device(
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("source")
-    for key in ENERGY_FIELDS:
+    for key in (*RATE_FIELDS, *ENERGY_FIELDS):
         value = getattr(device, key)
         table.add_row(key, "-" if value is None else f"{value:.4g}", device.sources.get(key, ""))
     Console(width=max(console.width, 150)).print(table)

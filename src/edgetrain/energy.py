@@ -12,12 +12,11 @@ model, pure and in explicit units:
   the two agree.
 * page-in / page-out of ``n`` bytes: ``time_s = latency_s + n / bps`` (POET's formula, one
   latency per transfer) and ``energy_j = power_w * time_s``. Zero bytes is no transfer: 0 s.
-* device time from a chain profiled elsewhere (:func:`scale_chain`): times scale by the ratio
-  of compute rates, ``time_on_device = time_here * host_flops_per_s / compute_flops_per_s``.
-  This *assumes* every stage runs at the same achieved rate on both machines, i.e. that the
-  device is uniformly slower; memory-bound stages and different kernels break it. For a chain
-  profiled without timing (the meta device) the stage times are FLOPs / the profiler's rate,
-  so the scaled time is exactly FLOPs / the device's measured rate.
+* device time from a chain profiled elsewhere (:func:`scale_chain`): NOTE [ One time model ]
+  in :mod:`edgetrain.timemodel`, the one model every objective uses; ``compute_flops_per_s``
+  is the device's training rate from :func:`edgetrain.timemodel.training_rate`. It *assumes*
+  every stage runs at the same achieved rate on both machines, i.e. that the device is
+  uniformly slower; memory-bound stages and different kernels break it.
 
 Figures come from :mod:`edgetrain.devices`; a device without them is refused with the missing
 field names rather than given a made-up number.
@@ -26,12 +25,13 @@ field names rather than given a made-up number.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
-from .chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
+from .chain import Chain, StageCost
 from .devices.catalog import ENERGY_FIELDS, Device
 from .errors import EdgetrainError
+from .timemodel import TrainingRate, scale_to_rate
 
 __all__ = [
     "Direction",
@@ -83,20 +83,27 @@ class EnergyProfile:
                                      f"got {value!r}")
 
     @classmethod
-    def from_device(cls, device: Device) -> EnergyProfile:
+    def from_device(cls, device: Device, rate: TrainingRate | None = None) -> EnergyProfile:
         """The profile of a catalog device.
+
+        Args:
+            device: the catalog device (powers and paging figures).
+            rate: its training rate from :func:`edgetrain.timemodel.training_rate` (NOTE [ One
+                time model ]); None takes the device's own ``compute_flops_per_s``.
 
         Raises:
             EdgetrainError: when the device lacks any energy figure; the message names every
                 missing field and the catalog's reason for it.
         """
-        missing = [key for key in ENERGY_FIELDS if getattr(device, key) is None]
+        given = {} if rate is None else {"compute_flops_per_s": rate.flops_per_s}
+        missing = [key for key in ENERGY_FIELDS if key not in given and getattr(device, key) is None]
         if missing:
             reasons = "; ".join(f"{key} ({device.sources.get(key, 'no reason given')})" for key in missing)
             raise EdgetrainError(f"device {device.name!r} lacks energy figure(s) {', '.join(missing)}: {reasons}. "
                                  "Measure them on the board with `edgetrain bench device` and pass its file "
                                  "with --devices-file")
-        return cls(device_name=device.name, **{key: float(getattr(device, key)) for key in ENERGY_FIELDS})
+        figures = {key: float(given.get(key, getattr(device, key))) for key in ENERGY_FIELDS}
+        return cls(device_name=device.name, **figures)
 
     @property
     def compute_j_per_flop(self) -> float:
@@ -120,20 +127,6 @@ class EnergyProfile:
     def pageout_j_per_byte(self) -> float:
         """Page-out energy per byte beyond the per-transfer latency: power x time per byte, J."""
         return self.pageout_power_w / self.pageout_bps
-
-
-def _host_rate(chain: Chain, host_flops_per_s: float | None) -> float:
-    if "scaled_to" in chain.meta:
-        raise EdgetrainError(f"chain {chain.name!r} is already scaled to {chain.meta['scaled_to']!r}")
-    if host_flops_per_s is None:
-        if chain.meta.get("timed") is not False:
-            raise EdgetrainError(
-                f"chain {chain.name!r} has measured (or unknown-origin) stage times; pass host_flops_per_s, "
-                "the achieved FLOP/s of the machine that timed it")
-        host_flops_per_s = NOMINAL_FLOPS_PER_S
-    if isinstance(host_flops_per_s, bool) or not math.isfinite(host_flops_per_s) or host_flops_per_s <= 0:
-        raise EdgetrainError(f"host_flops_per_s must be a finite number > 0, got {host_flops_per_s!r}")
-    return float(host_flops_per_s)
 
 
 def scale_chain(chain: Chain, profile: EnergyProfile, *, host_flops_per_s: float | None = None) -> Chain:
@@ -164,13 +157,7 @@ def scale_chain(chain: Chain, profile: EnergyProfile, *, host_flops_per_s: float
         >>> rpi = EnergyProfile.from_device(get_device("rpi4"))  # doctest: +SKIP
         >>> scale_chain(profile(model, (8, 3, 32, 32), measure_time=False), rpi)  # doctest: +SKIP
     """
-    host_rate = _host_rate(chain, host_flops_per_s)
-    factor = host_rate / profile.compute_flops_per_s
-    stages = tuple(replace(s, fwd_time_s=s.fwd_time_s * factor, bwd_time_s=s.bwd_time_s * factor)
-                   for s in chain.stages)
-    meta = {**chain.meta, "scaled_to": profile.device_name, "time_scale": factor,
-            "host_flops_per_s": host_rate}
-    return replace(chain, stages=stages, meta=meta)
+    return scale_to_rate(chain, profile.compute_flops_per_s, profile.device_name, host_flops_per_s=host_flops_per_s)
 
 
 def compute_energy_j(work: Chain | StageCost | float, profile: EnergyProfile) -> float:

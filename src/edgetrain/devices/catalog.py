@@ -84,8 +84,10 @@ INT_FIELDS = ("memory_bytes", "usable_memory_bytes", "flash_bytes", "cpu_cores")
 # The figures an energy cost model needs (see edgetrain.energy), each in its unit.
 ENERGY_FIELDS = ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
                  "pageout_latency_s", "pageout_bps", "pageout_power_w")
+# A sustained rate on a named microbenchmark, the time model's calibration (NOTE [ One time model ]).
+RATE_FIELDS = ("gemm_fp64_flops_per_s",)
 FLOAT_FIELDS = ("cpu_max_freq_hz", "peak_fp32_gflops", "typical_power_w", "peak_power_w",
-                "storage_read_bps", "storage_write_bps", *ENERGY_FIELDS)
+                "storage_read_bps", "storage_write_bps", *RATE_FIELDS, *ENERGY_FIELDS)
 NUMERIC_FIELDS = INT_FIELDS + FLOAT_FIELDS
 TEXT_FIELDS = ("title", "cpu", "accelerator", "storage")
 _REQUIRED = ("title", "memory_bytes", "cpu")
@@ -121,7 +123,11 @@ class Device:
         storage_read_bps: sequential read bandwidth of that storage, in bytes per second.
         storage_write_bps: sequential write bandwidth of that storage, in bytes per second.
         flash_bytes: on-chip program flash of a microcontroller, in bytes.
-        compute_flops_per_s: achieved (measured) training compute rate in FLOP/s, not a peak.
+        gemm_fp64_flops_per_s: sustained FP64 LINPACK / DGEMM rate of the whole device, achieved
+            (measured), in FLOP/s; with the same probe run here it calibrates the device's
+            training time (NOTE [ One time model ] in :mod:`edgetrain.timemodel`).
+        compute_flops_per_s: achieved (measured) training compute rate in FLOP/s, measured by a
+            training step on the device itself; not a peak.
         compute_power_w: power drawn while computing, in watts (``notes`` say whether it is the
             whole board or the increment above idle).
         pagein_latency_s: fixed latency of one page-in (storage to RAM) transfer, in seconds.
@@ -149,6 +155,7 @@ class Device:
     storage_read_bps: float | None = None
     storage_write_bps: float | None = None
     flash_bytes: int | None = None
+    gemm_fp64_flops_per_s: float | None = None
     compute_flops_per_s: float | None = None
     compute_power_w: float | None = None
     pagein_latency_s: float | None = None
@@ -469,7 +476,7 @@ def _detect_this_machine(proc: Path = Path("/proc"), sys_dir: Path = Path("/sys"
         "storage_read_bps": _NOT_MEASURED,
         "storage_write_bps": _NOT_MEASURED,
         "flash_bytes": "not applicable: a machine that runs CPython and PyTorch is not a microcontroller",
-        **{key: _NOT_MEASURED for key in ENERGY_FIELDS},
+        **{key: _NOT_MEASURED for key in (*RATE_FIELDS, *ENERGY_FIELDS)},
     }
     notes = {"device": "Detected at run time from the operating system; no benchmark is run.",
              "storage": "Storage type is not detected."}

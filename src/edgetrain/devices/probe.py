@@ -15,6 +15,9 @@ and recorded with the source they name, or left unknown.
   on *relative* error, so the small transfers, which carry the latency, weigh as much as the
   large ones. A fitted latency that is not positive (noise on fast storage) is replaced by the
   median time of the smallest transfer, an upper bound, and the source says so.
+* **DGEMM** (``gemm_fp64_flops_per_s``): the sustained FP64 matrix-product rate
+  (:func:`edgetrain.devices.rate.probe_gemm`), the microbenchmark whose ratio to this
+  machine's calibrates device times (NOTE [ One time model ]); measured with the compute rate.
 * **Compute** (``compute_flops_per_s``): the achieved training rate, FLOPs of one training step
   (forward, loss and backward, counted as the planner counts them: the meta-device chain of
   :func:`edgetrain.profile.chain_for`) over the median measured time of that step on this
@@ -61,7 +64,8 @@ from ..chain import NOMINAL_FLOPS_PER_S
 from ..energy import Direction
 from ..errors import EdgetrainError
 from ..fileio import write_atomic
-from .catalog import ENERGY_FIELDS, Device, parse_catalog, this_machine, tomllib
+from .catalog import ENERGY_FIELDS, RATE_FIELDS, Device, parse_catalog, this_machine, tomllib
+from .rate import GemmProbe, probe_gemm
 
 __all__ = ["ComputeProbe", "DeviceMeasurement", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit",
            "device_entry", "fit_transfers", "measure_device", "measured_powers", "probe_compute", "probe_storage",
@@ -469,7 +473,7 @@ def _storage_sources(storage: StorageProbe, when: str) -> dict[str, str]:
 
 def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputeProbe | None,
                  powers: Mapping[str, float], power_source: str | None, base: Device | None = None,
-                 title: str | None = None, when: str | None = None) -> dict[str, Any]:
+                 title: str | None = None, when: str | None = None, gemm: GemmProbe | None = None) -> dict[str, Any]:
     """A ``[devices.<name>]`` table for a device file: ``base``'s detected figures plus the measured ones.
 
     Args:
@@ -509,7 +513,7 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
         how = sources["usable_memory_bytes"].removeprefix("detected at run time: ")
         sources["usable_memory_bytes"] = (f"measured by `edgetrain bench device` on {when}, on the board as it was "
                                           f"(idle, with its usual services, if run as documented): {how}")
-    for key in ENERGY_FIELDS:
+    for key in (*RATE_FIELDS, *ENERGY_FIELDS):
         sources[key] = "unknown: not measured (run `edgetrain bench device` with the options that measure it)"
     if storage is not None:
         table.update(pagein_latency_s=storage.pagein.latency_s, pagein_bps=storage.pagein.bps,
@@ -521,6 +525,11 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
             f"measured by `edgetrain bench device` on {when}: {compute.model} batch {compute.batch} at size "
             f"{compute.size}, {compute.flops:.4g} FLOP per step (forward, loss, backward) over the median of "
             f"{len(compute.steps_s)} steps, {compute.step_s:.4g} s, on {compute.threads} thread(s)")
+    if gemm is not None:
+        table["gemm_fp64_flops_per_s"] = gemm.flops_per_s
+        sources["gemm_fp64_flops_per_s"] = (
+            f"measured by `edgetrain bench device` on {when}: FP64 DGEMM {gemm.n}x{gemm.n}, {gemm.products} products "
+            f"sustained over {gemm.elapsed_s:.3g} s on {gemm.threads} thread(s) (edgetrain.devices.rate.probe_gemm)")
     for key in POWER_FIELDS:
         if key in powers:
             table[key] = float(powers[key])
@@ -570,7 +579,7 @@ class DeviceMeasurement:
 
 def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str | os.PathLike[str] = ".",
                    sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3, model: str = "resnet18", batch: int = 8,
-                   size: int = 64, steps: int = 5, storage: bool = True, compute: bool = True,
+                   size: int = 64, steps: int = 5, storage: bool = True, compute: bool = True, gemm_s: float = 3.0,
                    powers: Mapping[str, float] | None = None, power_source: str | None = None,
                    power_sensors: Sequence[str] = (), idle_s: float = 2.0, whole_power: bool = False,
                    progress: Callable[[str, int, int], None] | None = None) -> DeviceMeasurement:
@@ -581,7 +590,8 @@ def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str |
         output: the device file (an existing one keeps its other devices).
         page_dir: a directory on the storage paging will use; ``sizes`` and ``repeats`` its transfers.
         model, batch, size, steps: the training step that measures the compute rate (median of ``steps``).
-        storage, compute: whether to measure paging and the compute rate.
+        storage, compute: whether to measure paging and the compute rate (with the DGEMM rate).
+        gemm_s: seconds of the sustained DGEMM probe (:func:`edgetrain.devices.rate.probe_gemm`).
         powers: figures of :data:`POWER_FIELDS` given from a meter, W; ``power_source`` says which.
         power_sensors: sysfs power monitors (:meth:`PowerRail.parse`) to measure the powers with,
             summed; ``idle_s`` seconds of idle sampled first are subtracted unless ``whole_power``.
@@ -613,5 +623,7 @@ def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str |
         power_source = f"measured: {measured}"
     elif given:
         power_source = f"given by the user: {power_source}" if (power_source or "").strip() else None
-    entry = device_entry(name, storage=storage_probe, compute=compute_probe, powers=given, power_source=power_source)
+    gemm_probe = probe_gemm(seconds=gemm_s) if compute else None
+    entry = device_entry(name, storage=storage_probe, compute=compute_probe, powers=given, power_source=power_source,
+                         gemm=gemm_probe)
     return DeviceMeasurement(write_device_entry(output, name, entry), storage_probe, compute_probe)

@@ -26,12 +26,12 @@ from .edge_dense import gpt_decoder, unet, yolov8
 from .edge_vision import densenet121, efficientnet_b0, mobilenet_v3_small
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
-from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
+from .resnet import resnet18, resnet18_cifar, resnet34, resnet50, resnet101, resnet152
 from .traced import NotTraceableError, is_plain_layer, traced_stages
 from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
+    "resnet18", "resnet18_cifar", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
     "transformer_encoder", "transformer_encoder_small", "mobilenet_v3_small", "efficientnet_b0", "densenet121",
     "unet", "yolov8", "gpt_decoder", "stages_of", "traced_stages", "NotTraceableError",
     "MODELS", "ModelSpec", "get_model_spec", "check_input",

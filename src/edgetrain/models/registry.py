@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import EdgetrainError, UnknownNameError
 from .mobilenet import mobilenet_v2
-from .resnet import resnet18, resnet34, resnet50, resnet101, resnet152
+from .resnet import resnet18, resnet18_cifar, resnet34, resnet50, resnet101, resnet152
 from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = ["ModelSpec", "MODELS", "get_model_spec", "check_input"]
@@ -115,6 +115,8 @@ _BERT_MAX_LEN, _BERT_VOCAB, _SMALL_MAX_LEN, _SMALL_VOCAB = 512, 30522, 128, 1000
 
 MODELS: dict[str, ModelSpec] = {
     "resnet18": _image("resnet18", resnet18),
+    # CIFAR stem: three stride-2 steps; 10 classes, CIFAR-10's.
+    "resnet18_cifar": ModelSpec("resnet18_cifar", resnet18_cifar, "image", min_size=32, default_num_classes=10),
     "resnet34": _image("resnet34", resnet34),
     "resnet50": _image("resnet50", resnet50),
     "resnet101": _image("resnet101", resnet101),

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+__all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet18_cifar", "resnet34", "resnet50", "resnet101",
+           "resnet152"]
 
 
 def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
@@ -102,18 +103,24 @@ class ResNet(nn.Module):
         num_classes: size of the final fully connected layer.
         zero_init_residual: start each block's last BN at zero so every block begins as the
             identity (Goyal et al., 2017); off by default, as in torchvision.
+        cifar_stem: the stem of the common CIFAR ResNets (a 3x3 stride-1 convolution and no
+            max-pool, e.g. github.com/kuangliu/pytorch-cifar) instead of ImageNet's 7x7 stride-2
+            convolution and 3x3 stride-2 max-pool: 32-px images keep 32x32 maps in the first stage.
     """
 
     def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int],
-                 num_classes: int = 1000, zero_init_residual: bool = False) -> None:
+                 num_classes: int = 1000, zero_init_residual: bool = False, cifar_stem: bool = False) -> None:
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         self._in_channels = 64
-        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        if cifar_stem:
+            self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        else:
+            self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.maxpool: nn.Module = nn.Identity() if cifar_stem else nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.layer1 = self._make_layer(block, 64, layers[0])
         self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
         self.layer3 = self._make_layer(block, 256, layers[2], stride=2)
@@ -169,12 +176,22 @@ class ResNet(nn.Module):
         and train/eval mode are shared with the model.
         """
         blocks = [b for layer in (self.layer1, self.layer2, self.layer3, self.layer4) for b in layer]
-        return [self.conv1, self.bn1, nn.ReLU(), self.maxpool, *blocks, _Head(self.avgpool, self.fc)]
+        pool = [] if isinstance(self.maxpool, nn.Identity) else [self.maxpool]
+        return [self.conv1, self.bn1, nn.ReLU(), *pool, *blocks, _Head(self.avgpool, self.fc)]
 
 
 def resnet18(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:
     """ResNet-18: 11,689,512 parameters at 1000 classes."""
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, zero_init_residual)
+
+
+def resnet18_cifar(num_classes: int = 10, zero_init_residual: bool = False) -> ResNet:
+    """ResNet-18 with the CIFAR stem (3x3 stride-1 conv, no max-pool): 11,173,962 parameters at 10 classes.
+
+    The count of the common CIFAR-10 ResNet-18 (kuangliu/pytorch-cifar, the variant Mwase et al.,
+    AAAI 2024, trained on Raspberry Pi 4s): torchvision's body and shortcuts, a 1,728-parameter stem.
+    """
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, zero_init_residual, cifar_stem=True)
 
 
 def resnet34(num_classes: int = 1000, zero_init_residual: bool = False) -> ResNet:

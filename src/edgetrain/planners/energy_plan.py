@@ -18,6 +18,7 @@ from ..chain import Chain
 from ..energy import EnergyProfile, scale_chain
 from ..errors import EdgetrainError, InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
+from ..timemodel import HostCalibration, training_rate
 from ..units import format_bytes, parse_bytes
 from .optimal import solve
 from .paging import paging_dp
@@ -182,7 +183,7 @@ class EnergyReport:
 
 
 def energy_report(chain: Chain, device: Device, memory: int | str, *, deadline: str | None = None,
-                  strategy: str = "auto") -> EnergyReport:
+                  strategy: str = "auto", host: HostCalibration | None = None) -> EnergyReport:
     """The least-energy plan of ``chain`` on ``device`` (``edgetrain plan --objective energy``), compared.
 
     Args:
@@ -192,6 +193,8 @@ def energy_report(chain: Chain, device: Device, memory: int | str, *, deadline: 
         deadline: the longest step, as :func:`deadline_seconds` reads it; None for none.
         strategy: ``"auto"`` (= ``"paging-dp"``), one of :data:`ENERGY_STRATEGIES`, or ``"milp"``
             (POET's MILP, :func:`~edgetrain.planners.milp_plan.plan_milp`).
+        host: this machine's calibration, needed by a device whose training rate is calibrated
+            (NOTE [ One time model ]).
 
     Returns:
         An :class:`EnergyReport`; ``recompute_only_energy_j`` is None when recomputation alone
@@ -201,7 +204,7 @@ def energy_report(chain: Chain, device: Device, memory: int | str, *, deadline: 
         InfeasibleBudgetError: nothing of the strategy fits.
         EdgetrainError: a malformed deadline; the MILP without HiGHS.
     """
-    profile = EnergyProfile.from_device(device)
+    profile = EnergyProfile.from_device(device, training_rate(device, host))
     device_chain = scale_chain(chain, profile)
     deadline_s = None if deadline is None else deadline_seconds(deadline, device_chain.compute_time_s)
     name = "paging-dp" if strategy == "auto" else strategy

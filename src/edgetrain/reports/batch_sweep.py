@@ -27,19 +27,48 @@ from ..runtime import Executor
 from ..schedule import keep_all, simulate
 from ..stages import training_stages
 
-__all__ = ["BatchPoint", "BatchSweep", "largest_batch", "sweep_batches"]
+__all__ = ["BatchPoint", "BatchSweep", "DeviceLargestBatch", "PAPER_LARGEST_BATCH", "largest_batch",
+           "largest_batches_by_device", "sweep_batches"]
+
+# Mwase, Kahira, Zou, AAAI 2024 (shared/seeds/004): "TensorFlow and PyTorch are limited to batch sizes of 512
+# and 1024 respectively due to memory consumption", training ResNet-18 on CIFAR-10 on a 4 GB Raspberry Pi 4.
+PAPER_LARGEST_BATCH = {"rpi4": (1024, "Mwase et al., AAAI 2024 (seed 004): PyTorch, ResNet-18 on CIFAR-10 (32 px), "
+                                      "4 GB Raspberry Pi 4; a whole training process, batches in powers of two")}
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class BatchPoint:
+    """One batch size: estimated peaks, and throughput of ``runs`` separate runs (fresh model each).
+
+    ``*_samples_per_s`` is the median of the runs, ``*_runs_samples_per_s`` every run's value
+    (each the median of its timed steps), so the spread is visible; None: not run here (beyond
+    ``max_run_batch``, or no schedule fits).
+    """
+
     batch: int
     plain_peak_bytes: int
     planned_peak_bytes: int | None  # None: no schedule fits the budget
     planned_recompute_factor: float | None
-    plain_samples_per_s: float | None  # None: not run here (beyond --max-run-batch or budget)
+    plain_samples_per_s: float | None
     planned_samples_per_s: float | None
+    plain_runs_samples_per_s: tuple[float, ...] | None = None
+    planned_runs_samples_per_s: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DeviceLargestBatch:
+    """The largest batch whose training step fits a device, plainly and with the best schedule."""
+
+    device: str
+    model: str
+    image: int
+    budget_bytes: int
+    largest_plain_batch: int
+    largest_planned_batch: int
+    paper_batch: int | None  # a published largest batch on this device, if any
+    paper_source: str | None
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,12 @@ def _time_steps(step: Callable[[], None], reps: int) -> float:
     return statistics.median(times)
 
 
+def _throughputs(model_name: str, batch: int, image: int, budget_bytes: int | None, reps: int,
+                 runs: int) -> tuple[float, ...]:
+    """Samples per second of ``runs`` separate runs, each with its own model and warm-up."""
+    return tuple(_throughput(model_name, batch, image, budget_bytes, reps) for _ in range(runs))
+
+
 def _throughput(model_name: str, batch: int, image: int, budget_bytes: int | None, reps: int) -> float:
     """Samples per second of SGD steps, plain (budget None) or following the plan for the budget."""
     spec = get_model_spec(model_name)
@@ -126,14 +161,17 @@ def _throughput(model_name: str, batch: int, image: int, budget_bytes: int | Non
 
 
 def sweep_batches(model: str, image: int, budget_bytes: int, *, batches: tuple[int, ...] = (),
-                  max_run_batch: int = 64, reps: int = 3,
+                  max_run_batch: int = 64, reps: int = 3, runs: int = 3,
                   progress: Callable[[int, int], None] | None = None) -> BatchSweep:
     """Peak memory (estimated) and throughput (measured up to ``max_run_batch``) for each batch.
 
     Batches default to powers of two up to the largest plan-able one. Throughput with planning
     is measured only where plain training would not fit the budget, since below that the best
-    plan is plain training itself.
+    plan is plain training itself. Each throughput is measured in ``runs`` separate runs of
+    ``reps`` timed steps (median per run); the point holds every run and their median.
     """
+    if runs < 1 or reps < 1:
+        raise EdgetrainError(f"runs and reps must be >= 1, got runs={runs}, reps={reps}")
     smallest = 1 if _trainable(model, 1, image) else 2  # BatchNorm needs two values per channel
     largest_plain = largest_batch(lambda b: _plain_peak(model, b, image) <= budget_bytes, smallest)
     largest_planned = largest_batch(lambda b: _planned_fits(model, b, image, budget_bytes), smallest)
@@ -151,15 +189,46 @@ def sweep_batches(model: str, image: int, budget_bytes: int, *, batches: tuple[i
         except InfeasibleBudgetError:
             planned_peak, factor = None, None
         runnable = batch <= max_run_batch
-        plain_rate = _throughput(model, batch, image, None, reps) if runnable else None
+        plain_runs = _throughputs(model, batch, image, None, reps, runs) if runnable else None
         needs_plan = planned_peak is not None and plain_peak > budget_bytes
-        planned_rate = (_throughput(model, batch, image, budget_bytes, reps) if runnable and needs_plan
-                        else plain_rate if planned_peak is not None else None)
-        points.append(BatchPoint(batch, plain_peak, planned_peak, factor, plain_rate, planned_rate))
+        planned_runs = (_throughputs(model, batch, image, budget_bytes, reps, runs) if runnable and needs_plan
+                        else plain_runs if planned_peak is not None else None)
+        points.append(BatchPoint(batch, plain_peak, planned_peak, factor, _median(plain_runs), _median(planned_runs),
+                                 plain_runs, planned_runs))
         log.info("batch %d: %s", batch, points[-1])
         if progress is not None:
             progress(index + 1, len(sizes))
     return BatchSweep(model, image, budget_bytes, tuple(points), largest_plain, largest_planned)
+
+
+def _median(values: tuple[float, ...] | None) -> float | None:
+    return None if values is None else statistics.median(values)
+
+
+def largest_batches_by_device(models: tuple[str, ...], image: int,
+                              budgets: dict[str, int]) -> list[DeviceLargestBatch]:
+    """The largest plain and planned batch of each model within each device's budget, beside any published one.
+
+    Args:
+        models: zoo names, e.g. ``("resnet18", "resnet18_cifar")``.
+        image: image side in pixels.
+        budgets: device name -> the budget for a step's tensors, bytes.
+    """
+    rows = []
+    for device, budget_bytes in budgets.items():
+        paper_batch, paper_source = PAPER_LARGEST_BATCH.get(device, (None, None))
+        for model in models:
+            plain, planned = _largest_pair(model, image, budget_bytes)
+            rows.append(DeviceLargestBatch(device, model, image, budget_bytes, plain, planned, paper_batch,
+                                           paper_source))
+    return rows
+
+
+def _largest_pair(model: str, image: int, budget_bytes: int) -> tuple[int, int]:
+    """The largest batch within ``budget_bytes`` plainly and with the best schedule."""
+    smallest = 1 if _trainable(model, 1, image) else 2
+    return (largest_batch(lambda b: _plain_peak(model, b, image) <= budget_bytes, smallest),
+            largest_batch(lambda b: _planned_fits(model, b, image, budget_bytes), smallest))
 
 
 def plot_sweep(sweep: BatchSweep, path: Path) -> None:

@@ -2,7 +2,12 @@
 
 Kukreja et al. (PAISE 2019, §VI, Fig. 1) plot, for LinearResNet-18..152 at 224 and 500 px and
 batch 1 and 8, the least memory Revolve needs for a recompute factor ρ, against a 2 GB node,
-and claim that at batch 8 and 500 px "all models fit into the 2GB memory with ρ > 1.6".
+and claim two things of batch 8 and 500 px (panel d): at ρ = 1 "even ResNet18 does not fit into
+the 2GB limit", and "all models fit into the 2GB memory with ρ > 1.6".
+
+Three families of curves: LinearResNet built on the paper's own numbers (each panel's total
+from Tables I-III, the fixed part FP32 weights, the rest spread over the layers), LinearResNet
+built on our activation sizes, and the real ResNets with the optimal planner.
 
 Cost convention for ρ (NOTE [ Recompute factor ]): ρ is the simulated time of a training step
 with recomputation over the time of the same step without (every stage's forward and backward
@@ -30,15 +35,21 @@ from ..fileio import write_atomic
 from ..planners.optimal import solve
 from ..planners.revolve import revolve
 from ..profile.estimate import chain_for
-from ..profile.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet
+from ..profile.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet, linear_resnet_from_total
 from ..schedule import Schedule, keep_all, simulate
 from ..units import format_bytes
+from .tables import paper_values
 
-__all__ = ["CurvePoint", "Curve", "PANELS", "CLAIM_RHO", "linear_curve", "resnet_curve", "reproduce_figure1"]
+__all__ = ["CurvePoint", "Curve", "PANELS", "CLAIM_RHO", "FAMILIES", "linear_curve", "paper_curve", "resnet_curve",
+           "reproduce_figure1"]
 
 PANELS = ((224, 1), (224, 8), (500, 1), (500, 8))  # the paper's panels (a)-(d): image, batch
 CLAIM_RHO = 1.6
-FAMILIES = ("LinearResNet (Revolve)", "ResNet (optimal)")
+PAPER_FAMILY = "LinearResNet on the paper's Tables (Revolve)"
+LINEAR_FAMILY = "LinearResNet (Revolve)"
+RESNET_FAMILY = "ResNet (optimal)"
+FAMILIES = (PAPER_FAMILY, LINEAR_FAMILY, RESNET_FAMILY)
+PNG_NAMES = ("figure1_paper.png", "figure1_linear.png", "figure1_resnet.png")
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,20 @@ def linear_curve(depth: int, batch: int, image: int) -> Curve:
     chain = linear_resnet(depth, batch, image)
     points = [_point(chain, keep_all(depth))]
     points += [_point(chain, revolve(chain, slots)) for slots in range(1, depth)]
-    return Curve(FAMILIES[0], depth, batch, image, _pareto(points))
+    return Curve(LINEAR_FAMILY, depth, batch, image, _pareto(points))
+
+
+def paper_curve(depth: int, batch: int, image: int) -> Curve:
+    """Revolve on LinearResNet-``depth`` whose total is the paper's own figure for this batch and image.
+
+    Panels (a)-(d) are all in the tables: batch 1 at 224 px (Table I), batch 1 at 500 px
+    (Table II), batch 8 at 224 and 500 px (Table III).
+    """
+    totals = {(v.model, v.batch, v.image): v.bytes for v in paper_values()}
+    chain = linear_resnet_from_total(depth, batch, image, int(totals[(f"resnet{depth}", batch, image)]))
+    points = [_point(chain, keep_all(depth))]
+    points += [_point(chain, revolve(chain, slots)) for slots in range(1, depth)]
+    return Curve(PAPER_FAMILY, depth, batch, image, _pareto(points))
 
 
 def resnet_curve(depth: int, batch: int, image: int, budgets: int = 150) -> Curve:
@@ -92,12 +116,12 @@ def resnet_curve(depth: int, batch: int, image: int, budgets: int = 150) -> Curv
     try:
         table = solve(chain, points[0].peak_bytes)
     except InfeasibleBudgetError:  # resident state dominates: nothing to trade below keep-all
-        return Curve(FAMILIES[1], depth, batch, image, tuple(points))
+        return Curve(RESNET_FAMILY, depth, batch, image, tuple(points))
     low, high = table.min_memory_bytes, table.max_memory_bytes
     for index in range(budgets):
         budget = low + (high - low) * index // max(budgets - 1, 1)
         points.append(_point(chain, table.schedule(budget)))
-    return Curve(FAMILIES[1], depth, batch, image, _pareto(points))
+    return Curve(RESNET_FAMILY, depth, batch, image, _pareto(points))
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,16 @@ class Figure1:
         factors = self.claim(family).values()
         return all(f is not None and f <= CLAIM_RHO for f in factors)
 
+    def plain_peak_bytes(self, family: str) -> dict[int, int]:
+        """The peak at ρ = 1 (no recomputation) for each depth at batch 8 and 500 px."""
+        return {c.depth: c.points[0].peak_bytes for c in self.curves
+                if c.family == family and (c.image, c.batch) == (500, 8)}
+
+    def resnet18_misses_at_rho_one(self, family: str) -> bool | None:
+        """The paper's other half: at ρ = 1, batch 8 and 500 px, even ResNet-18 does not fit; None without it."""
+        peak = self.plain_peak_bytes(family).get(18)
+        return None if peak is None else peak > self.budget_bytes
+
 
 def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int, ...] = LINEAR_RESNET_DEPTHS,
                       progress: Callable[[int, int], None] | None = None) -> Figure1:
@@ -121,7 +155,7 @@ def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int,
     jobs = [(family, depth, image, batch) for family in FAMILIES for image, batch in PANELS for depth in depths]
     curves = []
     for index, (family, depth, image, batch) in enumerate(jobs):
-        build = linear_curve if family == FAMILIES[0] else resnet_curve
+        build = {PAPER_FAMILY: paper_curve, LINEAR_FAMILY: linear_curve, RESNET_FAMILY: resnet_curve}[family]
         curves.append(build(depth, batch, image))
         if progress is not None:
             progress(index + 1, len(jobs))
@@ -130,7 +164,7 @@ def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int,
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "figure1.csv", _to_csv(figure))
     write_atomic(out / "figure1.md", _to_markdown(figure))
-    for family, name in zip(FAMILIES, ("figure1_linear.png", "figure1_resnet.png"), strict=True):
+    for family, name in zip(FAMILIES, PNG_NAMES, strict=True):
         _plot(figure, family, out / name)
     return figure
 
@@ -152,15 +186,23 @@ def _verdict_lines(figure: Figure1, family: str) -> list[str]:
     lines = [f"### {family}", "", "| model | least ρ that fits |", "|---|---|"]
     lines += [f"| {depth} | {'does not fit at any ρ' if f is None else f'{f:.3f}'} |" for depth, f in factors.items()]
     lines += ["", f"Claim \"batch 8 at 500 px: all models fit into {format_bytes(figure.budget_bytes)} with "
-                  f"ρ > {CLAIM_RHO}\": **{'holds' if holds else 'does not hold'}**.", ""]
-    return lines
+                  f"ρ > {CLAIM_RHO}\": **{'holds' if holds else 'does not hold'}**."]
+    peak = figure.plain_peak_bytes(family).get(18)
+    misses = figure.resnet18_misses_at_rho_one(family)
+    if peak is not None:
+        lines.append(f"Claim \"at ρ = 1 even ResNet-18 does not fit\": its peak is {format_bytes(peak)}: "
+                     f"**{'holds' if misses else 'does not hold'}**.")
+    return [*lines, ""]
 
 
 def _to_markdown(figure: Figure1) -> str:
     lines = ["# Figure 1, regenerated: peak memory vs recompute factor", "",
              "ρ = simulated step time with recomputation / without. LinearResNet: unit forward and backward per",
-             "layer, weights + activations (the paper's accounting), Revolve. ResNet: FLOP-weighted stage times,",
-             "the whole training step (weights, gradients, SGD momentum, activations), the optimal planner.",
+             "layer, weights + activations, Revolve; on the paper's Tables the total of each panel is the",
+             "paper's figure (fixed part: FP32 weights and BatchNorm buffers), otherwise our activation sizes.",
+             "ResNet: FLOP-weighted",
+             "stage times, the whole training step (weights, gradients, SGD momentum, activations), the optimal",
+             "planner.",
              "Regenerate with `edgetrain reproduce figure1`; points are in figure1.csv.", ""]
     for family in FAMILIES:
         lines += _verdict_lines(figure, family)

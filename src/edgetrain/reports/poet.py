@@ -40,6 +40,7 @@ from ..planners.optimal import OptimalTable, solve
 from ..planners.paging import PagingTable, solve_paging
 from ..profile.estimate import chain_for
 from ..schedule import Schedule, keep_all, simulate
+from ..timemodel import HostCalibration, needs_calibration, training_rate
 
 __all__ = ["PoetFigure", "DEFAULT_MODELS", "DEFAULT_DEVICES", "STRATEGIES", "CLAIM_TOLERANCE", "CLAIM_BUDGET_PCT",
            "reproduce_poet"]
@@ -57,7 +58,8 @@ ACTIVATIONS = "activation_budget_pct"        # or of its part above the fixed st
 ASSUMPTIONS = (
     "Energy per training step = compute power x compute time + per-transfer paging energy "
     "(latency + bytes / throughput) x storage power, POET's model (edgetrain.energy).",
-    "Stage times are FLOPs (counted on the meta device) / the device's measured FLOP/s; every stage runs at "
+    "Stage times are FLOPs (counted on the meta device) / the device's training rate (NOTE [ One time model ]: "
+    "measured on the device, or its LINPACK rate x the training efficiency measured here); every stage runs at "
     "the same achieved rate.",
     "Budgets and peaks are the whole step's RAM as edgetrain.schedule.simulate counts it: weights, optimizer "
     "state (SGD momentum), input batch, gradients, activations and workspace.",
@@ -81,12 +83,15 @@ class PoetFigure:
     data: dict[str, object]
 
 
-def _profiles(devices: Sequence[str]) -> tuple[dict[str, EnergyProfile], dict[str, str]]:
+def _profiles(devices: Sequence[str], host: HostCalibration | None) -> tuple[dict[str, EnergyProfile], dict[str, str]]:
     """Energy profiles of the devices that have figures, and why each other one is skipped."""
     profiles, skipped = {}, {}
     for name in devices:
+        device = get_device(name)
         try:
-            profiles[name] = EnergyProfile.from_device(get_device(name))
+            if needs_calibration(device) and host is None:
+                raise EdgetrainError(f"device {name!r} needs this machine's calibration (host=) for its training rate")
+            profiles[name] = EnergyProfile.from_device(device, training_rate(device, host))
         except EdgetrainError as exc:
             skipped[name] = str(exc)
     return profiles, skipped
@@ -320,7 +325,8 @@ def _summary(data: dict[str, object]) -> str:
 def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]] = DEFAULT_MODELS,
                    devices: Sequence[str] = DEFAULT_DEVICES, budgets: int = 12, slots: int = 2000,
                    include_milp: bool = False, milp_models: Sequence[str] = ("resnet18",),
-                   milp_time_limit_s: float = 60.0, progress: Progress | None = None) -> PoetFigure:
+                   milp_time_limit_s: float = 60.0, host: HostCalibration | None = None,
+                   progress: Progress | None = None) -> PoetFigure:
     """Sweep budgets for every model x device, write ``poet.json``, ``poet.png`` and ``poet.md`` into ``out_dir``.
 
     Args:
@@ -333,11 +339,13 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
             so the default is finer than the planners' 500 (model chains here have ~10 stages).
         include_milp: add POET's MILP for the models in ``milp_models`` (it takes up to
             ``milp_time_limit_s`` per budget); recorded as unavailable when it cannot import.
+        host: this machine's calibration, for devices whose training rate is calibrated (NOTE [ One
+            time model ]); without it they are skipped.
         progress: called with ``(done, total)`` model x device panels after each one.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    profiles, skipped = _profiles(devices)
+    profiles, skipped = _profiles(devices, host)
     panels: list[dict[str, object]] = []
     for model, batch, size in models:
         chain = chain_for(model, batch, size)

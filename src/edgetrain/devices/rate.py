@@ -1,0 +1,128 @@
+"""The sustained DGEMM rate of a machine, and this machine's calibration (NOTE [ One time model ]).
+
+The microbenchmark is LINPACK's kernel: ``torch.mm`` of square FP64 matrices, repeated for a
+few seconds after one warm-up product, the rate being every product's ``2 n^3`` FLOPs over the
+whole elapsed time (sustained, not the best run). ``edgetrain bench device`` runs it on a board
+(``gemm_fp64_flops_per_s`` in the device file); :func:`calibrate_host` runs it here together
+with a training step, whose ratio is the training efficiency the time model transfers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import EdgetrainError
+from ..timemodel import HostCalibration
+
+__all__ = ["CALIBRATION_ENV", "GemmProbe", "calibrate_host", "host_calibration", "probe_gemm"]
+
+CALIBRATION_STEP = ("resnet18", 8, 64)  # model, batch, size of the training step timed here
+# "GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S": a calibration measured before (its numbers are in every
+# calibrated time_source), reused instead of measuring again; makes device times reproducible.
+CALIBRATION_ENV = "EDGETRAIN_HOST_CALIBRATION"
+
+
+@dataclass(frozen=True)
+class GemmProbe:
+    """``products`` FP64 products of ``n x n`` matrices in ``elapsed_s`` seconds on ``threads`` threads."""
+
+    n: int
+    products: int
+    elapsed_s: float
+    threads: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.n**3 * self.products
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.elapsed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "products": self.products, "elapsed_s": self.elapsed_s, "threads": self.threads,
+                "gemm_fp64_flops_per_s": self.flops_per_s}
+
+
+def probe_gemm(n: int = 1024, seconds: float = 2.0) -> GemmProbe:
+    """Time FP64 ``n x n`` matrix products for at least ``seconds`` after one warm-up product.
+
+    Raises:
+        EdgetrainError: ``n < 1`` or ``seconds <= 0``.
+
+    Example:
+        >>> probe_gemm(64, 0.01).flops_per_s > 0
+        True
+    """
+    import torch
+
+    if n < 1 or not seconds > 0:
+        raise EdgetrainError(f"probe_gemm needs n >= 1 and seconds > 0, got n={n}, seconds={seconds}")
+    generator = torch.Generator().manual_seed(0)
+    a = torch.rand(n, n, dtype=torch.float64, generator=generator)
+    b = torch.rand(n, n, dtype=torch.float64, generator=generator)
+    out = torch.empty(n, n, dtype=torch.float64)
+    torch.mm(a, b, out=out)  # warm-up: threads, caches, page faults of out
+    products = 0
+    start = time.perf_counter()
+    while True:
+        torch.mm(a, b, out=out)
+        products += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return GemmProbe(n, products, elapsed, torch.get_num_threads())
+
+
+@functools.cache
+def calibrate_host(rounds: int = 5) -> HostCalibration:
+    """This machine's DGEMM rate and ResNet-18's training rate, measured once per process.
+
+    ``rounds`` alternations of a 0.3 s DGEMM burst and one training step; each rate is the best
+    round's. Other processes only ever slow a round down, so on a shared machine the best round
+    is the closest to the machine's own rate, and alternating exposes both to the same load.
+    """
+    import torch
+
+    from ..chain import NOMINAL_FLOPS_PER_S
+    from ..models import get_model_spec
+    from ..profile import chain_for
+
+    model, batch, size = CALIBRATION_STEP
+    flops = chain_for(model, batch, size).compute_time_s * NOMINAL_FLOPS_PER_S
+    spec = get_model_spec(model)
+    net = spec.build()
+    x, y = spec.example_input(batch, size), spec.example_target(batch)
+    gemm_rates, steps_s = [], []
+    for index in range(rounds + 1):
+        start = time.perf_counter()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        elapsed = time.perf_counter() - start
+        net.zero_grad(set_to_none=True)
+        if index:  # the first step warms allocators and caches
+            steps_s.append(elapsed)
+            gemm_rates.append(probe_gemm(seconds=0.3).flops_per_s)
+    source = (f"measured here: best of {rounds} alternating rounds of a 0.3 s FP64 DGEMM 1024^3 burst and one {model} "
+              f"training step (batch {batch}, {size} px, {flops:.4g} FLOP, forward + loss + backward) on "
+              f"{torch.get_num_threads()} threads")
+    return HostCalibration(max(gemm_rates), flops / min(steps_s), source)
+
+
+def host_calibration() -> HostCalibration:
+    """This machine's calibration: ``$EDGETRAIN_HOST_CALIBRATION`` when set, else measured (:func:`calibrate_host`).
+
+    Raises:
+        EdgetrainError: a malformed ``$EDGETRAIN_HOST_CALIBRATION``.
+    """
+    text = os.environ.get(CALIBRATION_ENV)
+    if text is None:
+        return calibrate_host()
+    try:
+        gemm, training = (float(part) for part in text.split(","))
+    except ValueError:
+        raise EdgetrainError(f"{CALIBRATION_ENV} must be 'GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S', e.g. "
+                             f"'2e10,1e10', got {text!r}") from None
+    return HostCalibration(gemm, training, f"given by ${CALIBRATION_ENV}={text}")

@@ -1,0 +1,85 @@
+"""One time model (NOTE [ One time model ]): the same device and schedule give one time whatever the objective."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from calibration import TEST_HOST
+from test_cli import run
+
+from edgetrain.chain import NOMINAL_FLOPS_PER_S
+from edgetrain.devices import get_device
+from edgetrain.devices.rate import CALIBRATION_ENV, host_calibration, probe_gemm
+from edgetrain.errors import EdgetrainError
+from edgetrain.profile import chain_for
+from edgetrain.timemodel import HostCalibration, training_rate
+
+
+def plan_json(device: str, *extra: str) -> dict[str, object]:
+    code, out, err = run("plan", "-m", "resnet18", "-b", "2", "--image", "64", "--device", device,
+                         "--memory", "2GiB", "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_both_objectives_give_the_same_time_for_the_same_device_and_schedule() -> None:
+    fastest, least_energy = plan_json("rpi4"), plan_json("rpi4", "--objective", "energy")
+    flops = chain_for("resnet18", 2, 64).compute_time_s * NOMINAL_FLOPS_PER_S
+
+    assert fastest["params"] == {"segments": 1} and least_energy["params"] == {"paging": False, "recompute": False}
+    assert fastest["predicted_time_s"] == least_energy["predicted_time_s"]
+    # 15.5 GFLOP/s LINPACK x the fixed calibration's efficiency 10/20 = 7.75 GFLOP/s of training
+    assert fastest["training_flops_per_s"] == least_energy["training_flops_per_s"] == 15.5e9 * 0.5
+    assert fastest["predicted_time_s"] == pytest.approx(flops / 7.75e9, rel=1e-12)
+    assert least_energy["energy_j"] == pytest.approx(3.0 * flops / 7.75e9, rel=1e-12)  # 3 W x the same time
+
+
+def test_a_device_without_a_sourced_rate_has_no_time() -> None:
+    report = plan_json("odroid-xu4")
+
+    assert report["predicted_time_s"] is None and report["training_flops_per_s"] is None
+    assert report["baseline"]["time_s"] is None  # type: ignore[index]
+    assert str(report["time_source"]).startswith("unknown: device 'odroid-xu4' has no measured training rate")
+
+
+def test_no_device_means_no_time() -> None:
+    code, out, err = run("plan", "-m", "resnet18", "-b", "2", "--image", "64", "--memory", "1GiB", "--json")
+    assert code == 0, err
+    assert json.loads(out)["predicted_time_s"] is None
+
+
+def test_training_rate_is_measured_calibrated_or_unknown() -> None:
+    rpi, mkr, nano = get_device("rpi4"), get_device("mkr1000"), get_device("jetson-nano")
+
+    calibrated = training_rate(rpi, TEST_HOST)
+    assert calibrated is not None and calibrated.flops_per_s == 15.5e9 * 10e9 / 20e9
+    assert "LINPACK" in calibrated.source and "seeds/004" in calibrated.source
+    measured = training_rate(mkr)  # POET timed a training kernel on the board: used as it is
+    assert measured is not None and measured.flops_per_s == mkr.compute_flops_per_s
+    assert training_rate(nano, TEST_HOST) is None
+    with pytest.raises(EdgetrainError, match="needs this machine's calibration"):
+        training_rate(rpi)
+
+
+def test_the_calibration_rejects_non_positive_rates() -> None:
+    with pytest.raises(EdgetrainError, match="gemm_fp64_flops_per_s must be a finite number > 0"):
+        HostCalibration(0.0, 1e9, "bad")
+
+
+def test_the_gemm_probe_counts_two_n_cubed_flops_per_product() -> None:
+    probe = probe_gemm(64, 0.01)
+
+    assert probe.products >= 1 and probe.elapsed_s >= 0.01
+    assert probe.flops == 2 * 64**3 * probe.products
+    assert probe.flops_per_s == probe.flops / probe.elapsed_s
+    with pytest.raises(EdgetrainError, match="n >= 1 and seconds > 0"):
+        probe_gemm(0, 1.0)
+
+
+def test_a_given_calibration_is_read_from_the_environment_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CALIBRATION_ENV, "3e10,1.5e10")
+    assert host_calibration().efficiency == 0.5
+    monkeypatch.setenv(CALIBRATION_ENV, "fast")
+    with pytest.raises(EdgetrainError, match="must be 'GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S'"):
+        host_calibration()
