@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
-from edgetrain.insitu.labels import GateConfig, propagate, vote
+from edgetrain.insitu.labels import GateConfig, accepted, calibrate, log_aspect, propagate, vote
+from edgetrain.insitu.model import Outputs
 from edgetrain.insitu.store import FrameStore
 from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, track
 from edgetrain.insitu.world import POLE, render_video
@@ -128,6 +129,26 @@ def test_forward_only_starts_at_the_first_trusted_frame_of_the_winning_label() -
 
     assert vote(labels, trusted, GATE) == 1  # 3 of 4 trusted votes
     assert propagate(labels, trusted, GATE, backward=False) == [None, None, 1, 1, 1]
+
+
+def test_the_gate_trusts_confident_frames_only_where_the_box_looks_like_the_teachers_training_boxes() -> None:
+    # Prepare: class 0 was trained on boxes twice as tall as wide, class 1 on boxes twice as wide as tall.
+    train = Outputs(probs=np.array([[1.0, 0.0]] * 4 + [[0.0, 1.0]] * 4),
+                    features=np.array([[0.0, 0.0], [0.0, 2.0], [0.0, 0.0], [0.0, 2.0]] + [[4.0, 0.0], [4.0, 2.0]] * 2))
+    tall, wide = [0, 0, 10, 20], [0, 0, 20, 10]
+    boxes = np.array([tall] * 4 + [wide] * 4)
+    calibration = calibrate(train, np.array([0] * 4 + [1] * 4), boxes, train, GateConfig(quantile=1.0))
+    seen = Outputs(probs=np.array([[0.95, 0.05], [0.95, 0.05], [0.6, 0.4], [0.05, 0.95]]),
+                   features=np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0]]))
+
+    # Execute
+    trusted = accepted(seen, np.array([tall, wide, tall, wide]), calibration, GateConfig(min_confidence=0.9))
+
+    # Assert: log(20/10) exactly; a confident class-0 frame is trusted in a tall box, not in a wide one; an
+    # unconfident frame is not; a confident class-1 frame in a wide box but far from class 1's features is not.
+    assert log_aspect(np.array([tall, wide])).tolist() == [np.log(2.0), -np.log(2.0)]
+    assert calibration.aspect_bounds.tolist() == [[np.log(2.0)] * 2, [-np.log(2.0)] * 2]
+    assert trusted.tolist() == [True, False, False, False]
 
 
 # --- the frame store -------------------------------------------------------------------------------

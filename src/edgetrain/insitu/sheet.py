@@ -30,5 +30,6 @@ def contact_sheet(seed: int, out: Path, frames: tuple[int, ...] = (40, 70, 100))
     for camera in (EYE_LEVEL[1], POLE):
         video = render_video(camera, max(frames) + 1, seed, rate=0.15)
         rows.append(np.concatenate([np.asarray(_annotated(video, f)) for f in frames], axis=1))
-    Image.fromarray(np.concatenate(rows, axis=0)).save(out)
+    # 64 colours: the sensor noise would otherwise make a half-megabyte PNG for the docs
+    Image.fromarray(np.concatenate(rows, axis=0)).quantize(64).save(out, optimize=True)
     return out

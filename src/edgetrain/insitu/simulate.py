@@ -55,20 +55,30 @@ class SimulateConfig:
 
 
 # `simulate --quick`: a world small enough for a smoke test (its numbers mean little).
-QUICK = {"teacher_videos": 10, "teacher_frames": 30, "node_videos": 2, "node_frames": 60, "test_videos": 1,
-         "eye_test_videos": 2, "teacher_epochs": 3, "student_epochs": 2, "replay_crops": 128}
+QUICK = {"teacher_videos": 8, "teacher_frames": 25, "node_videos": 2, "node_frames": 50, "test_videos": 1,
+         "eye_test_videos": 1, "teacher_epochs": 2, "student_epochs": 1, "replay_crops": 64}
 
 
-def _crops_with_truth(videos: list[Video]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Crops of every detectable object at its true box, its label and elevation (evaluation and teacher data)."""
-    crops, labels, elevations = [], [], []
+@dataclass(frozen=True)
+class _Labelled:
+    """Every detectable object's crop at its true box, with label, box and elevation (teacher data, scoring)."""
+
+    crops: np.ndarray  # (n, CROP_PX, CROP_PX, 3) uint8
+    labels: np.ndarray  # (n,)
+    boxes: np.ndarray  # (n, 4)
+    elevations_deg: np.ndarray  # (n,)
+
+
+def _crops_with_truth(videos: list[Video]) -> _Labelled:
+    crops, labels, boxes, elevations = [], [], [], []
     for v in videos:
         for t in v.truth:
             if detectable(t):
                 crops.append(crop(v.frames[t.frame], t.box))
                 labels.append(t.label)
+                boxes.append(t.box)
                 elevations.append(t.elevation_deg)
-    return np.array(crops), np.array(labels), np.array(elevations)
+    return _Labelled(np.array(crops), np.array(labels), np.array(boxes), np.array(elevations))
 
 
 def _render(cameras: tuple[Camera, ...], count: int, frames: int, seed: int, rate: float) -> list[Video]:
@@ -82,12 +92,13 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     base = config.seed * 1000
     say("rendering the teacher's eye-level world")
     eye = _render(EYE_LEVEL, config.teacher_videos, config.teacher_frames, base + 100, rate=0.25)
-    train_x, train_y, _ = _crops_with_truth(eye[:-4])
-    held_x, _, _ = _crops_with_truth(eye[-4:])
+    train = _crops_with_truth(eye[:-4])
+    train_x, train_y = train.crops, train.labels
+    held_x = _crops_with_truth(eye[-4:]).crops
     say(f"training the teacher on {len(train_x)} eye-level crops")
     teacher = fit(classifier(len(CLASSES), config.seed), train_x, train_y,
                   FitConfig(epochs=config.teacher_epochs, seed=config.seed))
-    calibration = calibrate(predict(teacher, train_x), train_y, predict(teacher, held_x), config.gate)
+    calibration = calibrate(predict(teacher, train_x), train_y, train.boxes, predict(teacher, held_x), config.gate)
 
     say("the node's stream: detect, track, gate, propagate, store")
     stream = _render((POLE,), config.node_videos, config.node_frames, base + 300, rate=0.08)
@@ -105,10 +116,11 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
                       np.concatenate([labelled.oracle_labels, train_y[replay]]), config)
 
     say("scoring on held-out clips (ground truth)")
-    test_x, test_y, test_el = _crops_with_truth(_render((POLE,), config.test_videos, config.node_frames,
-                                                        base + 500, rate=0.08))
-    eye_x, eye_y, _ = _crops_with_truth(_render(EYE_LEVEL, config.eye_test_videos, config.teacher_frames,
-                                                base + 700, rate=0.25))
+    test = _crops_with_truth(_render((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08))
+    test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
+    eye_test = _crops_with_truth(_render(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
+                                         rate=0.25))
+    eye_x, eye_y = eye_test.crops, eye_test.labels
     models = {"teacher": teacher, "student": student, "oracle_student": oracle}
     report: dict[str, object] = {"config": asdict(config), "classes": list(CLASSES)}
     for name, model in models.items():
@@ -154,7 +166,7 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
         crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
         outputs = predict(teacher, crops)
-        trusted = accepted(outputs, calibration, config.gate)
+        trusted = accepted(outputs, np.array([d.box for d in detections]), calibration, config.gate)
         pseudo: list[int | None] = [None] * len(detections)
         for tid in sorted(set(ids)):
             members = [i for i, t in enumerate(ids) if t == tid]  # in frame order
