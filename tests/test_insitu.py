@@ -234,3 +234,15 @@ def test_a_quick_simulation_reports_every_figure(tmp_path: Path, one_thread: Non
     assert report["store_quota_bytes"] == 200 * 1024
     assert report["store_bytes"] == _on_disk(tmp_path / "s") <= report["store_quota_bytes"]
     assert report["stored_frames"] == len(json.loads((tmp_path / "s" / "manifest.json").read_text())["frames"])
+
+
+def test_an_unknown_propagation_is_refused_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgetrain.cli import app
+
+    result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"),
+                                      "--propagation", "sideways"])
+
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: propagation must be one of track, forward, none, got 'sideways'"

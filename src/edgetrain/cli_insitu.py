@@ -56,7 +56,9 @@ def simulate_command(
                                               "per frame (mean)."),
         id_switch_rate: float = typer.Option(0.0, "--id-switch-rate", min=0.0, max=1.0, help="Extra simulated ID "
                                              "switches per matched detection."),
-        no_backward: bool = typer.Option(False, "--no-backward", help="Propagate labels forward only."),
+        propagation: str = typer.Option("track", "--propagation", help="'track' (backward and forward along the "
+                                        "track), 'forward' (from the first trusted frame on) or 'none' (the "
+                                        "gate-trusted frames alone: no tracker)."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -68,7 +70,7 @@ def simulate_command(
     overrides: dict[str, Any] = dict(QUICK) if quick else {}
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
-                            backward=not no_backward, **overrides)
+                            propagation=propagation, **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))

@@ -22,10 +22,11 @@ from .store import FrameStore, encode_png
 from .tracker import TrackerConfig, track
 from .world import CLASSES, EYE_LEVEL, POLE, Camera, Video, render_video
 
-__all__ = ["SimulateConfig", "simulate", "ELEVATION_BANDS_DEG", "QUICK"]
+__all__ = ["SimulateConfig", "simulate", "ELEVATION_BANDS_DEG", "PROPAGATION", "QUICK"]
 
 log = logging.getLogger(__name__)
 
+PROPAGATION = ("track", "forward", "none")
 ELEVATION_BANDS_DEG = ((0.0, 30.0), (30.0, 40.0), (40.0, 90.0))
 Progress = Callable[[str], None]
 
@@ -49,7 +50,7 @@ class SimulateConfig:
     miss_rate: float = 0.0
     false_positives_per_frame: float = 0.0
     id_switch_rate: float = 0.0
-    backward: bool = True
+    propagation: str = "track"  # "track": backward and forward; "forward"; "none": only the gate-trusted frames
     threads: int = 1  # torch's intra-op threads: one thread is the node's background share (and, on a busy CPU, faster)
     gate: GateConfig = field(default_factory=GateConfig)
 
@@ -87,6 +88,8 @@ def _render(cameras: tuple[Camera, ...], count: int, frames: int, seed: int, rat
 
 def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None = None) -> dict[str, object]:
     """Run one deployment and return its report (see ``edgetrain insitu simulate --help`` for the keys)."""
+    if config.propagation not in PROPAGATION:
+        raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {config.propagation!r}")
     say = progress or (lambda message: log.info(message))
     torch.set_num_threads(config.threads)
     base = config.seed * 1000
@@ -144,6 +147,23 @@ def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray
                FitConfig(epochs=config.student_epochs, lr=1e-3, seed=config.seed + 1, memory=config.student_memory))
 
 
+def _pseudo_labels(ids: list[int], teacher_labels: np.ndarray, trusted: np.ndarray,
+                   config: SimulateConfig) -> list[int | None]:
+    """Each detection's pseudo-label (None: not stored) under ``config.propagation``."""
+    if config.propagation == "none":  # the ablation without a tracker: trusted frames alone
+        return [int(label) if ok else None for label, ok in zip(teacher_labels, trusted, strict=True)]
+    tracks: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        tracks.setdefault(tid, []).append(i)  # detections come in frame order
+    pseudo: list[int | None] = [None] * len(ids)
+    for members in tracks.values():
+        labels = propagate([int(teacher_labels[i]) for i in members], [bool(trusted[i]) for i in members],
+                           config.gate, backward=config.propagation == "track")
+        for i, label in zip(members, labels, strict=True):
+            pseudo[i] = label
+    return pseudo
+
+
 @dataclass(frozen=True)
 class _StreamOutcome:
     report: dict[str, float | int]  # scored with ground truth
@@ -167,14 +187,8 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
         outputs = predict(teacher, crops)
         trusted = accepted(outputs, np.array([d.box for d in detections]), calibration, config.gate)
-        pseudo: list[int | None] = [None] * len(detections)
-        for tid in sorted(set(ids)):
-            members = [i for i, t in enumerate(ids) if t == tid]  # in frame order
-            for i, label in zip(members, propagate([int(outputs.labels[i]) for i in members],
-                                                   [bool(trusted[i]) for i in members], config.gate,
-                                                   backward=config.backward), strict=True):
-                pseudo[i] = label
-            n_tracks_labelled += pseudo[members[0]] is not None or pseudo[members[-1]] is not None
+        pseudo = _pseudo_labels(ids, outputs.labels, trusted, config)
+        n_tracks_labelled += len({ids[i] for i, label in enumerate(pseudo) if label is not None})
         store.add([(encode_png(crops[i]), label, ids[i]) for i, label in enumerate(pseudo) if label is not None])
         # --- scoring (ground truth) ---
         truth = {t.track_id: t.label for t in video.truth}
