@@ -54,7 +54,7 @@ def test_crops_are_square_windows_resized() -> None:
 
     out = crop(frame, (10, 5, 20, 15), size_px=12)
 
-    # The 10 px box with 20% margin each side is a 12 px window: the object is the central 10x10.
+    # The 10 px box in a window 1.2x its side is 12 px: the object is the central 10x10, 1 px of margin around.
     assert out.shape == (12, 12, 3)
     assert (out[1:11, 1:11] == 200).all() and out[0].max() == 0 and out[:, 11].max() == 0
 
@@ -229,7 +229,8 @@ def test_a_quick_simulation_reports_every_figure(tmp_path: Path, one_thread: Non
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     for key in ("teacher_accuracy", "student_accuracy", "oracle_student_accuracy", "teacher_accuracy_eye_level",
-                "student_accuracy_eye_level", "pseudo_label_precision", "pseudo_label_coverage"):
+                "student_accuracy_eye_level", "pseudo_label_precision", "pseudo_label_coverage",
+                "tracker_id_switches_per_detection"):
         assert 0.0 <= report[key] <= 1.0, key
     assert report["store_quota_bytes"] == 200 * 1024
     assert report["store_bytes"] == _on_disk(tmp_path / "s") <= report["store_quota_bytes"]

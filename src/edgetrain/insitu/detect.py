@@ -73,7 +73,7 @@ def _clip(box: np.ndarray, width: int, height: int) -> tuple[int, int, int, int]
 
 
 def crop(frame: np.ndarray, box: Sequence[int], size_px: int = CROP_PX) -> np.ndarray:
-    """The square around ``box`` (20% margin; black outside the frame) resized to ``size_px`` (uint8 HxWx3)."""
+    """The square 1.2x the box's longer side around its centre (black outside the frame), resized to ``size_px``."""
     x0, y0, x1, y1 = box
     half = max(x1 - x0, y1 - y0) * 0.6
     cx, cy = (x0 + x1) / 2, (y0 + y1) / 2

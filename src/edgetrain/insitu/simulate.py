@@ -175,7 +175,7 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
                   config: SimulateConfig) -> _StreamOutcome:
     """The node's pipeline over ``stream``; returns the scored outcome and the oracle's training set."""
     n_labelled = n_right = n_true = n_trusted = n_tracks_labelled = 0
-    teacher_right = 0
+    teacher_right = n_switches = 0
     oracle_x, oracle_y = [], []
     for k, video in enumerate(stream):
         # --- the pipeline: no ground truth below until the marked scoring lines ---
@@ -192,10 +192,13 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         store.add([(encode_png(crops[i]), label, ids[i]) for i, label in enumerate(pseudo) if label is not None])
         # --- scoring (ground truth) ---
         truth = {t.track_id: t.label for t in video.truth}
+        last_id: dict[int, int] = {}
         for i, source in enumerate(sources):
             true_label = truth.get(source)  # None for a false positive
             if true_label is not None:
                 n_true += 1
+                n_switches += source in last_id and last_id[source] != ids[i]
+                last_id[source] = ids[i]
                 oracle_x.append(crops[i])
                 oracle_y.append(true_label)
                 teacher_right += int(outputs.labels[i]) == true_label
@@ -212,5 +215,7 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         "gate_trusted_frames": n_trusted,
         "frames_per_trusted_frame": n_labelled / max(n_trusted, 1),
         "labelled_tracks": n_tracks_labelled,
+        "tracker_id_switches": n_switches,  # an object's detection under another id than its previous one
+        "tracker_id_switches_per_detection": n_switches / max(n_true, 1),
     }
     return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y))
