@@ -16,7 +16,7 @@ import pytest
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
 from edgetrain.insitu.labels import GateConfig, accepted, calibrate, log_aspect, propagate, vote
 from edgetrain.insitu.model import Outputs
-from edgetrain.insitu.store import FrameStore
+from edgetrain.insitu.store import FrameStore, balance
 from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, track
 from edgetrain.insitu.world import POLE, render_video
 
@@ -172,18 +172,32 @@ def test_the_store_never_exceeds_its_quota_and_evicts_the_biggest_class(tmp_path
         store.add([(b"x" * 1001, 0, 9)])
 
 
-def test_a_batch_larger_than_the_quota_keeps_what_fits(tmp_path: Path) -> None:
+def test_a_batch_larger_than_the_quota_keeps_its_newest_frames(tmp_path: Path) -> None:
     store = FrameStore(tmp_path, quota_bytes=250)
 
-    store.add([(b"a" * 100, 0, 1)] * 4)
+    store.add([(bytes([k]) * 100, 0, 1) for k in range(4)])
 
-    assert len(store.frames) == 2 and _on_disk(tmp_path) == store.bytes_used == 200
+    assert [(tmp_path / f.name).read_bytes()[0] for f in store.frames] == [2, 3]
+    assert _on_disk(tmp_path) == store.bytes_used == 200
+
+
+def test_eviction_takes_the_oldest_frames_of_the_biggest_class_and_spares_the_others(tmp_path: Path) -> None:
+    store = FrameStore(tmp_path, quota_bytes=600)
+    store.add([(b"a" * 100, 0, 1)] * 3 + [(b"b" * 100, 1, 2)] * 2)  # 300 + 200 bytes
+
+    evicted = store.add([(b"c" * 100, 0, 3)] * 3)  # 300 more of class 0: 200 must go, all of class 0
+
+    # The two oldest class-0 frames go (stored ones first), class 1 is untouched: 400 + 200 bytes.
+    assert [f.seq for f in evicted] == [0, 1]
+    assert [(f.label, f.seq) for f in store.frames] == [(0, 2), (1, 3), (1, 4), (0, 5), (0, 6), (0, 7)]
+    assert _on_disk(tmp_path) == store.bytes_used == 600
+    assert balance(store.frames, 400)[1] == [store.frames[0], store.frames[3]]  # class 0 until 200 + 200
 
 
 WRITER = """
 import sys
 from pathlib import Path
-from edgetrain.insitu.store import FrameStore
+from edgetrain.insitu.store import FrameStore, balance
 store = FrameStore(Path(sys.argv[1]), quota_bytes=20_000)
 print("ready", flush=True)
 k = 0

@@ -13,8 +13,9 @@ change keeps two invariants, whatever instant the power fails:
   new files are written, so listed and unlisted frame files together never exceed
   ``quota_bytes``.
 
-Eviction keeps classes balanced: while a batch does not fit, the oldest frame of the class
-holding the most bytes goes.
+Eviction keeps classes balanced: while the stored frames and a new batch together do not fit,
+the oldest frame of the class holding the most bytes goes (a batch's own frames included: they
+are then never written).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..errors import EdgetrainError
 from ..fileio import fsync_dir, write_json
 from .detect import CROP_PX
 
-__all__ = ["StoredFrame", "FrameStore", "encode_png"]
+__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png"]
 
 MANIFEST = "manifest.json"
 
@@ -87,26 +88,35 @@ class FrameStore:
         return sum(f.nbytes for f in self._frames)
 
     def add(self, items: Sequence[tuple[bytes, int, int]]) -> list[StoredFrame]:
-        """Store ``(encoded frame, label, track)`` items as one batch; returns the frames evicted for room.
+        """Store ``(encoded frame, label, track)`` items as one batch; returns the stored frames evicted for room.
+
+        Eviction balances classes over the stored frames and the batch together (:func:`balance`),
+        so a batch's own frames are left out, oldest first, when their class is the one holding
+        the most bytes.
 
         Raises:
             ValueError: one item alone is larger than the quota.
         """
         if not items:
             return []
-        need = sum(len(data) for data, _, _ in items)
         if max(len(data) for data, _, _ in items) > self.quota_bytes:
             raise ValueError(f"a frame larger than the store's whole quota ({self.quota_bytes} bytes)")
-        evicted = self._evict(max(0, self.bytes_used + need - self.quota_bytes))
-        new: list[StoredFrame] = []
-        for data, label, track in items:
-            if self.bytes_used + sum(f.nbytes for f in new) + len(data) > self.quota_bytes:
-                break  # the batch itself exceeds the quota: keep its first frames
-            frame = StoredFrame(f"{self._next_seq:09d}.png", label, len(data), track, self._next_seq)
-            self._next_seq += 1
-            with open(self.root / frame.name, "wb") as file:
-                file.write(data)
-            new.append(frame)
+        incoming = [StoredFrame(f"{self._next_seq + k:09d}.png", label, len(data), track, self._next_seq + k)
+                    for k, (data, label, track) in enumerate(items)]
+        payload = {f.name: data for f, (data, _, _) in zip(incoming, items, strict=True)}
+        self._next_seq += len(items)
+        kept, dropped = balance([*self._frames, *incoming], self.quota_bytes)
+        evicted = [f for f in dropped if f.name not in payload]
+        if evicted:
+            gone = {f.name for f in evicted}
+            self._frames = [f for f in self._frames if f.name not in gone]
+            self._write_manifest()  # unlisted first, then deleted
+            for f in evicted:
+                (self.root / f.name).unlink()
+        new = [f for f in kept if f.name in payload]
+        for f in new:
+            with open(self.root / f.name, "wb") as file:
+                file.write(payload[f.name])
         _flush_to_disk(self.root)
         self._frames += new
         self._write_manifest()
@@ -118,24 +128,6 @@ class FrameStore:
             return np.zeros((0, CROP_PX, CROP_PX, 3), dtype=np.uint8), np.zeros(0, dtype=np.int64)
         crops = np.stack([np.asarray(Image.open(self.root / f.name).convert("RGB")) for f in self._frames])
         return crops, np.array([f.label for f in self._frames])
-
-    def _evict(self, nbytes: int) -> list[StoredFrame]:
-        evicted: list[StoredFrame] = []
-        freed = 0
-        while freed < nbytes and self._frames:
-            per_class: dict[int, int] = {}
-            for f in self._frames:
-                per_class[f.label] = per_class.get(f.label, 0) + f.nbytes
-            biggest = max(per_class, key=lambda c: (per_class[c], -c))
-            victim = min((f for f in self._frames if f.label == biggest), key=lambda f: f.seq)
-            self._frames.remove(victim)
-            evicted.append(victim)
-            freed += victim.nbytes
-        if evicted:
-            self._write_manifest()  # unlisted first, then deleted
-            for f in evicted:
-                (self.root / f.name).unlink()
-        return evicted
 
     def _write_manifest(self) -> None:
         write_json(self.root / MANIFEST, {"quota_bytes": self.quota_bytes, "next_seq": self._next_seq,
@@ -149,6 +141,27 @@ class FrameStore:
         for path in self.root.glob(f".{MANIFEST}.*.tmp"):  # a manifest write cut short
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+
+def balance(frames: Sequence[StoredFrame], quota_bytes: int) -> tuple[list[StoredFrame], list[StoredFrame]]:
+    """The frames kept within ``quota_bytes`` and those dropped: while over, the oldest of the class holding most bytes.
+
+    Ties between classes go to the lower label, so the outcome is a function of the frames alone.
+    """
+    kept = sorted(frames, key=lambda f: f.seq)
+    per_class: dict[int, int] = {}
+    for f in kept:
+        per_class[f.label] = per_class.get(f.label, 0) + f.nbytes
+    total = sum(per_class.values())
+    dropped = []
+    while total > quota_bytes:
+        biggest = max(per_class, key=lambda c: (per_class[c], -c))
+        victim = next(f for f in kept if f.label == biggest)  # the oldest: kept is in seq order
+        kept.remove(victim)
+        dropped.append(victim)
+        per_class[biggest] -= victim.nbytes
+        total -= victim.nbytes
+    return kept, dropped
 
 
 def _flush_to_disk(directory: Path) -> None:
