@@ -18,18 +18,18 @@ from edgetrain.insitu.labels import GateConfig, accepted, calibrate, log_aspect,
 from edgetrain.insitu.model import Outputs
 from edgetrain.insitu.store import FrameStore, balance
 from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, track
-from edgetrain.insitu.world import POLE, render_video
+from edgetrain.insitu.world import POLE, Video, render_video
 
 pytest.importorskip("scipy")
 
 
 @pytest.fixture(scope="module")
-def pole_clip():  # type: ignore[no-untyped-def]
+def pole_clip() -> Video:
     return render_video(POLE, 80, seed=3, rate=0.12)
 
 
 # --- the camera world ------------------------------------------------------------------------------
-def test_the_world_is_reproducible_and_its_truth_matches_its_frames(pole_clip) -> None:  # type: ignore[no-untyped-def]
+def test_the_world_is_reproducible_and_its_truth_matches_its_frames(pole_clip: Video) -> None:
     again = render_video(POLE, 80, seed=3, rate=0.12)
     other = render_video(POLE, 80, seed=4, rate=0.12)
 
@@ -89,7 +89,7 @@ def _mota(ids: list[int], sources: list[int], frames: list[int]) -> tuple[float,
     return 1 - switches / len(ids), switches
 
 
-def test_the_tracker_follows_generated_objects(pole_clip) -> None:  # type: ignore[no-untyped-def]
+def test_the_tracker_follows_generated_objects(pole_clip: Video) -> None:
     detections, sources = detect(pole_clip, seed=0)
     frames = [d.frame for d in detections]
 
