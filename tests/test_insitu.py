@@ -16,7 +16,7 @@ import pytest
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
 from edgetrain.insitu.labels import GateConfig, accepted, calibrate, log_aspect, propagate, vote
 from edgetrain.insitu.model import Outputs
-from edgetrain.insitu.store import FrameStore, balance
+from edgetrain.insitu.store import MANIFEST_ENTRY_BYTES, MANIFEST_HEADER_BYTES, FrameStore, balance
 from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, track
 from edgetrain.insitu.world import POLE, Video, render_video
 
@@ -153,27 +153,39 @@ def test_the_gate_trusts_confident_frames_only_where_the_box_looks_like_the_teac
 
 # --- the frame store -------------------------------------------------------------------------------
 def _on_disk(root: Path) -> int:
+    """Bytes of the frame files in a store's directory."""
     return sum(p.stat().st_size for p in root.glob("*.png"))
 
 
-def test_the_store_never_exceeds_its_quota_and_evicts_the_biggest_class(tmp_path: Path) -> None:
-    store = FrameStore(tmp_path, quota_bytes=1000)
+def _quota(frames: int) -> int:
+    """The quota that holds exactly ``frames`` frames of 100 bytes, with the manifest's charge."""
+    return MANIFEST_HEADER_BYTES + frames * (100 + MANIFEST_ENTRY_BYTES)
 
-    store.add([(b"a" * 100, 0, 1)] * 6)  # class 0: 600 bytes
-    store.add([(b"b" * 100, 1, 2)] * 3)  # class 1: 300 bytes; 900 in all
-    evicted = store.add([(b"c" * 100, 2, 3)] * 3)  # 300 more: 200 must go, from class 0, oldest first
+
+def test_the_store_never_exceeds_its_quota_and_evicts_the_biggest_class(tmp_path: Path) -> None:
+    store = FrameStore(tmp_path, quota_bytes=_quota(10))
+
+    store.add([(b"a" * 100, 0, 1)] * 6)  # class 0: 6 frames
+    store.add([(b"b" * 100, 1, 2)] * 3)  # class 1: 3 frames; 9 in all
+    evicted = store.add([(b"c" * 100, 2, 3)] * 3)  # 3 more: 2 must go, from class 0, oldest first
 
     assert [(f.label, f.seq) for f in evicted] == [(0, 0), (0, 1)]
     assert store.bytes_used == _on_disk(tmp_path) == 1000
+    assert store.charged_bytes == store.quota_bytes
+    # The manifest takes less than it is charged, so frames and manifest together fit the quota.
+    assert _on_disk(tmp_path) + (tmp_path / "manifest.json").stat().st_size <= store.quota_bytes
     assert sorted(np.bincount([f.label for f in store.frames]).tolist()) == [3, 3, 4]
-    reopened = FrameStore(tmp_path, quota_bytes=1000)
+    reopened = FrameStore(tmp_path, quota_bytes=_quota(10))
     assert reopened.frames == store.frames
     with pytest.raises(ValueError, match="larger than the store's whole quota"):
-        store.add([(b"x" * 1001, 0, 9)])
+        store.add([(b"x" * (store.quota_bytes - MANIFEST_ENTRY_BYTES - MANIFEST_HEADER_BYTES + 1), 0, 9)])
+    alone = FrameStore(tmp_path / "alone", quota_bytes=_quota(10))
+    alone.add([(b"x" * (alone.quota_bytes - MANIFEST_ENTRY_BYTES - MANIFEST_HEADER_BYTES), 0, 9)])  # just fits
+    assert len(alone.frames) == 1 and alone.charged_bytes == alone.quota_bytes
 
 
 def test_a_batch_larger_than_the_quota_keeps_its_newest_frames(tmp_path: Path) -> None:
-    store = FrameStore(tmp_path, quota_bytes=250)
+    store = FrameStore(tmp_path, quota_bytes=_quota(2) + 50)
 
     store.add([(bytes([k]) * 100, 0, 1) for k in range(4)])
 
@@ -182,22 +194,22 @@ def test_a_batch_larger_than_the_quota_keeps_its_newest_frames(tmp_path: Path) -
 
 
 def test_eviction_takes_the_oldest_frames_of_the_biggest_class_and_spares_the_others(tmp_path: Path) -> None:
-    store = FrameStore(tmp_path, quota_bytes=600)
-    store.add([(b"a" * 100, 0, 1)] * 3 + [(b"b" * 100, 1, 2)] * 2)  # 300 + 200 bytes
+    store = FrameStore(tmp_path, quota_bytes=_quota(6))
+    store.add([(b"a" * 100, 0, 1)] * 3 + [(b"b" * 100, 1, 2)] * 2)  # 3 + 2 frames
 
-    evicted = store.add([(b"c" * 100, 0, 3)] * 3)  # 300 more of class 0: 200 must go, all of class 0
+    evicted = store.add([(b"c" * 100, 0, 3)] * 3)  # 3 more of class 0: 2 must go, both of class 0
 
-    # The two oldest class-0 frames go (stored ones first), class 1 is untouched: 400 + 200 bytes.
+    # The two oldest class-0 frames go (stored ones first), class 1 is untouched: 4 + 2 frames.
     assert [f.seq for f in evicted] == [0, 1]
     assert [(f.label, f.seq) for f in store.frames] == [(0, 2), (1, 3), (1, 4), (0, 5), (0, 6), (0, 7)]
     assert _on_disk(tmp_path) == store.bytes_used == 600
-    assert balance(store.frames, 400)[1] == [store.frames[0], store.frames[3]]  # class 0 until 200 + 200
+    assert balance(store.frames, _quota(4))[1] == [store.frames[0], store.frames[3]]  # class 0 until 2 + 2
 
 
 WRITER = """
 import sys
 from pathlib import Path
-from edgetrain.insitu.store import FrameStore, balance
+from edgetrain.insitu.store import MANIFEST_ENTRY_BYTES, MANIFEST_HEADER_BYTES, FrameStore, balance
 store = FrameStore(Path(sys.argv[1]), quota_bytes=20_000)
 print("ready", flush=True)
 k = 0
@@ -224,7 +236,7 @@ def test_a_kill_at_any_moment_loses_no_listed_frame(tmp_path: Path) -> None:
         for frame in manifest["frames"]:
             data = (root / frame["name"]).read_bytes()
             assert len(data) == frame["nbytes"] and data == bytes([frame["track"] % 251]) * frame["nbytes"]
-        assert _on_disk(root) <= 20_000
+        assert _on_disk(root) + (root / "manifest.json").stat().st_size <= 20_000
         store = FrameStore(root, quota_bytes=20_000)  # opening removes what the manifest does not list
         assert {p.name for p in root.glob("*.png")} == {f.name for f in store.frames}
     assert len(store.frames) > 0
@@ -247,7 +259,8 @@ def test_a_quick_simulation_reports_every_figure(tmp_path: Path, one_thread: Non
                 "tracker_id_switches_per_detection"):
         assert 0.0 <= report[key] <= 1.0, key
     assert report["store_quota_bytes"] == 200 * 1024
-    assert report["store_bytes"] == _on_disk(tmp_path / "s") <= report["store_quota_bytes"]
+    assert report["store_bytes"] == _on_disk(tmp_path / "s")
+    assert report["store_bytes"] + (tmp_path / "s" / "manifest.json").stat().st_size <= report["store_quota_bytes"]
     assert report["stored_frames"] == len(json.loads((tmp_path / "s" / "manifest.json").read_text())["frames"])
 
 

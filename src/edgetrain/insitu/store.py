@@ -10,8 +10,10 @@ change keeps two invariants, whatever instant the power fails:
   frame leaves the manifest *before* its file is deleted. Files the manifest does not list
   (a batch cut short) are deleted when the store is opened.
 * **the quota holds on disk**: eviction frees room (manifest first, then files) before the
-  new files are written, so listed and unlisted frame files together never exceed
-  ``quota_bytes``.
+  new files are written, so frame files and the manifest together never exceed
+  ``quota_bytes``. The manifest is charged :data:`MANIFEST_ENTRY_BYTES` per frame plus
+  :data:`MANIFEST_HEADER_BYTES` (its compact JSON takes less); while it is being replaced, the
+  new copy sits beside the old one for an instant.
 
 Eviction keeps classes balanced: while the stored frames and a new batch together do not fit,
 the oldest frame of the class holding the most bytes goes (a batch's own frames included: they
@@ -32,12 +34,14 @@ import numpy as np
 from PIL import Image
 
 from ..errors import EdgetrainError
-from ..fileio import fsync_dir, write_json
+from ..fileio import fsync_dir, to_json, write_atomic
 from .detect import CROP_PX
 
-__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png"]
+__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png", "MANIFEST_ENTRY_BYTES", "MANIFEST_HEADER_BYTES"]
 
 MANIFEST = "manifest.json"
+MANIFEST_ENTRY_BYTES = 128  # charged per listed frame; an entry's JSON is < 100 bytes up to 10-digit numbers
+MANIFEST_HEADER_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,11 @@ class FrameStore:
         return tuple(self._frames)
 
     @property
+    def charged_bytes(self) -> int:
+        """What the quota counts: the frames' bytes and the manifest's charge (always <= ``quota_bytes``)."""
+        return self.bytes_used + MANIFEST_ENTRY_BYTES * len(self._frames) + MANIFEST_HEADER_BYTES
+
+    @property
     def bytes_used(self) -> int:
         return sum(f.nbytes for f in self._frames)
 
@@ -99,8 +108,9 @@ class FrameStore:
         """
         if not items:
             return []
-        if max(len(data) for data, _, _ in items) > self.quota_bytes:
-            raise ValueError(f"a frame larger than the store's whole quota ({self.quota_bytes} bytes)")
+        if max(len(data) for data, _, _ in items) + MANIFEST_ENTRY_BYTES + MANIFEST_HEADER_BYTES > self.quota_bytes:
+            raise ValueError(f"a frame larger than the store's whole quota ({self.quota_bytes} bytes, "
+                             f"{MANIFEST_ENTRY_BYTES + MANIFEST_HEADER_BYTES} of them for the manifest)")
         incoming = [StoredFrame(f"{self._next_seq + k:09d}.png", label, len(data), track, self._next_seq + k)
                     for k, (data, label, track) in enumerate(items)]
         payload = {f.name: data for f, (data, _, _) in zip(incoming, items, strict=True)}
@@ -130,8 +140,8 @@ class FrameStore:
         return crops, np.array([f.label for f in self._frames])
 
     def _write_manifest(self) -> None:
-        write_json(self.root / MANIFEST, {"quota_bytes": self.quota_bytes, "next_seq": self._next_seq,
-                                          "frames": [asdict(f) for f in self._frames]})
+        write_atomic(self.root / MANIFEST, to_json({"quota_bytes": self.quota_bytes, "next_seq": self._next_seq,
+                                                    "frames": [asdict(f) for f in self._frames]}) + "\n")
 
     def _remove_unlisted(self) -> None:
         listed = {f.name for f in self._frames}
@@ -146,21 +156,23 @@ class FrameStore:
 def balance(frames: Sequence[StoredFrame], quota_bytes: int) -> tuple[list[StoredFrame], list[StoredFrame]]:
     """The frames kept within ``quota_bytes`` and those dropped: while over, the oldest of the class holding most bytes.
 
-    Ties between classes go to the lower label, so the outcome is a function of the frames alone.
+    Each frame costs its bytes plus :data:`MANIFEST_ENTRY_BYTES`, and the manifest's header
+    :data:`MANIFEST_HEADER_BYTES`. Ties between classes go to the lower label, so the outcome is
+    a function of the frames alone.
     """
     kept = sorted(frames, key=lambda f: f.seq)
     per_class: dict[int, int] = {}
     for f in kept:
-        per_class[f.label] = per_class.get(f.label, 0) + f.nbytes
-    total = sum(per_class.values())
+        per_class[f.label] = per_class.get(f.label, 0) + f.nbytes + MANIFEST_ENTRY_BYTES
+    total = sum(per_class.values()) + MANIFEST_HEADER_BYTES
     dropped = []
     while total > quota_bytes:
         biggest = max(per_class, key=lambda c: (per_class[c], -c))
         victim = next(f for f in kept if f.label == biggest)  # the oldest: kept is in seq order
         kept.remove(victim)
         dropped.append(victim)
-        per_class[biggest] -= victim.nbytes
-        total -= victim.nbytes
+        per_class[biggest] -= victim.nbytes + MANIFEST_ENTRY_BYTES
+        total -= victim.nbytes + MANIFEST_ENTRY_BYTES
     return kept, dropped
 
 
