@@ -24,9 +24,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.text import Text
 from typer import _click
 
+from .cli_common import clean_errors as _clean_errors
+from .cli_common import console, err_console
+from .cli_common import error as _error
+from .cli_insitu import insitu_app
 from .errors import EdgetrainError
 from .fileio import write_atomic
 from .units import format_bytes
@@ -38,41 +41,7 @@ app.add_typer(reproduce_app, name="reproduce")
 bench_app = typer.Typer(help="Systems measurements on this machine.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
-F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)
-
-
-def _error(message: str) -> None:
-    """One line on stderr, whatever the message holds (no markup, no wrapping)."""
-    err_console.print(Text.assemble(("error: ", "bold red"), " ".join(message.split())), highlight=False)
-
-
-def _clean_errors(command: F) -> F:
-    """Turn expected errors into one message and exit code 2, unexpected ones into one line and 1."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except (EdgetrainError, ValueError) as exc:
-            _error(str(exc))
-            raise typer.Exit(2) from None
-        except OSError as exc:
-            _error(f"{exc.strerror or exc}: {exc.filename or ''}")
-            raise typer.Exit(2) from None
-        except MemoryError:
-            _error("out of memory: the request is larger than this machine can hold")
-            raise typer.Exit(2) from None
-        except (typer.Exit, _click.exceptions.ClickException, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # a bug: still one line for the node's log, the traceback with --verbose
-            log.debug("unexpected error", exc_info=True)
-            _error(f"unexpected {type(exc).__name__}: {exc} (please report it; --verbose shows the traceback)")
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -786,3 +755,5 @@ def _print_node_fit(rows: list[dict[str, Any]]) -> None:
                       format_bytes(row["predicted_process_bytes"]), "[green]yes[/]" if row["fits"] else "[red]no[/]",
                       planned, factor)
     Console(width=max(console.width, 120)).print(table)
+
+app.add_typer(insitu_app, name="insitu")

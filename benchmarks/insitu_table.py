@@ -1,0 +1,50 @@
+"""The in-situ results table of docs/insitu.md from ``edgetrain insitu simulate --json`` reports.
+
+Usage::
+
+    for s in 0 1 2; do edgetrain insitu simulate --seed $s --json --store out/insitu/s$s > out/insitu/seed$s.json; done
+    python benchmarks/insitu_table.py out/insitu/seed*.json
+
+Prints one markdown row per report (named after its file), then the mean over them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = (
+    ("teacher", "teacher_accuracy"), ("student", "student_accuracy"), ("oracle", "oracle_student_accuracy"),
+    ("student / oracle", None), ("teacher eye", "teacher_accuracy_eye_level"),
+    ("student eye", "student_accuracy_eye_level"), ("label precision", "pseudo_label_precision"),
+    ("label coverage", "pseudo_label_coverage"), ("teacher on stream", "teacher_accuracy_on_stream"),
+    ("frames / trusted frame", "frames_per_trusted_frame"), ("bytes / frame", None),
+)
+
+
+def _row(report: dict[str, float]) -> list[float]:
+    values = []
+    for _, key in COLUMNS:
+        if key is not None:
+            values.append(float(report[key]))
+    values.insert(3, report["student_accuracy"] / report["oracle_student_accuracy"])
+    values.append(report["store_bytes"] / max(report["stored_frames"], 1))
+    return values
+
+
+def main(paths: list[str]) -> None:
+    if not paths:
+        sys.exit("usage: python benchmarks/insitu_table.py REPORT.json ...")
+    print("| run | " + " | ".join(name for name, _ in COLUMNS) + " |")
+    print("|---" * (len(COLUMNS) + 1) + "|")
+    rows = []
+    for path in paths:
+        rows.append(_row(json.loads(Path(path).read_text())))
+        print(f"| {Path(path).stem} | " + " | ".join(f"{v:.3f}" if v < 10 else f"{v:.0f}" for v in rows[-1]) + " |")
+    mean = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
+    print("| mean | " + " | ".join(f"{v:.3f}" if v < 10 else f"{v:.0f}" for v in mean) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,58 @@
+"""What every ``edgetrain`` command module shares: the consoles and the one-line error handling.
+
+Every failure is one line on stderr, never a traceback: library errors
+(:class:`~edgetrain.errors.EdgetrainError`, bad quantities, files that cannot be written) exit
+with code 2, anything unexpected with 1 (``--verbose`` adds its traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+from typer import _click
+
+from .errors import EdgetrainError
+
+__all__ = ["console", "err_console", "error", "clean_errors"]
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
+F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("edgetrain.cli")
+
+
+def error(message: str) -> None:
+    """One line on stderr, whatever the message holds (no markup, no wrapping)."""
+    err_console.print(Text.assemble(("error: ", "bold red"), " ".join(message.split())), highlight=False)
+
+
+def clean_errors(command: F) -> F:
+    """Turn expected errors into one message and exit code 2, unexpected ones into one line and 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (EdgetrainError, ValueError) as exc:
+            error(str(exc))
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            error(f"{exc.strerror or exc}: {exc.filename or ''}")
+            raise typer.Exit(2) from None
+        except MemoryError:
+            error("out of memory: the request is larger than this machine can hold")
+            raise typer.Exit(2) from None
+        except (typer.Exit, _click.exceptions.ClickException, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug: still one line for the node's log, the traceback with --verbose
+            log.debug("unexpected error", exc_info=True)
+            error(f"unexpected {type(exc).__name__}: {exc} (please report it; --verbose shows the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]

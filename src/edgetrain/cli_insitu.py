@@ -1,0 +1,96 @@
+"""``edgetrain insitu``: the in-situ student-teacher pipeline of the founding paper's section III (issue #13).
+
+Registered on the main app by one line in :mod:`edgetrain.cli`; the library is imported inside
+each command, so ``edgetrain --help`` does not pay for PyTorch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from .cli_common import clean_errors, console
+from .fileio import to_json
+
+insitu_app = typer.Typer(help="In-situ student-teacher training on a camera node (issue #13).", no_args_is_help=True)
+
+
+@insitu_app.command("world")
+@clean_errors
+def world_command(out: Path = typer.Option(Path("out/insitu/world"), "--out", "-o", help="Output directory."),
+                  camera: str = typer.Option("pole", "--camera", help="'pole' (the node) or 'eye' (the teacher's)."),
+                  frames: int = typer.Option(60, "--frames", min=1, help="Frames to render (5 frames/s)."),
+                  seed: int = typer.Option(0, "--seed", help="Seed of the world."),
+                  sheet: bool = typer.Option(False, "--sheet", help="Also write sheet.png: 6 frames of both cameras "
+                                             "with the truth boxes drawn.")) -> None:
+    """Render a clip of the camera world: frame_NNNNN.png and truth.json (ground truth, for evaluation only)."""
+    from .insitu.world import EYE_LEVEL, POLE, render_video, write_video
+
+    if camera not in ("pole", "eye"):
+        raise ValueError(f"--camera must be 'pole' or 'eye', got {camera!r}")
+    video = render_video(POLE if camera == "pole" else EYE_LEVEL[0], frames, seed)
+    write_video(video, out)
+    if sheet:
+        from .insitu.sheet import contact_sheet
+
+        contact_sheet(seed, out / "sheet.png")
+    console.print(f"{frames} frames, {len(video.truth)} object records, {len({t.track_id for t in video.truth})} "
+                  f"tracks -> {out}")
+
+
+@insitu_app.command("simulate")
+@clean_errors
+def simulate_command(
+        seed: int = typer.Option(0, "--seed", help="Seed of the world, the models and the detector's noise."),
+        store: Path = typer.Option(Path("out/insitu/store"), "--store", help="The frame store's directory "
+                                   "(emptied first)."),
+        quota: str = typer.Option("8MiB", "--quota", help="The frame store's byte quota."),
+        memory: str = typer.Option("19MiB", "--step-memory", help="The student's training-step tensor budget "
+                                   "(planned by edgetrain's Checkpointed)."),
+        miss_rate: float = typer.Option(0.0, "--miss-rate", min=0.0, max=0.99, help="Detector misses (fraction)."),
+        false_positives: float = typer.Option(0.0, "--false-positives", min=0.0, help="Detector false positives "
+                                              "per frame (mean)."),
+        id_switch_rate: float = typer.Option(0.0, "--id-switch-rate", min=0.0, max=1.0, help="Extra simulated ID "
+                                             "switches per matched detection."),
+        propagation: str = typer.Option("track", "--propagation", help="'track' (backward and forward along the "
+                                        "track), 'forward' (from the first trusted frame on) or 'none' (the "
+                                        "gate-trusted frames alone: no tracker)."),
+        quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+    """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
+    import shutil
+
+    from .insitu.simulate import QUICK, SimulateConfig, simulate
+    from .units import parse_bytes
+
+    overrides: dict[str, Any] = dict(QUICK) if quick else {}
+    config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
+                            false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
+                            propagation=propagation, **overrides)
+    if store.exists():
+        shutil.rmtree(store)
+    report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    if as_json:
+        print(to_json(report, indent=1))
+    else:
+        _print_report(report)
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    table = Table(title="accuracy on the node's own (pole) viewpoint, and at eye level")
+    bands = list(report["teacher_accuracy_by_elevation"])
+    for column in ("model", "pole", *(f"elev {b}°" for b in bands), "eye level"):
+        table.add_column(column, justify="right")
+    for name in ("teacher", "student", "oracle_student"):
+        table.add_row(name, f"{report[f'{name}_accuracy']:.3f}",
+                      *(f"{report[f'{name}_accuracy_by_elevation'][b]:.3f}" for b in bands),
+                      f"{report[f'{name}_accuracy_eye_level']:.3f}")
+    console.print(table)
+    console.print(f"pseudo-labels: precision {report['pseudo_label_precision']:.3f} at coverage "
+                  f"{report['pseudo_label_coverage']:.3f} ({report['pseudo_labelled_frames']} frames, "
+                  f"{report['frames_per_trusted_frame']:.1f} per gate-trusted frame); store "
+                  f"{report['store_bytes']} / {report['store_quota_bytes']} bytes, {report['stored_frames']} frames")

@@ -1,0 +1,221 @@
+"""``edgetrain insitu simulate``: the camera world, the in-situ pipeline and its evaluation in one seeded run.
+
+The pipeline sees frames and the stand-in detector's unlabeled boxes only (NOTE [ The stand-in
+detector ]); ground truth enters at the marked evaluation steps, to score, never to decide.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .detect import crop, detect, detectable
+from .labels import Calibration, GateConfig, accepted, calibrate, propagate
+from .model import FitConfig, classifier, fit, predict
+from .store import FrameStore, encode_png
+from .tracker import TrackerConfig, track
+from .world import CLASSES, EYE_LEVEL, POLE, Camera, Video, render_video
+
+__all__ = ["SimulateConfig", "simulate", "ELEVATION_BANDS_DEG", "PROPAGATION", "QUICK"]
+
+log = logging.getLogger(__name__)
+
+PROPAGATION = ("track", "forward", "none")
+ELEVATION_BANDS_DEG = ((0.0, 30.0), (30.0, 40.0), (40.0, 90.0))
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    """One simulated deployment. Frame counts are at 5 frames/s of world time."""
+
+    seed: int = 0
+    teacher_videos: int = 30  # eye-level clips the teacher trains on (the last 4 held in for calibration)
+    teacher_frames: int = 50
+    node_videos: int = 6  # the node's own stream: pseudo-labelled into the store
+    node_frames: int = 200
+    test_videos: int = 3  # held-out clips of the node's camera, scored with ground truth
+    eye_test_videos: int = 10  # held-out eye-level clips (forgetting)
+    teacher_epochs: int = 10
+    student_epochs: int = 8
+    replay_crops: int = 800  # eye-level crops shipped with the teacher, replayed by the student
+    student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
+    quota_bytes: int = 8 * 2**20
+    miss_rate: float = 0.0
+    false_positives_per_frame: float = 0.0
+    id_switch_rate: float = 0.0
+    propagation: str = "track"  # "track": backward and forward; "forward"; "none": only the gate-trusted frames
+    threads: int = 1  # torch's intra-op threads: one thread is the node's background share (and, on a busy CPU, faster)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+# `simulate --quick`: a world small enough for a smoke test (its numbers mean little).
+QUICK = {"teacher_videos": 8, "teacher_frames": 25, "node_videos": 2, "node_frames": 50, "test_videos": 1,
+         "eye_test_videos": 1, "teacher_epochs": 2, "student_epochs": 1, "replay_crops": 64}
+
+
+@dataclass(frozen=True)
+class _Labelled:
+    """Every detectable object's crop at its true box, with label, box and elevation (teacher data, scoring)."""
+
+    crops: np.ndarray  # (n, CROP_PX, CROP_PX, 3) uint8
+    labels: np.ndarray  # (n,)
+    boxes: np.ndarray  # (n, 4)
+    elevations_deg: np.ndarray  # (n,)
+
+
+def _crops_with_truth(videos: list[Video]) -> _Labelled:
+    crops, labels, boxes, elevations = [], [], [], []
+    for v in videos:
+        for t in v.truth:
+            if detectable(t):
+                crops.append(crop(v.frames[t.frame], t.box))
+                labels.append(t.label)
+                boxes.append(t.box)
+                elevations.append(t.elevation_deg)
+    return _Labelled(np.array(crops), np.array(labels), np.array(boxes), np.array(elevations))
+
+
+def _render(cameras: tuple[Camera, ...], count: int, frames: int, seed: int, rate: float) -> list[Video]:
+    return [render_video(cameras[i % len(cameras)], frames, seed + i, rate=rate) for i in range(count)]
+
+
+def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None = None) -> dict[str, object]:
+    """Run one deployment and return its report (see ``edgetrain insitu simulate --help`` for the keys)."""
+    if config.propagation not in PROPAGATION:
+        raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {config.propagation!r}")
+    say = progress or (lambda message: log.info(message))
+    torch.set_num_threads(config.threads)
+    base = config.seed * 1000
+    say("rendering the teacher's eye-level world")
+    eye = _render(EYE_LEVEL, config.teacher_videos, config.teacher_frames, base + 100, rate=0.25)
+    train = _crops_with_truth(eye[:-4])
+    train_x, train_y = train.crops, train.labels
+    held_x = _crops_with_truth(eye[-4:]).crops
+    say(f"training the teacher on {len(train_x)} eye-level crops")
+    teacher = fit(classifier(len(CLASSES), config.seed), train_x, train_y,
+                  FitConfig(epochs=config.teacher_epochs, seed=config.seed))
+    calibration = calibrate(predict(teacher, train_x), train_y, train.boxes, predict(teacher, held_x), config.gate)
+
+    say("the node's stream: detect, track, gate, propagate, store")
+    stream = _render((POLE,), config.node_videos, config.node_frames, base + 300, rate=0.08)
+    store = FrameStore(store_dir, config.quota_bytes)
+    labelled = _pseudo_label(stream, teacher, calibration, store, config)
+
+    rng = np.random.default_rng(config.seed)
+    replay = rng.choice(len(train_x), size=min(config.replay_crops, len(train_x)), replace=False)
+    store_x, store_y = store.load()
+    say(f"training the student on {len(store_x)} stored crops + {len(replay)} replayed")
+    student = _student(teacher, np.concatenate([store_x, train_x[replay]]),
+                       np.concatenate([store_y, train_y[replay]]), config)
+    say("training the oracle student (true labels on every detected crop)")
+    oracle = _student(teacher, np.concatenate([labelled.oracle_crops, train_x[replay]]),
+                      np.concatenate([labelled.oracle_labels, train_y[replay]]), config)
+
+    say("scoring on held-out clips (ground truth)")
+    test = _crops_with_truth(_render((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08))
+    test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
+    eye_test = _crops_with_truth(_render(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
+                                         rate=0.25))
+    eye_x, eye_y = eye_test.crops, eye_test.labels
+    models = {"teacher": teacher, "student": student, "oracle_student": oracle}
+    report: dict[str, object] = {"config": asdict(config), "classes": list(CLASSES)}
+    for name, model in models.items():
+        right = predict(model, test_x).labels == test_y
+        report[f"{name}_accuracy"] = float(right.mean())
+        report[f"{name}_accuracy_by_elevation"] = {
+            f"{lo:g}-{hi:g}": float(right[(test_el >= lo) & (test_el < hi)].mean())
+            for lo, hi in ELEVATION_BANDS_DEG if ((test_el >= lo) & (test_el < hi)).any()}
+        report[f"{name}_accuracy_eye_level"] = float((predict(model, eye_x).labels == eye_y).mean())
+    report.update(labelled.report)
+    report.update(store_bytes=store.bytes_used, store_quota_bytes=store.quota_bytes,
+                  stored_frames=len(store.frames), test_crops=len(test_x), eye_level_test_crops=len(eye_x),
+                  teacher_training_crops=len(train_x))
+    return report
+
+
+def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray,
+             config: SimulateConfig) -> torch.nn.Sequential:
+    """The teacher's copy fine-tuned on ``crops`` through Checkpointed's planned schedule within ``student_memory``."""
+    return fit(copy.deepcopy(teacher), crops, labels,
+               FitConfig(epochs=config.student_epochs, lr=1e-3, seed=config.seed + 1, memory=config.student_memory))
+
+
+def _pseudo_labels(ids: list[int], teacher_labels: np.ndarray, trusted: np.ndarray,
+                   config: SimulateConfig) -> list[int | None]:
+    """Each detection's pseudo-label (None: not stored) under ``config.propagation``."""
+    if config.propagation == "none":  # the ablation without a tracker: trusted frames alone
+        return [int(label) if ok else None for label, ok in zip(teacher_labels, trusted, strict=True)]
+    tracks: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        tracks.setdefault(tid, []).append(i)  # detections come in frame order
+    pseudo: list[int | None] = [None] * len(ids)
+    for members in tracks.values():
+        labels = propagate([int(teacher_labels[i]) for i in members], [bool(trusted[i]) for i in members],
+                           config.gate, backward=config.propagation == "track")
+        for i, label in zip(members, labels, strict=True):
+            pseudo[i] = label
+    return pseudo
+
+
+@dataclass(frozen=True)
+class _StreamOutcome:
+    report: dict[str, float | int]  # scored with ground truth
+    oracle_crops: np.ndarray  # every crop of a true object in the stream, with its true label: the oracle's data
+    oracle_labels: np.ndarray
+
+
+def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration: Calibration, store: FrameStore,
+                  config: SimulateConfig) -> _StreamOutcome:
+    """The node's pipeline over ``stream``; returns the scored outcome and the oracle's training set."""
+    n_labelled = n_right = n_true = n_trusted = n_tracks_labelled = 0
+    teacher_right = n_switches = 0
+    oracle_x, oracle_y = [], []
+    for k, video in enumerate(stream):
+        # --- the pipeline: no ground truth below until the marked scoring lines ---
+        detections, sources = detect(video, config.seed * 7919 + k, miss_rate=config.miss_rate,
+                                     false_positives_per_frame=config.false_positives_per_frame)
+        if not detections:
+            continue
+        ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
+        crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
+        outputs = predict(teacher, crops)
+        trusted = accepted(outputs, np.array([d.box for d in detections]), calibration, config.gate)
+        pseudo = _pseudo_labels(ids, outputs.labels, trusted, config)
+        n_tracks_labelled += len({ids[i] for i, label in enumerate(pseudo) if label is not None})
+        store.add([(encode_png(crops[i]), label, ids[i]) for i, label in enumerate(pseudo) if label is not None])
+        # --- scoring (ground truth) ---
+        truth = {t.track_id: t.label for t in video.truth}
+        last_id: dict[int, int] = {}
+        for i, source in enumerate(sources):
+            true_label = truth.get(source)  # None for a false positive
+            if true_label is not None:
+                n_true += 1
+                n_switches += source in last_id and last_id[source] != ids[i]
+                last_id[source] = ids[i]
+                oracle_x.append(crops[i])
+                oracle_y.append(true_label)
+                teacher_right += int(outputs.labels[i]) == true_label
+            n_trusted += bool(trusted[i])
+            if pseudo[i] is not None:
+                n_labelled += 1
+                n_right += pseudo[i] == true_label
+    report: dict[str, float | int] = {
+        "pseudo_label_precision": n_right / max(n_labelled, 1),
+        "pseudo_label_coverage": n_labelled / max(n_true, 1),
+        "pseudo_labelled_frames": n_labelled,
+        "stream_detections_of_objects": n_true,
+        "teacher_accuracy_on_stream": teacher_right / max(n_true, 1),
+        "gate_trusted_frames": n_trusted,
+        "frames_per_trusted_frame": n_labelled / max(n_trusted, 1),
+        "labelled_tracks": n_tracks_labelled,
+        "tracker_id_switches": n_switches,  # an object's detection under another id than its previous one
+        "tracker_id_switches_per_detection": n_switches / max(n_true, 1),
+    }
+    return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y))
