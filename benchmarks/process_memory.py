@@ -81,7 +81,7 @@ def main() -> None:
             plain = point(root, model, int(batch), int(image), None)
             least = least_budget(root, model, int(batch), int(image))
             top = max(least, int(plain["process_peak_bytes"]))
-            for budget in sorted({least + 2**21, (least + top) // 2, top + 2**21}):  # 2 MiB: baselines vary run to run
+            for budget in sorted({least + 2**23, (least + top) // 2, top + 2**23}):  # 8 MiB: baselines vary run to run
                 row = point(root, model, int(batch), int(image), budget)
                 rows.append(row)
                 mib = 2**20
