@@ -27,7 +27,7 @@ from .edge_vision import densenet121, efficientnet_b0, mobilenet_v3_small
 from .mobilenet import mobilenet_v2
 from .registry import MODELS, ModelSpec, check_input, get_model_spec
 from .resnet import resnet18, resnet18_cifar, resnet34, resnet50, resnet101, resnet152
-from .traced import NotTraceableError, is_plain_layer, traced_stages
+from .traced import NotTraceableError, traced_stages
 from .transformer import transformer_encoder, transformer_encoder_small
 
 __all__ = [
@@ -43,9 +43,9 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
 
     Args:
         model: a model with a ``stages()`` method (every model of this package, or a user's
-            override), an ``nn.Sequential`` of plain ``torch.nn`` layers (its children are the
-            stages), or any other model that torch.fx can trace: it is cut where one tensor
-            passes (NOTE [ Traced stages ] in ``models/traced.py``).
+            override), an ``nn.Sequential`` (its children are the stages, nested ``nn.Sequential``
+            and ``nn.TransformerEncoder`` children opened), or any other model that torch.fx can
+            trace: it is cut where one tensor passes (NOTE [ Traced stages ] in ``models/traced.py``).
 
     Returns:
         Modules whose sequential composition equals ``model(x)``, sharing its parameters.
@@ -65,6 +65,16 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
         if not result or not all(isinstance(s, nn.Module) for s in result):
             raise TypeError(f"{type(model).__name__}.stages() must return a non-empty list of nn.Module")
         return result
-    if isinstance(model, nn.Sequential) and len(model) and all(is_plain_layer(child) for child in model):
-        return list(model.children())
+    if isinstance(model, nn.Sequential) and len(model):
+        return [stage for child in model for stage in _sequential_child_stages(child)]
     return traced_stages(model)
+
+
+def _sequential_child_stages(child: nn.Module) -> list[nn.Module]:
+    """A child of a user's ``nn.Sequential`` is a stage as written (a user module stays whole: tracing
+    would bake in its Python control flow), except torch's containers, which are opened."""
+    if isinstance(child, nn.Sequential) and len(child):
+        return stages_of(child)
+    if isinstance(child, nn.TransformerEncoder):  # traced as a submodule: the tracer opens it into its layers
+        return traced_stages(nn.Sequential(child))
+    return [child]

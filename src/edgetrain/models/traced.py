@@ -16,8 +16,10 @@ squeeze-excite, a U-Net's nested skips) is one stage, as the chain model (one te
 stages) needs.
 A stage made of views alone (a transpose, a ``Flatten``) joins its neighbour: its output would
 share its input's storage, which the chain would count twice. A stage of a single ``torch.nn``
-module applied to its input is that module itself, so an
-``nn.Sequential`` of plain layers keeps its children as stages; any other stage is an
+module applied to its input is that module itself. A user's ``nn.Sequential`` is not traced
+(``stages_of``): its children are the stages as written, nested ``nn.Sequential`` and
+``nn.TransformerEncoder`` children opened, since a trace would bake a user module's Python
+control flow (a flag read in ``forward``) into the graph. Any other stage is an
 ``fx.GraphModule`` whose submodules and parameters are the model's own objects (no copies):
 the optimizer, ``state_dict`` and ``.train()``/``.eval()`` of the model act on them.
 
@@ -46,7 +48,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["traced_stages", "is_plain_layer", "NotTraceableError"]
+__all__ = ["traced_stages", "NotTraceableError"]
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +150,6 @@ def traced_stages(model: nn.Module) -> list[nn.Module]:
     stages = [_stage(model, nodes, start, end) for start, end in itertools.pairwise(cuts)]
     log.debug("%s traced into %d stages", type(model).__name__, len(stages))
     return stages
-
-
-def is_plain_layer(module: nn.Module) -> bool:
-    """A ``torch.nn`` layer the tracer keeps whole (not a container, not an encoder)."""
-    return _StageTracer().is_leaf_module(module, "") and not isinstance(module, nn.TransformerEncoder)
 
 
 # --- tracing ------------------------------------------------------------------------------------
