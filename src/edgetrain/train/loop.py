@@ -209,7 +209,8 @@ def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
 
 def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: ProgressFn | None) -> TrainSummary:
     started = time.perf_counter()
-    configure_allocator()  # NOTE [ Returning freed memory ]
+    if config.budget_bytes() is not None:  # pinning costs step time: only where a process budget must hold
+        configure_allocator()  # NOTE [ Returning freed memory ]
     identity = config.identity()
     run.record(identity, run.saved_plan() if opening.state is not None else None)
     spec = get_model_spec(config.model)
