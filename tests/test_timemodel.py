@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 from calibration import TEST_HOST
 from test_cli import run
 
 from edgetrain.chain import NOMINAL_FLOPS_PER_S
-from edgetrain.devices import get_device
-from edgetrain.devices.rate import CALIBRATION_ENV, host_calibration, probe_gemm
+from edgetrain.devices import get_device, rate
+from edgetrain.devices.rate import CACHE_DIR_ENV, CALIBRATION_ENV, calibration_cache_path, host_calibration, probe_gemm
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import chain_for
 from edgetrain.timemodel import HostCalibration, training_rate
@@ -83,3 +85,32 @@ def test_a_given_calibration_is_read_from_the_environment_and_checked(monkeypatc
     monkeypatch.setenv(CALIBRATION_ENV, "fast")
     with pytest.raises(EdgetrainError, match="must be 'GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S'"):
         host_calibration()
+
+
+def test_a_measured_calibration_is_kept_per_machine_and_reused(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    # Prepare: no calibration given, a cache folder of the test's own, a measurement that counts its calls.
+    monkeypatch.delenv(CALIBRATION_ENV)
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    measured: list[int] = []
+
+    def measure() -> HostCalibration:
+        measured.append(1)
+        return HostCalibration(4e10, 1e10 * len(measured), "measured by the test")
+
+    monkeypatch.setattr(rate, "calibrate_host", measure)
+    # Execute / Assert: measured once, then the same figures from the file, whatever the process.
+    first, second = host_calibration(), host_calibration()
+    assert len(measured) == 1 and calibration_cache_path() == tmp_path / "host_calibration.json"
+    assert (second.gemm_fp64_flops_per_s, second.training_flops_per_s) == (4e10, 1e10)
+    assert first.source == "measured by the test" and second.source.startswith("measured by the test, ")
+    assert str(calibration_cache_path()) in second.source
+    # Another thread count is another machine for the time model: measured again; a broken file too.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert host_calibration().training_flops_per_s == 2e10 and len(measured) == 2
+    finally:
+        torch.set_num_threads(threads)
+    calibration_cache_path().write_text("{not json")
+    assert host_calibration().training_flops_per_s == 3e10 and len(measured) == 3

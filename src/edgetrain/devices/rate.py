@@ -9,21 +9,29 @@ with a training step, whose ratio is the training efficiency the time model tran
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import EdgetrainError
 from ..timemodel import HostCalibration
 
-__all__ = ["CALIBRATION_ENV", "GemmProbe", "calibrate_host", "host_calibration", "probe_gemm"]
+__all__ = ["CALIBRATION_ENV", "CACHE_DIR_ENV", "GemmProbe", "calibrate_host", "host_calibration", "probe_gemm",
+           "calibration_cache_path"]
 
 CALIBRATION_STEP = ("resnet18", 8, 64)  # model, batch, size of the training step timed here
 # "GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S": a calibration measured before (its numbers are in every
 # calibrated time_source), reused instead of measuring again; makes device times reproducible.
 CALIBRATION_ENV = "EDGETRAIN_HOST_CALIBRATION"
+# Where a measured calibration is kept, so that every command on this machine gives one time per
+# device and step (the measurement varies run to run) and none pays the ~15 s of measuring again.
+CACHE_DIR_ENV = "EDGETRAIN_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -112,17 +120,59 @@ def calibrate_host(rounds: int = 5) -> HostCalibration:
 
 
 def host_calibration() -> HostCalibration:
-    """This machine's calibration: ``$EDGETRAIN_HOST_CALIBRATION`` when set, else measured (:func:`calibrate_host`).
+    """This machine's calibration: ``$EDGETRAIN_HOST_CALIBRATION`` when set, else the one measured before on this
+    machine and software (:func:`calibration_cache_path`), else measured now (:func:`calibrate_host`) and kept.
 
     Raises:
         EdgetrainError: a malformed ``$EDGETRAIN_HOST_CALIBRATION``.
     """
     text = os.environ.get(CALIBRATION_ENV)
     if text is None:
-        return calibrate_host()
+        return _cached_calibration()
     try:
         gemm, training = (float(part) for part in text.split(","))
     except ValueError:
         raise EdgetrainError(f"{CALIBRATION_ENV} must be 'GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S', e.g. "
                              f"'2e10,1e10', got {text!r}") from None
     return HostCalibration(gemm, training, f"given by ${CALIBRATION_ENV}={text}")
+
+
+def calibration_cache_path() -> Path:
+    """The file that keeps this machine's measured calibration: ``$EDGETRAIN_CACHE_DIR`` or ``~/.cache/edgetrain``."""
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "edgetrain")
+    return Path(root) / "host_calibration.json"
+
+
+def _fingerprint() -> dict[str, Any]:
+    """What a calibration holds for: the CPU, its count, the threads and the PyTorch build."""
+    import torch
+
+    cpu = ""
+    with contextlib.suppress(OSError):
+        cpu = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith(("model name", "Model", "Hardware"))), "")
+    return {"machine": platform.machine(), "cpu": cpu, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def _cached_calibration() -> HostCalibration:
+    """The calibration kept for this fingerprint, or a new measurement, kept (a write failure only loses the cache)."""
+    from ..fileio import write_json
+
+    path, fingerprint = calibration_cache_path(), _fingerprint()
+    try:
+        kept = json.loads(path.read_text())
+        if kept["fingerprint"] == fingerprint:
+            return HostCalibration(float(kept["gemm_fp64_flops_per_s"]), float(kept["training_flops_per_s"]),
+                                   f"{kept['source']}; kept in {path}")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none kept, another machine's, or unreadable: measure
+    measured = calibrate_host()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"fingerprint": fingerprint, "gemm_fp64_flops_per_s": measured.gemm_fp64_flops_per_s,
+                          "training_flops_per_s": measured.training_flops_per_s,
+                          "source": f"{measured.source}, {time.strftime('%Y-%m-%d')}"})
+    except OSError:
+        pass
+    return measured
