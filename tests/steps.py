@@ -112,3 +112,22 @@ def checkpointed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget
     return BudgetCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, tracker.peak_bytes,
                        wrapped.plan.stats.forward_advances, max(errors, default=0.0),
                        copies if wrapped.plan.stats.forward_advances else 0)
+
+
+def assert_trains_at_three_budgets(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                                   chain: Chain | None = None) -> list[BudgetCheck]:
+    """``checkpointed_step`` at :func:`three_budgets` (one profile: ``Checkpointed(chain=)`` plans each
+    budget on it): each within its budget, gradients as plain autograd's, peak as predicted; the
+    least budget recomputes and keep-all does not."""
+    from edgetrain.profile import profile
+
+    chain = chain if chain is not None else profile(model, x, y, measure_time=False)
+    budgets = three_budgets(chain)
+    assert budgets[0] < budgets[2]  # there is memory to plan
+    checks = [checkpointed_step(model, x, y, budget, chain) for budget in budgets]
+    for check in checks:
+        assert check.predicted_bytes <= check.budget_bytes
+        assert check.worst_grad_error <= 1e-6, check
+        assert check.peak_tracks(), check
+    assert checks[0].forward_advances > 0 and checks[-1].forward_advances == 0
+    return checks

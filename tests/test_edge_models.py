@@ -15,12 +15,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from steps import checkpointed_step, three_budgets
+from steps import assert_trains_at_three_budgets
 from torch import nn
 
 from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilenet_v3_small, stages_of, unet, yolov8
 from edgetrain.models.edge_vision import B0_STAGES, DenseNet, EfficientNet
-from edgetrain.profile import profile
 
 
 def unet_paper_count() -> int:
@@ -80,13 +79,4 @@ def small(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 # ~250 small ops) train at full size in benchmarks/any_model.py, to keep this file within its time.
 @pytest.mark.parametrize("name", ["efficientnet_b0", "densenet121", "unet", "gpt2"])
 def test_trains_at_three_budgets_as_plain_autograd(name: str) -> None:
-    model, x, y = small(name)
-    chain = profile(model, x, y, measure_time=False)  # once: Checkpointed(chain=) plans each budget on it
-    budgets = three_budgets(chain)
-    assert budgets[0] < budgets[2]
-    checks = [checkpointed_step(model, x, y, budget, chain) for budget in budgets]
-    for check in checks:
-        assert check.predicted_bytes <= check.budget_bytes
-        assert check.worst_grad_error <= 1e-6, check
-        assert check.peak_tracks(), check
-    assert checks[0].forward_advances > 0 and checks[-1].forward_advances == 0
+    assert_trains_at_three_budgets(*small(name))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from steps import checkpointed_step, three_budgets
+from steps import assert_trains_at_three_budgets, checkpointed_step, three_budgets
 from torch import fx, nn
 
 from edgetrain.models import NotTraceableError, resnet18, stages_of, traced_stages
@@ -61,16 +61,7 @@ def user_case(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["skip_cat", "encoder_in_sequential", "sequential_cnn"])
 def test_user_models_train_at_three_budgets_as_plain_autograd(name: str) -> None:
-    model, x, y = user_case(name)
-    chain = profile(model, x, y, measure_time=False)  # once: Checkpointed(chain=) plans each budget on it
-    budgets = three_budgets(chain)
-    assert budgets[0] < budgets[2]  # there is memory to plan
-    checks = [checkpointed_step(model, x, y, budget, chain) for budget in budgets]
-    for check in checks:
-        assert check.predicted_bytes <= check.budget_bytes
-        assert check.worst_grad_error <= 1e-6, check
-        assert check.peak_tracks(), check
-    assert checks[0].forward_advances > 0 and checks[-1].forward_advances == 0
+    assert_trains_at_three_budgets(*user_case(name))
 
 
 def test_skip_connection_region_is_one_stage_and_stages_share_the_parameters() -> None:

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["traced_stages", "NotTraceableError"]
+__all__ = ["traced_stages", "training_mode", "NotTraceableError"]
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def _trace(model: nn.Module) -> tuple[fx.Graph, _StageTracer]:
     name = type(model).__name__
     concrete = _concrete_args(model)
     tracer = _StageTracer()
-    with _training(model), _mha_fastpath_off():
+    with training_mode(model), _mha_fastpath_off():
         try:
             graph = tracer.trace(model, concrete_args=concrete)
         except Exception as exc:  # whatever stopped the trace is what the user must see
@@ -216,7 +216,8 @@ def _construct(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _training(model: nn.Module) -> Iterator[None]:
+def training_mode(model: nn.Module) -> Iterator[None]:
+    """Every module of ``model`` in training mode for the block, each put back as it was after."""
     modes = {module: module.training for module in model.modules()}
     model.train()
     try:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..chain import Chain
+from ..models.traced import training_mode
 from ..planners import Plan, plan
 from ..profile import profile
 from ..stages import LossFn, training_stages
@@ -161,7 +162,8 @@ class Checkpointed(nn.Module):
     def _replan(self, sample: torch.Tensor, target: torch.Tensor | None, chain: Chain | None = None) -> None:
         """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched), unless given, and plan."""
         if chain is None:
-            with _training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
+            # Profile what training runs (dropout, batch statistics), whatever mode the model is in.
+            with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
                 chain = profile(self.model, sample.detach(), target, loss_fn=self._loss_fn,
                                 optimizer=self._optimizer, measure_time=self._measure_time)
         elif chain.length != len(self._stages):
@@ -203,18 +205,6 @@ def _resize_batch(target: torch.Tensor | None, batch: int) -> torch.Tensor | Non
         return target
     index = torch.arange(batch, device=target.device) % target.shape[0]
     return target[index]
-
-
-@contextlib.contextmanager
-def _training_mode(model: nn.Module) -> Iterator[None]:
-    """Profile what training runs (dropout, batch statistics), whatever mode the model is in."""
-    modes = {module: module.training for module in model.modules()}
-    model.train()
-    try:
-        yield
-    finally:
-        for module, mode in modes.items():
-            module.training = mode
 
 
 @contextlib.contextmanager
