@@ -25,11 +25,10 @@ heap after start-up work such as profiling.
 The threshold is 256 KiB. At 1 MiB the tensors between 256 KiB and 1 MiB (a MobileNetV2's
 deep activations, most weights' gradients and momentum) share the heap with long-lived small
 objects; under recomputation they are freed and re-made in a new order every step and the free
-holes between live blocks grow step after step: MobileNetV2, batch 16, 128 px at its least
-process budget (511 MiB), heap free space at the step's peak 22 → 29 → 37 … 70 MiB over the
-first eight steps, process peak 571 MiB. At 256 KiB the heap stays at 5-6 MiB free and the peak at
-505 MiB (``mallinfo2``, one run each). ``python benchmarks/mmap_threshold.py`` measures the
-cost.
+holes between live blocks grow step after step. ``python benchmarks/heap_slack.py`` (MobileNetV2,
+batch 16, 128 px, ``--memory 511MiB``, its least process budget; 15 steps): at 1 MiB the heap's
+free part at each step's peak went 23 → 35 → 49 → 57 MiB and the process peaked at 558.5 MiB,
+over the budget; at 256 KiB it stayed at 1-7 MiB and the peak at 509.3 MiB.
 
 Every mapping costs page faults (and zeroed pages) each time a tensor is made, where glibc's
 default reuses freed heap. PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` aligns tensors of at least 2 MiB
