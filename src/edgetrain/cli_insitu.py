@@ -80,6 +80,65 @@ def simulate_command(
         _print_report(report)
 
 
+@insitu_app.command("run")
+@clean_errors
+def run_command(
+        camera: str = typer.Option(..., "--camera", help="A seed (a generated pole-camera world, endless) or a "
+                                   "folder from `edgetrain insitu world` (its truth.json feeds the stand-in "
+                                   "detector only)."),
+        store: Path = typer.Option(..., "--store", help="The service's directory: teacher, frame store, student "
+                                   "states, promoted model, status.jsonl. A rerun continues where it stopped."),
+        memory: str | None = typer.Option(None, "--memory", help="The whole service's memory (inference + "
+                                             "student process, resident as the kernel counts it), e.g. 1GiB."),
+        device: str | None = typer.Option(None, "--device", "-d", help="A device from `edgetrain devices` whose "
+                                             "usable memory (RAM where unknown) is --memory."),
+        frames: int | None = typer.Option(None, "--frames", min=1, help="Stop after this many frames of the "
+                                             "stream in all (default: the whole stream)."),
+        chunk_frames: int = typer.Option(50, "--chunk-frames", min=5, help="Frames per chunk (tracks end at a "
+                                         "chunk's end)."),
+        quota: str = typer.Option("8MiB", "--quota", help="The frame store's byte quota."),
+        student_share: float = typer.Option(0.5, "--student-share", help="Share of --memory for the student "
+                                            "process; the rest is the inference process's."),
+        student_steps: int = typer.Option(400, "--student-steps", min=1, help="The student's optimizer steps in "
+                                          "all (across reruns)."),
+        round_steps: int = typer.Option(25, "--round-steps", min=1, help="Steps between the student's "
+                                        "evaluations (and saved states)."),
+        margin: float = typer.Option(0.02, "--margin", help="Promote the student when it beats the teacher by this "
+                                     "much on the held-out stored frames."),
+        probe_every: int = typer.Option(4, "--probe-every", min=2, help="Every Nth chunk runs with the student "
+                                        "paused: the inference latency baseline."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the teacher's world, the models and the detector."),
+        quick: bool = typer.Option(False, "--quick", help="A small teacher (a smoke test).")) -> None:
+    """The node's service: detect, track, label and store in this process; the student trains beside it at low
+    priority and is promoted when it wins. Status: JSON lines on stdout and in STORE/status.jsonl."""
+    from .insitu.service import ServiceConfig, run_service
+    from .insitu.simulate import QUICK
+    from .insitu.teacher import TeacherConfig
+    from .units import parse_bytes
+
+    if (memory is None) == (device is None):
+        raise ValueError("give exactly one of --memory or --device")
+    memory_bytes = parse_bytes(memory) if memory is not None else _usable_memory_of(str(device))
+    teacher = TeacherConfig(seed=seed, videos=QUICK["teacher_videos"], frames=QUICK["teacher_frames"],
+                            epochs=QUICK["teacher_epochs"], replay_crops=QUICK["replay_crops"]) if quick \
+        else TeacherConfig(seed=seed)
+    config = ServiceConfig(camera=camera, memory_bytes=memory_bytes, frames=frames, chunk_frames=chunk_frames,
+                           quota_bytes=parse_bytes(quota), student_share=student_share, student_steps=student_steps,
+                           round_steps=round_steps, margin=margin, probe_every=probe_every, seed=seed,
+                           teacher=teacher)
+    run_service(store, config, say=lambda message: print(message, file=sys.stderr, flush=True))
+
+
+def _usable_memory_of(device: str) -> int:
+    from .devices import get_device
+
+    target = get_device(device)
+    capacity = target.usable_memory_bytes if target.usable_memory_bytes is not None else target.memory_bytes
+    if capacity is None:
+        raise ValueError(f"device {device!r} has no known memory size")
+    return int(capacity)
+
+
 def _print_report(report: dict[str, Any]) -> None:
     table = Table(title="accuracy on the node's own (pole) viewpoint, and at eye level")
     bands = list(report["teacher_accuracy_by_elevation"])

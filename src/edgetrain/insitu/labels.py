@@ -31,7 +31,10 @@ import numpy as np
 
 from .model import Outputs
 
-__all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "vote", "propagate"]
+__all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "vote", "propagate", "pseudo_labels",
+           "PROPAGATION"]
+
+PROPAGATION = ("track", "forward", "none")
 
 
 @dataclass(frozen=True)
@@ -108,3 +111,27 @@ def propagate(labels: Sequence[int], trusted: Sequence[bool], config: GateConfig
         return [label] * len(labels)
     first = next(i for i, (lab, ok) in enumerate(zip(labels, trusted, strict=True)) if ok and lab == label)
     return [None] * first + [label] * (len(labels) - first)
+
+
+def pseudo_labels(ids: Sequence[int], teacher_labels: np.ndarray, trusted: np.ndarray, config: GateConfig,
+                  propagation: str) -> list[int | None]:
+    """Each detection's pseudo-label (None: not stored); ``ids`` are track ids of detections in frame order.
+
+    ``propagation`` is one of :data:`PROPAGATION`: "track" (backward and forward along the
+    track), "forward" (from the first trusted frame on) or "none" (the trusted frames alone:
+    the ablation without a tracker).
+    """
+    if propagation not in PROPAGATION:
+        raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {propagation!r}")
+    if propagation == "none":
+        return [int(label) if ok else None for label, ok in zip(teacher_labels, trusted, strict=True)]
+    tracks: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        tracks.setdefault(tid, []).append(i)
+    pseudo: list[int | None] = [None] * len(ids)
+    for members in tracks.values():
+        labels = propagate([int(teacher_labels[i]) for i in members], [bool(trusted[i]) for i in members],
+                           config, backward=propagation == "track")
+        for i, label in zip(members, labels, strict=True):
+            pseudo[i] = label
+    return pseudo

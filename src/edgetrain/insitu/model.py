@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["classifier", "to_tensor", "FitConfig", "fit", "Outputs", "predict"]
+__all__ = ["classifier", "to_tensor", "augment", "FitConfig", "fit", "Outputs", "predict"]
 
 
 def _block(c_in: int, c_out: int) -> nn.Sequential:
@@ -30,6 +30,13 @@ def classifier(n_classes: int, seed: int) -> nn.Sequential:
 def to_tensor(crops: np.ndarray) -> torch.Tensor:
     """uint8 crops (n, h, w, 3) as a float batch (n, 3, h, w) in [0, 1]."""
     return torch.from_numpy(crops).permute(0, 3, 1, 2).float().div_(255.0)
+
+
+def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Half the crops of a batch (n, 3, h, w) flipped left-right, every crop's brightness scaled by 0.75-1.25."""
+    flip = torch.rand(len(x), generator=gen) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    return (x * (0.75 + 0.5 * torch.rand(len(x), 1, 1, 1, generator=gen))).clamp_(0, 1)
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,7 @@ def fit(model: nn.Sequential, crops: np.ndarray, labels: np.ndarray, config: Fit
         perm = torch.randperm(len(x_all), generator=gen)
         for k in range(len(x_all) // config.batch):  # full batches only: one shape, one plan
             idx = perm[k * config.batch:(k + 1) * config.batch]
-            x, y = x_all[idx], y_all[idx]
-            flip = torch.rand(len(x), generator=gen) < 0.5
-            x = torch.where(flip[:, None, None, None], x.flip(3), x)
-            x = (x * (0.75 + 0.5 * torch.rand(len(x), 1, 1, 1, generator=gen))).clamp_(0, 1)
+            x, y = augment(x_all[idx], gen), y_all[idx]
             loss = nn.functional.cross_entropy(net(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

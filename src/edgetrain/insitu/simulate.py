@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .detect import crop, detect, detectable
-from .labels import Calibration, GateConfig, accepted, calibrate, propagate
-from .model import FitConfig, classifier, fit, predict
+from .detect import crop, detect
+from .labels import PROPAGATION, Calibration, GateConfig, accepted, pseudo_labels
+from .model import FitConfig, fit, predict
 from .store import FrameStore, encode_png
+from .teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from .tracker import TrackerConfig, track
-from .world import CLASSES, EYE_LEVEL, POLE, Camera, Video, render_video
+from .world import CLASSES, EYE_LEVEL, POLE, Video
 
 __all__ = ["SimulateConfig", "simulate", "ELEVATION_BANDS_DEG", "PROPAGATION", "QUICK"]
 
 log = logging.getLogger(__name__)
 
-PROPAGATION = ("track", "forward", "none")
 ELEVATION_BANDS_DEG = ((0.0, 30.0), (30.0, 40.0), (40.0, 90.0))
 Progress = Callable[[str], None]
 
@@ -60,32 +60,6 @@ QUICK = {"teacher_videos": 8, "teacher_frames": 25, "node_videos": 2, "node_fram
          "eye_test_videos": 1, "teacher_epochs": 2, "student_epochs": 1, "replay_crops": 64}
 
 
-@dataclass(frozen=True)
-class _Labelled:
-    """Every detectable object's crop at its true box, with label, box and elevation (teacher data, scoring)."""
-
-    crops: np.ndarray  # (n, CROP_PX, CROP_PX, 3) uint8
-    labels: np.ndarray  # (n,)
-    boxes: np.ndarray  # (n, 4)
-    elevations_deg: np.ndarray  # (n,)
-
-
-def _crops_with_truth(videos: list[Video]) -> _Labelled:
-    crops, labels, boxes, elevations = [], [], [], []
-    for v in videos:
-        for t in v.truth:
-            if detectable(t):
-                crops.append(crop(v.frames[t.frame], t.box))
-                labels.append(t.label)
-                boxes.append(t.box)
-                elevations.append(t.elevation_deg)
-    return _Labelled(np.array(crops), np.array(labels), np.array(boxes), np.array(elevations))
-
-
-def _render(cameras: tuple[Camera, ...], count: int, frames: int, seed: int, rate: float) -> list[Video]:
-    return [render_video(cameras[i % len(cameras)], frames, seed + i, rate=rate) for i in range(count)]
-
-
 def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None = None) -> dict[str, object]:
     """Run one deployment and return its report (see ``edgetrain insitu simulate --help`` for the keys)."""
     if config.propagation not in PROPAGATION:
@@ -93,36 +67,29 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     say = progress or (lambda message: log.info(message))
     torch.set_num_threads(config.threads)
     base = config.seed * 1000
-    say("rendering the teacher's eye-level world")
-    eye = _render(EYE_LEVEL, config.teacher_videos, config.teacher_frames, base + 100, rate=0.25)
-    train = _crops_with_truth(eye[:-4])
-    train_x, train_y = train.crops, train.labels
-    held_x = _crops_with_truth(eye[-4:]).crops
-    say(f"training the teacher on {len(train_x)} eye-level crops")
-    teacher = fit(classifier(len(CLASSES), config.seed), train_x, train_y,
-                  FitConfig(epochs=config.teacher_epochs, seed=config.seed))
-    calibration = calibrate(predict(teacher, train_x), train_y, train.boxes, predict(teacher, held_x), config.gate)
+    teacher_config = TeacherConfig(seed=config.seed, videos=config.teacher_videos, frames=config.teacher_frames,
+                                   epochs=config.teacher_epochs, replay_crops=config.replay_crops, gate=config.gate)
+    shipped, train = train_teacher(teacher_config, say)
+    teacher, calibration = shipped.model, shipped.calibration
 
     say("the node's stream: detect, track, gate, propagate, store")
-    stream = _render((POLE,), config.node_videos, config.node_frames, base + 300, rate=0.08)
+    stream = render_clips((POLE,), config.node_videos, config.node_frames, base + 300, rate=0.08)
     store = FrameStore(store_dir, config.quota_bytes)
     labelled = _pseudo_label(stream, teacher, calibration, store, config)
 
-    rng = np.random.default_rng(config.seed)
-    replay = rng.choice(len(train_x), size=min(config.replay_crops, len(train_x)), replace=False)
+    replay_x, replay_y = shipped.replay_crops, shipped.replay_labels
     store_x, store_y = store.load()
-    say(f"training the student on {len(store_x)} stored crops + {len(replay)} replayed")
-    student = _student(teacher, np.concatenate([store_x, train_x[replay]]),
-                       np.concatenate([store_y, train_y[replay]]), config)
+    say(f"training the student on {len(store_x)} stored crops + {len(replay_x)} replayed")
+    student = _student(teacher, np.concatenate([store_x, replay_x]), np.concatenate([store_y, replay_y]), config)
     say("training the oracle student (true labels on every detected crop)")
-    oracle = _student(teacher, np.concatenate([labelled.oracle_crops, train_x[replay]]),
-                      np.concatenate([labelled.oracle_labels, train_y[replay]]), config)
+    oracle = _student(teacher, np.concatenate([labelled.oracle_crops, replay_x]),
+                      np.concatenate([labelled.oracle_labels, replay_y]), config)
 
     say("scoring on held-out clips (ground truth)")
-    test = _crops_with_truth(_render((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08))
+    test = crops_with_truth(render_clips((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08))
     test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
-    eye_test = _crops_with_truth(_render(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
-                                         rate=0.25))
+    eye_test = crops_with_truth(render_clips(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
+                                             rate=0.25))
     eye_x, eye_y = eye_test.crops, eye_test.labels
     models = {"teacher": teacher, "student": student, "oracle_student": oracle}
     report: dict[str, object] = {"config": asdict(config), "classes": list(CLASSES)}
@@ -136,7 +103,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     report.update(labelled.report)
     report.update(store_bytes=store.bytes_used, store_quota_bytes=store.quota_bytes,
                   stored_frames=len(store.frames), test_crops=len(test_x), eye_level_test_crops=len(eye_x),
-                  teacher_training_crops=len(train_x))
+                  teacher_training_crops=len(train.crops))
     return report
 
 
@@ -145,23 +112,6 @@ def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray
     """The teacher's copy fine-tuned on ``crops`` through Checkpointed's planned schedule within ``student_memory``."""
     return fit(copy.deepcopy(teacher), crops, labels,
                FitConfig(epochs=config.student_epochs, lr=1e-3, seed=config.seed + 1, memory=config.student_memory))
-
-
-def _pseudo_labels(ids: list[int], teacher_labels: np.ndarray, trusted: np.ndarray,
-                   config: SimulateConfig) -> list[int | None]:
-    """Each detection's pseudo-label (None: not stored) under ``config.propagation``."""
-    if config.propagation == "none":  # the ablation without a tracker: trusted frames alone
-        return [int(label) if ok else None for label, ok in zip(teacher_labels, trusted, strict=True)]
-    tracks: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        tracks.setdefault(tid, []).append(i)  # detections come in frame order
-    pseudo: list[int | None] = [None] * len(ids)
-    for members in tracks.values():
-        labels = propagate([int(teacher_labels[i]) for i in members], [bool(trusted[i]) for i in members],
-                           config.gate, backward=config.propagation == "track")
-        for i, label in zip(members, labels, strict=True):
-            pseudo[i] = label
-    return pseudo
 
 
 @dataclass(frozen=True)
@@ -187,7 +137,7 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
         outputs = predict(teacher, crops)
         trusted = accepted(outputs, np.array([d.box for d in detections]), calibration, config.gate)
-        pseudo = _pseudo_labels(ids, outputs.labels, trusted, config)
+        pseudo = pseudo_labels(ids, outputs.labels, trusted, config.gate, config.propagation)
         n_tracks_labelled += len({ids[i] for i, label in enumerate(pseudo) if label is not None})
         store.add([(encode_png(crops[i]), label, ids[i]) for i, label in enumerate(pseudo) if label is not None])
         # --- scoring (ground truth) ---

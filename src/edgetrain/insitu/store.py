@@ -15,6 +15,12 @@ change keeps two invariants, whatever instant the power fails:
   :data:`MANIFEST_HEADER_BYTES` (its compact JSON takes less); while it is being replaced, the
   new copy sits beside the old one for an instant.
 
+The manifest also holds the writer's ``cursor`` (how far into its camera stream the stored
+batches reach), replaced in the same atomic write as the frames it covers: a service that
+resumes from it neither skips nor repeats a stored batch. Readers in other processes (the
+student) read the manifest with :func:`listed_frames` and never open the store for writing
+(opening removes unlisted files, which may be a batch the writer is about to list).
+
 Eviction keeps classes balanced: while the stored frames and a new batch together do not fit,
 the oldest frame of the class holding the most bytes goes (a batch's own frames included: they
 are then never written).
@@ -37,7 +43,8 @@ from ..errors import EdgetrainError
 from ..fileio import fsync_dir, to_json, write_atomic
 from .detect import CROP_PX
 
-__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png", "MANIFEST_ENTRY_BYTES", "MANIFEST_HEADER_BYTES"]
+__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png", "listed_frames", "decode_png", "MANIFEST_ENTRY_BYTES",
+           "MANIFEST_HEADER_BYTES"]
 
 MANIFEST = "manifest.json"
 MANIFEST_ENTRY_BYTES = 128  # charged per listed frame; an entry's JSON is < 100 bytes up to 10-digit numbers
@@ -60,6 +67,29 @@ def encode_png(crop: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def decode_png(path: Path) -> np.ndarray:
+    """A stored crop (h, w, 3) uint8."""
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def _read_manifest(manifest: Path) -> tuple[list[StoredFrame], int, int]:
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        return [StoredFrame(**f) for f in data["frames"]], int(data["next_seq"]), int(data.get("cursor", 0))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EdgetrainError(f"{manifest} is not a frame-store manifest: {exc}") from None
+
+
+def listed_frames(root: Path) -> list[StoredFrame]:
+    """The frames a store's manifest lists now, read without opening the store (for readers in other processes).
+
+    A listed frame may be evicted (its file deleted) right after this returns: readers skip a
+    missing file.
+    """
+    manifest = root / MANIFEST
+    return _read_manifest(manifest)[0] if manifest.exists() else []
+
+
 class FrameStore:
     """Labelled crops in ``root`` within ``quota_bytes`` (see NOTE [ Frame store on an SD card ])."""
 
@@ -71,14 +101,10 @@ class FrameStore:
         root.mkdir(parents=True, exist_ok=True)
         self._frames: list[StoredFrame] = []
         self._next_seq = 0
+        self._cursor = 0
         manifest = root / MANIFEST
         if manifest.exists():
-            try:
-                data = json.loads(manifest.read_text(encoding="utf-8"))
-                self._frames = [StoredFrame(**f) for f in data["frames"]]
-                self._next_seq = int(data["next_seq"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise EdgetrainError(f"{manifest} is not a frame-store manifest: {exc}") from None
+            self._frames, self._next_seq, self._cursor = _read_manifest(manifest)
         else:
             self._write_manifest()  # an empty store is a store
         self._remove_unlisted()
@@ -86,6 +112,11 @@ class FrameStore:
     @property
     def frames(self) -> tuple[StoredFrame, ...]:
         return tuple(self._frames)
+
+    @property
+    def cursor(self) -> int:
+        """The writer's position in its stream as of the last batch (0 for a new store)."""
+        return self._cursor
 
     @property
     def charged_bytes(self) -> int:
@@ -96,8 +127,11 @@ class FrameStore:
     def bytes_used(self) -> int:
         return sum(f.nbytes for f in self._frames)
 
-    def add(self, items: Sequence[tuple[bytes, int, int]]) -> list[StoredFrame]:
+    def add(self, items: Sequence[tuple[bytes, int, int]], *, cursor: int | None = None) -> list[StoredFrame]:
         """Store ``(encoded frame, label, track)`` items as one batch; returns the stored frames evicted for room.
+
+        ``cursor`` (the writer's stream position after this batch) is listed with the batch, in
+        the same atomic manifest write; a batch with no items still records it.
 
         Eviction balances classes over the stored frames and the batch together (:func:`balance`),
         so a batch's own frames are left out, oldest first, when their class is the one holding
@@ -107,6 +141,9 @@ class FrameStore:
             ValueError: one item alone is larger than the quota.
         """
         if not items:
+            if cursor is not None:
+                self._cursor = cursor
+                self._write_manifest()
             return []
         if max(len(data) for data, _, _ in items) + MANIFEST_ENTRY_BYTES + MANIFEST_HEADER_BYTES > self.quota_bytes:
             raise ValueError(f"a frame larger than the store's whole quota ({self.quota_bytes} bytes, "
@@ -129,6 +166,8 @@ class FrameStore:
                 file.write(payload[f.name])
         _flush_to_disk(self.root)
         self._frames += new
+        if cursor is not None:
+            self._cursor = cursor
         self._write_manifest()
         return evicted
 
@@ -136,11 +175,12 @@ class FrameStore:
         """All listed crops (n, h, w, 3) uint8 and their labels (n,); an empty store gives empty arrays."""
         if not self._frames:
             return np.zeros((0, CROP_PX, CROP_PX, 3), dtype=np.uint8), np.zeros(0, dtype=np.int64)
-        crops = np.stack([np.asarray(Image.open(self.root / f.name).convert("RGB")) for f in self._frames])
+        crops = np.stack([decode_png(self.root / f.name) for f in self._frames])
         return crops, np.array([f.label for f in self._frames])
 
     def _write_manifest(self) -> None:
         write_atomic(self.root / MANIFEST, to_json({"quota_bytes": self.quota_bytes, "next_seq": self._next_seq,
+                                                    "cursor": self._cursor,
                                                     "frames": [asdict(f) for f in self._frames]}) + "\n")
 
     def _remove_unlisted(self) -> None:

@@ -1,0 +1,318 @@
+"""``edgetrain insitu run``: the node's service, resumable; the student trains beside it in its own process.
+
+NOTE [ The in-situ service ]
+The store directory is the service's whole state; a rerun with the same arguments continues:
+
+* ``teacher.pt``: the teacher, its gate calibration and replay crops (:mod:`.teacher`), trained
+  on the generator's eye-level world on the first run (outside the memory budget: a node ships
+  with it);
+* ``frames/``: the frame store (NOTE [ Frame store on an SD card ]); its manifest's ``cursor``
+  is how far into the camera stream the stored batches reach, so a rerun starts there;
+* ``student/``: the student's training states, ``model.pt``: the promoted student
+  (NOTE [ The student process ]);
+* ``status.jsonl``: every status line of both processes.
+
+The inference path runs in this process, one *chunk* of frames at a time (``chunk_frames``, 10 s
+at 5 frames/s): per frame, the detector's boxes are cropped and classified by the serving model
+(the promoted student, or the teacher) and by the teacher (whose outputs the gate reads); at the
+chunk's end the tracker links the chunk's detections, the gate and the track vote label them,
+and the labelled crops are stored with the new cursor in one atomic manifest write. Tracks do
+not cross chunks (a track cut at a chunk boundary is two tracks).
+
+Latency: the per-frame time (crop + both classifications + gate) is measured on every frame with
+a detection. The first chunk of every run is processed before the student starts, and every
+``probe_every``-th chunk with the student paused (SIGSTOP ... SIGCONT): those frames give the
+baseline p95, measured on the same machine under the same outside load as the rest, which run
+beside the training student; ``inference_p95_ratio`` is their p95 over the baseline.
+
+Memory (NOTE [ Process budget ] for the whole service): ``--memory`` is split between the two
+processes, ``student_share`` of it the student's process budget (planned as in ``train
+--memory``), the rest the inference process's, which is not planned (it holds one chunk of
+frames, two small models and the tracker) but measured: its peak RSS, read from the kernel
+after the teacher is ready, is reported against its share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import EdgetrainError
+from ..profile.process import read_process_memory, reset_peak
+from .detect import crop, detect
+from .labels import GateConfig, accepted, pseudo_labels
+from .model import Outputs, predict
+from .store import FrameStore, encode_png
+from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
+from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
+from .tracker import TrackerConfig, track
+from .world import POLE, Camera, ObjectTruth, Video, render_video
+
+__all__ = ["ServiceConfig", "run_service", "camera_chunks", "p95_s"]
+
+log = logging.getLogger(__name__)
+
+TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: unique over the stream
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    camera: str  # an integer: the seed of a generated pole-camera world; else a folder from `insitu world`
+    memory_bytes: int  # the whole service: inference process + student process
+    frames: int | None = None  # stop after this many frames of the stream (None: the whole stream, forever)
+    chunk_frames: int = 50
+    quota_bytes: int = 8 * 2**20
+    student_share: float = 0.5  # of memory_bytes, the student process's budget
+    student_steps: int = 400
+    round_steps: int = 25
+    margin: float = 0.02
+    probe_every: int = 4  # every 4th chunk runs with the student paused: the latency baseline
+    propagation: str = "track"
+    seed: int = 0  # the teacher's world, the models' and the detector's noise
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+def camera_chunks(camera: str, chunk_frames: int, start: int) -> Iterator[Video]:
+    """The camera stream from frame ``start`` (a multiple of ``chunk_frames``) in chunks, as videos.
+
+    A generated world's chunk k is ``render_video(POLE, chunk_frames, seed * 1000 + 300 + k)``
+    (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
+    ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
+    order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]).
+    """
+    if start % chunk_frames:
+        raise EdgetrainError(f"the store's cursor {start} is not a multiple of --chunk-frames {chunk_frames}: "
+                             f"rerun with the chunk size the store was made with")
+    if camera.isdigit():
+        k = start // chunk_frames
+        while True:
+            yield render_video(POLE, chunk_frames, int(camera) * 1000 + 300 + k, rate=0.08)
+            k += 1
+    folder = Path(camera)
+    paths = sorted(folder.glob("frame_*.png"))
+    if not paths or not (folder / "truth.json").exists():
+        raise EdgetrainError(f"--camera {camera!r} is neither a seed nor a folder of frame_*.png with truth.json "
+                             f"(from `edgetrain insitu world`)")
+    yield from _folder_chunks(folder, paths, chunk_frames, start)
+
+
+def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int) -> Iterator[Video]:
+    import json
+
+    from PIL import Image
+
+    meta = json.loads((folder / "truth.json").read_text())
+    cam = Camera(**meta["camera"])
+    truth = [ObjectTruth(**{**t, "box": tuple(t["box"])}) for t in meta["objects"]]
+    for first in range(start, len(paths), chunk_frames):
+        chunk = paths[first:first + chunk_frames]
+        frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in chunk])
+        records = tuple(ObjectTruth(**{**t.__dict__, "frame": t.frame - first}) for t in truth
+                        if first <= t.frame < first + len(chunk))
+        yield Video(cam, frames, records)
+
+
+def p95_s(latencies_s: list[float]) -> float | None:
+    return float(np.percentile(latencies_s, 95)) if latencies_s else None
+
+
+@dataclass
+class _Serving:
+    """The model whose class the node reports: the promoted student once there is one, else the teacher."""
+
+    model: nn.Sequential
+    name: str = "teacher"
+    stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the model file loaded
+
+    def reload_if_promoted(self, path: Path) -> bool:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return False
+        if (stat.st_mtime_ns, stat.st_size) == self.stamp:
+            return False
+        weights, step, _ = load_promoted(path)
+        self.model.load_state_dict(weights)
+        self.name, self.stamp = f"student@{step}", (stat.st_mtime_ns, stat.st_size)
+        return True
+
+
+def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: _Serving,
+                 config: ServiceConfig) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
+    """The inference path over one chunk: labelled crops to store, per-frame latencies, detections."""
+    detections, _ = detect(video, config.seed * 7919 + chunk)  # sources (truth) dropped: the service never scores
+    by_frame: dict[int, list[int]] = {}
+    for i, d in enumerate(detections):
+        by_frame.setdefault(d.frame, []).append(i)
+    crops: list[np.ndarray] = []
+    outputs: list[Outputs] = []
+    trusted: list[np.ndarray] = []
+    latencies_s = []
+    for f in range(len(video.frames)):
+        members = by_frame.get(f, [])
+        started = time.perf_counter()
+        if members:
+            x = np.array([crop(video.frames[f], detections[i].box) for i in members])
+            predict(serving.model, x)  # the node's answer (reported to the application; not used for labels)
+            out = predict(teacher.model, x)
+            trusted.append(accepted(out, np.array([detections[i].box for i in members]), teacher.calibration,
+                                    config.gate))
+            crops += list(x)
+            outputs.append(out)
+            latencies_s.append(time.perf_counter() - started)  # frames with detections: the path's real work
+    if not detections:
+        return [], latencies_s, 0
+    ids = track(detections, TrackerConfig(seed=config.seed + chunk))
+    labels = np.concatenate([o.labels for o in outputs])
+    pseudo = pseudo_labels(ids, labels, np.concatenate(trusted), config.gate, config.propagation)
+    items = [(encode_png(crops[i]), label, chunk * TRACKS_PER_CHUNK + ids[i])
+             for i, label in enumerate(pseudo) if label is not None]
+    return items, latencies_s, len(detections)
+
+
+def _teacher(root: Path, config: ServiceConfig, say: Callable[[str], None]) -> Teacher:
+    path = root / TEACHER
+    if not path.exists():
+        teacher, _ = train_teacher(config.teacher, say)
+        save_teacher(teacher, path)
+    return load_teacher(path)
+
+
+def _start_student(root: Path, config: ServiceConfig, student_bytes: int) -> subprocess.Popen[bytes]:
+    student = StudentConfig(store_dir=str(root), process_bytes=student_bytes, quota_bytes=config.quota_bytes,
+                            steps=config.student_steps, round_steps=config.round_steps, margin=config.margin,
+                            seed=config.seed, parent_pid=os.getpid())
+    path = write_config(student, root / "student.json")
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}  # as cli.main sets it (NOTE [ Returning freed memory ])
+    return subprocess.Popen([sys.executable, "-m", "edgetrain.insitu.background", str(path)], env=env)
+
+
+def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run (or continue) the service in ``root`` until ``config.frames`` and the student's steps are done.
+
+    Returns:
+        the last status record (``event: "done"``).
+    """
+    if config.probe_every < 2:
+        raise ValueError(f"probe_every must be >= 2 (every chunk paused would never train), got {config.probe_every}")
+    if not 0.0 < config.student_share < 1.0:
+        raise ValueError(f"the student's share of --memory must be in (0, 1), got {config.student_share}")
+    say = say or (lambda message: log.info(message))
+    root.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    teacher = _teacher(root, config, say)
+    store = FrameStore(root / FRAMES, config.quota_bytes)
+    serving = _Serving(copy.deepcopy(teacher.model))
+    serving.reload_if_promoted(root / PROMOTED)
+    student_bytes = int(config.memory_bytes * config.student_share)
+    inference_bytes = config.memory_bytes - student_bytes
+    reset_peak()  # the service's budget starts here: the teacher's one-off training is not the node's
+    emit(root, {"event": "start", "camera": config.camera, "resumed_frames": store.cursor,
+                "stored_frames": len(store.frames), "memory_bytes": config.memory_bytes,
+                "inference_bytes": inference_bytes, "student_bytes": student_bytes, "serving": serving.name})
+    student: subprocess.Popen[bytes] | None = None
+    baseline_s: list[float] = []
+    beside_s: list[float] = []
+    try:
+        for video in camera_chunks(config.camera, config.chunk_frames, store.cursor):
+            first = store.cursor
+            if config.frames is not None and first >= config.frames:
+                break
+            if config.frames is not None and first + len(video.frames) > config.frames:
+                video = Video(video.camera, video.frames[:config.frames - first],
+                              tuple(t for t in video.truth if t.frame < config.frames - first))
+            reloaded = serving.reload_if_promoted(root / PROMOTED)
+            chunk = first // config.chunk_frames
+            paused = student is not None and chunk % config.probe_every == 0
+            student_cpu_s = _cpu_s(student)
+            with _paused(student if paused else None):
+                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config)
+            student_cpu_s = _cpu_s(student) - student_cpu_s
+            evicted = store.add(items, cursor=first + len(video.frames))
+            alone = student is None or paused
+            (baseline_s if alone else beside_s).extend(latencies_s)
+            emit(root, _chunk_status(store, first, len(video.frames), n_detections, len(items), len(evicted),
+                                     latencies_s, baseline_s, beside_s, serving, reloaded, inference_bytes,
+                                     not alone, student_cpu_s))
+            if student is None:
+                student = _start_student(root, config, student_bytes)
+        if student is None:  # nothing left to infer: the student still finishes its steps
+            student = _start_student(root, config, student_bytes)
+        status = student.wait()
+        student = None
+        if status != 0:
+            raise EdgetrainError(f"the student process exited with status {status} (see {root / STATUS})")
+    finally:
+        if student is not None:
+            student.terminate()
+            student.wait()
+    done = {"event": "done", "frames": store.cursor, "stored_frames": len(store.frames),
+            "store_bytes": store.bytes_used, "serving": serving.name,
+            "baseline_p95_s": p95_s(baseline_s), "inference_p95_s": p95_s(beside_s),
+            "inference_p95_ratio": _ratio(baseline_s, beside_s),
+            "inference_peak_rss_bytes": read_process_memory().peak_rss_bytes, "inference_bytes": inference_bytes}
+    emit(root, done)
+    return done
+
+
+@contextlib.contextmanager
+def _paused(student: subprocess.Popen[bytes] | None) -> Iterator[None]:
+    """The student stopped (SIGSTOP) for the block: the inference path's latency alone, same machine, same time."""
+    if student is None:
+        yield
+        return
+    os.kill(student.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(student.pid, signal.SIGCONT)
+
+
+def _cpu_s(process: subprocess.Popen[bytes] | None) -> float:
+    """CPU seconds ``process`` has used (user + system, from /proc); 0 without one or once it is gone.
+
+    The chunk status reports the student's share of a chunk's time: SCHED_IDLE gets no CPU on a
+    machine kept busy by others, and a latency ratio measured beside a starved student means little.
+    """
+    if process is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+def _ratio(baseline_s: list[float], beside_s: list[float]) -> float | None:
+    base, beside = p95_s(baseline_s), p95_s(beside_s)
+    return None if base is None or beside is None or base == 0 else beside / base
+
+
+def _chunk_status(store: FrameStore, first: int, frames: int, detections: int, labelled: int, evicted: int,
+                  latencies_s: list[float], baseline_s: list[float], beside_s: list[float], serving: _Serving,
+                  reloaded: bool, inference_bytes: int, student_running: bool,
+                  student_cpu_s: float) -> dict[str, Any]:
+    peak = read_process_memory().peak_rss_bytes
+    return {"event": "chunk", "first_frame": first, "frames": frames, "detections": detections,
+            "pseudo_labelled": labelled, "evicted": evicted, "stored_frames": len(store.frames),
+            "store_bytes": store.bytes_used, "cursor": store.cursor, "serving": serving.name,
+            "reloaded": reloaded, "student_running": student_running, "student_cpu_s": round(student_cpu_s, 3),
+            "inference_p95_s": p95_s(latencies_s),
+            "baseline_p95_s": p95_s(baseline_s), "inference_p95_ratio": _ratio(baseline_s, beside_s),
+            "inference_peak_rss_bytes": peak, "inference_bytes": inference_bytes,
+            "inference_within_budget": peak <= inference_bytes}

@@ -1,0 +1,197 @@
+"""The in-situ service (issue #13): kill -9 and resume, the student's process, promotion, the camera sources."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from edgetrain.errors import EdgetrainError
+from edgetrain.insitu.labels import Calibration
+from edgetrain.insitu.model import classifier
+from edgetrain.insitu.service import _Serving, camera_chunks
+from edgetrain.insitu.store import FrameStore, encode_png
+from edgetrain.insitu.student import StudentConfig, held_out, load_promoted, write_config
+from edgetrain.insitu.teacher import Teacher, save_teacher
+from edgetrain.insitu.world import CLASSES, POLE, render_video, write_video
+
+pytest.importorskip("scipy")
+
+RUN = ["--camera", "0", "--memory", "1GiB", "--frames", "100", "--chunk-frames", "25", "--student-steps", "30",
+       "--round-steps", "5"]
+
+
+def _sure_teacher(path: Path, label: int = 0) -> Path:
+    """A teacher sure of ``label`` (0.87) on every crop, with a gate that trusts whatever is sure: every track labelled.
+
+    It stands in for a trained teacher (tens of seconds to train) where the test is about the
+    service's mechanics, not accuracy.
+    """
+    model = classifier(len(CLASSES), 0)
+    with torch.no_grad():
+        model[-1].weight.zero_()
+        model[-1].bias.copy_(torch.tensor([3.0 if c == label else 0.0 for c in range(len(CLASSES))]))
+    n = len(CLASSES)
+    calibration = Calibration(np.zeros((n, 64)), np.ones(64), float("inf"),
+                              np.tile([-np.inf, np.inf], (n, 1)))
+    rng = np.random.default_rng(0)
+    replay = rng.integers(0, 256, size=(128, 32, 32, 3), dtype=np.uint8)
+    return save_teacher(Teacher(model.eval(), calibration, replay, np.arange(128) % n), path)
+
+
+def _service(store: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "edgetrain", "insitu", "run", "--store", str(store), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+
+
+def _events(lines: list[str], event: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, lines) if r["event"] == event]
+
+
+def _manifest(store: Path) -> dict[str, Any]:
+    return dict(json.loads((store / "frames" / "manifest.json").read_text()))
+
+
+def _wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still running {timeout_s} s after its service was killed")
+
+
+def _run_until(store: Path, seen_enough: Any) -> list[str]:
+    """Run the service until ``seen_enough(lines)``, then kill -9 it; waits for its student to die too."""
+    service = _service(store, *RUN)
+    assert service.stdout is not None
+    seen: list[str] = []
+    for line in service.stdout:
+        seen.append(line)
+        if seen_enough(seen):
+            break
+    os.kill(service.pid, signal.SIGKILL)
+    service.wait()
+    for start in _events(seen, "student_start"):
+        _wait_gone(start["pid"])  # the kernel kills the student with its parent (PR_SET_PDEATHSIG)
+    return seen
+
+
+def _whole(store: Path, manifest: dict[str, Any]) -> dict[str, int]:
+    listed = {f["name"]: f["nbytes"] for f in manifest["frames"]}
+    for name, nbytes in listed.items():
+        assert (store / "frames" / name).stat().st_size == nbytes
+    return listed
+
+
+def test_a_service_killed_9_resumes_where_it_stopped(tmp_path: Path) -> None:
+    # Prepare: a store with its teacher, so the run starts at the stream at once.
+    store = tmp_path / "node"
+    store.mkdir()
+    _sure_teacher(store / "teacher.pt")
+
+    # Execute: kill -9 mid-stream (2 chunks stored), rerun and kill -9 mid-training (a state saved), rerun to the end.
+    first = _run_until(store, lambda seen: len(_events(seen, "chunk")) == 2)
+    after_first = _manifest(store)
+    second = _run_until(store, lambda seen: len(_events(seen, "student")) >= 1)
+    after_second = _manifest(store)
+    third = _service(store, *RUN)
+    out, _ = third.communicate(timeout=300)
+    lines = out.splitlines()
+
+    # Assert: every listed frame whole after each kill, and still listed at the end (the quota is far from full).
+    assert third.returncode == 0
+    final = _manifest(store)
+    listed = [_whole(store, m) for m in (after_first, after_second, final)]
+    assert listed[0].items() <= listed[1].items() <= listed[2].items() and len(listed[0]) > 0
+    # The stream continues at the manifest's cursor: every chunk once, in order, over the three runs.
+    assert _events(second, "start")[0]["resumed_frames"] == after_first["cursor"] >= 50
+    assert _events(lines, "start")[0]["resumed_frames"] == after_second["cursor"] == final["cursor"] == 100
+    chunks = [c["first_frame"] for run in (first, second, lines) for c in _events(run, "chunk")]
+    assert chunks == [0, 25, *range(after_first["cursor"], 100, 25)]
+    # The student continues at its saved step.
+    killed_step = _events(second, "student")[-1]["step"]
+    resumed = _events(lines, "student_start")[0]["resumed_step"]
+    assert resumed >= killed_step and resumed % 5 == 0
+    assert [s["step"] for s in _events(lines, "student")] == list(range(resumed + 5, 31, 5))
+    done = _events(lines, "done")[0]
+    assert done["frames"] == 100 and done["stored_frames"] == len(final["frames"])
+    # The student ran at idle priority on one thread, its plan inside the budget its share of --memory left.
+    start = _events(lines, "student_start")[0]
+    assert start["priority"] in ("SCHED_IDLE", "nice 19") and start["threads"] == 1
+    assert start["process_bytes"] == 2**29 == _events(lines, "start")[0]["inference_bytes"]
+    assert start["planned_step_peak_bytes"] <= start["tensor_budget_bytes"]
+    assert all(s["peak_rss_bytes"] <= s["process_bytes"] for s in _events(lines, "student"))
+    # The first chunk of a run goes before the student starts, the next one beside it.
+    assert [c["student_running"] for c in _events(first, "chunk")] == [False, True]
+    # Status lines of both processes and all runs are in status.jsonl, whole.
+    status = (store / "status.jsonl").read_text().splitlines()
+    assert len(_events(status, "start")) == 3 and _events(status, "done") == [done]
+
+
+def test_a_student_that_beats_the_teacher_is_promoted_then_served(tmp_path: Path) -> None:
+    # Prepare: a teacher sure of class 1 on everything; a store of bright crops its tracks labelled 0 (held out:
+    # the tracks held_out() picks), and a student process of its own (no service: parent_pid 0).
+    store = tmp_path / "node"
+    store.mkdir()
+    _sure_teacher(store / "teacher.pt", label=1)
+    frames = FrameStore(store / "frames", quota_bytes=2**20)
+    rng = np.random.default_rng(1)
+    frames.add([(encode_png(rng.integers(180, 256, size=(32, 32, 3), dtype=np.uint8)), 0, track)
+                for track in range(40) for _ in range(3)])
+    held = sum(3 for track in range(40) if held_out(track))
+    config = write_config(StudentConfig(store_dir=str(store), process_bytes=2**30, quota_bytes=2**20, steps=40,
+                                        round_steps=20, lr=0.01, margin=0.5), store / "student.json")
+
+    result = subprocess.run([sys.executable, "-m", "edgetrain.insitu.background", str(config)], capture_output=True,
+                            text=True, timeout=300)
+
+    # Assert: scored on the held-out tracks' frames against their (teacher-consistent) labels: the teacher is
+    # wrong on all, the student learns them and is promoted.
+    assert result.returncode == 0, result.stderr
+    rounds = _events(result.stdout.splitlines(), "student")
+    assert [(r["step"], r["held_out_frames"], r["train_frames"]) for r in rounds] == [(20, held, 120 - held),
+                                                                                     (40, held, 120 - held)]
+    assert 0 < held < 120 and all(r["teacher_accuracy"] == 0.0 for r in rounds)
+    promoted = [r for r in rounds if r["promoted"]]
+    assert promoted and all(r["student_accuracy"] >= 0.5 for r in promoted)
+    _, step, accuracy = load_promoted(store / "model.pt")
+    assert (step, accuracy) == (promoted[-1]["step"], promoted[-1]["student_accuracy"])
+    # The inference path serves it from the next chunk on (and a rerun from its first frame).
+    serving = _Serving(classifier(len(CLASSES), 0))
+    assert serving.reload_if_promoted(store / "model.pt") and serving.name == f"student@{step}"
+    assert not serving.reload_if_promoted(store / "model.pt")  # unchanged: not loaded again
+
+
+def test_a_folder_camera_gives_its_frames_in_chunks_from_the_cursor(tmp_path: Path) -> None:
+    video = render_video(POLE, 30, seed=5, rate=0.12)
+    write_video(video, tmp_path / "cam")
+
+    chunks = list(camera_chunks(str(tmp_path / "cam"), 12, start=12))
+
+    # Frames 12-23 and 24-29, truth re-indexed to each chunk's frames.
+    assert [len(c.frames) for c in chunks] == [12, 6]
+    assert np.array_equal(np.concatenate([c.frames for c in chunks]), video.frames[12:])
+    assert [(t.frame + 12 + 12 * k, t.track_id) for k, c in enumerate(chunks) for t in c.truth] == \
+        [(t.frame, t.track_id) for t in video.truth if t.frame >= 12]
+    # A generated world's chunks are the simulation's node clips.
+    assert np.array_equal(next(camera_chunks("2", 20, start=20)).frames, render_video(POLE, 20, 2301).frames)
+
+
+def test_a_bad_camera_or_cursor_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(EdgetrainError, match="neither a seed nor a folder"):
+        next(camera_chunks(str(tmp_path), 10, start=0))
+    with pytest.raises(EdgetrainError, match="cursor 15 is not a multiple of --chunk-frames 10"):
+        next(camera_chunks("0", 10, start=15))
