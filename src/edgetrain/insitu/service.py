@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import signal
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_t
 from .tracker import TrackerConfig, track
 from .world import POLE, Camera, ObjectTruth, Video, render_video
 
-__all__ = ["ServiceConfig", "run_service", "camera_chunks", "p95_s"]
+__all__ = ["ServiceConfig", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,6 @@ def camera_chunks(camera: str, chunk_frames: int, start: int) -> Iterator[Video]
 
 
 def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int) -> Iterator[Video]:
-    import json
-
     from PIL import Image
 
     meta = json.loads((folder / "truth.json").read_text())
@@ -122,9 +121,14 @@ def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: in
     for first in range(start, len(paths), chunk_frames):
         chunk = paths[first:first + chunk_frames]
         frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in chunk])
-        records = tuple(ObjectTruth(**{**t.__dict__, "frame": t.frame - first}) for t in truth
-                        if first <= t.frame < first + len(chunk))
-        yield Video(cam, frames, records)
+        yield Video(cam, frames, tuple(replace(t, frame=t.frame - first) for t in truth
+                                       if first <= t.frame < first + len(chunk)))
+
+
+def clip(video: Video, first: int, stop: int) -> Video:
+    """Frames ``first`` to ``stop`` (exclusive) of ``video``, its truth re-indexed to them."""
+    return Video(video.camera, video.frames[first:stop],
+                 tuple(replace(t, frame=t.frame - first) for t in video.truth if first <= t.frame < stop))
 
 
 def p95_s(latencies_s: list[float]) -> float | None:
@@ -193,13 +197,16 @@ def _teacher(root: Path, config: ServiceConfig, say: Callable[[str], None]) -> T
     return load_teacher(path)
 
 
-def _start_student(root: Path, config: ServiceConfig, student_bytes: int) -> subprocess.Popen[bytes]:
+def _start_student(root: Path, config: ServiceConfig, student_bytes: int, *,
+                   quiet: bool = False) -> subprocess.Popen[bytes]:
+    """The student process (NOTE [ The student process ]); ``quiet``: its status lines go to status.jsonl only."""
     student = StudentConfig(store_dir=str(root), process_bytes=student_bytes, quota_bytes=config.quota_bytes,
                             steps=config.student_steps, round_steps=config.round_steps, margin=config.margin,
                             seed=config.seed, parent_pid=os.getpid())
     path = write_config(student, root / "student.json")
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}  # as cli.main sets it (NOTE [ Returning freed memory ])
-    return subprocess.Popen([sys.executable, "-m", "edgetrain.insitu.background", str(path)], env=env)
+    return subprocess.Popen([sys.executable, "-m", "edgetrain.insitu.background", str(path)], env=env,
+                            stdout=subprocess.DEVNULL if quiet else None)
 
 
 def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -234,8 +241,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
             if config.frames is not None and first >= config.frames:
                 break
             if config.frames is not None and first + len(video.frames) > config.frames:
-                video = Video(video.camera, video.frames[:config.frames - first],
-                              tuple(t for t in video.truth if t.frame < config.frames - first))
+                video = clip(video, 0, config.frames - first)
             reloaded = serving.reload_if_promoted(root / PROMOTED)
             chunk = first // config.chunk_frames
             paused = student is not None and chunk % config.probe_every == 0
@@ -261,11 +267,17 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
         if student is not None:
             student.terminate()
             student.wait()
+    inference_peak = read_process_memory().peak_rss_bytes
+    student_peak = _student_peak_rss_bytes(root / STATUS)
     done = {"event": "done", "frames": store.cursor, "stored_frames": len(store.frames),
             "store_bytes": store.bytes_used, "serving": serving.name,
             "baseline_p95_s": p95_s(baseline_s), "inference_p95_s": p95_s(beside_s),
             "inference_p95_ratio": _ratio(baseline_s, beside_s),
-            "inference_peak_rss_bytes": read_process_memory().peak_rss_bytes, "inference_bytes": inference_bytes}
+            "inference_peak_rss_bytes": inference_peak, "inference_bytes": inference_bytes,
+            "student_peak_rss_bytes": student_peak, "student_bytes": student_bytes,
+            # the sum of the two peaks bounds their peak together from above
+            "service_peak_rss_bytes": inference_peak + student_peak, "memory_bytes": config.memory_bytes,
+            "within_memory": inference_peak + student_peak <= config.memory_bytes}
     emit(root, done)
     return done
 
@@ -281,6 +293,18 @@ def _paused(student: subprocess.Popen[bytes] | None) -> Iterator[None]:
         yield
     finally:
         os.kill(student.pid, signal.SIGCONT)
+
+
+def _student_peak_rss_bytes(status: Path) -> int:
+    """The student's peak RSS in this run: VmHWM (the whole process's life) in its last status line."""
+    peak = 0
+    for line in status.read_text().splitlines():
+        record = json.loads(line)
+        if record["event"] == "student_start":
+            peak = 0
+        elif record["event"] == "student":
+            peak = int(record["peak_rss_bytes"])
+    return peak
 
 
 def _cpu_s(process: subprocess.Popen[bytes] | None) -> float:
@@ -316,3 +340,56 @@ def _chunk_status(store: FrameStore, first: int, frames: int, detections: int, l
             "baseline_p95_s": p95_s(baseline_s), "inference_p95_ratio": _ratio(baseline_s, beside_s),
             "inference_peak_rss_bytes": peak, "inference_bytes": inference_bytes,
             "inference_within_budget": peak <= inference_bytes}
+
+
+def latency_beside_student(videos: list[Video], teacher: Teacher, serving_model: nn.Sequential, frames_dir: Path,
+                           work: Path, config: ServiceConfig) -> dict[str, float | None]:
+    """The inference path's per-frame latency over ``videos`` alone and beside a training student process.
+
+    A student process (as the service starts it, on ``config``'s share of memory) trains from the
+    store ``frames_dir`` throughout; chunks of ``config.chunk_frames`` alternate between the student
+    paused and running, so both halves see the same machine under the same outside load.
+
+    Returns:
+        ``inference_p95_alone_s``, ``inference_p95_beside_student_s``, ``inference_p95_ratio`` and
+        ``student_cpu_share`` (the student's CPU seconds per second while it ran: near 0 means
+        the machine gave a SCHED_IDLE process nothing, and the ratio says little).
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    save_teacher(teacher, work / TEACHER)
+    (work / FRAMES).symlink_to(frames_dir.resolve())
+    serving = _Serving(serving_model)
+    chunks = [clip(v, a, a + config.chunk_frames) for v in videos
+              for a in range(0, len(v.frames), config.chunk_frames)]
+    student = _start_student(work, config, int(config.memory_bytes * config.student_share), quiet=True)
+    alone_s: list[float] = []
+    beside_s: list[float] = []
+    cpu_s = wall_s = 0.0
+    try:
+        _wait_for_training(student, work / STATUS)
+        for k, video in enumerate(chunks):
+            paused = k % 2 == 0
+            cpu0_s, wall0_s = _cpu_s(student), time.perf_counter()
+            with _paused(student if paused else None):
+                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config)
+            if not paused:
+                cpu_s += _cpu_s(student) - cpu0_s
+                wall_s += time.perf_counter() - wall0_s
+            (alone_s if paused else beside_s).extend(latencies_s)
+    finally:
+        student.terminate()
+        student.wait()
+    return {"inference_p95_alone_s": p95_s(alone_s), "inference_p95_beside_student_s": p95_s(beside_s),
+            "inference_p95_ratio": _ratio(alone_s, beside_s), "student_cpu_share": cpu_s / wall_s if wall_s else None}
+
+
+def _wait_for_training(student: subprocess.Popen[bytes], status: Path, timeout_s: float = 600.0) -> None:
+    """Until the student's first status line (it is planned and training), or raise if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if status.exists() and '"student_start"' in status.read_text():
+            return
+        if student.poll() is not None:
+            raise EdgetrainError(f"the student process exited with status {student.returncode} (see {status})")
+        time.sleep(0.2)
+    raise EdgetrainError(f"the student process did not start training within {timeout_s:g} s")

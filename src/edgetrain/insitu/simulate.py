@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from .detect import crop, detect
 from .labels import PROPAGATION, Calibration, GateConfig, accepted, pseudo_labels
 from .model import FitConfig, fit, predict
+from .service import ServiceConfig, latency_beside_student
 from .store import FrameStore, encode_png
 from .teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from .tracker import TrackerConfig, track
@@ -51,6 +53,8 @@ class SimulateConfig:
     false_positives_per_frame: float = 0.0
     id_switch_rate: float = 0.0
     propagation: str = "track"  # "track": backward and forward; "forward"; "none": only the gate-trusted frames
+    latency_probe: bool = True  # measure inference_p95_ratio (a student process beside the inference path)
+    service_memory_bytes: int = 2**30  # the probe's service budget (half for its student process)
     threads: int = 1  # torch's intra-op threads: one thread is the node's background share (and, on a busy CPU, faster)
     gate: GateConfig = field(default_factory=GateConfig)
 
@@ -86,7 +90,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
                       np.concatenate([labelled.oracle_labels, replay_y]), config)
 
     say("scoring on held-out clips (ground truth)")
-    test = crops_with_truth(render_clips((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08))
+    test_clips = render_clips((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08)
+    test = crops_with_truth(test_clips)
     test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
     eye_test = crops_with_truth(render_clips(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
                                              rate=0.25))
@@ -104,6 +109,13 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     report.update(store_bytes=store.bytes_used, store_quota_bytes=store.quota_bytes,
                   stored_frames=len(store.frames), test_crops=len(test_x), eye_level_test_crops=len(eye_x),
                   teacher_training_crops=len(train.crops))
+    if config.latency_probe:
+        say("inference latency over the held-out clips, alone and beside a training student process")
+        service = ServiceConfig(camera=str(config.seed), memory_bytes=config.service_memory_bytes, chunk_frames=25,
+                                seed=config.seed, gate=config.gate, propagation=config.propagation)
+        with tempfile.TemporaryDirectory(prefix="edgetrain-insitu-") as work:
+            report.update(latency_beside_student(test_clips, shipped, student, store_dir, Path(work) / "node",
+                                                 service))
     return report
 
 

@@ -151,7 +151,7 @@ def _batches(x: np.ndarray, y: np.ndarray, config: StudentConfig, step: int) -> 
 
 def run_student(config: StudentConfig, priority: str) -> int:
     """Train until ``config.steps``; returns the process's exit status (0 done, 3 parent gone)."""
-    from ..profile.process import configure_allocator, read_process_memory, reset_peak
+    from ..profile.process import configure_allocator, read_process_memory
     from ..runtime import Checkpointed
     from ..train.budget import measure_runtime_baseline, split_process_budget
     from ..train.state import StateStore, TrainingState
@@ -179,7 +179,6 @@ def run_student(config: StudentConfig, priority: str) -> int:
     budget = split_process_budget(config.process_bytes - data_bytes,
                                   measure_runtime_baseline(model, sample_x, sample_y))
     net = Checkpointed(model, sample=sample_x, memory=max(budget.tensor_bytes, 1), optimizer="adam", target=sample_y)
-    reset_peak()
     emit(root, {"event": "student_start", "pid": os.getpid(), "priority": priority, "threads": 1,
                 "resumed_step": step, "process_bytes": config.process_bytes, "decoded_store_bytes": data_bytes,
                 "runtime_baseline_bytes": budget.runtime_baseline_bytes, "tensor_budget_bytes": budget.tensor_bytes,
