@@ -16,13 +16,15 @@ import pytest
 import torch
 
 from edgetrain.errors import EdgetrainError
+from edgetrain.insitu.detect import Detection
 from edgetrain.insitu.labels import Calibration
 from edgetrain.insitu.model import classifier
+from edgetrain.insitu.motion import MotionConfig, detect_motion, match_sources, score_boxes
 from edgetrain.insitu.service import _Serving, camera_chunks
 from edgetrain.insitu.store import FrameStore, encode_png
 from edgetrain.insitu.student import StudentConfig, held_out, load_promoted, write_config
 from edgetrain.insitu.teacher import Teacher, save_teacher
-from edgetrain.insitu.world import CLASSES, POLE, render_video, write_video
+from edgetrain.insitu.world import CLASSES, POLE, ObjectTruth, Video, render_video, write_video
 
 pytest.importorskip("scipy")
 
@@ -195,3 +197,44 @@ def test_a_bad_camera_or_cursor_is_refused_in_one_line(tmp_path: Path) -> None:
         next(camera_chunks(str(tmp_path), 10, start=0))
     with pytest.raises(EdgetrainError, match="cursor 15 is not a multiple of --chunk-frames 10"):
         next(camera_chunks("0", 10, start=15))
+
+
+# --- the motion detector ---------------------------------------------------------------------------
+def _moving_square(frames: int = 30) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """Noisy grey frames (60x80), a static block slowly brightening, a 16x12 square moving right 2 px a frame."""
+    rng = np.random.default_rng(0)
+    video = np.clip(100 + rng.normal(0, 2, size=(frames, 60, 80, 1)), 0, 255).repeat(3, axis=3)
+    boxes = []
+    for f in range(frames):
+        video[f, 40:55, 60:75] = 60 + f  # a static block, 1 grey level brighter each frame (the light turning)
+        x = -16 + 2 * f
+        video[f, 10:22, max(x, 0):max(x + 16, 0)] = 200
+        boxes.append((x, 10, x + 16, 22))
+    return video.astype(np.uint8), boxes
+
+
+def test_the_motion_detector_boxes_what_moves_and_not_what_brightens() -> None:
+    frames, truth = _moving_square()
+
+    detections = detect_motion(frames, MotionConfig(dilate_px=2))
+
+    # From the frame the square is whole in the image: exactly one box, the square grown by the dilation (2 px).
+    whole = [f for f in range(len(frames)) if truth[f][0] >= 2 and truth[f][2] <= 78]
+    by_frame = {f: [d.box for d in detections if d.frame == f] for f in whole}
+    assert whole and all(by_frame[f] == [(truth[f][0] - 2, 8, truth[f][2] + 2, 24)] for f in whole)
+    assert all(d.box[1] < 30 for d in detections)  # nothing on the brightening block
+
+
+def test_boxes_are_scored_one_to_one_at_iou_half() -> None:
+    truth = (ObjectTruth(0, 7, 1, (0, 0, 10, 14), 140, 1.0, 45.0, 0.0),
+             ObjectTruth(0, 8, 2, (20, 0, 30, 14), 140, 1.0, 45.0, 0.0))
+    video = Video(POLE, np.zeros((1, 40, 40, 3), dtype=np.uint8), truth)
+    detections = [Detection(0, (0, 0, 10, 16)),  # IoU 140/160 with 7
+                  Detection(0, (1, 0, 11, 14)),  # IoU 126/154 with 7, but 7 is taken: a duplicate
+                  Detection(0, (25, 0, 35, 14))]  # IoU 70/210 with 8: below 0.5
+
+    sources = match_sources(detections, video)
+
+    assert sources == [7, 0, 0]
+    assert score_boxes(detections, sources, video) == {"detections": 3, "true_positives": 1,
+                                                       "detectable_objects": 2, "detectable_found": 1}

@@ -59,6 +59,9 @@ def simulate_command(
         propagation: str = typer.Option("track", "--propagation", help="'track' (backward and forward along the "
                                         "track), 'forward' (from the first trusted frame on) or 'none' (the "
                                         "gate-trusted frames alone: no tracker)."),
+        detector: str = typer.Option("standin", "--detector", help="'standin' (the generator's boxes with the rates "
+                                     "above) or 'motion' (background subtraction on the frames; the rates above "
+                                     "do not apply)."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -70,7 +73,7 @@ def simulate_command(
     overrides: dict[str, Any] = dict(QUICK) if quick else {}
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
-                            propagation=propagation, **overrides)
+                            propagation=propagation, detector=detector, **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))
@@ -94,8 +97,8 @@ def run_command(
                                              "usable memory (RAM where unknown) is --memory."),
         frames: int | None = typer.Option(None, "--frames", min=1, help="Stop after this many frames of the "
                                              "stream in all (default: the whole stream)."),
-        chunk_frames: int = typer.Option(50, "--chunk-frames", min=5, help="Frames per chunk (tracks end at a "
-                                         "chunk's end)."),
+        chunk_frames: int = typer.Option(200, "--chunk-frames", min=5, help="Frames per chunk (tracks end at a "
+                                         "chunk's end; a generated world's chunk is a new clip)."),
         quota: str = typer.Option("8MiB", "--quota", help="The frame store's byte quota."),
         student_share: float = typer.Option(0.5, "--student-share", help="Share of --memory for the student "
                                             "process; the rest is the inference process's."),
@@ -107,6 +110,8 @@ def run_command(
                                      "much on the held-out stored frames."),
         probe_every: int = typer.Option(4, "--probe-every", min=2, help="Every Nth chunk runs with the student "
                                         "paused: the inference latency baseline."),
+        detector: str = typer.Option("standin", "--detector", help="'standin' (the generator's boxes, stated "
+                                     "miss/false-positive rates) or 'motion' (background subtraction on the frames)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the teacher's world, the models and the detector."),
         quick: bool = typer.Option(False, "--quick", help="A small teacher (a smoke test).")) -> None:
     """The node's service: detect, track, label and store in this process; the student trains beside it at low
@@ -124,8 +129,8 @@ def run_command(
         else TeacherConfig(seed=seed)
     config = ServiceConfig(camera=camera, memory_bytes=memory_bytes, frames=frames, chunk_frames=chunk_frames,
                            quota_bytes=parse_bytes(quota), student_share=student_share, student_steps=student_steps,
-                           round_steps=round_steps, margin=margin, probe_every=probe_every, seed=seed,
-                           teacher=teacher)
+                           round_steps=round_steps, margin=margin, probe_every=probe_every, detector=detector,
+                           seed=seed, teacher=teacher)
     run_service(store, config, say=lambda message: print(message, file=sys.stderr, flush=True))
 
 

@@ -12,7 +12,7 @@ The store directory is the service's whole state; a rerun with the same argument
   (NOTE [ The student process ]);
 * ``status.jsonl``: every status line of both processes.
 
-The inference path runs in this process, one *chunk* of frames at a time (``chunk_frames``, 10 s
+The inference path runs in this process, one *chunk* of frames at a time (``chunk_frames``, 40 s
 at 5 frames/s): per frame, the detector's boxes are cropped and classified by the serving model
 (the promoted student, or the teacher) and by the teacher (whose outputs the gate reads); at the
 chunk's end the tracker links the chunk's detections, the gate and the track vote label them,
@@ -54,9 +54,10 @@ from torch import nn
 
 from ..errors import EdgetrainError
 from ..profile.process import read_process_memory, reset_peak
-from .detect import crop, detect
+from .detect import crop
 from .labels import GateConfig, accepted, pseudo_labels
 from .model import Outputs, predict
+from .motion import DETECTORS, run_detector
 from .store import FrameStore, encode_png
 from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
 from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
@@ -75,7 +76,7 @@ class ServiceConfig:
     camera: str  # an integer: the seed of a generated pole-camera world; else a folder from `insitu world`
     memory_bytes: int  # the whole service: inference process + student process
     frames: int | None = None  # stop after this many frames of the stream (None: the whole stream, forever)
-    chunk_frames: int = 50
+    chunk_frames: int = 200  # 40 s at 5 frames/s: a generated chunk is one of `insitu simulate`'s node clips
     quota_bytes: int = 8 * 2**20
     student_share: float = 0.5  # of memory_bytes, the student process's budget
     student_steps: int = 400
@@ -83,18 +84,20 @@ class ServiceConfig:
     margin: float = 0.02
     probe_every: int = 4  # every 4th chunk runs with the student paused: the latency baseline
     propagation: str = "track"
+    detector: str = "standin"  # or "motion" (NOTE [ The motion detector ]): frames alone, no truth.json needed
     seed: int = 0  # the teacher's world, the models' and the detector's noise
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     gate: GateConfig = field(default_factory=GateConfig)
 
 
-def camera_chunks(camera: str, chunk_frames: int, start: int) -> Iterator[Video]:
+def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = True) -> Iterator[Video]:
     """The camera stream from frame ``start`` (a multiple of ``chunk_frames``) in chunks, as videos.
 
     A generated world's chunk k is ``render_video(POLE, chunk_frames, seed * 1000 + 300 + k)``
     (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
     ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
-    order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]).
+    order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]),
+    and is not needed (``truth=False``) by the motion detector.
     """
     if start % chunk_frames:
         raise EdgetrainError(f"the store's cursor {start} is not a multiple of --chunk-frames {chunk_frames}: "
@@ -106,18 +109,22 @@ def camera_chunks(camera: str, chunk_frames: int, start: int) -> Iterator[Video]
             k += 1
     folder = Path(camera)
     paths = sorted(folder.glob("frame_*.png"))
-    if not paths or not (folder / "truth.json").exists():
-        raise EdgetrainError(f"--camera {camera!r} is neither a seed nor a folder of frame_*.png with truth.json "
-                             f"(from `edgetrain insitu world`)")
+    if not paths or (truth and not (folder / "truth.json").exists()):
+        raise EdgetrainError(f"--camera {camera!r} is neither a seed nor a folder of frame_*.png"
+                             + (" with truth.json (from `edgetrain insitu world`; --detector motion needs none)"
+                                if truth else ""))
     yield from _folder_chunks(folder, paths, chunk_frames, start)
 
 
 def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int) -> Iterator[Video]:
     from PIL import Image
 
-    meta = json.loads((folder / "truth.json").read_text())
-    cam = Camera(**meta["camera"])
-    truth = [ObjectTruth(**{**t, "box": tuple(t["box"])}) for t in meta["objects"]]
+    truth: list[ObjectTruth] = []
+    cam = POLE  # the camera's geometry is read by nothing downstream; truth.json's, where there is one
+    if (folder / "truth.json").exists():
+        meta = json.loads((folder / "truth.json").read_text())
+        cam = Camera(**meta["camera"])
+        truth = [ObjectTruth(**{**t, "box": tuple(t["box"])}) for t in meta["objects"]]
     for first in range(start, len(paths), chunk_frames):
         chunk = paths[first:first + chunk_frames]
         frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in chunk])
@@ -159,7 +166,7 @@ class _Serving:
 def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: _Serving,
                  config: ServiceConfig) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
     """The inference path over one chunk: labelled crops to store, per-frame latencies, detections."""
-    detections, _ = detect(video, config.seed * 7919 + chunk)  # sources (truth) dropped: the service never scores
+    detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}
     for i, d in enumerate(detections):
         by_frame.setdefault(d.frame, []).append(i)
@@ -215,6 +222,8 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     Returns:
         the last status record (``event: "done"``).
     """
+    if config.detector not in DETECTORS:
+        raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     if config.probe_every < 2:
         raise ValueError(f"probe_every must be >= 2 (every chunk paused would never train), got {config.probe_every}")
     if not 0.0 < config.student_share < 1.0:
@@ -236,7 +245,8 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     baseline_s: list[float] = []
     beside_s: list[float] = []
     try:
-        for video in camera_chunks(config.camera, config.chunk_frames, store.cursor):
+        for video in camera_chunks(config.camera, config.chunk_frames, store.cursor,
+                                   truth=config.detector == "standin"):
             first = store.cursor
             if config.frames is not None and first >= config.frames:
                 break

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .detect import crop, detect
+from .detect import crop
 from .labels import PROPAGATION, Calibration, GateConfig, accepted, pseudo_labels
 from .model import FitConfig, fit, predict
+from .motion import DETECTORS, run_detector, score_boxes
 from .service import ServiceConfig, latency_beside_student
 from .store import FrameStore, encode_png
 from .teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
@@ -49,6 +50,7 @@ class SimulateConfig:
     replay_crops: int = 800  # eye-level crops shipped with the teacher, replayed by the student
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
+    detector: str = "standin"  # or "motion": background subtraction (NOTE [ The motion detector ])
     miss_rate: float = 0.0
     false_positives_per_frame: float = 0.0
     id_switch_rate: float = 0.0
@@ -68,6 +70,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     """Run one deployment and return its report (see ``edgetrain insitu simulate --help`` for the keys)."""
     if config.propagation not in PROPAGATION:
         raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {config.propagation!r}")
+    if config.detector not in DETECTORS:
+        raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     say = progress or (lambda message: log.info(message))
     torch.set_num_threads(config.threads)
     base = config.seed * 1000
@@ -139,10 +143,15 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
     n_labelled = n_right = n_true = n_trusted = n_tracks_labelled = 0
     teacher_right = n_switches = 0
     oracle_x, oracle_y = [], []
+    boxes: dict[str, int] = {}
     for k, video in enumerate(stream):
         # --- the pipeline: no ground truth below until the marked scoring lines ---
-        detections, sources = detect(video, config.seed * 7919 + k, miss_rate=config.miss_rate,
-                                     false_positives_per_frame=config.false_positives_per_frame)
+        detections, sources = run_detector(video, config.detector, config.seed * 7919 + k,
+                                           miss_rate=config.miss_rate,
+                                           false_positives_per_frame=config.false_positives_per_frame)
+        box_score = score_boxes(detections, sources, video)  # scoring (ground truth)
+        for key, value in box_score.items():
+            boxes[key] = boxes.get(key, 0) + value
         if not detections:
             continue
         ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
@@ -179,5 +188,8 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         "labelled_tracks": n_tracks_labelled,
         "tracker_id_switches": n_switches,  # an object's detection under another id than its previous one
         "tracker_id_switches_per_detection": n_switches / max(n_true, 1),
+        # boxes at IoU >= 0.5 (the stand-in's jittered truth boxes nearly always are)
+        "detector_precision": boxes.get("true_positives", 0) / max(boxes.get("detections", 0), 1),
+        "detector_recall": boxes.get("detectable_found", 0) / max(boxes.get("detectable_objects", 0), 1),
     }
     return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y))
