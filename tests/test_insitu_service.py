@@ -238,3 +238,29 @@ def test_boxes_are_scored_one_to_one_at_iou_half() -> None:
     assert sources == [7, 0, 0]
     assert score_boxes(detections, sources, video) == {"detections": 3, "true_positives": 1,
                                                        "detectable_objects": 2, "detectable_found": 1}
+
+
+# --- the report --------------------------------------------------------------------------------------
+def test_the_report_plots_teacher_and_student_over_time(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from edgetrain.cli import app
+
+    records = [{"event": "chunk", "time": 100.0, "cursor": 200, "stored_frames": 150},
+               {"event": "student", "time": 130.0, "step": 25, "teacher_accuracy": 0.8, "student_accuracy": 0.7,
+                "promoted": False},
+               {"event": "student", "time": 160.0, "step": 50, "teacher_accuracy": 0.8, "student_accuracy": 0.9,
+                "promoted": True}]
+    (tmp_path / "status.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    result = CliRunner().invoke(app, ["insitu", "report", str(tmp_path), "-o", str(tmp_path / "plot.png")])
+    (tmp_path / "early.jsonl").write_text(json.dumps(records[0]) + "\n")
+    early = CliRunner().invoke(app, ["insitu", "report", str(tmp_path / "early.jsonl"), "-o", str(tmp_path / "x.png")])
+
+    assert result.exit_code == 0, result.output
+    assert "2 student rounds, last at step 50: student 0.900, teacher 0.800, 1 promotion(s)" in result.stdout
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert early.exit_code == 2 and not (tmp_path / "x.png").exists()
+    assert early.stderr.strip() == f"error: {tmp_path / 'early.jsonl'} has no student status lines (has the student " \
+                                   f"trained a round yet?)"

@@ -134,6 +134,19 @@ def run_command(
     run_service(store, config, say=lambda message: print(message, file=sys.stderr, flush=True))
 
 
+@insitu_app.command("report")
+@clean_errors
+def report_command(status: Path = typer.Argument(..., help="A service's store directory or its status.jsonl."),
+                   out: Path = typer.Option(Path("insitu.png"), "--out", "-o", help="The plot (PNG).")) -> None:
+    """Plot teacher vs student accuracy over time (held-out stored frames) from a service's status lines."""
+    from .reports.insitu import plot_status, read_status
+
+    last = plot_status(read_status(status), out)
+    console.print(f"{last['rounds']} student rounds, last at step {last['step']}: student "
+                  f"{last['student_accuracy']:.3f}, teacher {last['teacher_accuracy']:.3f}, "
+                  f"{last['promotions']} promotion(s) -> {out}")
+
+
 def _usable_memory_of(device: str) -> int:
     from .devices import get_device
 

@@ -41,6 +41,7 @@ import io
 import json
 import os
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -87,8 +88,11 @@ class StudentConfig:
 
 
 def emit(store_dir: Path, record: dict[str, Any]) -> None:
-    """One status line to stdout and to ``status.jsonl`` (one append write, so lines of two processes do not mix)."""
-    line = to_json(record) + "\n"
+    """One status line, stamped with the wall-clock ``time`` (Unix seconds), to stdout and to ``status.jsonl``.
+
+    One append write per line, so the lines of the two processes do not mix.
+    """
+    line = to_json({**record, "time": round(time.time(), 3)}) + "\n"
     sys.stdout.write(line)
     sys.stdout.flush()
     fd = os.open(store_dir / STATUS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
