@@ -24,7 +24,7 @@ from edgetrain.insitu.service import _Serving, camera_chunks
 from edgetrain.insitu.store import FrameStore, encode_png
 from edgetrain.insitu.student import StudentConfig, held_out, load_promoted, write_config
 from edgetrain.insitu.teacher import Teacher, save_teacher
-from edgetrain.insitu.world import CLASSES, POLE, ObjectTruth, Video, render_video, write_video
+from edgetrain.insitu.world import CLASSES, POLE, STEEP, ObjectTruth, Video, render_video, write_video
 
 pytest.importorskip("scipy")
 
@@ -188,8 +188,10 @@ def test_a_folder_camera_gives_its_frames_in_chunks_from_the_cursor(tmp_path: Pa
     assert np.array_equal(np.concatenate([c.frames for c in chunks]), video.frames[12:])
     assert [(t.frame + 12 + 12 * k, t.track_id) for k, c in enumerate(chunks) for t in c.truth] == \
         [(t.frame, t.track_id) for t in video.truth if t.frame >= 12]
-    # A generated world's chunks are the simulation's node clips.
-    assert np.array_equal(next(camera_chunks("2", 20, start=20)).frames, render_video(POLE, 20, 2301).frames)
+    # A generated world's chunks are the simulation's node clips (the steep camera unless told).
+    assert np.array_equal(next(camera_chunks("2", 20, start=20)).frames, render_video(STEEP, 20, 2301).frames)
+    assert np.array_equal(next(camera_chunks("2", 20, start=0, preset="pole")).frames,
+                          render_video(POLE, 20, 2300).frames)
 
 
 def test_a_bad_camera_or_cursor_is_refused_in_one_line(tmp_path: Path) -> None:

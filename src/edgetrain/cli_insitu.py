@@ -22,17 +22,16 @@ insitu_app = typer.Typer(help="In-situ student-teacher training on a camera node
 @insitu_app.command("world")
 @clean_errors
 def world_command(out: Path = typer.Option(Path("out/insitu/world"), "--out", "-o", help="Output directory."),
-                  camera: str = typer.Option("pole", "--camera", help="'pole' (the node) or 'eye' (the teacher's)."),
+                  camera: str = typer.Option("steep", "--camera", help="'steep' or 'pole' (the node's presets) or "
+                                             "'eye' (the teacher's)."),
                   frames: int = typer.Option(60, "--frames", min=1, help="Frames to render (5 frames/s)."),
                   seed: int = typer.Option(0, "--seed", help="Seed of the world."),
                   sheet: bool = typer.Option(False, "--sheet", help="Also write sheet.png: 6 frames of both cameras "
                                              "with the truth boxes drawn.")) -> None:
     """Render a clip of the camera world: frame_NNNNN.png and truth.json (ground truth, for evaluation only)."""
-    from .insitu.world import EYE_LEVEL, POLE, render_video, write_video
+    from .insitu.world import EYE_LEVEL, node_camera, render_video, write_video
 
-    if camera not in ("pole", "eye"):
-        raise ValueError(f"--camera must be 'pole' or 'eye', got {camera!r}")
-    video = render_video(POLE if camera == "pole" else EYE_LEVEL[0], frames, seed)
+    video = render_video(EYE_LEVEL[0] if camera == "eye" else node_camera(camera), frames, seed)
     write_video(video, out)
     if sheet:
         from .insitu.sheet import contact_sheet
@@ -62,6 +61,8 @@ def simulate_command(
         detector: str = typer.Option("standin", "--detector", help="'standin' (the generator's boxes with the rates "
                                      "above) or 'motion' (background subtraction on the frames; the rates above "
                                      "do not apply)."),
+        node_camera: str = typer.Option("steep", "--node-camera", help="The node's camera: 'steep' (8 m up, 60° "
+                                        "down) or 'pole' (6 m, 45°: the first increment's)."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -73,7 +74,7 @@ def simulate_command(
     overrides: dict[str, Any] = dict(QUICK) if quick else {}
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
-                            propagation=propagation, detector=detector, **overrides)
+                            propagation=propagation, detector=detector, node_camera=node_camera, **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))
@@ -86,9 +87,9 @@ def simulate_command(
 @insitu_app.command("run")
 @clean_errors
 def run_command(
-        camera: str = typer.Option(..., "--camera", help="A seed (a generated pole-camera world, endless) or a "
-                                   "folder from `edgetrain insitu world` (its truth.json feeds the stand-in "
-                                   "detector only)."),
+        camera: str = typer.Option(..., "--camera", help="A seed (a generated world seen by --node-camera, "
+                                   "endless) or a folder from `edgetrain insitu world` (its truth.json feeds the "
+                                   "stand-in detector only)."),
         store: Path = typer.Option(..., "--store", help="The service's directory: teacher, frame store, student "
                                    "states, promoted model, status.jsonl. A rerun continues where it stopped."),
         memory: str | None = typer.Option(None, "--memory", help="The whole service's memory (inference + "
@@ -110,6 +111,8 @@ def run_command(
                                      "much on the held-out stored frames."),
         probe_every: int = typer.Option(4, "--probe-every", min=2, help="Every Nth chunk runs with the student "
                                         "paused: the inference latency baseline."),
+        node_camera: str = typer.Option("steep", "--node-camera", help="A generated world's camera: 'steep' (8 m, "
+                                        "60°) or 'pole' (6 m, 45°)."),
         detector: str = typer.Option("standin", "--detector", help="'standin' (the generator's boxes, stated "
                                      "miss/false-positive rates) or 'motion' (background subtraction on the frames)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the teacher's world, the models and the detector."),
@@ -130,6 +133,7 @@ def run_command(
     config = ServiceConfig(camera=camera, memory_bytes=memory_bytes, frames=frames, chunk_frames=chunk_frames,
                            quota_bytes=parse_bytes(quota), student_share=student_share, student_steps=student_steps,
                            round_steps=round_steps, margin=margin, probe_every=probe_every, detector=detector,
+                           node_camera=node_camera,
                            seed=seed, teacher=teacher)
     run_service(store, config, say=lambda message: print(message, file=sys.stderr, flush=True))
 

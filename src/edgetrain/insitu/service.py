@@ -62,7 +62,7 @@ from .store import FrameStore, encode_png
 from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
 from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
 from .tracker import TrackerConfig, track
-from .world import POLE, Camera, ObjectTruth, Video, render_video
+from .world import POLE, Camera, ObjectTruth, Video, node_camera, render_video
 
 __all__ = ["ServiceConfig", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
 
@@ -73,7 +73,7 @@ TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: uni
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    camera: str  # an integer: the seed of a generated pole-camera world; else a folder from `insitu world`
+    camera: str  # an integer: the seed of a generated world seen by `node_camera`; else a folder from `insitu world`
     memory_bytes: int  # the whole service: inference process + student process
     frames: int | None = None  # stop after this many frames of the stream (None: the whole stream, forever)
     chunk_frames: int = 200  # 40 s at 5 frames/s: a generated chunk is one of `insitu simulate`'s node clips
@@ -84,16 +84,19 @@ class ServiceConfig:
     margin: float = 0.02
     probe_every: int = 4  # every 4th chunk runs with the student paused: the latency baseline
     propagation: str = "track"
+    node_camera: str = "steep"  # a generated world's camera preset (world.NODE_CAMERAS)
     detector: str = "standin"  # or "motion" (NOTE [ The motion detector ]): frames alone, no truth.json needed
     seed: int = 0  # the teacher's world, the models' and the detector's noise
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     gate: GateConfig = field(default_factory=GateConfig)
 
 
-def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = True) -> Iterator[Video]:
+def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = True,
+                  preset: str = "steep") -> Iterator[Video]:
     """The camera stream from frame ``start`` (a multiple of ``chunk_frames``) in chunks, as videos.
 
-    A generated world's chunk k is ``render_video(POLE, chunk_frames, seed * 1000 + 300 + k)``
+    A generated world's chunk k is ``render_video(camera, chunk_frames, seed * 1000 + 300 + k)``
+    with the preset ``preset`` (:data:`~edgetrain.insitu.world.NODE_CAMERAS`)
     (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
     ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
     order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]),
@@ -105,7 +108,7 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
     if camera.isdigit():
         k = start // chunk_frames
         while True:
-            yield render_video(POLE, chunk_frames, int(camera) * 1000 + 300 + k, rate=0.08)
+            yield render_video(node_camera(preset), chunk_frames, int(camera) * 1000 + 300 + k, rate=0.08)
             k += 1
     folder = Path(camera)
     paths = sorted(folder.glob("frame_*.png"))
@@ -246,7 +249,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     beside_s: list[float] = []
     try:
         for video in camera_chunks(config.camera, config.chunk_frames, store.cursor,
-                                   truth=config.detector == "standin"):
+                                   truth=config.detector == "standin", preset=config.node_camera):
             first = store.cursor
             if config.frames is not None and first >= config.frames:
                 break

@@ -24,13 +24,15 @@ from .service import ServiceConfig, latency_beside_student
 from .store import FrameStore, encode_png
 from .teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from .tracker import TrackerConfig, track
-from .world import CLASSES, EYE_LEVEL, POLE, Video
+from .world import CLASSES, EYE_LEVEL, Video, node_camera
 
 __all__ = ["SimulateConfig", "simulate", "ELEVATION_BANDS_DEG", "PROPAGATION", "QUICK"]
 
 log = logging.getLogger(__name__)
 
-ELEVATION_BANDS_DEG = ((0.0, 30.0), (30.0, 40.0), (40.0, 90.0))
+# Accuracy is reported per band of the camera's elevation above the object (the node's views).
+ELEVATION_BANDS_DEG = {"pole": ((0.0, 30.0), (30.0, 40.0), (40.0, 90.0)),
+                       "steep": ((0.0, 40.0), (40.0, 60.0), (60.0, 90.0))}
 Progress = Callable[[str], None]
 
 
@@ -50,6 +52,7 @@ class SimulateConfig:
     replay_crops: int = 800  # eye-level crops shipped with the teacher, replayed by the student
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
+    node_camera: str = "steep"  # the deployed node's camera preset: "steep" (8 m, 60°) or "pole" (6 m, 45°)
     detector: str = "standin"  # or "motion": background subtraction (NOTE [ The motion detector ])
     miss_rate: float = 0.0
     false_positives_per_frame: float = 0.0
@@ -70,6 +73,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     """Run one deployment and return its report (see ``edgetrain insitu simulate --help`` for the keys)."""
     if config.propagation not in PROPAGATION:
         raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {config.propagation!r}")
+    camera = node_camera(config.node_camera)
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     say = progress or (lambda message: log.info(message))
@@ -81,7 +85,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     teacher, calibration = shipped.model, shipped.calibration
 
     say("the node's stream: detect, track, gate, propagate, store")
-    stream = render_clips((POLE,), config.node_videos, config.node_frames, base + 300, rate=0.08)
+    stream = render_clips((camera,), config.node_videos, config.node_frames, base + 300, rate=0.08)
     store = FrameStore(store_dir, config.quota_bytes)
     labelled = _pseudo_label(stream, teacher, calibration, store, config)
 
@@ -94,7 +98,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
                       np.concatenate([labelled.oracle_labels, replay_y]), config)
 
     say("scoring on held-out clips (ground truth)")
-    test_clips = render_clips((POLE,), config.test_videos, config.node_frames, base + 500, rate=0.08)
+    test_clips = render_clips((camera,), config.test_videos, config.node_frames, base + 500, rate=0.08)
     test = crops_with_truth(test_clips)
     test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
     eye_test = crops_with_truth(render_clips(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
@@ -107,7 +111,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
         report[f"{name}_accuracy"] = float(right.mean())
         report[f"{name}_accuracy_by_elevation"] = {
             f"{lo:g}-{hi:g}": float(right[(test_el >= lo) & (test_el < hi)].mean())
-            for lo, hi in ELEVATION_BANDS_DEG if ((test_el >= lo) & (test_el < hi)).any()}
+            for lo, hi in ELEVATION_BANDS_DEG[config.node_camera] if ((test_el >= lo) & (test_el < hi)).any()}
         report[f"{name}_accuracy_eye_level"] = float((predict(model, eye_x).labels == eye_y).mean())
     report.update(labelled.report)
     report.update(store_bytes=store.bytes_used, store_quota_bytes=store.quota_bytes,
@@ -115,7 +119,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
                   teacher_training_crops=len(train.crops))
     if config.latency_probe:
         say("inference latency over the held-out clips, alone and beside a training student process")
-        service = ServiceConfig(camera=str(config.seed), memory_bytes=config.service_memory_bytes, chunk_frames=25,
+        service = ServiceConfig(camera=str(config.seed), node_camera=config.node_camera,
+                                memory_bytes=config.service_memory_bytes, chunk_frames=25,
                                 seed=config.seed, gate=config.gate, propagation=config.propagation)
         with tempfile.TemporaryDirectory(prefix="edgetrain-insitu-") as work:
             report.update(latency_beside_student(test_clips, shipped, student, store_dir, Path(work) / "node",
