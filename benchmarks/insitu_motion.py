@@ -2,14 +2,14 @@
 
 Usage::
 
-    python benchmarks/insitu_motion.py [--seeds 0 1 2] [--clips 6]
+    python benchmarks/insitu_motion.py [--seeds 0 1 2] [--clips 6] [--node-camera steep|pole]
 
-For each seed, the node stream's clips (``render_video(POLE, 200, seed * 1000 + 300 + i)``, the
-clips ``edgetrain insitu simulate --seed S`` pseudo-labels) go through
+For each seed, the node stream's clips (``render_video(camera, 200, seed * 1000 + 300 + i)``,
+the clips ``edgetrain insitu simulate --seed S --node-camera C`` pseudo-labels) go through
 :func:`edgetrain.insitu.motion.detect_motion`; boxes are matched one-to-one to truth boxes at
 IoU >= 0.5. Precision: detections that found an object; recall: detectable objects (the stand-in
 detector's floor: >= 50% visible, >= 14x10 px) found. Prints one JSON line per seed and one for
-all. The detector's parameters were chosen on seed 0's first two clips.
+all. The detector's parameters were chosen on seed 0's first two pole clips.
 """
 
 from __future__ import annotations
@@ -19,19 +19,20 @@ import json
 import time
 
 from edgetrain.insitu.motion import detect_motion, match_sources, score_boxes
-from edgetrain.insitu.world import POLE, render_video
+from edgetrain.insitu.world import NODE_CAMERAS, render_video
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--clips", type=int, default=6)
+    parser.add_argument("--node-camera", choices=list(NODE_CAMERAS), default="steep")
     args = parser.parse_args()
     total: dict[str, float] = {}
     for seed in args.seeds:
         counts: dict[str, float] = {"frames": 0, "detect_s": 0.0}
         for i in range(args.clips):
-            video = render_video(POLE, 200, seed * 1000 + 300 + i, rate=0.08)
+            video = render_video(NODE_CAMERAS[args.node_camera], 200, seed * 1000 + 300 + i, rate=0.08)
             started = time.perf_counter()
             detections = detect_motion(video.frames)
             counts["detect_s"] += time.perf_counter() - started

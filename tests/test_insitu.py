@@ -261,7 +261,7 @@ def test_a_quick_simulation_reports_every_figure(tmp_path: Path, one_thread: Non
     # The latency probe ran the inference path alone and beside a training student process.
     assert report["inference_p95_alone_s"] > 0 and report["inference_p95_beside_student_s"] > 0
     assert report["inference_p95_ratio"] == report["inference_p95_beside_student_s"] / report["inference_p95_alone_s"]
-    assert report["student_cpu_share"] >= 0
+    assert report["student_cpu_share"] >= 0 and isinstance(report["student_training"], bool)
     assert report["store_quota_bytes"] == 200 * 1024
     assert report["store_bytes"] == _on_disk(tmp_path / "s")
     assert report["store_bytes"] + (tmp_path / "s" / "manifest.json").stat().st_size <= report["store_quota_bytes"]
