@@ -1,0 +1,73 @@
+"""Pseudo-label precision and coverage over a grid of competence-gate parameters, on one seed's node stream.
+
+Usage::
+
+    python benchmarks/insitu_gate.py --seed 0 [--node-camera steep|pole]
+
+Trains the seed's teacher as ``insitu simulate`` does, runs the stand-in detector, the tracker and
+the teacher over the node's stream once, then applies every gate of the grid (calibration,
+trusted frames, track vote, propagation backward and forward) and scores the pseudo-labels with
+the truth. Prints one JSON line per gate, best coverage at precision >= 0.95 last. Choose the
+gate on one seed and score the others with ``insitu simulate``: the grid reads ground truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import numpy as np
+import torch
+
+from edgetrain.insitu.detect import crop, detect
+from edgetrain.insitu.labels import GateConfig, accepted, calibrate, pseudo_labels
+from edgetrain.insitu.model import predict
+from edgetrain.insitu.teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
+from edgetrain.insitu.tracker import TrackerConfig, track
+from edgetrain.insitu.world import EYE_LEVEL, NODE_CAMERAS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--node-camera", choices=list(NODE_CAMERAS), default="steep")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    config = TeacherConfig(seed=args.seed)
+    teacher, train = train_teacher(config, lambda message: None)
+    eye = render_clips(EYE_LEVEL, config.videos, config.frames, args.seed * 1000 + 100, rate=0.25)
+    held = predict(teacher.model, crops_with_truth(eye[-4:]).crops)
+    train_out = predict(teacher.model, train.crops)
+    stream = render_clips((NODE_CAMERAS[args.node_camera],), 6, 200, args.seed * 1000 + 300, rate=0.08)
+    clips = []
+    for k, video in enumerate(stream):
+        detections, sources = detect(video, args.seed * 7919 + k)
+        ids = track(detections, TrackerConfig(seed=args.seed + k))
+        out = predict(teacher.model, np.array([crop(video.frames[d.frame], d.box) for d in detections]))
+        truth = {t.track_id: t.label for t in video.truth}
+        clips.append((ids, out, np.array([d.box for d in detections]), [truth.get(s) for s in sources]))
+    best = None
+    grid = itertools.product((0.85, 0.9, 0.95, 0.98), (0.5, 0.7, 0.9), ((0.2, 0.8), (0.1, 0.9), (0.3, 0.7)),
+                             (3, 5), (0.8, 0.9))
+    for confidence, quantile, aspects, votes, agreement in grid:
+        gate = GateConfig(confidence, quantile, aspects, votes, agreement)
+        calibration = calibrate(train_out, train.labels, train.boxes, held, gate)
+        right = labelled = objects = 0
+        for ids, out, boxes, labels in clips:
+            trusted = accepted(out, boxes, calibration, gate)
+            pseudo = pseudo_labels(ids, out.labels, trusted, gate, "track")
+            objects += sum(label is not None for label in labels)
+            labelled += sum(p is not None for p in pseudo)
+            right += sum(p is not None and p == label for p, label in zip(pseudo, labels, strict=True))
+        row = {"min_confidence": confidence, "quantile": quantile, "aspect_quantiles": aspects, "min_votes": votes,
+               "min_agreement": agreement, "precision": round(right / max(labelled, 1), 4),
+               "coverage": round(labelled / max(objects, 1), 4)}
+        print(json.dumps(row))
+        if row["precision"] >= 0.95 and (best is None or row["coverage"] > best["coverage"]):
+            best = row
+    print(json.dumps({"best": best}))
+
+
+if __name__ == "__main__":
+    main()
