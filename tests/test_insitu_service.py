@@ -143,6 +143,24 @@ def test_a_service_killed_9_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert len(_events(status, "start")) == 3 and _events(status, "done") == [done]
 
 
+def test_a_student_share_below_the_least_step_is_refused_in_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "node"
+    store.mkdir()
+    _sure_teacher(store / "teacher.pt")
+
+    result = subprocess.run([sys.executable, "-m", "edgetrain", "insitu", "run", "--store", str(store), "--camera",
+                             "0", "--memory", "200MiB", "--frames", "25", "--chunk-frames", "25"],
+                            capture_output=True, text=True, timeout=300)
+
+    # The student's 100 MiB cannot hold PyTorch's runtime: its refusal is a status line, the service's one line.
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"error: the student process exited with status 2 (see "
+                                                     f"{store / 'status.jsonl'})")
+    refusal = _events(result.stdout.splitlines(), "student_error")[0]["error"]
+    assert refusal.startswith("budget 100.00 MiB (104857600 bytes) is below what training needs in this process: "
+                              "runtime baseline ")
+
+
 def test_a_student_that_beats_the_teacher_is_promoted_then_served(tmp_path: Path) -> None:
     # Prepare: a teacher sure of class 1 on everything; a store of bright crops its tracks labelled 0 (held out:
     # the tracks held_out() picks), and a student process of its own (no service: parent_pid 0).

@@ -270,12 +270,13 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
                                      not alone, student_cpu_s))
             if student is None:
                 student = _start_student(root, config, student_bytes)
+            elif student.poll() not in (None, 0):  # refused its budget: stop now, not at the stream's end
+                _check_exit(student, root)
         if student is None:  # nothing left to infer: the student still finishes its steps
             student = _start_student(root, config, student_bytes)
-        status = student.wait()
+        student.wait()
+        _check_exit(student, root)
         student = None
-        if status != 0:
-            raise EdgetrainError(f"the student process exited with status {status} (see {root / STATUS})")
     finally:
         if student is not None:
             student.terminate()
@@ -293,6 +294,11 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
             "within_memory": inference_peak + student_peak <= config.memory_bytes}
     emit(root, done)
     return done
+
+
+def _check_exit(student: subprocess.Popen[bytes], root: Path) -> None:
+    if student.returncode not in (None, 0):
+        raise EdgetrainError(f"the student process exited with status {student.returncode} (see {root / STATUS})")
 
 
 @contextlib.contextmanager

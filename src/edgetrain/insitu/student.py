@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import EdgetrainError
+from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import to_json, write_atomic
 from .model import augment, predict, to_tensor
 from .store import StoredFrame, decode_png, listed_frames
@@ -180,12 +180,18 @@ def run_student(config: StudentConfig, priority: str) -> int:
     nn.functional.cross_entropy(model(sample_x), sample_y).backward()
     optimizer.zero_grad(set_to_none=True)
     data_bytes = DECODED_PER_QUOTA_BYTE * config.quota_bytes
-    budget = split_process_budget(config.process_bytes - data_bytes,
-                                  measure_runtime_baseline(model, sample_x, sample_y))
-    net = Checkpointed(model, sample=sample_x, memory=max(budget.tensor_bytes, 1), optimizer="adam", target=sample_y)
+    baseline_bytes = measure_runtime_baseline(model, sample_x, sample_y)
+    budget = split_process_budget(config.process_bytes, baseline_bytes + data_bytes)  # the store is its data
+    try:
+        net = Checkpointed(model, sample=sample_x, memory=max(budget.tensor_bytes, 1), optimizer="adam",
+                           target=sample_y)
+    except InfeasibleBudgetError as exc:  # in process terms, as `train --memory` refuses
+        if exc.minimum_bytes is None:
+            raise
+        raise budget.infeasible(exc.minimum_bytes) from None
     emit(root, {"event": "student_start", "pid": os.getpid(), "priority": priority, "threads": 1,
                 "resumed_step": step, "process_bytes": config.process_bytes, "decoded_store_bytes": data_bytes,
-                "runtime_baseline_bytes": budget.runtime_baseline_bytes, "tensor_budget_bytes": budget.tensor_bytes,
+                "runtime_baseline_bytes": baseline_bytes, "tensor_budget_bytes": budget.tensor_bytes,
                 "planned_step_peak_bytes": net.plan.predicted_peak_bytes})
     frames = _Frames(root / FRAMES)
     while step < config.steps:
