@@ -20,7 +20,7 @@ from edgetrain.insitu.detect import Detection
 from edgetrain.insitu.labels import Calibration
 from edgetrain.insitu.model import classifier
 from edgetrain.insitu.motion import MotionConfig, detect_motion, match_sources, score_boxes
-from edgetrain.insitu.service import _Serving, camera_chunks
+from edgetrain.insitu.service import Serving, camera_chunks
 from edgetrain.insitu.store import FrameStore, encode_png
 from edgetrain.insitu.student import StudentConfig, held_out, load_promoted, write_config
 from edgetrain.insitu.teacher import Teacher, save_teacher
@@ -190,7 +190,7 @@ def test_a_student_that_beats_the_teacher_is_promoted_then_served(tmp_path: Path
     _, step, accuracy = load_promoted(store / "model.pt")
     assert (step, accuracy) == (promoted[-1]["step"], promoted[-1]["student_accuracy"])
     # The inference path serves it from the next chunk on (and a rerun from its first frame).
-    serving = _Serving(classifier(len(CLASSES), 0))
+    serving = Serving(classifier(len(CLASSES), 0))
     assert serving.reload_if_promoted(store / "model.pt") and serving.name == f"student@{step}"
     assert not serving.reload_if_promoted(store / "model.pt")  # unchanged: not loaded again
 

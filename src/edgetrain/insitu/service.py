@@ -64,7 +64,7 @@ from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_t
 from .tracker import TrackerConfig, track
 from .world import POLE, Camera, ObjectTruth, Video, node_camera, render_video
 
-__all__ = ["ServiceConfig", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
+__all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def p95_s(latencies_s: list[float]) -> float | None:
 
 
 @dataclass
-class _Serving:
+class Serving:
     """The model whose class the node reports: the promoted student once there is one, else the teacher."""
 
     model: nn.Sequential
@@ -166,7 +166,7 @@ class _Serving:
         return True
 
 
-def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: _Serving,
+def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving,
                  config: ServiceConfig) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
     """The inference path over one chunk: labelled crops to store, per-frame latencies, detections."""
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
@@ -236,7 +236,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     torch.set_num_threads(1)
     teacher = _teacher(root, config, say)
     store = FrameStore(root / FRAMES, config.quota_bytes)
-    serving = _Serving(copy.deepcopy(teacher.model))
+    serving = Serving(copy.deepcopy(teacher.model))
     serving.reload_if_promoted(root / PROMOTED)
     student_bytes = int(config.memory_bytes * config.student_share)
     inference_bytes = config.memory_bytes - student_bytes
@@ -347,7 +347,7 @@ def _ratio(baseline_s: list[float], beside_s: list[float]) -> float | None:
 
 
 def _chunk_status(store: FrameStore, first: int, frames: int, detections: int, labelled: int, evicted: int,
-                  latencies_s: list[float], baseline_s: list[float], beside_s: list[float], serving: _Serving,
+                  latencies_s: list[float], baseline_s: list[float], beside_s: list[float], serving: Serving,
                   reloaded: bool, inference_bytes: int, student_running: bool,
                   student_cpu_s: float) -> dict[str, Any]:
     peak = read_process_memory().peak_rss_bytes
@@ -381,7 +381,7 @@ def latency_beside_student(videos: list[Video], teacher: Teacher, serving_model:
     work.mkdir(parents=True, exist_ok=True)
     save_teacher(teacher, work / TEACHER)
     (work / FRAMES).symlink_to(frames_dir.resolve())
-    serving = _Serving(serving_model)
+    serving = Serving(serving_model)
     chunks = [clip(v, a, a + config.chunk_frames) for v in videos
               for a in range(0, len(v.frames), config.chunk_frames)]
     student = _start_student(work, config, int(config.memory_bytes * config.student_share), quiet=True)
