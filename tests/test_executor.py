@@ -154,10 +154,7 @@ def measured_step_peak(c: Case, schedule: Schedule) -> int:
     opt.step()
     opt.zero_grad(set_to_none=True)
     with LiveBytesTracker() as tracker:
-        tracker.register(model.parameters())
-        tracker.register(model.buffers())
-        tracker.register([c.x, c.y])
-        tracker.register(t for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+        tracker.register_training_state(model, opt, c.x, c.y)
         run_schedule(stages, schedule, c.x, c.y)
         opt.step()
     return tracker.peak_bytes
@@ -205,9 +202,7 @@ def test_unsaved_transformer_layer_input_is_freed() -> None:
     schedule = keep_all(c.chain.length)
     live: list[int] = []
     with LiveBytesTracker() as tracker:
-        tracker.register(model.parameters())
-        tracker.register(model.buffers())
-        tracker.register([c.x, c.y])
+        tracker.register_training_state(model, None, c.x, c.y)
         before = tracker.current_bytes
         run_schedule(training_stages(model), schedule, c.x, c.y, on_op=lambda i, op: live.append(tracker.current_bytes))
     record = schedule.ops.index(Forward(1, Keep.ALL))
@@ -313,11 +308,7 @@ def test_checkpointed_user_loop_step_stays_within_the_predicted_peak() -> None:
     for _ in range(2):  # the first step creates the momentum buffers; the second is measured
         opt.zero_grad(set_to_none=True)
         with LiveBytesTracker() as tracker:
-            tracker.register(model.parameters())
-            tracker.register(model.buffers())
-            tracker.register([c.x, c.y])
-            tracker.register(t for state in opt.state.values() for t in state.values()
-                             if isinstance(t, torch.Tensor))
+            tracker.register_training_state(model, opt, c.x, c.y)
             nn.functional.cross_entropy(wrapped(c.x), c.y).backward()
             opt.step()
     log.info("Checkpointed user loop: measured %d, predicted %d", tracker.peak_bytes,
