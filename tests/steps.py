@@ -49,11 +49,9 @@ def peak_tracks(measured_bytes: int, simulated_bytes: int, extra_bytes: int = 0)
     return simulated_bytes * PEAK_FLOOR <= measured_bytes <= simulated_bytes * PEAK_CEILING + extra_bytes
 
 
-def check_tracks(check: StepCheck, floor: float = PEAK_FLOOR) -> bool:
-    """``peak_tracks`` for a :class:`StepCheck`, with its statistics copies allowed above and
-    ``floor`` below."""
-    return (floor * check.predicted_peak_bytes <= check.measured_peak_bytes
-            <= check.predicted_peak_bytes * PEAK_CEILING + check.statistics_copy_bytes)
+def check_tracks(check: StepCheck) -> bool:
+    """``peak_tracks`` for a :class:`StepCheck`."""
+    return peak_tracks(check.measured_peak_bytes, check.predicted_peak_bytes)
 
 
 def assert_trains_at_three_budgets(model: nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -29,10 +29,6 @@ class StepCheck:
     forward_advances: int
     recompute_factor: float
     worst_grad_error: float  # max |g - g_ref| / max |g_ref| over the parameters
-    # A recomputing forward copies its stage's normalisation statistics to restore them after
-    # (executor._frozen_statistics): at most the largest stage's buffers, which the chain does
-    # not count. Only tiny models, whose activations are a few hundred KiB, notice it.
-    statistics_copy_bytes: int
 
     @property
     def measured_over_predicted(self) -> float:
@@ -50,7 +46,6 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     Raises:
         AssertionError: a parameter has a gradient in one step and none in the other.
     """
-    from ..models import stages_of
     from .checkpointed import Checkpointed
 
     reference, mine = copy.deepcopy(model), copy.deepcopy(model)
@@ -72,11 +67,8 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
         tracker.register_training_state(mine, optimizer, x, y)
         wrapped.step_loss(x, y)
         optimizer.step()
-    stats = wrapped.plan.stats
-    copies = max(sum(b.untyped_storage().nbytes() for b in stage.buffers()) for stage in stages_of(mine))
-    return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, tracker.peak_bytes, stats.forward_advances,
-                     wrapped.plan.recompute_factor, max(errors, default=0.0),
-                     copies if stats.forward_advances else 0)
+    return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, tracker.peak_bytes,
+                     wrapped.plan.stats.forward_advances, wrapped.plan.recompute_factor, max(errors, default=0.0))
 
 
 def three_budgets(chain: Chain) -> list[int]:
