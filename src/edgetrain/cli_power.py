@@ -1,0 +1,108 @@
+"""``edgetrain power`` (modes, run, restore, advise) and ``bench counters`` / ``bench profile`` (issue #16).
+
+``power_app`` is registered on the main app by one line in :mod:`edgetrain.cli`, and
+:func:`register_bench` hangs the two bench commands on its ``bench`` group, so this module never
+imports :mod:`edgetrain.cli`. The library is imported inside each command.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from .cli_common import clean_errors, console
+from .fileio import to_json
+
+power_app = typer.Typer(help="Power modes: list, run under one, predict and advise (issue #16).", no_args_is_help=True)
+
+
+def _mhz(hz: float | None) -> str:
+    return "?" if hz is None else f"{hz / 1e6:g}"
+
+
+def _modes_table(title: str, modes: Any) -> Table:
+    table = Table(title=title)
+    for header in ("id", "name", "cores", "CPU MHz", "GPU MHz", "EMC MHz", "budget W"):
+        table.add_column(header, justify="left" if header == "name" else "right")
+    for mode in modes:
+        table.add_row(str(mode.mode_id), mode.name, "?" if mode.online_cores is None else str(mode.online_cores),
+                      _mhz(mode.cpu_max_freq_hz), _mhz(mode.gpu_max_freq_hz), _mhz(mode.emc_max_freq_hz),
+                      "?" if mode.budget_w is None else f"{mode.budget_w:g}")
+    return table
+
+
+@power_app.command("modes")
+@clean_errors
+def modes_command(device: str | None = typer.Option(None, "--device", "-d", help="A catalog device (e.g. "
+                                                       "jetson-nano); default: this board's /etc/nvpmodel.conf."),
+                  as_json: bool = typer.Option(False, "--json", help="Print JSON (with each mode's source).")) -> None:
+    """The power modes of a catalog Jetson (sourced figures), or of this board (its nvpmodel.conf and sysfs)."""
+    from .power.control import recover_pending
+    from .power.modes import modes_for_device, nvpmodel_conf_path, parse_nvpmodel_conf, read_cpu_state
+
+    if device is not None:
+        modes = modes_for_device(device)
+        if as_json:
+            typer.echo(to_json({"device": device, "modes": [mode.to_dict() for mode in modes]}))
+            return
+        console.print(_modes_table(f"{device}: nvpmodel modes (sources: --json)", modes))
+        unknown = sorted({key for mode in modes for key in mode.unknown})
+        if unknown:
+            console.print(f"left out where no source gives them: {', '.join(unknown)} (--json says why, per mode)")
+        return
+    recover_pending()
+    state = read_cpu_state()
+    conf = nvpmodel_conf_path()
+    board_modes, default = parse_nvpmodel_conf(conf.read_text(), str(conf)) if conf else ((), None)
+    if as_json:
+        typer.echo(to_json({"cpus": state.to_dict(), "nvpmodel_conf": None if conf is None else str(conf),
+                            "default_mode": default, "modes": [mode.to_dict() for mode in board_modes]}))
+        return
+    console.print(f"CPUs online: {','.join(map(str, state.online))} of {len(state.present)}; cpufreq: "
+                  + (", ".join(f"cpu{cpu} {gov} <= {state.max_freq_khz.get(cpu, 0) / 1e3:g} MHz"
+                               for cpu, gov in state.governors.items()) if state.has_cpufreq else
+                     "unavailable: no cpufreq in /sys/devices/system/cpu/cpu0"))
+    if conf is None:
+        console.print("nvpmodel modes: unavailable: no /etc/nvpmodel.conf on this machine (not a Jetson); "
+                      "see a catalog board's with --device, e.g. --device jetson-nano")
+        return
+    console.print(_modes_table(f"{conf} (default mode {default})", board_modes))
+
+
+@power_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@clean_errors
+def run_command(ctx: typer.Context,
+                mode: int | None = typer.Option(None, "--mode", help="nvpmodel mode ID to run under."),
+                cores: int | None = typer.Option(None, "--cores", min=1, help="CPUs to keep online."),
+                governor: str | None = typer.Option(None, "--governor", help="cpufreq governor, e.g. performance."),
+                cpu_mhz: float | None = typer.Option(None, "--cpu-mhz", min=1, help="cpufreq max clock, MHz.")
+                ) -> None:
+    """Run a command (after --) under a power mode, then restore the board's mode, whatever happens."""
+    from .errors import EdgetrainError
+    from .power.control import ModeRequest, applied_mode
+
+    request = ModeRequest(mode, cores, governor, None if cpu_mhz is None else cpu_mhz * 1e6)
+    if request.is_empty() or not ctx.args:
+        raise EdgetrainError("give a mode (--mode, --cores, --governor, --cpu-mhz) and a command after --, "
+                             "e.g. edgetrain power run --mode 1 -- edgetrain train ...")
+    with applied_mode(request) as record:
+        console.print(f"applied: {len(record['writes'])} sysfs writes"
+                      + ("" if mode is None else f", nvpmodel -m {mode}") + "; restored when the command ends")
+        code = subprocess.call(ctx.args)
+    raise typer.Exit(code)
+
+
+@power_app.command("restore")
+@clean_errors
+def restore_command() -> None:
+    """Put back a mode a crashed run left changed (normally done at the start of every power command)."""
+    from .power.control import default_restore_file, recover_pending
+
+    console.print("restored the board's previous mode" if recover_pending()
+                  else f"nothing to restore ({default_restore_file()} does not exist)")
+
+
+__all__ = ["power_app"]
