@@ -8,6 +8,7 @@ imports :mod:`edgetrain.cli`. The library is imported inside each command.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -103,6 +104,39 @@ def restore_command() -> None:
 
     console.print("restored the board's previous mode" if recover_pending()
                   else f"nothing to restore ({default_restore_file()} does not exist)")
+
+
+@power_app.command("advise")
+@clean_errors
+def advise_command(
+        device: str = typer.Option(..., "--device", "-d", help="A catalog Jetson with a sourced mode table."),
+        model: str = typer.Option("resnet18", "--model", "-m", help="The model whose training step was profiled."),
+        batch: int = typer.Option(8, "--batch", "-b", min=1, help="Its batch size."),
+        samples: int = typer.Option(50_000, "--samples", min=1, help="Samples per epoch (CIFAR-10: 50000)."),
+        deadline: float | None = typer.Option(None, "--deadline", min=0.0, help="Seconds an epoch may take."),
+        power_cap: float | None = typer.Option(None, "--power-cap", min=0.0, help="Watts the board may draw."),
+        profiles: Path | None = typer.Option(None, "--profiles", help="JSON of <= 6 modes measured on the board "
+                                             "(docs/power.md gives the format)."),
+        simulate_seed: int | None = typer.Option(None, "--simulate-seed", help="Profile a synthetic workload of "
+                                                 "the simulator instead (a demonstration, not a measurement)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The mode of least energy per epoch that meets the deadline and the power cap, from <= 6 profiled modes."""
+    from .power.advice import advise_device
+
+    report = advise_device(device, model, batch, samples, deadline_s=deadline, power_cap_w=power_cap,
+                           profiles_file=profiles, simulate_seed=simulate_seed)
+    if as_json:
+        typer.echo(to_json(report))
+        return
+    advice = report["advice"]
+    mode = advice["mode"]
+    energy = "" if advice["energy_j"] is None else f", {advice['energy_j'] / 1e3:.3g} kJ"
+    power = "" if advice["power_w"] is None else f", {advice['power_w']:.3g} W"
+    console.print(f"{device}: {mode['cores']} cores at {mode['cpu_hz'] / 1e6:.0f} MHz, "
+                  f"EMC {mode['emc_hz'] / 1e6:.0f} MHz -> epoch {advice['epoch_time_s']:.4g} s{power}{energy} "
+                  f"(predicted; {report['profiles_source']})"
+                  + ("; at risk: it meets the constraints only without the safety margin, or not at all"
+                     if advice["at_risk"] else ""), highlight=False, markup=False)
 
 
 __all__ = ["power_app"]
