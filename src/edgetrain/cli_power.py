@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from .cli_common import clean_errors, console
@@ -139,4 +140,69 @@ def advise_command(
                      if advice["at_risk"] else ""), highlight=False, markup=False)
 
 
-__all__ = ["power_app"]
+def _cell(value: Any, fmt: str) -> str:
+    if isinstance(value, str):
+        return "n/a"  # the reason is printed once below the table
+    return "-" if value is None else fmt.format(value)
+
+
+def _counter_value(figures: dict[str, Any], label: str) -> Any:
+    value = figures["counters"].get(label)
+    return value["scaled"] if isinstance(value, dict) else value
+
+
+def _print_counters(report: dict[str, Any]) -> None:
+    rows = [*report["phases"].items(), ("step", report["step"])]
+    pmus = sorted(report["step"]["metrics"]) or [""]
+    table = Table(title=f"{report['model']}, batch {report['batch']}, {report['size']} px: sums over "
+                        f"{report['steps']} steps" + (f"; PMUs {', '.join(pmus)}" if pmus != [""] else ""))
+    for header in ("phase", "s", "task-clock ms", "page faults", "ctx switches", *(
+            f"{pmu + ' ' if pmu else ''}{name}" for pmu in pmus for name in ("instructions", "cycles", "IPC",
+                                                                            "L1D miss", "branch miss"))):
+        table.add_column(header, justify="left" if header == "phase" else "right")
+    for phase, figures in rows:
+        task_ns = _counter_value(figures, "task-clock")
+        cells = [phase, f"{figures['seconds']:.3f}", _cell(task_ns / 1e6 if isinstance(task_ns, float) else task_ns,
+                                                         "{:.1f}"),
+                 _cell(_counter_value(figures, "page-faults"), "{:.0f}"),
+                 _cell(_counter_value(figures, "context-switches"), "{:.0f}")]
+        for pmu in pmus:
+            prefix = f"{pmu}/" if pmu else ""
+            suffix = "/" if pmu else ""
+            metrics = figures["metrics"].get(pmu, {})
+            cells += [_cell(_counter_value(figures, f"{prefix}instructions{suffix}"), "{:.3g}"),
+                      _cell(_counter_value(figures, f"{prefix}cycles{suffix}"), "{:.3g}"),
+                      _cell(metrics.get("ipc"), "{:.2f}"), _cell(metrics.get("l1d_miss_ratio"), "{:.2%}"),
+                      _cell(metrics.get("branch_miss_ratio"), "{:.2%}")]
+        table.add_row(*cells)
+    Console(width=max(console.width, 170)).print(table)
+    for label, why in report["unavailable"].items():
+        console.print(f"{label}: {why}", markup=False, highlight=False)
+    overhead = report["overhead"]
+    console.print(f"overhead of reading the counters at every phase boundary: step {overhead['counted_step_s']:.4g} s "
+                  f"vs {overhead['plain_step_s']:.4g} s without ({100 * (overhead['ratio'] - 1):+.1f}%)")
+
+
+def register_bench(bench_app: typer.Typer) -> None:
+    """Hang ``bench counters`` and ``bench profile`` on the main app's ``bench`` group (called once by cli.py)."""
+
+    @bench_app.command("counters")
+    @clean_errors
+    def bench_counters(model: str = typer.Option("resnet18_cifar", "--model", "-m", help="Model to train."),
+                       batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size."),
+                       image: int = typer.Option(32, "--image", "--size", min=1, help="Image side (sequence length)."),
+                       steps: int = typer.Option(3, "--steps", min=1, help="Timed steps (sums over them)."),
+                       as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+        """Hardware and software counters per training phase (data, forward, backward, optimizer) and per step."""
+        from .hwcounters.phases import count_phases
+        from .models import check_input, get_model_spec
+
+        check_input(get_model_spec(model), batch, image)
+        report = count_phases(model, batch, image, steps)
+        if as_json:
+            typer.echo(to_json(report))
+        else:
+            _print_counters(report)
+
+
+__all__ = ["power_app", "register_bench"]
