@@ -204,5 +204,36 @@ def register_bench(bench_app: typer.Typer) -> None:
         else:
             _print_counters(report)
 
+    @bench_app.command("profile")
+    @clean_errors
+    def bench_profile(device: str | None = typer.Option(None, "--device", "-d", help="Name of this board in the "
+                                                        "report (default: the hostname)."),
+                      runs: int = typer.Option(5, "--runs", min=2, help="Timed runs per workload."),
+                      out: Path = typer.Option(Path("out/profile"), "--out", "-o", help="Output directory."),
+                      as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+        """The fixed, versioned training workloads, repeated: median, IQR and CoV per workload, and the setup."""
+        from .benchprofile import run_profile
+        from .fileio import write_json
+
+        report = run_profile(device, runs)
+        out.mkdir(parents=True, exist_ok=True)
+        path = write_json(out / f"{report['device']}.json", report)
+        if as_json:
+            typer.echo(to_json(report))
+            return
+        table = Table(title=f"edgetrain training profile v{report['version']} on {report['device']} "
+                            f"({report['runs']} runs)")
+        for header in ("workload", "batch", "size", "s/step median", "IQR", "CoV", "samples/s"):
+            table.add_column(header, justify="left" if header == "workload" else "right")
+        for row in report["workloads"]:
+            stats = row["s_per_step"]
+            table.add_row(row["name"], str(row["batch"]), str(row["size"]), f"{stats['median']:.4f}",
+                          f"{stats['iqr']:.4f}", f"{stats['cov_pct']:.1f}%", f"{row['samples_per_s']:.1f}")
+        console.print(table)
+        setup = report["setup"]
+        console.print(f"torch {setup['torch']}, Python {setup['python']}, kernel {setup['kernel']}, {setup['cpu']}, "
+                      f"{setup['torch_threads']} threads, governor {setup['governor']}, {setup['power_mode']}; "
+                      f"wrote {path}", markup=False, highlight=False)
+
 
 __all__ = ["power_app", "register_bench"]
