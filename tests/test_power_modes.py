@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,20 @@ def test_cli_run_with_an_unknown_mode_is_one_line(tmp_path: Path, monkeypatch: p
     code, out, err = run("power", "run", "--mode", "99", "--", sys.executable, "-c", "print('ran')")
     assert code == 2 and err.count("\n") == 1 and "ran" not in out
     assert ("unavailable:" in err) or ("unknown power mode 99" in err)
+
+
+def test_a_mode_applied_from_a_worker_thread_is_restored(tmp_path: Path) -> None:
+    """Signal handlers are the main thread's; from another thread the block still applies and restores."""
+    root = fake_board(tmp_path / "root")
+    before = snapshot(root)
+    seen: list[str] = []
+
+    def work() -> None:
+        with applied_mode(ModeRequest(governor="performance"), Board(root, restore_file=tmp_path / "r.json")):
+            seen.append((root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text())
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen == ["performance"]
+    assert {k: v.strip() for k, v in snapshot(root).items()} == {k: v.strip() for k, v in before.items()}

@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,7 +264,9 @@ def applied_mode(request: ModeRequest, board: Board | None = None) -> Iterator[d
         restore_once()
         raise SystemExit(128 + signum)
 
-    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # Signal handlers can only be set from the main thread; elsewhere atexit and the restore file remain.
+    main = threading.current_thread() is threading.main_thread()
+    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     atexit.register(restore_once)
     try:
         if nvpmodel_id is not None:
