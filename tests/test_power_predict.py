@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from test_cli import run
+from test_power_modes import fake_board, snapshot
 
 from edgetrain.benchstats import spread
 from edgetrain.errors import EdgetrainError
-from edgetrain.power.advice import read_profiles
+from edgetrain.power.advice import board_grid, measure_board, read_profiles
 from edgetrain.power.cgroup_modes import (
     CGROUP_CPU,
     QuotaMode,
@@ -22,6 +23,7 @@ from edgetrain.power.cgroup_modes import (
     quota_unavailable_reason,
     time_step_in_mode,
 )
+from edgetrain.power.control import Board, PowerControlUnavailable
 from edgetrain.power.predict import ModePoint, Profile, advise, choose_profile_modes, fit_mode_model, mape_percent
 from edgetrain.power.simulate import SimWorkload, device_grid, score_device, true_power_w, true_time_s
 
@@ -213,3 +215,30 @@ def test_cli_advise_from_a_profiles_file_and_its_errors(tmp_path: Path) -> None:
     assert code == 2 and err.count("\n") == 1 and "--profiles FILE" in err
     code, _, err = run("power", "advise", "-d", "rpi4", "--simulate-seed", "1")
     assert code == 2 and "no sourced power-mode table for 'rpi4'" in err
+
+
+def test_measuring_a_board_applies_each_profiled_mode_and_restores_it(tmp_path: Path) -> None:
+    root = fake_board(tmp_path / "root")
+    before = snapshot(root)
+    board = Board(root, restore_file=tmp_path / "restore.json")
+    grid = board_grid(board)
+    assert len(grid) == 4 * 3 and {m.cpu_hz for m in grid} == {102e6, 918e6, 1479e6}
+    cpu = root / "sys/devices/system/cpu"
+    seen: list[tuple[int, int, str]] = []
+
+    def probe(threads: int) -> tuple[float, float | None]:
+        online = 1 + sum((cpu / f"cpu{n}/online").read_text() == "1" for n in (1, 2, 3))
+        seen.append((threads, online, (cpu / "cpu0/cpufreq/scaling_max_freq").read_text()))
+        return 1.0 / threads, None
+
+    profiles = measure_board(grid, probe, board)
+    assert len(profiles) == 6
+    assert [(t, o) for t, o, _ in seen] == [(p.mode.cores, p.mode.cores) for p in profiles]
+    assert [khz for _, _, khz in seen] == [str(round(p.mode.cpu_hz / 1e3)) for p in profiles]
+    assert {k: v.strip() for k, v in snapshot(root).items()} == {k: v.strip() for k, v in before.items()}
+
+
+def test_measuring_without_knobs_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "sys/devices/system/cpu/cpu0").mkdir(parents=True)
+    with pytest.raises(PowerControlUnavailable, match=r"^unavailable: no cpufreq"):
+        board_grid(Board(tmp_path, restore_file=tmp_path / "r.json"))

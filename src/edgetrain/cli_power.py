@@ -110,7 +110,8 @@ def restore_command() -> None:
 @power_app.command("advise")
 @clean_errors
 def advise_command(
-        device: str = typer.Option(..., "--device", "-d", help="A catalog Jetson with a sourced mode table."),
+        device: str | None = typer.Option(None, "--device", "-d", help="A catalog Jetson with a sourced mode table "
+                                          "(with --profiles or --simulate-seed)."),
         model: str = typer.Option("resnet18", "--model", "-m", help="The model whose training step was profiled."),
         batch: int = typer.Option(8, "--batch", "-b", min=1, help="Its batch size."),
         samples: int = typer.Option(50_000, "--samples", min=1, help="Samples per epoch (CIFAR-10: 50000)."),
@@ -120,12 +121,18 @@ def advise_command(
                                              "(docs/power.md gives the format)."),
         simulate_seed: int | None = typer.Option(None, "--simulate-seed", help="Profile a synthetic workload of "
                                                  "the simulator instead (a demonstration, not a measurement)."),
+        measure: bool = typer.Option(False, "--measure", help="Profile <= 6 of this board's modes now (root, CPU "
+                                     "hot-plug and cpufreq needed; each mode restored after)."),
+        image: int = typer.Option(64, "--image", "--size", min=1, help="Input size of the step --measure times."),
+        power_sensor: list[str] | None = typer.Option(None, "--power-sensor", help="With --measure: a sysfs power "
+                                                      "monitor as `bench device` takes it; repeat to sum rails."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The mode of least energy per epoch that meets the deadline and the power cap, from <= 6 profiled modes."""
     from .power.advice import advise_device
 
     report = advise_device(device, model, batch, samples, deadline_s=deadline, power_cap_w=power_cap,
-                           profiles_file=profiles, simulate_seed=simulate_seed)
+                           profiles_file=profiles, simulate_seed=simulate_seed,
+                           measure_size=image if measure else None, power_sensors=power_sensor or ())
     if as_json:
         typer.echo(to_json(report))
         return
@@ -133,7 +140,7 @@ def advise_command(
     mode = advice["mode"]
     energy = "" if advice["energy_j"] is None else f", {advice['energy_j'] / 1e3:.3g} kJ"
     power = "" if advice["power_w"] is None else f", {advice['power_w']:.3g} W"
-    console.print(f"{device}: {mode['cores']} cores at {mode['cpu_hz'] / 1e6:.0f} MHz, "
+    console.print(f"{device or 'this board'}: {mode['cores']} cores at {mode['cpu_hz'] / 1e6:.0f} MHz, "
                   f"EMC {mode['emc_hz'] / 1e6:.0f} MHz -> epoch {advice['epoch_time_s']:.4g} s{power}{energy} "
                   f"(predicted; {report['profiles_source']})"
                   + ("; at risk: it meets the constraints only without the safety margin, or not at all"
