@@ -26,9 +26,9 @@ needs at most six.
 
 The advisor then minimises energy per epoch (``steps x time_s x power_w``) over the whole grid,
 among modes whose predicted epoch time, inflated by a margin, meets the deadline and whose
-predicted power, inflated likewise, is under the cap. The margin is twice the fit's worst
-relative error on the profiled modes, at least 2%: a fit of four coefficients to six points
-underestimates its error elsewhere.
+predicted power, inflated by its own margin, is under the cap. Each margin is twice the time
+(power) fit's worst relative error on the profiled modes, at least 2%: a fit of four
+coefficients to six points underestimates its error elsewhere.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class ModeModel:
     power_coef: Coef | None
     top_hz: float
     fit_error: float  # worst relative time error on the profiled modes
+    power_fit_error: float = 0.0  # worst relative power error on the profiled modes with a power
 
     def time_s(self, mode: ModePoint) -> float:
         return sum(c * x for c, x in zip(self.time_coef, _time_features(mode), strict=True))
@@ -130,7 +131,7 @@ class ModeModel:
                 "memory_gc": self.time_coef[3], "static_w": None if power is None else power[0],
                 "dynamic_w": None if power is None else power[1], "leak_w": None if power is None else power[2],
                 "memory_w_per_ghz": None if power is None else power[3], "top_hz": self.top_hz,
-                "fit_error": self.fit_error}
+                "fit_error": self.fit_error, "power_fit_error": self.power_fit_error}
 
 
 def _four(values: tuple[float, ...]) -> Coef:
@@ -158,7 +159,9 @@ def fit_mode_model(profiles: Sequence[Profile], top_hz: float) -> ModeModel:
                        [p.power_w for p in powered if p.power_w is not None]) if len(powered) >= 2 else None
     model = ModeModel(_four(time_coef), None if power_coef is None else _four(power_coef), top_hz, 0.0)
     error = max(abs(model.time_s(p.mode) - p.time_s) / p.time_s for p in profiles)
-    return ModeModel(model.time_coef, model.power_coef, top_hz, error)
+    power_error = max((abs((model.power_w(p.mode) or 0.0) - p.power_w) / p.power_w for p in powered
+                       if p.power_w is not None), default=0.0) if power_coef is not None else 0.0
+    return ModeModel(model.time_coef, model.power_coef, top_hz, error, power_error)
 
 
 def choose_profile_modes(grid: Sequence[ModePoint], count: int = 6) -> list[ModePoint]:
@@ -202,12 +205,14 @@ class Advice:
     power_w: float | None
     energy_j: float | None
     margin: float
+    power_margin: float
     candidates: int
     at_risk: bool
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode.to_dict(), "epoch_time_s": self.epoch_time_s, "power_w": self.power_w,
-                "energy_j": self.energy_j, "margin": self.margin, "feasible_modes": self.candidates,
+                "energy_j": self.energy_j, "margin": self.margin, "power_margin": self.power_margin,
+                "feasible_modes": self.candidates,
                 "at_risk": self.at_risk}
 
 
@@ -225,21 +230,22 @@ def advise(model: ModeModel, grid: Sequence[ModePoint], steps_per_epoch: int, *,
     if not grid or steps_per_epoch < 1:
         raise EdgetrainError("advise needs a non-empty mode grid and steps_per_epoch >= 1")
     margin = max(MIN_MARGIN, 2 * model.fit_error)
+    power_margin = max(MIN_MARGIN, 2 * model.power_fit_error)
     rows = [(mode, steps_per_epoch * model.time_s(mode), model.power_w(mode)) for mode in grid]
 
-    def meets(epoch_s: float, power: float | None, slack: float) -> bool:
-        return (deadline_s is None or epoch_s * (1 + slack) <= deadline_s) and \
-            (power_cap_w is None or power is None or power * (1 + slack) <= power_cap_w)
+    def meets(epoch_s: float, power: float | None, keep: float) -> bool:
+        return (deadline_s is None or epoch_s * (1 + keep * margin) <= deadline_s) and \
+            (power_cap_w is None or power is None or power * (1 + keep * power_margin) <= power_cap_w)
 
-    for slack in (margin, 0.0):
-        feasible = [row for row in rows if meets(row[1], row[2], slack)]
+    for keep in (1.0, 0.0):
+        feasible = [row for row in rows if meets(row[1], row[2], keep)]
         if feasible:
             mode, epoch_s, power = min(feasible, key=lambda r: r[1] * r[2] if r[2] is not None else r[1])
-            return Advice(mode, epoch_s, power, None if power is None else epoch_s * power, margin, len(feasible),
-                          slack == 0.0)
+            return Advice(mode, epoch_s, power, None if power is None else epoch_s * power, margin, power_margin,
+                          len(feasible), keep == 0.0)
     capped = [row for row in rows if power_cap_w is None or row[2] is None or row[2] <= power_cap_w] or rows
     mode, epoch_s, power = min(capped, key=lambda r: r[1])
-    return Advice(mode, epoch_s, power, None if power is None else epoch_s * power, margin, 0, True)
+    return Advice(mode, epoch_s, power, None if power is None else epoch_s * power, margin, power_margin, 0, True)
 
 
 def mape_percent(pairs: Sequence[tuple[float, float]]) -> float:
