@@ -24,7 +24,7 @@ def test_version_1_workloads_are_fixed() -> None:
 def test_a_report_has_the_spread_of_every_workload_and_the_setup(one_thread: None) -> None:
     tiny = (Workload("tiny", "transformer_small", 2, 8, 1),)
     done: list[tuple[int, int]] = []
-    report = run_profile("board-a", runs=3, workloads=tiny, progress=lambda i, n: done.append((i, n)))
+    report = run_profile("board-a", runs=3, workloads=tiny, progress=lambda i, n: done.append((i, n)), gemm_s=0.05)
     assert (report["profile"], report["version"], report["device"], report["runs"]) == \
         ("edgetrain-train", PROFILE_VERSION, "board-a", 3)
     row = report["workloads"][0]
@@ -33,6 +33,7 @@ def test_a_report_has_the_spread_of_every_workload_and_the_setup(one_thread: Non
     assert row["samples_per_s"] == pytest.approx(2 / row["s_per_step"]["median"])
     assert {"torch", "python", "kernel", "cpu", "governor", "power_mode"} <= set(report["setup"])
     assert done == [(1, 1)]
+    assert report["gemm_fp64"]["n"] == 1024 and report["gemm_fp64"]["gemm_fp64_flops_per_s"] > 0
     with pytest.raises(EdgetrainError, match="--runs must be >= 2"):
         run_profile(runs=1, workloads=tiny)
 

@@ -67,12 +67,17 @@ def _time_workload(workload: Workload, runs: int) -> list[float]:
 
 
 def run_profile(device: str | None = None, runs: int = 5, workloads: tuple[Workload, ...] = WORKLOADS,
-                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Time every workload ``runs`` times; the report (docs/power.md, "The bench profile report").
+                progress: Callable[[int, int], None] | None = None, gemm_s: float = 2.0) -> dict[str, Any]:
+    """Time every workload ``runs`` times; the report (docs/power.md, "The training profile").
+
+    The report also carries the sustained FP64 DGEMM rate (the LINPACK-style probe ``bench device``
+    and the time model share, :func:`~edgetrain.devices.rate.probe_gemm`, run for ``gemm_s``), so
+    a board's training times can be set against its raw rate (seed 004 compares boards by LINPACK).
 
     Raises:
         EdgetrainError: ``runs < 2`` (a spread needs two runs).
     """
+    from .devices.rate import probe_gemm
     from .errors import EdgetrainError
 
     if runs < 2:
@@ -87,4 +92,4 @@ def run_profile(device: str | None = None, runs: int = 5, workloads: tuple[Workl
             progress(index + 1, len(workloads))
     return {"profile": "edgetrain-train", "version": PROFILE_VERSION, "device": device or socket.gethostname(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs,
-            "setup": software_setup(), "workloads": rows}
+            "setup": software_setup(), "gemm_fp64": probe_gemm(seconds=gemm_s).to_dict(), "workloads": rows}
