@@ -30,6 +30,7 @@ from .cli_common import clean_errors as _clean_errors
 from .cli_common import console, err_console
 from .cli_common import error as _error
 from .cli_insitu import insitu_app
+from .cli_power import power_app, register_bench
 from .errors import EdgetrainError
 from .fileio import write_atomic
 from .units import format_bytes
@@ -757,3 +758,5 @@ def _print_node_fit(rows: list[dict[str, Any]]) -> None:
     Console(width=max(console.width, 120)).print(table)
 
 app.add_typer(insitu_app, name="insitu")
+app.add_typer(power_app, name="power")
+register_bench(bench_app)
