@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 from calibration import TEST_HOST
+from typer.testing import CliRunner
 
 from edgetrain.chain import Chain
+from edgetrain.cli import main
 from edgetrain.devices import get_device
+from edgetrain.devices.rate import CALIBRATION_ENV
 from edgetrain.energy import EnergyProfile, scale_chain
 from edgetrain.planners.capuchin import capuchin
 from edgetrain.planners.energy_plan import plan_energy
 from edgetrain.planners.paging import solve_paging
 from edgetrain.profile.estimate import chain_for
 from edgetrain.reports.poet import STRATEGIES, PoetFigure, reproduce_poet
-from edgetrain.reports.poet_claims import DEADLINE_FACTORS, POET_LINEAR_WIDTHS, TINY_MODELS
+from edgetrain.reports.poet_claims import (
+    DEADLINE_FACTORS,
+    POET_LINEAR_WIDTHS,
+    TINY_MODELS,
+    claims_markdown,
+    sweep_markdown,
+)
 from edgetrain.schedule import keep_all, simulate
 from edgetrain.timemodel import training_rate
 
@@ -163,7 +173,7 @@ def test_microcontroller_panels_fit_the_board(figure: PoetFigure) -> None:
 def test_poets_own_microcontroller_examples_against_the_board(figure: PoetFigure) -> None:
     linear = claim(figure, "repo-linear-m0")["values"]
     widths = POET_LINEAR_WIDTHS
-    params = sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+    params = sum(a * b + b for a, b in itertools.pairwise(widths))
     assert params == 43_590 and linear["weights_bytes"] == 4 * params  # type: ignore[index]
     assert linear["keep_all_peak_bytes"] > linear["ram_bytes"] == 32_768  # type: ignore[index, operator]
     m4 = claim(figure, "readme-m4")["values"]
@@ -182,3 +192,27 @@ def test_claims_table_is_in_every_output(figure: PoetFigure) -> None:
     for row in rows:
         assert all(row[k] for k in ("source", "published", "ours"))
         assert str(row["ours"]).replace("|", "/") in text
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "poet"
+
+
+def test_the_docs_tables_are_the_reports_own() -> None:
+    """docs/poet/poet.md's claims and sweep tables are what the checked-in poet.json renders to."""
+    data, text = json.loads((DOCS / "poet.json").read_text()), (DOCS / "poet.md").read_text()
+    for line in [*claims_markdown(data["claims"]), *sweep_markdown(data["deadline_sweep"])]:
+        assert line in text.splitlines()
+
+
+@pytest.mark.slow
+def test_the_docs_report_regenerates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command docs/poet.md gives, with the calibration the checked-in report records, writes the same poet.md."""
+    source = json.loads((DOCS / "poet.json").read_text())["host_calibration"]["source"]
+    assert source.startswith(f"given by ${CALIBRATION_ENV}=")   # the docs' run names its calibration
+    monkeypatch.setenv(CALIBRATION_ENV, source.partition("=")[2])
+    with CliRunner().isolation():
+        try:
+            main(["reproduce", "poet", "--out", str(tmp_path)])
+        except SystemExit as exit_:
+            assert exit_.code in (0, None)
+    assert (tmp_path / "poet.md").read_text() == (DOCS / "poet.md").read_text()

@@ -25,6 +25,7 @@ both axes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,8 +42,15 @@ from ..planners.paging import PagingTable, solve_paging
 from ..profile.estimate import chain_for
 from ..schedule import Schedule, keep_all, simulate
 from ..timemodel import HostCalibration, needs_calibration, training_rate
-from .poet_claims import (TINY_MODELS, TinyModel, claims_markdown, claims_table, deadline_sweep, sweep_markdown,
-                          tiny_chain)
+from .poet_claims import (
+    TINY_MODELS,
+    TinyModel,
+    claims_markdown,
+    claims_table,
+    deadline_sweep,
+    sweep_markdown,
+    tiny_chain,
+)
 
 __all__ = ["PoetFigure", "DEFAULT_MODELS", "DEFAULT_DEVICES", "STRATEGIES", "CLAIM_TOLERANCE", "CLAIM_BUDGET_PCT",
            "reproduce_poet"]
@@ -329,6 +337,9 @@ def _summary(data: dict[str, object]) -> str:
               "bounds how low any whole-step budget can go."]
     for name, reason in data["skipped_devices"].items():  # type: ignore[attr-defined]
         lines.append(f"- skipped {name}: {reason}")
+    host = data.get("host_calibration")
+    if host is not None:
+        lines.append(f"- this machine's calibration (NOTE [ One time model ]): {host['source']}")  # type: ignore[index]
     lines += ["", *claims_markdown(data["claims"]),  # type: ignore[arg-type]
               "", *sweep_markdown(data["deadline_sweep"])]  # type: ignore[arg-type]
     lines += ["", "Assumptions:", *(f"- {a}" for a in ASSUMPTIONS)]
@@ -371,9 +382,9 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
     out.mkdir(parents=True, exist_ok=True)
     profiles, skipped = _profiles([*devices, *(m.device for m in tiny_models if m.device not in devices)], host)
     jobs: list[tuple[str, int, int, Callable[[], Chain], str]] = [
-        (model, batch, size, lambda m=model, b=batch, z=size: chain_for(m, b, z), device)
+        (model, batch, size, functools.partial(chain_for, model, batch, size), device)
         for model, batch, size in models for device in devices if device in profiles]
-    jobs += [(m.name, m.batch, m.size, lambda m=m: tiny_chain(m), m.device) for m in tiny_models
+    jobs += [(m.name, m.batch, m.size, functools.partial(tiny_chain, m), m.device) for m in tiny_models
              if m.device in profiles]
     panels: list[dict[str, object]] = []
     sweep: dict[str, object] | None = None
@@ -398,6 +409,9 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
         "claim": {"tolerance_rel": CLAIM_TOLERANCE, "budget_pct": CLAIM_BUDGET_PCT,
                   "axes": {"claim": WHOLE_STEP, "claim_activations": ACTIVATIONS}},
         "devices": {name: dataclasses.asdict(p) for name, p in profiles.items()},
+        "host_calibration": None if host is None else {
+            "gemm_fp64_flops_per_s": host.gemm_fp64_flops_per_s, "training_flops_per_s": host.training_flops_per_s,
+            "source": host.source},
         "skipped_devices": skipped, "panels": panels, "deadline_sweep": sweep,
         "claims": claims_table(panels, skipped, sweep, where, ram)}
     figure = PoetFigure(out / "poet.json", out / "poet.png", out / "poet.md", data)
