@@ -20,6 +20,10 @@ also in POET's accounting: POET's memory budget counts only the graph's node out
 optimizer state, so each budget is also given as a percentage of keep-all's peak *above the
 fixed part* (resident state, every gradient, the optimizer's workspace). The claim is judged on
 both axes.
+
+Beside the sweep, :mod:`edgetrain.reports.poet_claims` adds POET's published results next to ours
+(the claims table), energy against the runtime budget on one panel (POET's Fig. 4 shape), and the
+tiny models the microcontrollers plan instead of the zoo's (NOTE [ Microcontroller panels ]).
 """
 
 from __future__ import annotations
@@ -268,12 +272,11 @@ def _plot(data: dict[str, object], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels: list[dict[str, object]] = data["panels"]  # type: ignore[assignment]
-    models = list(dict.fromkeys(p["model"] for p in panels))
-    devices = list(dict.fromkeys(p["device"] for p in panels))
-    fig, axes = plt.subplots(len(models), len(devices), figsize=(4 * len(devices), 3.2 * len(models)),
-                             squeeze=False)
-    for panel in panels:
-        ax = axes[models.index(panel["model"])][devices.index(panel["device"])]
+    cols = min(2, len(panels))   # one cell per panel: a tiny model runs on its own board only
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for index, panel in enumerate(panels):
+        ax = axes[index // cols][index % cols]
         for strategy in data["strategies"]:  # type: ignore[attr-defined]
             xy = [(p["budget_pct_of_keep_all_peak"], _rel(p, strategy))
                   for p in panel["points"]]  # type: ignore[attr-defined]
@@ -290,9 +293,8 @@ def _plot(data: dict[str, object], path: Path) -> None:
         top.tick_params(labelsize=7)
         ax.axhline(1 + CLAIM_TOLERANCE, color="grey", linestyle=":", linewidth=0.8)
         ax.invert_xaxis()
-    used = {(models.index(p["model"]), devices.index(p["device"])) for p in panels}
-    for row, col in {(r, c) for r in range(len(models)) for c in range(len(devices))} - used:
-        axes[row][col].set_visible(False)   # a tiny model runs on its own board only
+    for index in range(len(panels), rows * cols):
+        axes[index // cols][index % cols].set_visible(False)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
