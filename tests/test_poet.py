@@ -184,7 +184,10 @@ def test_poets_own_microcontroller_examples_against_the_board(figure: PoetFigure
 def test_claims_table_is_in_every_output(figure: PoetFigure) -> None:
     rows: list[dict[str, object]] = figure.data["claims"]  # type: ignore[assignment]
     assert [r["id"] for r in rows] == ["fig5-capuchin", "fig5-poet", "table3-pofo", "fig4-deadline",
-                                       "table2-devices", "readme-m4", "repo-linear-m0", "mcu-panels"]
+                                       "table2-devices", "models", "readme-m4", "repo-linear-m0", "mcu-panels"]
+    assert claim(figure, "models")["values"] == {
+        "matched": {"resnet18": "resnet18", "resnet50": "resnet50", "resnet18_cifar": "resnet18_cifar",
+                    "bert": "transformer"}, "missing": ["linear", "transformer", "vgg16", "vgg16_cifar"]}
     assert claim(figure, "table2-devices")["values"] == {"planned": ["mkr1000", "nrf52840", "rpi4"],
                                                          "skipped": ["jetson-tx2"]}
     text, saved = figure.md_path.read_text(), json.loads(figure.json_path.read_text())["claims"]
