@@ -3,8 +3,9 @@
 Runs :func:`edgetrain.reports.poet.reproduce_poet` on ResNet-18 (batch 8 at 224 px: at 32 px the
 activations are 3% of the step's RAM, weights, momentum and gradients the rest, so no budget
 sweep is possible; at 224 px they are about half) and the BERT-base-like ``transformer`` encoder
-(batch 8, 256 tokens, activations about two thirds of the step) on every catalog device
-with energy figures, with POET's MILP on ResNet-18 when :mod:`edgetrain.planners.milp` imports.
+(batch 8, 256 tokens, activations about two thirds of the step) on the boards that can hold
+them (the microcontrollers get the report's tiny models instead), with POET's MILP on ResNet-18
+when :mod:`edgetrain.planners.milp` imports.
 Then times :func:`~edgetrain.planners.paging.solve_paging` (500 slots, the rpi4 profile) on
 152-stage chains: ``Chain.uniform(152)`` and LinearResNet-152 (batch 8, 224 px); target < 1 s.
 
@@ -30,13 +31,12 @@ from edgetrain.devices.rate import calibrate_host
 from edgetrain.energy import EnergyProfile
 from edgetrain.planners.paging import solve_paging
 from edgetrain.profile.linear_resnet import linear_resnet
-from edgetrain.reports.poet import PoetFigure, reproduce_poet
+from edgetrain.reports.poet import DEFAULT_DEVICES, PoetFigure, reproduce_poet
 from edgetrain.schedule import keep_all, simulate
 from edgetrain.timemodel import training_rate
 
 FULL_MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
 QUICK_MODELS = (("resnet18", 2, 128), ("transformer_small", 4, 32))
-DEVICES = ("mkr1000", "nrf52840", "rpi4", "jetson-tx2")
 TIMING_SLOTS = 500
 
 
@@ -136,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = calibrate_host()  # the Raspberry Pi 4's training rate is calibrated here (NOTE [ One time model ])
     print(f"  calibration: {host.source}; efficiency {host.efficiency:.3f}", flush=True)
     start = time.perf_counter()
-    figure = reproduce_poet(args.out, models=models, devices=DEVICES, budgets=budgets, include_milp=not args.quick,
+    figure = reproduce_poet(args.out, models=models, devices=DEFAULT_DEVICES, budgets=budgets,
+                            include_milp=not args.quick,
                             milp_time_limit_s=args.milp_time_limit, host=host,
                             progress=lambda done, total: print(f"  panel {done}/{total}", flush=True))
     sweep_s = time.perf_counter() - start

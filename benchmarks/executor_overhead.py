@@ -3,7 +3,8 @@
 The executor runs keep-all as plain autograd (``ratio``); run op by op, as every other schedule
 is, it adds two custom autograd functions and one backward call per stage (``op_by_op_ratio``).
 Prints one JSON object: per model the median step times (forward, loss, backward; gradients
-reset to ``None`` between steps) and their ratios to plain PyTorch, whose target is <= 1.03.
+reset to ``None`` between steps), their spread over the repeats (``spread_s``: median, IQR, CoV)
+and their ratios to plain PyTorch, whose target is <= 1.03, with the software setup.
 
 Usage: ``python benchmarks/executor_overhead.py [--repeats N] [--threads T] [--models name:batch:size,...]``.
 """
@@ -21,6 +22,7 @@ import torch
 from _allocator import keep_freed_memory
 from torch import nn
 
+from edgetrain.benchstats import software_setup, spread
 from edgetrain.models import get_model_spec
 from edgetrain.runtime import Executor
 from edgetrain.schedule import keep_all
@@ -86,7 +88,8 @@ def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, object]:
             "ratio": medians["executor"] / medians["plain"], "op_by_op_ratio": medians["op_by_op"] / medians["plain"],
             "pair_ratio": statistics.median(e / p for e, p in zip(times["executor"], times["plain"], strict=True)),
             "op_by_op_pair_ratio": statistics.median(
-                e / p for e, p in zip(times["op_by_op"], times["plain"], strict=True))}
+                e / p for e, p in zip(times["op_by_op"], times["plain"], strict=True)),
+            "spread_s": {key: spread(values).to_dict() for key, values in times.items()}}
 
 
 def main() -> None:
@@ -103,7 +106,7 @@ def main() -> None:
     keep_freed_memory()   # else a step pays page faults for the smaller step before it
     results = [bench(name, batch, size, args.repeats) for name, batch, size in cases]
     report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "target_ratio": 1.03,
-              "results": results}
+              "setup": software_setup(), "results": results}
     print(json.dumps(report, indent=1))  # the benchmark's output is this JSON on stdout
 
 

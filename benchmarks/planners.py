@@ -227,11 +227,7 @@ class Bench:
         self._zero()
         gc.collect()
         with ActivationTracker(self.params) as tracker:
-            tracker.register(self.model.parameters())
-            tracker.register(self.model.buffers())
-            tracker.register([self.x, self.y])
-            tracker.register(t for state in self.opt.state.values() for t in state.values()
-                             if isinstance(t, torch.Tensor))
+            tracker.register_training_state(self.model, self.opt, self.x, self.y)
             tracker.resident_bytes = tracker.current_bytes
             run()
             self.opt.step()

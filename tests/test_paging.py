@@ -250,8 +250,8 @@ def test_paged_step_equals_plain_autograd(name: str, kind: str, tmp_path: Path) 
         assert (mine is None) == (theirs is None)
         if mine is not None:
             torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
-    for mine, theirs in zip(got.buffers, expected.buffers, strict=False):   # BN statistics updated once
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+    for mine, theirs in zip(got.buffers, expected.buffers, strict=True):   # BN statistics updated once, exactly
+        assert torch.equal(mine, theirs)
     assert torch.equal(got.rng, expected.rng)
     stats, simulated = executor.last_paging, simulate(c.chain, schedule)
     assert stats is not None and stats.pageouts == stats.pageins == simulated.pageout_count
@@ -306,10 +306,7 @@ def measured_step_peak(c: Case, schedule: Schedule, page_dir: Path) -> tuple[int
     opt.step()
     opt.zero_grad(set_to_none=True)
     with LiveBytesTracker() as tracker:
-        tracker.register(model.parameters())
-        tracker.register(model.buffers())
-        tracker.register([c.x, c.y])
-        tracker.register(t for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+        tracker.register_training_state(model, opt, c.x, c.y)
         executor.step(c.x, c.y)
         opt.step()
     return tracker.peak_bytes, executor
@@ -351,9 +348,7 @@ def test_page_out_frees_the_value_and_page_in_brings_it_back(tmp_path: Path) -> 
 
     executor = Executor(stages, schedule, page_dir=tmp_path)   # no chain: every transfer waited for
     with LiveBytesTracker() as tracker:
-        tracker.register(model.parameters())
-        tracker.register(model.buffers())
-        tracker.register([c.x, c.y])
+        tracker.register_training_state(model, None, c.x, c.y)
         executor.step(c.x, c.y, on_op=on_op)
     # Op by op, the executor holds what the simulator counts (up to the 4-byte loss).
     offsets = [measured - simulated.after_bytes
@@ -384,9 +379,7 @@ def test_record_page_out_frees_exactly_its_internals(tmp_path: Path) -> None:
     live: list[int] = []
     executor = Executor(training_stages(model), schedule, page_dir=tmp_path)   # no chain: every transfer waited for
     with LiveBytesTracker() as tracker:
-        tracker.register(model.parameters())
-        tracker.register(model.buffers())
-        tracker.register([c.x, c.y])
+        tracker.register_training_state(model, None, c.x, c.y)
         executor.step(c.x, c.y, on_op=lambda index, op: live.append(tracker.current_bytes))
     offsets = [measured - simulated.after_bytes
                for measured, simulated in zip(live, memory_timeline(c.chain, schedule), strict=False)]

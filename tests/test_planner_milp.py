@@ -60,7 +60,10 @@ def check(tg: TrainingGraph, result, budget: int, deadline: float | None = None)
     stats = simulate_graph_schedule(tg, result, memory_bytes=budget)
     assert stats.peak_bytes == result.peak_bytes <= budget
     assert stats.energy_j == pytest.approx(result.energy_j, rel=1e-12)
-    assert result.energy_j == pytest.approx(result.objective_j, rel=1e-7, abs=1e-9)
+    if result.status == "optimal":
+        assert result.energy_j == pytest.approx(result.objective_j, rel=1e-7, abs=1e-9)
+    else:  # an incumbent cut short may recompute or page what nothing reads; the schedule drops it
+        assert result.energy_j <= result.objective_j * (1 + 1e-7) + 1e-9
     assert stats.energy_j == pytest.approx(stats.energy_compute_j + stats.energy_pagein_j + stats.energy_pageout_j)
     if deadline is not None:
         assert stats.time_s <= deadline * (1 + 1e-9)

@@ -9,44 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from steps import assert_trains_at_three_budgets, checkpointed_step, three_budgets
+from steps import assert_trains_at_three_budgets, check_tracks
 from torch import fx, nn
 
 from edgetrain.models import NotTraceableError, resnet18, stages_of, traced_stages
+from edgetrain.models.user_examples import SkipCat, encoder_in_sequential, sequential_cnn
 from edgetrain.planners import plan
 from edgetrain.profile import profile
+from edgetrain.runtime import check_step, three_budgets
 
 
 def run_chain(stages: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
     for stage in stages:
         x = stage(x)
     return x
-
-
-class SkipCat(nn.Module):
-    """The issue's skip connection: ``h = relu(a(x)); g = relu(b(h)); c(cat([h, g]))``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
-        self.c, self.head = nn.Conv2d(16, 8, 3, padding=1), nn.Linear(8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.a(x))
-        g = torch.relu(self.b(h))
-        return self.head(torch.relu(self.c(torch.cat([h, g], 1))).mean((2, 3)))
-
-
-def encoder_in_sequential(layers: int = 2) -> nn.Sequential:
-    """The issue's ``Sequential(Embedding, TransformerEncoder, Flatten, Linear)``, small."""
-    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
-    return nn.Sequential(nn.Embedding(100, 32), nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
-                         nn.Flatten(), nn.Linear(32 * 8, 10))
-
-
-def sequential_cnn() -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
 
 
 def user_case(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -227,7 +203,7 @@ def test_a_module_called_twice_is_counted_once_and_trains_as_plain_autograd() ->
     chain = profile(model, x, y, measure_time=False)
     weights = sum(p.numel() * 4 for p in model.parameters())
     assert chain.weights_bytes == chain.gradients_bytes == weights  # not twice a and b
-    checks = [checkpointed_step(model, x, y, budget, chain) for budget in three_budgets(chain)]
+    checks = [check_step(model, x, y, budget, chain) for budget in three_budgets(chain)]
     for check in checks:
-        assert check.worst_grad_error <= 1e-6 and check.peak_tracks(), check
+        assert check.worst_grad_error <= 1e-6 and check_tracks(check), check
     assert checks[0].forward_advances > 0

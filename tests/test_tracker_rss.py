@@ -62,10 +62,7 @@ CHILD = textwrap.dedent('''
             opt.step()
         opt.zero_grad(set_to_none=True)
         with LiveBytesTracker() as tracker:
-            tracker.register(model.parameters())
-            tracker.register(model.buffers())
-            tracker.register([x, y])
-            tracker.register(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+            tracker.register_training_state(model, opt, x, y)
             start = tracker.current_bytes
             run_schedule(stages, schedule, x, y)
             opt.step()

@@ -38,10 +38,7 @@ def measure_training_step(model: nn.Module, sample: torch.Tensor, target: torch.
     for _ in range(warmup_steps):
         _step(model, opt, criterion, sample, labels)
     with LiveBytesTracker() as tracker:
-        tracker.register(model.parameters())
-        tracker.register(model.buffers())
-        tracker.register(t for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor))
-        tracker.register([sample, labels])
+        tracker.register_training_state(model, opt, sample, labels)
         resident = tracker.current_bytes
         loss = _step(model, opt, criterion, sample, labels)
     return MeasuredStep(peak_bytes=tracker.peak_bytes, resident_bytes=resident, loss=loss)

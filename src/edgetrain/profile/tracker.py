@@ -59,6 +59,16 @@ class LiveBytesTracker(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor):
                 self._track(tensor)
 
+    def register_training_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                                *batch: torch.Tensor) -> None:
+        """Count what lives across a training step: weights, buffers, optimizer state, the batch."""
+        self.register(model.parameters())
+        self.register(model.buffers())
+        if optimizer is not None:
+            self.register(t for state in optimizer.state.values() for t in state.values()
+                          if isinstance(t, torch.Tensor))
+        self.register(batch)
+
     def reset_peak(self) -> None:
         self.peak_bytes = self.current_bytes
 

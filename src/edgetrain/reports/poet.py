@@ -20,11 +20,16 @@ also in POET's accounting: POET's memory budget counts only the graph's node out
 optimizer state, so each budget is also given as a percentage of keep-all's peak *above the
 fixed part* (resident state, every gradient, the optimizer's workspace). The claim is judged on
 both axes.
+
+Beside the sweep, :mod:`edgetrain.reports.poet_claims` adds POET's published results next to ours
+(the claims table), energy against the runtime budget on one panel (POET's Fig. 4 shape), and the
+tiny models the microcontrollers plan instead of the zoo's (NOTE [ Microcontroller panels ]).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +46,15 @@ from ..planners.paging import PagingTable, solve_paging
 from ..profile.estimate import chain_for
 from ..schedule import Schedule, keep_all, simulate
 from ..timemodel import HostCalibration, needs_calibration, training_rate
+from .poet_claims import (
+    TINY_MODELS,
+    TinyModel,
+    claims_markdown,
+    claims_table,
+    deadline_sweep,
+    sweep_markdown,
+    tiny_chain,
+)
 
 __all__ = ["PoetFigure", "DEFAULT_MODELS", "DEFAULT_DEVICES", "STRATEGIES", "CLAIM_TOLERANCE", "CLAIM_BUDGET_PCT",
            "reproduce_poet"]
@@ -49,7 +63,13 @@ __all__ = ["PoetFigure", "DEFAULT_MODELS", "DEFAULT_DEVICES", "STRATEGIES", "CLA
 # so a sweep to "half the memory" is possible at all; at 32 px they are 3% (weights, momentum and
 # gradients dominate). The small encoder at 128 tokens is activation-dominated. Both run in seconds.
 DEFAULT_MODELS: tuple[tuple[str, int, int], ...] = (("resnet18", 8, 224), ("transformer_small", 8, 128))
-DEFAULT_DEVICES = ("mkr1000", "nrf52840", "rpi4", "jetson-tx2")
+# The zoo models run on the boards that can hold them; the microcontrollers get TINY_MODELS instead
+# (NOTE [ Microcontroller panels ] in poet_claims.py): ResNet-18 b8/224 needs ~290 MiB.
+DEFAULT_DEVICES = ("rpi4", "jetson-tx2")
+# The deadline sweep (POET's Fig. 4 shape) runs on this panel, at the budget this far from keep-all's
+# peak towards paging-dp's least feasible one.
+SWEEP_PANEL = ("resnet18", "rpi4")
+SWEEP_BUDGET_FRACTION = 0.8
 STRATEGIES = ("paging-dp", "recompute-only", "paging-only", "capuchin")
 CLAIM_TOLERANCE = 0.01    # "within ~1% of the unconstrained energy"
 CLAIM_BUDGET_PCT = 55.0   # "down to roughly half the memory": we accept 55% of keep-all's peak or lower
@@ -252,12 +272,11 @@ def _plot(data: dict[str, object], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels: list[dict[str, object]] = data["panels"]  # type: ignore[assignment]
-    models = list(dict.fromkeys(p["model"] for p in panels))
-    devices = list(dict.fromkeys(p["device"] for p in panels))
-    fig, axes = plt.subplots(len(models), len(devices), figsize=(4 * len(devices), 3.2 * len(models)),
-                             squeeze=False)
-    for panel in panels:
-        ax = axes[models.index(panel["model"])][devices.index(panel["device"])]
+    cols = min(2, len(panels))   # one cell per panel: a tiny model runs on its own board only
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for index, panel in enumerate(panels):
+        ax = axes[index // cols][index % cols]
         for strategy in data["strategies"]:  # type: ignore[attr-defined]
             xy = [(p["budget_pct_of_keep_all_peak"], _rel(p, strategy))
                   for p in panel["points"]]  # type: ignore[attr-defined]
@@ -274,6 +293,8 @@ def _plot(data: dict[str, object], path: Path) -> None:
         top.tick_params(labelsize=7)
         ax.axhline(1 + CLAIM_TOLERANCE, color="grey", linestyle=":", linewidth=0.8)
         ax.invert_xaxis()
+    for index in range(len(panels), rows * cols):
+        axes[index // cols][index % cols].set_visible(False)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -318,12 +339,24 @@ def _summary(data: dict[str, object]) -> str:
               "bounds how low any whole-step budget can go."]
     for name, reason in data["skipped_devices"].items():  # type: ignore[attr-defined]
         lines.append(f"- skipped {name}: {reason}")
+    host = data.get("host_calibration")
+    if host is not None:
+        lines.append(f"- this machine's calibration (NOTE [ One time model ]): {host['source']}")  # type: ignore[index]
+    lines += ["", *claims_markdown(data["claims"]),  # type: ignore[arg-type]
+              "", *sweep_markdown(data["deadline_sweep"])]  # type: ignore[arg-type]
     lines += ["", "Assumptions:", *(f"- {a}" for a in ASSUMPTIONS)]
     return "\n".join(lines) + "\n"
 
 
+def _sweep_budget(panel: dict[str, object]) -> int:
+    top = int(panel["keep_all"]["peak_bytes"])  # type: ignore[index]
+    least = int(panel["points"][-1]["budget_bytes"])  # type: ignore[index]
+    return round(top - SWEEP_BUDGET_FRACTION * (top - least))
+
+
 def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]] = DEFAULT_MODELS,
-                   devices: Sequence[str] = DEFAULT_DEVICES, budgets: int = 12, slots: int = 2000,
+                   devices: Sequence[str] = DEFAULT_DEVICES, tiny_models: Sequence[TinyModel] = TINY_MODELS,
+                   sweep_panel: tuple[str, str] | None = SWEEP_PANEL, budgets: int = 12, slots: int = 2000,
                    include_milp: bool = False, milp_models: Sequence[str] = ("resnet18",),
                    milp_time_limit_s: float = 60.0, host: HostCalibration | None = None,
                    progress: Progress | None = None) -> PoetFigure:
@@ -332,8 +365,12 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
     Args:
         out_dir: created if missing.
         models: ``(zoo model name, batch, size)``; size is pixels or tokens.
-        devices: catalog names; a device without energy figures is listed under ``skipped_devices``
-            with the catalog's reason.
+        devices: catalog names the zoo models run on; a device without energy figures is listed
+            under ``skipped_devices`` with the catalog's reason.
+        tiny_models: models each planned on its own microcontroller, sized so that every budget
+            swept fits the board's RAM (NOTE [ Microcontroller panels ]).
+        sweep_panel: ``(model, device)`` of the panel whose deadline sweep (energy against runtime
+            budget, POET's Fig. 4 shape) is run, at the middle of its budget range; None for none.
         budgets: budgets per panel, from keep-all's peak down to paging-dp's least feasible budget.
         slots: memory units of the DP tables; a schedule may lose one unit per stage to rounding,
             so the default is finer than the planners' 500 (model chains here have ~10 stages).
@@ -341,27 +378,44 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
             ``milp_time_limit_s`` per budget); recorded as unavailable when it cannot import.
         host: this machine's calibration, for devices whose training rate is calibrated (NOTE [ One
             time model ]); without it they are skipped.
-        progress: called with ``(done, total)`` model x device panels after each one.
+        progress: called with ``(done, total)`` panels after each one.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    profiles, skipped = _profiles(devices, host)
+    profiles, skipped = _profiles([*devices, *(m.device for m in tiny_models if m.device not in devices)], host)
+    jobs: list[tuple[str, int, int, Callable[[], Chain], str]] = [
+        (model, batch, size, functools.partial(chain_for, model, batch, size), device)
+        for model, batch, size in models for device in devices if device in profiles]
+    jobs += [(m.name, m.batch, m.size, functools.partial(tiny_chain, m), m.device) for m in tiny_models
+             if m.device in profiles]
     panels: list[dict[str, object]] = []
-    for model, batch, size in models:
-        chain = chain_for(model, batch, size)
-        for profile in profiles.values():
-            scaled = scale_chain(chain, profile)
-            milp = _Milp(scaled, profile, milp_time_limit_s) if include_milp and model in milp_models else None
-            panels.append(_panel(model, batch, size, scaled, profile, budgets, slots, milp))
-            if progress is not None:
-                progress(len(panels), len(models) * len(profiles))
+    sweep: dict[str, object] | None = None
+    for model, batch, size, make_chain, device in jobs:
+        profile = profiles[device]
+        scaled = scale_chain(make_chain(), profile)
+        milp = _Milp(scaled, profile, milp_time_limit_s) if include_milp and model in milp_models else None
+        panel = _panel(model, batch, size, scaled, profile, budgets, slots, milp)
+        panel["device_memory_bytes"] = get_device(device).memory_bytes
+        panels.append(panel)
+        if (model, device) == sweep_panel:
+            sweep = {"model": model, "batch": batch, "size": size, "device": device,
+                     **deadline_sweep(scaled, profile, _sweep_budget(panel))}
+        if progress is not None:
+            progress(len(panels), len(jobs))
     strategies = [*STRATEGIES, *(["milp"] if include_milp else [])]
+    where = "" if sweep is None else (f"{sweep['model']} b{sweep['batch']}x{sweep['size']} on {sweep['device']} at "
+                                      f"{sweep['budget_bytes']:,} B")
+    ram = {name: get_device(name).memory_bytes for name in ("mkr1000", "nrf52840")}
     data: dict[str, object] = {
         "strategies": strategies, "slots": slots, "assumptions": list(ASSUMPTIONS),
         "claim": {"tolerance_rel": CLAIM_TOLERANCE, "budget_pct": CLAIM_BUDGET_PCT,
                   "axes": {"claim": WHOLE_STEP, "claim_activations": ACTIVATIONS}},
         "devices": {name: dataclasses.asdict(p) for name, p in profiles.items()},
-        "skipped_devices": skipped, "panels": panels}
+        "host_calibration": None if host is None else {
+            "gemm_fp64_flops_per_s": host.gemm_fp64_flops_per_s, "training_flops_per_s": host.training_flops_per_s,
+            "source": host.source},
+        "skipped_devices": skipped, "panels": panels, "deadline_sweep": sweep,
+        "claims": claims_table(panels, skipped, sweep, where, ram)}
     figure = PoetFigure(out / "poet.json", out / "poet.png", out / "poet.md", data)
     write_atomic(figure.json_path, json.dumps(data, indent=1))
     _plot(data, figure.png_path)

@@ -407,10 +407,7 @@ def _train_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Opt
     peak = None
     if measure:
         with LiveBytesTracker() as tracker:
-            tracker.register(model.parameters())
-            tracker.register(model.buffers())
-            tracker.register(t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
-            tracker.register([x, y])
+            tracker.register_training_state(model, optimizer, x, y)
             loss = _step(executor, optimizer, x, y)
         peak = tracker.peak_bytes
     else:

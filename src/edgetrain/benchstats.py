@@ -1,0 +1,94 @@
+"""What every timing benchmark reports beside a number: its spread over repeated runs and the setup it ran on.
+
+Seed 002 (shared/seeds) asks an edge-training benchmark profile for the variation across runs
+(training time per epoch was consistent across boards, CoV < 1%) and for the software versions,
+which moved it more than the boards did. :func:`spread` gives median, quartiles, IQR and CoV of
+repeated measurements; :func:`software_setup` records torch, Python, the kernel, the CPU, the
+governor and the power mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import EdgetrainError
+
+__all__ = ["Spread", "software_setup", "spread"]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Repeated measurements summarised: ``cov_pct`` is the sample standard deviation over the mean, in %."""
+
+    n: int
+    median: float
+    q1: float
+    q3: float
+    cov_pct: float | None
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "median": self.median, "q1": self.q1, "q3": self.q3, "iqr": self.iqr,
+                "cov_pct": self.cov_pct}
+
+    def text(self, fmt: str = "{:.4g}") -> str:
+        """'median (IQR x, CoV y%, n)' for tables."""
+        cov = "-" if self.cov_pct is None else f"{self.cov_pct:.1f}%"
+        return f"{fmt.format(self.median)} (IQR {fmt.format(self.iqr)}, CoV {cov}, n={self.n})"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, quartiles (inclusive method: the sample's own range) and CoV of ``values``.
+
+    Raises:
+        EdgetrainError: no values.
+
+    Example:
+        >>> s = spread([1.0, 2.0, 3.0, 4.0, 5.0])
+        >>> (s.median, s.q1, s.q3, s.iqr, round(s.cov_pct, 2))
+        (3.0, 2.0, 4.0, 2.0, 52.7)
+    """
+    if not values:
+        raise EdgetrainError("spread of no values")
+    data = [float(v) for v in values]
+    if len(data) == 1:
+        return Spread(1, data[0], data[0], data[0], None)
+    q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    mean = statistics.fmean(data)
+    return Spread(len(data), statistics.median(data), q1, q3, 100.0 * statistics.stdev(data) / mean if mean else None)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "Hardware")):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def software_setup(root: Path = Path("/")) -> dict[str, Any]:
+    """The software and CPU settings a timing depends on: torch, Python, kernel, CPU, threads, governor, mode."""
+    import torch
+
+    from .power.control import Board
+    from .power.modes import read_cpu_state
+
+    state = read_cpu_state(root)
+    governors = sorted(set(state.governors.values()))
+    nvpmodel = Board(root).nvpmodel_mode()
+    return {"torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release(),
+            "machine": platform.machine(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
+            "online_cpus": len(state.online), "torch_threads": torch.get_num_threads(),
+            "governor": ",".join(governors) if governors else "unavailable: no cpufreq",
+            "cpu_max_freq_khz": max(state.max_freq_khz.values()) if state.max_freq_khz else None,
+            "power_mode": "unavailable: no nvpmodel" if nvpmodel is None else f"nvpmodel {nvpmodel}"}

@@ -1,0 +1,81 @@
+"""Check a plan on a real model: one scheduled step against plain autograd, and its measured peak.
+
+A user who brings a model of their own (or a planner under test) asks two things of a plan: does
+the step compute plain backprop's gradients, and does it stay within the peak the plan predicts?
+:func:`check_step` answers both on this machine in two training steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..chain import Chain
+from ..profile import LiveBytesTracker
+
+__all__ = ["StepCheck", "check_step", "three_budgets"]
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    """One training step of ``Checkpointed(model, memory=budget_bytes)`` against plain autograd."""
+
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    forward_advances: int
+    recompute_factor: float
+    worst_grad_error: float  # max |g - g_ref| / max |g_ref| over the parameters
+
+    @property
+    def measured_over_predicted(self) -> float:
+        return self.measured_peak_bytes / self.predicted_peak_bytes
+
+
+def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes: int, chain: Chain,
+               seed: int = 0) -> StepCheck:
+    """Train a copy of ``model`` two steps under ``Checkpointed(memory=budget_bytes, chain=chain)``.
+
+    The first step's gradients are compared with plain autograd's (cross-entropy, same weights,
+    RNG seeded with ``seed`` before each); the second step's live tensor bytes (SGD momentum
+    buffers exist by then) are measured against the plan's predicted peak.
+
+    Raises:
+        AssertionError: a parameter has a gradient in one step and none in the other.
+    """
+    from .checkpointed import Checkpointed
+
+    reference, mine = copy.deepcopy(model), copy.deepcopy(model)
+    torch.manual_seed(seed)
+    nn.functional.cross_entropy(reference(x), y).backward()
+    wrapped = Checkpointed(mine, sample=x, target=y, memory=budget_bytes, measure_time=False, chain=chain)
+    torch.manual_seed(seed)
+    wrapped.step_loss(x, y)
+    pairs = list(zip(mine.parameters(), reference.parameters(), strict=True))
+    if any((p.grad is None) != (r.grad is None) for p, r in pairs):
+        raise AssertionError("the scheduled step and plain autograd give gradients to different parameters")
+    errors = [((p.grad - r.grad).abs().max() / r.grad.abs().max().clamp_min(1e-30)).item()
+              for p, r in pairs if p.grad is not None and r.grad is not None]
+    del reference, pairs
+    optimizer = torch.optim.SGD(mine.parameters(), lr=0.01, momentum=0.9)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with LiveBytesTracker() as tracker:
+        tracker.register_training_state(mine, optimizer, x, y)
+        wrapped.step_loss(x, y)
+        optimizer.step()
+    return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, tracker.peak_bytes,
+                     wrapped.plan.stats.forward_advances, wrapped.plan.recompute_factor, max(errors, default=0.0))
+
+
+def three_budgets(chain: Chain) -> list[int]:
+    """The least feasible step budget, the middle, and plain training's (keep-all) peak: the
+    range a plan must hold over."""
+    from ..planners.plan import least_step_bytes
+    from ..schedule import keep_all, simulate
+
+    least, keep_all_peak = least_step_bytes(chain), simulate(chain, keep_all(chain.length)).peak_bytes
+    return [least, (least + keep_all_peak) // 2, keep_all_peak]
