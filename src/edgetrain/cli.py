@@ -29,6 +29,7 @@ from typer import _click
 from .cli_common import clean_errors as _clean_errors
 from .cli_common import console, err_console
 from .cli_common import error as _error
+from .cli_cluster import cluster_app
 from .cli_insitu import insitu_app
 from .errors import EdgetrainError
 from .fileio import write_atomic
@@ -757,3 +758,4 @@ def _print_node_fit(rows: list[dict[str, Any]]) -> None:
     Console(width=max(console.width, 120)).print(table)
 
 app.add_typer(insitu_app, name="insitu")
+app.add_typer(cluster_app, name="cluster")
