@@ -120,3 +120,70 @@ def test_the_global_batch_is_split_in_proportion_to_speed() -> None:
     assert sum(split_batch(97, [15.5, 15.5, 40.0, 3.3])) == 97
     with pytest.raises(EdgetrainError, match="cannot give each of 3 nodes 2"):
         split_batch(5, [1.0, 1.0, 1.0], least=2)
+
+
+def _node(rank: int, world: int, port: int, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    """``edgetrain cluster run`` as node ``rank`` of ``world`` (a small token model: seconds, not minutes)."""
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    command = [sys.executable, "-m", "edgetrain", "cluster", "run", "-m", "transformer_small", "--samples", "40",
+               "--batch", "4", "--image", "8", "--run-dir", str(run_dir), "--connect-timeout", "20", *extra]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _errors(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Each node's stderr, after checking it exited with the refusal code and printed exactly one line."""
+    lines = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 2, err
+        assert len(err.strip().splitlines()) == 1, err
+        lines.append(err.strip())
+    return lines
+
+
+def test_an_unreachable_master_is_one_error_not_a_hang(tmp_path: Path) -> None:
+    port = _free_port()  # nobody listens there
+    (err,) = _errors([_node(1, 2, port, tmp_path, "--connect-timeout", "1")])
+    assert f"node 1: cannot reach the master at 127.0.0.1:{port} within 1 s" in err
+
+
+def test_nodes_with_other_settings_fail_alike_on_every_node(tmp_path: Path) -> None:
+    port = _free_port()
+    errors = _errors([_node(0, 2, port, tmp_path / "a"), _node(1, 2, port, tmp_path / "b", "--seed", "7")])
+    assert all("the nodes disagree on the run settings: node 0: " in e for e in errors)
+    assert errors[0] == errors[1]
+
+
+def test_a_node_whose_budget_cannot_hold_its_share_fails_on_every_node(tmp_path: Path) -> None:
+    port = _free_port()
+    errors = _errors([_node(0, 2, port, tmp_path), _node(1, 2, port, tmp_path / "b", "--memory", "40MiB")])
+    assert errors[0] == errors[1]
+    assert "node 1 cannot hold its share of 2 of 4 samples per step" in errors[0]
+    assert "node 0" not in errors[0].split("error: ", 1)[1]
+
+
+def _steps(run_dir: Path) -> list[dict[str, object]]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_a_node_killed_mid_run_is_survived_without_a_lost_step(tmp_path: Path) -> None:
+    # Prepare: 3 nodes, 16 steps; node 1 is killed once step 4 is logged. State is saved every step.
+    config = TrainConfig(model="transformer_small", samples=120, batch=6, image=8, epochs=1, save_every=1,
+                         run_dir=tmp_path)
+    # Execute
+    report = run_local(config, [NodeSpec()] * 3, LocalOptions(faults=(Fault(1, 4, "kill"),)))
+    # Assert: one failure, one restart, every step trained once in order, at world size 2 after the kill.
+    assert report.restarts == 1
+    (failure,) = report.to_dict()["failures"]
+    assert (failure["node"], failure["kind"], failure["steps_lost"], failure["world_size_after"]) == (1, "killed", 0, 2)
+    steps = _steps(tmp_path)
+    assert [r["step"] for r in steps] == list(range(1, 17))
+    assert {r["world_size"] for r in steps if int(r["step"]) > failure["resumed_from_step"]} == {2}
+    assert all(r["samples"] == 6 for r in steps)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 16 and summary["config"]["world_size"] == 2
+    from edgetrain.train.state import StateStore
+
+    state = StateStore(tmp_path / "state").load_latest()
+    assert state is not None and (state.step, state.epoch) == (16, 1)

@@ -6,6 +6,7 @@ each command, so ``edgetrain --help`` does not pay for PyTorch.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,6 +36,12 @@ OverwriteOpt = typer.Option(False, "--overwrite", help="Replace a run already in
 ConnectOpt = typer.Option(60.0, "--connect-timeout", min=0.1, help="Seconds to wait for the master and every node.")
 
 
+def _quiet_c10d() -> None:
+    """Before torch is imported: quiet c10d's C++ log, whose multi-line socket errors would drown the one-line
+    message (set ``TORCH_CPP_LOG_LEVEL=INFO`` to see them)."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+
+
 def _config(**settings: Any) -> Any:
     from .train import TrainConfig
 
@@ -57,6 +64,7 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                 timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="Seconds a collective may wait "
                                               "for a node before the run stops.")) -> None:
     """One node of a cluster, started by torchrun or by hand (reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    _quiet_c10d()
     from .distributed import ClusterEnv, ClusterOptions, NodeSpec, train_node
 
     config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
@@ -118,6 +126,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   rejoin_after: Optional[int] = typer.Option(None, "--rejoin-after", min=1, help="A lost node "
                                                              "comes back after the others trained N steps.")) -> None:
     """Start a cluster of --nodes processes on this machine under a supervisor that survives node failures."""
+    _quiet_c10d()
     from .distributed import NodeSpec
     from .distributed.local import LocalOptions, run_local
 

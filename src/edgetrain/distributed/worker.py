@@ -46,7 +46,9 @@ def read_spec(path: Path) -> tuple[TrainConfig, NodeSpec, ClusterOptions]:
 def main(argv: list[str] | None = None) -> int:
     """Run one node; one line on stderr for any failure (NOTE [ One error on every node ])."""
     import logging
+    import os
 
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one-line errors (see cli_cluster._config)
     from ..errors import EdgetrainError
     from .group import ClusterEnv
     from .node import train_node
