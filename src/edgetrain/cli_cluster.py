@@ -89,11 +89,11 @@ def _per_node(option: str, values: list[str], nodes: int) -> list[Optional[str]]
     return list(values)
 
 
-def _faults(kills: list[str], stops: list[str]) -> tuple[Any, ...]:
+def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, ...]:
     from .distributed.local import Fault
 
     faults = []
-    for kind, specs in (("kill", kills), ("stop", stops)):
+    for kind, specs in (("kill", kills), ("stop", stops), ("cut", cuts)):
         for spec in specs:
             node, _, step = spec.partition("@")
             if not (node.isdigit() and step.isdigit()):
@@ -119,6 +119,16 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   kill: list[str] = typer.Option([], "--kill", help="Inject a failure: SIGKILL node N once step S "
                                                  "is logged (N@S; repeatable)."),
                   stop: list[str] = typer.Option([], "--stop", help="Inject a hang: SIGSTOP node N at step S (N@S)."),
+                  cut: list[str] = typer.Option([], "--cut", help="Inject a partition: take node N's link down at "
+                                                "step S (N@S; needs --netns as root)."),
+                  netns: bool = typer.Option(False, "--netns", help="Each node in its own network namespace and "
+                                             "cgroup, links shaped by --preset (needs root; else plain processes, "
+                                             "and the report says what is not emulated)."),
+                  preset: str = typer.Option("gigabit", "--preset", help="Link of every node with --netns: "
+                                             "gigabit, 100mbit or wifi20 (bandwidth only: no latency or loss)."),
+                  cpus_per_node: Optional[float] = typer.Option(None, "--cpus-per-node", min=0.01, help="CPU quota "
+                                                                "of each node with --netns (default: cores / "
+                                                                "nodes)."),
                   heartbeat_timeout: float = typer.Option(3.0, "--heartbeat-timeout", min=0.1, help="Seconds "
                                                           "without a heartbeat before a node is declared hung."),
                   timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Seconds a collective may wait "
@@ -138,8 +148,9 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                                                    _per_node("--memory", memory, nodes), rates)]
     options = LocalOptions(heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout,
                            connect_timeout_s=connect_timeout, rejoin_after_steps=rejoin_after,
-                           faults=_faults(kill, stop))
+                           faults=_faults(kill, stop, cut), preset=preset if netns else None,
+                           cpus_per_node=cpus_per_node)
     report = run_local(config, specs, options)
     console.print(to_json(report.to_dict(), indent=2))
-    console.print(f"{nodes} nodes, {report.restarts} restart(s); metrics: {run_dir / 'metrics.jsonl'}, "
-                  f"cluster report: {run_dir / 'cluster.json'}")
+    console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "
+                  f"{run_dir / 'metrics.jsonl'}, cluster report: {run_dir / 'cluster.json'}")

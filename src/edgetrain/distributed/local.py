@@ -33,10 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..train.config import TrainConfig
 from ..train.rundir import METRICS_FILE
@@ -44,32 +44,40 @@ from .group import ClusterError
 from .node import ClusterOptions, NodeSpec, node_speed
 from .worker import EXIT_REFUSED, write_spec
 
+if TYPE_CHECKING:
+    from .netns import NetworkEmulation
+
 __all__ = ["Fault", "FailureRecord", "LocalOptions", "LocalReport", "run_local", "free_port"]
 
 log = logging.getLogger(__name__)
 
 CLUSTER_FILE = "cluster.json"
+LOG_DIR = "node-logs"
+FAULT_KINDS = ("kill", "stop", "cut")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """A failure to inject: ``kind`` ("kill": SIGKILL, "stop": SIGSTOP) on ``node`` once rank 0 logged ``at_step``."""
+    """A failure to inject on ``node`` once rank 0 logged ``at_step``: "kill" (SIGKILL), "stop" (SIGSTOP: a hung
+    node) or "cut" (its link taken down; needs the network emulation)."""
 
     node: int
     at_step: int
     kind: str = "kill"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("kill", "stop"):
-            raise ClusterError(f"a fault is 'kill' or 'stop', got {self.kind!r}")
+        if self.kind not in FAULT_KINDS:
+            raise ClusterError(f"a fault is one of {', '.join(FAULT_KINDS)}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
 class LocalOptions:
     """How the supervisor runs and watches the nodes (NOTE [ Supervision ]).
 
-    ``launch`` turns a node's command and environment into the process to start (the network
-    emulation wraps it in the node's namespace and cgroup); the default runs it as it is.
+    ``preset``: run every node in its own network namespace and cgroup, links shaped to this
+    :data:`~edgetrain.distributed.netns.PRESETS` entry (NOTE [ What the emulation is ]); without
+    root the nodes run as plain processes and the report says what is not emulated.
+    ``cpus_per_node``: each emulated node's CPU quota (default: the cores shared out evenly).
     """
 
     heartbeat_timeout_s: float = 3.0
@@ -78,9 +86,8 @@ class LocalOptions:
     max_restarts: int = 8
     rejoin_after_steps: int | None = None
     faults: tuple[Fault, ...] = ()
-    master_addr: str = "127.0.0.1"
-    node_env: Callable[[int], dict[str, str]] | None = None
-    wrap: Callable[[int, list[str]], list[str]] | None = None
+    preset: str | None = None
+    cpus_per_node: float | None = None
 
 
 @dataclass
@@ -117,16 +124,17 @@ class LocalReport:
     failures: list[FailureRecord] = field(default_factory=list)
     rejoins: list[dict[str, Any]] = field(default_factory=list)
     wall_time_s: float = 0.0
+    emulation: str = "plain local processes: no network shaping, no CPU or memory limits per node"
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "restarts": self.restarts, "failures": [f.to_dict() for f in self.failures],
-                "rejoins": self.rejoins, "wall_time_s": self.wall_time_s}
+                "rejoins": self.rejoins, "wall_time_s": self.wall_time_s, "emulation": self.emulation}
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free now on ``host`` (bound to port 0 and released)."""
+def free_port() -> int:
+    """A TCP port free now on 127.0.0.1 (bound to port 0 and released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
@@ -152,11 +160,41 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
 
     Raises:
         ClusterError: a refusal every node shares (with its message), more failures than
-            ``max_restarts``, or no node left.
+            ``max_restarts``, no node left, or a "cut" fault without the network emulation.
     """
     started = time.time()
     config, rated = prepare(config, nodes)
     report = LocalReport(nodes=len(rated))
+    with contextlib.ExitStack() as stack:
+        network = None
+        if options.preset is not None:
+            network, report.emulation = _network(stack, config, rated, options)
+        if network is None and any(f.kind == "cut" for f in options.faults):
+            raise ClusterError("a 'cut' fault needs the network emulation (--netns, as root)")
+        _supervise(config, rated, options, report, network)
+    report.wall_time_s = time.time() - started
+    _write_report(config.run_dir, report)
+    return report
+
+
+def _network(stack: contextlib.ExitStack, config: TrainConfig, nodes: Sequence[NodeSpec],
+             options: LocalOptions) -> tuple[NetworkEmulation | None, str]:
+    """The emulated network, entered on ``stack``, and what it emulates; None and why not without root."""
+    from .netns import NOT_EMULATED, NetworkEmulation, can_emulate
+
+    reason = can_emulate()
+    if reason is not None:
+        log.warning("network emulation unavailable (%s)", reason)
+        return None, f"{reason}; {NOT_EMULATED}"
+    limits = [replace(config, device=n.device, memory=n.memory).budget_bytes() for n in nodes]
+    assert options.preset is not None
+    network = stack.enter_context(NetworkEmulation(len(nodes), options.preset, cpus_per_node=options.cpus_per_node,
+                                                   memory_bytes=limits))
+    return network, network.describe()
+
+
+def _supervise(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOptions, report: LocalReport,
+               network: NetworkEmulation | None) -> None:
     alive = list(range(len(rated)))
     down: list[int] = []
     pending = list(options.faults)
@@ -164,13 +202,13 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
         attempt = 0
         while True:
             group = _Group(config if attempt == 0 else replace(config, resume=True, overwrite=False),
-                           [(n, rated[n]) for n in alive], options, Path(scratch), attempt)
+                           [(n, rated[n]) for n in alive], options, Path(scratch), attempt, network)
             try:
                 outcome = group.watch(pending, report, down)
             finally:
                 group.stop()
             if outcome.kind == "done":
-                break
+                return
             if outcome.kind == "refused":
                 raise ClusterError(outcome.message)
             attempt += 1
@@ -179,6 +217,8 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
                 raise ClusterError(f"more than {options.max_restarts} restarts; last: {outcome.message}")
             if outcome.kind == "rejoin":
                 report.rejoins.append({"nodes": list(down), "at_step": outcome.step})
+                for node in down if network is not None else ():
+                    network.mend(node)
                 alive, down = sorted(alive + down), []
             elif outcome.node is not None:
                 alive.remove(outcome.node)
@@ -186,9 +226,6 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
             if not alive:
                 raise ClusterError("every node failed")
             log.warning("re-forming the cluster with nodes %s (%s)", alive, outcome.message)
-    report.wall_time_s = time.time() - started
-    _write_report(config.run_dir, report)
-    return report
 
 
 def _write_report(run_dir: Path, report: LocalReport) -> None:
@@ -209,10 +246,11 @@ class _Group:
     """One attempt: the nodes started on one port, watched until they finish or one fails."""
 
     def __init__(self, config: TrainConfig, members: list[tuple[int, NodeSpec]], options: LocalOptions,
-                 scratch: Path, attempt: int) -> None:
-        self.options, self.members, self.config = options, members, config
+                 scratch: Path, attempt: int, network: NetworkEmulation | None) -> None:
+        self.options, self.members, self.config, self.network = options, members, config, network
         self.metrics = config.run_dir / METRICS_FILE
-        port = free_port(options.master_addr)
+        port = free_port()  # in a fresh namespace every port is free; else one free here now
+        master = "127.0.0.1" if network is None else network.address(members[0][0])
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Path] = {}
         self.heartbeats: dict[int, Path] = {}
@@ -223,13 +261,13 @@ class _Group:
             cluster_options = ClusterOptions(connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s,
                                              heartbeat=beat)
             spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(members)),
-                   "MASTER_ADDR": options.master_addr, "MASTER_PORT": str(port), "EDGETRAIN_NODE": str(node_id),
-                   **(options.node_env(node_id) if options.node_env else {})}
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
+                   "MASTER_PORT": str(port), **({} if network is None else network.env(node_id))}
             command = [sys.executable, "-m", "edgetrain.distributed.worker", str(spec_file)]
-            if options.wrap is not None:
-                command = options.wrap(node_id, command)
-            self.logs[node_id] = scratch / f"node-{attempt}-{node_id}.log"
+            if network is not None:
+                command = network.wrap(node_id, command)
+            self.logs[node_id] = config.run_dir / LOG_DIR / f"attempt-{attempt}-node-{node_id}.log"
+            self.logs[node_id].parent.mkdir(parents=True, exist_ok=True)
             self.heartbeats[node_id] = beat
             with self.logs[node_id].open("wb") as log_file:
                 self.procs[node_id] = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -252,7 +290,7 @@ class _Group:
             for fault in [f for f in pending if f.at_step <= step and f.node in self.procs]:
                 pending.remove(fault)
                 injected[fault.node] = time.time()
-                os.kill(self.procs[fault.node].pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+                self._inject(fault)
             codes = {n: p.poll() for n, p in self.procs.items()}
             if all(code == 0 for code in codes.values()):
                 return _Outcome("done")
@@ -262,8 +300,7 @@ class _Group:
             lost = next((n for n, code in codes.items() if code is not None and code < 0), None)
             kind = "killed"
             if lost is None:
-                lost = next((n for n in self.procs if codes[n] is None and self._stale(n, now)), None)
-                kind = "hung"
+                lost, kind = self._silent(codes, now), "hung or cut off"
             if lost is not None:
                 report.failures.append(FailureRecord(node=lost, kind=kind, injected_at=injected.get(lost),
                                                      detected_at=now, last_step=self.seen_step,
@@ -276,6 +313,21 @@ class _Group:
             rejoin = self.options.rejoin_after_steps
             if down and rejoin is not None and report.failures and step - report.failures[-1].last_step >= rejoin:
                 return _Outcome("rejoin", step=step, message=f"nodes {down} rejoin")
+
+    def _inject(self, fault: Fault) -> None:
+        if fault.kind == "cut":
+            assert self.network is not None
+            self.network.cut(fault.node)
+        else:
+            os.kill(self.procs[fault.node].pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+
+    def _silent(self, codes: dict[int, int | None], now: float) -> int | None:
+        """The node that stopped beating; the master when every other node did (it is the one cut off)."""
+        stale = [n for n in self.procs if codes[n] is None and self._stale(n, now)]
+        master = self.members[0][0]
+        if len(stale) > 1 and len(stale) == len(self.procs) - 1 and master not in stale:
+            return master
+        return stale[0] if stale else None
 
     def _stale(self, node: int, now: float) -> bool:
         try:

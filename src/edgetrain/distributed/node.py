@@ -60,6 +60,10 @@ __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_st
 
 log = logging.getLogger(__name__)
 
+# A beat's write to the master's store may wait this long: the master's store thread shares a
+# throttled CPU quota with its training, so a second can pass; above it, the node is cut off.
+STORE_BEAT_TIMEOUT_S = 2.0
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -134,8 +138,9 @@ def train_node(config: TrainConfig, node: NodeSpec, env: ClusterEnv,
     """
     local = replace(config, device=node.device, memory=node.memory)
     local.check()
-    with _Heartbeat(options):
+    with _Heartbeat(options, env) as heartbeat:
         join(env, connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s)
+        heartbeat.joined.set()
         try:
             return _train_joined(config, local, node, env)
         finally:
@@ -143,18 +148,40 @@ def train_node(config: TrainConfig, node: NodeSpec, env: ClusterEnv,
 
 
 class _Heartbeat:
-    """A thread that touches ``options.heartbeat`` until the block ends (nothing without a file)."""
+    """A thread that touches ``options.heartbeat`` every ``heartbeat_s`` until the block ends (nothing without a file).
 
-    def __init__(self, options: ClusterOptions) -> None:
-        self.path, self.every_s = options.heartbeat, options.heartbeat_s
+    Once the node has joined, a beat first counts ``heartbeat/<rank>`` up in the master's store over
+    its own connection: a node cut off from the master stops beating as a stopped one does
+    (NOTE [ Supervision ] in local.py).
+    """
+
+    def __init__(self, options: ClusterOptions, env: ClusterEnv) -> None:
+        self.path, self.every_s, self.env = options.heartbeat, options.heartbeat_s, env
         self.stop = threading.Event()
+        self.joined = threading.Event()
         self.thread = threading.Thread(target=self._beat, name="edgetrain-heartbeat", daemon=True)
 
     def _beat(self) -> None:
         assert self.path is not None
+        store: Any = None
         while not self.stop.is_set():
-            self.path.touch()
+            try:
+                if self.joined.is_set():
+                    if store is None:
+                        store = self._connect()
+                    store.add(f"heartbeat/{self.env.rank}", 1)  # a round trip: set() does not wait for a reply
+                self.path.touch()
+            except RuntimeError:  # the master is unreachable: no beat
+                store = None
             self.stop.wait(self.every_s)
+
+    def _connect(self) -> Any:
+        import datetime
+
+        import torch.distributed as dist
+
+        return dist.TCPStore(self.env.master_addr, self.env.master_port, is_master=False, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=STORE_BEAT_TIMEOUT_S))
 
     def __enter__(self) -> _Heartbeat:
         if self.path is not None:
