@@ -78,7 +78,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     """One node of the 2-node run: its slice of each global batch through :func:`cluster_step`."""
     import torch.distributed as dist
 
-    from edgetrain.distributed import cluster_step
+    from edgetrain.distributed.node import average_parameters, cluster_step
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     model, (xs, ys) = _tiny_model(), _data()
@@ -91,8 +91,14 @@ def _rank(rank: int, port: int, out: str) -> None:
         assert result.samples == GLOBAL_BATCH
         losses.append(result.loss)
         grads.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
-    torch.save({"losses": losses, "grads": grads, "weights": [p.detach() for p in model.parameters()]},
-               f"{out}/rank{rank}.pt")
+    weights = [p.detach().clone() for p in model.parameters()]
+    # Then one local step (periodic averaging) and the weighted average of the weights.
+    cluster_step(executor, model, optimizer, (xs[0][offset:offset + share], ys[0][offset:offset + share]),
+                 average=False)
+    local = [p.detach().clone() for p in model.parameters()]
+    average_parameters(model, share / GLOBAL_BATCH)
+    torch.save({"losses": losses, "grads": grads, "weights": weights, "local": local,
+                "averaged": [p.detach() for p in model.parameters()]}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -111,6 +117,11 @@ def test_two_gloo_nodes_give_the_single_process_losses_and_gradients(tmp_path: P
     assert losses[-2] < losses[0]  # it trains (the same batch, 18 steps later)
     for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
         assert torch.equal(a, b)
+    # Periodic averaging: local steps part the weights; averaging gives both nodes the share-weighted mean.
+    assert not torch.equal(ranks[0]["local"][0], ranks[1]["local"][0])
+    for a, b, avg0, avg1 in zip(ranks[0]["local"], ranks[1]["local"], ranks[0]["averaged"], ranks[1]["averaged"]):
+        torch.testing.assert_close(avg0, (SHARES[0] * a + SHARES[1] * b) / GLOBAL_BATCH, rtol=REL_TOL, atol=1e-7)
+        assert torch.equal(avg0, avg1)
 
 
 def test_the_global_batch_is_split_in_proportion_to_speed() -> None:

@@ -33,6 +33,8 @@ SaveEveryOpt = typer.Option(1, "--save-every", min=1, help="Rank 0 saves the sta
 RunDirOpt = typer.Option(Path("runs/cluster"), "--run-dir", help="Rank 0's metrics, state and summary.")
 ResumeOpt = typer.Option(False, "--resume", help="Continue the run in --run-dir (at any number of nodes).")
 OverwriteOpt = typer.Option(False, "--overwrite", help="Replace a run already in --run-dir.")
+AverageOpt = typer.Option(1, "--average-every", min=1, help="1: sum gradients every step (exact). K > 1: local "
+                          "steps, weights averaged every K steps (for slow links).")
 ConnectOpt = typer.Option(60.0, "--connect-timeout", min=0.1, help="Seconds to wait for the master and every node.")
 
 
@@ -54,7 +56,7 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                 image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
                 lr: Optional[float] = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
                 run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
-                connect_timeout: float = ConnectOpt,
+                connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                 device: Optional[str] = typer.Option(None, "--device", "-d", help="This node's device (it plans "
                                                      "for its memory and gets a share by its speed)."),
                 memory: Optional[str] = typer.Option(None, "--memory", help="This node's process budget, e.g. "
@@ -72,7 +74,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                      overwrite=overwrite)
     env = ClusterEnv.from_environ()
     summary = train_node(config, NodeSpec(device, memory, rate), env,
-                         ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout))
+                         ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
+                                        average_every=average_every))
     if summary is not None:
         console.print(f"{summary.steps} steps on {env.world_size} nodes in {summary.wall_time_s:.1f} s; "
                       f"metrics: {run_dir / 'metrics.jsonl'}")
@@ -108,7 +111,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
                   lr: Optional[float] = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
                   run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
-                  connect_timeout: float = ConnectOpt,
+                  connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                   nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
                   device: list[str] = typer.Option([], "--device", "-d", help="Device of every node, or one "
                                                    "--device per node (e.g. -d rpi4 -d rpi4 -d jetson-nano)."),
@@ -149,7 +152,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
     options = LocalOptions(heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout,
                            connect_timeout_s=connect_timeout, rejoin_after_steps=rejoin_after,
                            faults=_faults(kill, stop, cut), preset=preset if netns else None,
-                           cpus_per_node=cpus_per_node)
+                           cpus_per_node=cpus_per_node, average_every=average_every)
     report = run_local(config, specs, options)
     console.print(to_json(report.to_dict(), indent=2))
     console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "

@@ -88,6 +88,7 @@ class LocalOptions:
     faults: tuple[Fault, ...] = ()
     preset: str | None = None
     cpus_per_node: float | None = None
+    average_every: int = 1
 
 
 @dataclass
@@ -259,7 +260,7 @@ class _Group:
         for rank, (node_id, spec) in enumerate(members):
             beat = scratch / f"heartbeat-{attempt}-{node_id}"
             cluster_options = ClusterOptions(connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s,
-                                             heartbeat=beat)
+                                             heartbeat=beat, average_every=options.average_every)
             spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
                    "MASTER_PORT": str(port), **({} if network is None else network.env(node_id))}
