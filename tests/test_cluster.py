@@ -19,10 +19,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from edgetrain.chain import Chain
-from edgetrain.distributed import ClusterError, split_batch
-from edgetrain.errors import EdgetrainError
+from edgetrain.distributed import split_batch
 from edgetrain.distributed.local import Fault, LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
+from edgetrain.errors import EdgetrainError
 from edgetrain.optim import make_optimizer
 from edgetrain.planners import uniform
 from edgetrain.runtime import Executor
@@ -66,7 +66,7 @@ def _single_process() -> tuple[list[float], list[list[torch.Tensor]]]:
     optimizer = make_optimizer("sgd", model.parameters(), 0.1)
     executor = _executor(model)
     losses, grads = [], []
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=True):
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(executor.step(x, y)))
         grads.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
@@ -86,7 +86,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     executor = _executor(model)
     offset, share = sum(SHARES[:rank]), SHARES[rank]
     losses, grads = [], []
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=True):
         result = cluster_step(executor, model, optimizer, (x[offset:offset + share], y[offset:offset + share]))
         assert result.samples == GLOBAL_BATCH
         losses.append(result.loss)
@@ -111,15 +111,16 @@ def test_two_gloo_nodes_give_the_single_process_losses_and_gradients(tmp_path: P
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for got in ranks:
         assert got["losses"] == pytest.approx(losses, rel=REL_TOL)
-        for step_got, step_want in zip(got["grads"], grads):
-            for g, w in zip(step_got, step_want):
+        for step_got, step_want in zip(got["grads"], grads, strict=True):
+            for g, w in zip(step_got, step_want, strict=True):
                 torch.testing.assert_close(g, w, rtol=REL_TOL, atol=1e-7)
     assert losses[-2] < losses[0]  # it trains (the same batch, 18 steps later)
-    for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]):
+    for a, b in zip(ranks[0]["weights"], ranks[1]["weights"], strict=True):
         assert torch.equal(a, b)
     # Periodic averaging: local steps part the weights; averaging gives both nodes the share-weighted mean.
     assert not torch.equal(ranks[0]["local"][0], ranks[1]["local"][0])
-    for a, b, avg0, avg1 in zip(ranks[0]["local"], ranks[1]["local"], ranks[0]["averaged"], ranks[1]["averaged"]):
+    for a, b, avg0, avg1 in zip(ranks[0]["local"], ranks[1]["local"], ranks[0]["averaged"], ranks[1]["averaged"],
+                                strict=True):
         torch.testing.assert_close(avg0, (SHARES[0] * a + SHARES[1] * b) / GLOBAL_BATCH, rtol=REL_TOL, atol=1e-7)
         assert torch.equal(avg0, avg1)
 

@@ -26,10 +26,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer import _click
 
+from .cli_cluster import cluster_app
 from .cli_common import clean_errors as _clean_errors
 from .cli_common import console, err_console
 from .cli_common import error as _error
-from .cli_cluster import cluster_app
 from .cli_insitu import insitu_app
 from .errors import EdgetrainError
 from .fileio import write_atomic

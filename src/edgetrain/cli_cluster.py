@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -54,14 +54,14 @@ def _config(**settings: Any) -> Any:
 @clean_errors
 def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = SamplesOpt, batch: int = BatchOpt,
                 image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
-                lr: Optional[float] = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
+                lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
                 run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                 connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
-                device: Optional[str] = typer.Option(None, "--device", "-d", help="This node's device (it plans "
+                device: str | None = typer.Option(None, "--device", "-d", help="This node's device (it plans "
                                                      "for its memory and gets a share by its speed)."),
-                memory: Optional[str] = typer.Option(None, "--memory", help="This node's process budget, e.g. "
+                memory: str | None = typer.Option(None, "--memory", help="This node's process budget, e.g. "
                                                      "600MiB (default: the device's RAM)."),
-                rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="This node's training rate "
+                rate: float | None = typer.Option(None, "--rate", min=0.0, help="This node's training rate "
                                                      "in FLOP/s, for a device the catalog has none for."),
                 timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="Seconds a collective may wait "
                                               "for a node before the run stops.")) -> None:
@@ -81,7 +81,7 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                       f"metrics: {run_dir / 'metrics.jsonl'}")
 
 
-def _per_node(option: str, values: list[str], nodes: int) -> list[Optional[str]]:
+def _per_node(option: str, values: list[str], nodes: int) -> list[str | None]:
     """One value for every node: none given, one for all, or one each."""
     if not values:
         return [None] * nodes
@@ -109,7 +109,7 @@ def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, .
 @clean_errors
 def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = SamplesOpt, batch: int = BatchOpt,
                   image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
-                  lr: Optional[float] = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
+                  lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
                   run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                   connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                   nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
@@ -129,14 +129,14 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                                              "and the report says what is not emulated)."),
                   preset: str = typer.Option("gigabit", "--preset", help="Link of every node with --netns: "
                                              "gigabit, 100mbit or wifi20 (bandwidth only: no latency or loss)."),
-                  cpus_per_node: Optional[float] = typer.Option(None, "--cpus-per-node", min=0.01, help="CPU quota "
+                  cpus_per_node: float | None = typer.Option(None, "--cpus-per-node", min=0.01, help="CPU quota "
                                                                 "of each node with --netns (default: cores / "
                                                                 "nodes)."),
                   heartbeat_timeout: float = typer.Option(3.0, "--heartbeat-timeout", min=0.1, help="Seconds "
                                                           "without a heartbeat before a node is declared hung."),
                   timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Seconds a collective may wait "
                                                 "(the backstop behind the heartbeat)."),
-                  rejoin_after: Optional[int] = typer.Option(None, "--rejoin-after", min=1, help="A lost node "
+                  rejoin_after: int | None = typer.Option(None, "--rejoin-after", min=1, help="A lost node "
                                                              "comes back after the others trained N steps.")) -> None:
     """Start a cluster of --nodes processes on this machine under a supervisor that survives node failures."""
     _quiet_c10d()
@@ -148,7 +148,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                      overwrite=overwrite)
     rates = [None if r is None else float(r) for r in _per_node("--rate", rate, nodes)]
     specs = [NodeSpec(d, m, r) for d, m, r in zip(_per_node("--device", device, nodes),
-                                                   _per_node("--memory", memory, nodes), rates)]
+                                                   _per_node("--memory", memory, nodes), rates, strict=True)]
     options = LocalOptions(heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout,
                            connect_timeout_s=connect_timeout, rejoin_after_steps=rejoin_after,
                            faults=_faults(kill, stop, cut), preset=preset if netns else None,

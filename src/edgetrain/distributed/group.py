@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +142,8 @@ def all_reduce_tensors(tensors: Sequence[torch.Tensor], weight: float) -> None:
     (NOTE [ Explicit all-reduce, not DDP ]), all in flight at once."""
     import torch.distributed as dist
 
+    if dist.get_world_size() == 1:  # a cluster of one: nothing to sum, the weight is 1
+        return
     works = []
     for tensor in tensors:
         tensor.mul_(weight)
@@ -155,6 +156,8 @@ def all_reduce_sum(values: Sequence[float]) -> list[float]:
     """The sum over nodes of each value (float64)."""
     import torch.distributed as dist
 
+    if dist.get_world_size() == 1:
+        return [float(v) for v in values]
     tensor = torch.tensor(list(values), dtype=torch.float64)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return [float(v) for v in tensor]

@@ -50,8 +50,16 @@ from ..runtime import Executor
 from ..stages import training_stages
 from ..train.budget import ProcessBudget, measure_runtime_baseline, split_process_budget
 from ..train.config import TrainConfig
-from ..train.loop import MetricsLog, Opening, TrainSummary, choose_plan, evaluate, open_run, profile_batch
-from ..train.loop import truncate_metrics
+from ..train.loop import (
+    MetricsLog,
+    Opening,
+    TrainSummary,
+    choose_plan,
+    evaluate,
+    open_run,
+    profile_batch,
+    truncate_metrics,
+)
 from ..train.rundir import METRICS_FILE, PLAN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory
 from ..train.state import ResumableSampler, StateStore, TrainingState
 from ..units import format_bytes
