@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per scaling run (the first is not timed)")
     parser.add_argument("--compress-steps", type=int, default=8)
     parser.add_argument("--average-every", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2, help="runs per compression mode (crash count)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))

@@ -132,7 +132,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   cpus_per_node: float | None = typer.Option(None, "--cpus-per-node", min=0.01, help="CPU quota "
                                                                 "of each node with --netns (default: cores / "
                                                                 "nodes)."),
-                  heartbeat_timeout: float = typer.Option(3.0, "--heartbeat-timeout", min=0.1, help="Seconds "
+                  heartbeat_timeout: float = typer.Option(5.0, "--heartbeat-timeout", min=0.1, help="Seconds "
                                                           "without a heartbeat before a node is declared hung."),
                   timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Seconds a collective may wait "
                                                 "(the backstop behind the heartbeat)."),

@@ -80,7 +80,7 @@ class LocalOptions:
     ``cpus_per_node``: each emulated node's CPU quota (default: the cores shared out evenly).
     """
 
-    heartbeat_timeout_s: float = 3.0
+    heartbeat_timeout_s: float = 5.0
     timeout_s: float = 30.0
     connect_timeout_s: float = 60.0
     max_restarts: int = 8

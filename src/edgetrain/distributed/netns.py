@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 NOT_EMULATED = "latency and loss are not emulated (no netem, iptables or tc gact on this kernel)"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _CFS_PERIOD_US = 100_000
+# How long a packet may wait in a link's tbf queue before it is dropped. Short queues (50 ms)
+# drop the small heartbeat packets behind an all-reduce's burst, and TCP's retransmission
+# back-off then delays a beat by seconds: a healthy node looked hung. 400 ms holds the burst.
+TBF_QUEUE = "400ms"
 
 
 @dataclass(frozen=True)
@@ -163,9 +167,10 @@ class NetworkEmulation:
             _run("ip", "-n", name, "addr", "add", f"{self.address(node)}/24", "dev", self.interface)
             _run("ip", "-n", name, "link", "set", self.interface, "up")
             _run("ip", "-n", name, "link", "set", "lo", "up")
-            _run("tc", "qdisc", "add", "dev", host_end, "root", "tbf", "rate", rate, "burst", burst, "latency", "50ms")
+            _run("tc", "qdisc", "add", "dev", host_end, "root", "tbf", "rate", rate, "burst", burst, "latency",
+                 TBF_QUEUE)
             _run("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", self.interface, "root", "tbf", "rate", rate,
-                 "burst", burst, "latency", "50ms")
+                 "burst", burst, "latency", TBF_QUEUE)
             self._make_cgroups(node)
 
     def _make_cgroups(self, node: int) -> None:
