@@ -85,11 +85,9 @@ def _per_node(option: str, values: list[str], nodes: int) -> list[str | None]:
     """One value for every node: none given, one for all, or one each."""
     if not values:
         return [None] * nodes
-    if len(values) == 1:
-        return values * nodes
-    if len(values) != nodes:
+    if len(values) not in (1, nodes):
         raise ValueError(f"{option}: give one value for all nodes or one per node ({nodes}), got {len(values)}")
-    return list(values)
+    return [values[0] if len(values) == 1 else values[node] for node in range(nodes)]
 
 
 def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, ...]:

@@ -218,8 +218,9 @@ def _supervise(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOpt
                 raise ClusterError(f"more than {options.max_restarts} restarts; last: {outcome.message}")
             if outcome.kind == "rejoin":
                 report.rejoins.append({"nodes": list(down), "at_step": outcome.step})
-                for node in down if network is not None else ():
-                    network.mend(node)
+                if network is not None:
+                    for node in down:
+                        network.mend(node)
                 alive, down = sorted(alive + down), []
             elif outcome.node is not None:
                 alive.remove(outcome.node)

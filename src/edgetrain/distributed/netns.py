@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -151,17 +152,17 @@ class NetworkEmulation:
 
     def _build(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
-        self._made(lambda: _run("ip", "link", "del", self.bridge))
+        self._made(functools.partial(_run, "ip", "link", "del", self.bridge))
         _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         rate = f"{self.preset.rate_bps}bit"
         burst = f"{max(32_000, self.preset.rate_bps // 8 // 250)}b"  # at least one tick's worth at 250 Hz
         for node, name in enumerate(self.names):
             _run("ip", "netns", "add", name)
-            self._made(lambda name=name: _run("ip", "netns", "del", name))
+            self._made(functools.partial(_run, "ip", "netns", "del", name))
             host_end = f"{name}h"
             _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", self.interface, "netns", name)
-            self._made(lambda host_end=host_end: _run("ip", "link", "del", host_end))
+            self._made(functools.partial(_run, "ip", "link", "del", host_end))
             _run("ip", "link", "set", host_end, "master", self.bridge)
             _run("ip", "link", "set", host_end, "up")
             _run("ip", "-n", name, "addr", "add", f"{self.address(node)}/24", "dev", self.interface)
@@ -177,7 +178,7 @@ class NetworkEmulation:
         cpu, memory = self.cgroup("cpu", node), self.cgroup("memory", node)
         for path in (cpu, memory):
             path.mkdir()
-            self._made(lambda path=path: _remove_cgroup(path))
+            self._made(functools.partial(_remove_cgroup, path))
         (cpu / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
         (cpu / "cpu.cfs_quota_us").write_text(str(int(self.cpus_per_node * _CFS_PERIOD_US)))
         limit = self.memory_bytes[node]

@@ -392,7 +392,7 @@ class _NodeRun:
             write_json(self.run.file(PLAN_FILE), {"schedule": self.chosen.schedule.to_dict(), **self.chosen.to_dict()})
             resumed_at = None if self.resumed_from is None else (self.step, self.epoch)
             past = truncate_metrics(self.run.file(METRICS_FILE), resumed_at)
-        last_eval = next((r for r in reversed(past) if "val_accuracy" in r), {})
+        last_eval: dict[str, Any] = next((r for r in reversed(past) if "val_accuracy" in r), {})
         accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
         with _metrics(self.run) as metrics:
             while self.epoch < config.epochs:
