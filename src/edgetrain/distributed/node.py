@@ -244,9 +244,10 @@ def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Op
     total, loss_sum = all_reduce_sum([count, loss * count])
     if total > 0 and average:
         all_reduce_gradients(model.parameters(), count / total)
+    synced = time.perf_counter()
     if total > 0 and (count > 0 or average):
         optimizer.step()
-    return StepResult(loss_sum / total if total else float("nan"), int(total), time.perf_counter() - computed)
+    return StepResult(loss_sum / total if total else float("nan"), int(total), synced - computed)
 
 
 def average_parameters(model: nn.Module, weight: float) -> float:
