@@ -69,7 +69,7 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
                 timed = steps[WARM_UP_STEPS:]
                 step_s = statistics.median(r["time_s"] for r in timed)
                 rows.append({"nodes": nodes, "preset": preset, "batch": batch, "step_s": step_s,
-                             "samples_per_s": batch / step_s,
+                             "samples_per_s": batch / step_s, "restarts": report["restarts"],
                              "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
                              "steps_timed": len(timed), "emulation": report["emulation"]})
                 log.info("scaling %s", rows[-1])
@@ -97,13 +97,14 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
                 crashes += 1
                 continue
             timed = steps[WARM_UP_STEPS:]
-            runs.append({"step_s": statistics.median(r["time_s"] for r in timed),
+            runs.append({"step_s": statistics.median(r["time_s"] for r in timed), "restarts": report["restarts"],
                          "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
                          "final_loss": statistics.mean(r["loss"] for r in steps[-3:]),
                          "emulation": report["emulation"]})
         rows.append({"mode": "all-reduce every step" if every == 1 else f"average every {every} steps",
                      "average_every": every, "nodes": nodes, "preset": preset, "batch": batch,
                      "steps": args.compress_steps, "runs": args.repeats, "crashes": crashes,
+                     "restarts": sum(r["restarts"] for r in runs),
                      "samples_per_s": None if not runs else batch / statistics.median(r["step_s"] for r in runs),
                      "sync_share": None if not runs else statistics.median(r["sync_share"] for r in runs),
                      "final_loss": None if not runs else statistics.mean(r["final_loss"] for r in runs),
@@ -112,7 +113,8 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
     return rows
 
 
-def failures(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """3 nodes of the small token model (seconds per run), one failure each; plain processes except for a cut."""
     rows = []
     for kind in args.failures:
         if kind == "cut" and can_emulate() is not None:
@@ -121,7 +123,8 @@ def failures(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
         config = TrainConfig(model="transformer_small", samples=120, batch=6, image=16, epochs=1, save_every=1,
                              run_dir=scratch / f"failure-{kind}")
         started = time.time()
-        options = LocalOptions(faults=(Fault(1, 4, kind),), preset="gigabit" if kind == "cut" else None)
+        options = LocalOptions(faults=(Fault(1, 4, kind),), preset="gigabit" if kind == "cut" else None,
+                               cpus_per_node=cpus)
         report = run_local(config, [NodeSpec()] * 3, options).to_dict()
         steps = _steps(config.run_dir)
         (failure,) = report["failures"]
@@ -141,26 +144,26 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     out = [f"Machine shared with other work; rerun with `{result['command']}`. {result['cpu_note']}", "",
-           "| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share |",
-           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} |"
-            for r in result["scaling"]]
-    out += ["", "| mode | nodes | preset | steps | samples/s | sync share | loss (last 3 steps) | crashes / runs |",
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+            f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
+            for r in result.get("scaling", [])]
+    out += ["", "| mode | nodes | preset | steps | samples/s | sync share | loss (last 3 steps) | crashes / runs | "
+            "restarts |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {r['crashes']} / {r['runs']} |"
-            for r in result["compression"]]
+            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
+            f"{r['restarts']} |" for r in result.get("compression", [])]
     out += ["", "| failure | detection s | restarts | steps lost | steps (samples) repeated | stall s | "
             "finished, in order |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r in result["failures"]:
+    for r in result.get("failures", []):
         if "skipped" in r:
             out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | |")
             continue
         out.append(f"| {r['kind']} | {_fmt(r['detection_s'])} | {r['restarts']} | {r['steps_lost']} | "
                    f"{r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
                    f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} |")
-    emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result[t]
+    emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)]
     return "\n".join(out) + "\n"
@@ -178,6 +181,7 @@ def main() -> None:
     parser.add_argument("--average-every", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
+    parser.add_argument("--tables", type=lambda s: s.split(","), default=["scaling", "compression", "failures"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
@@ -192,9 +196,9 @@ def main() -> None:
                      "same at every node count)." if can_emulate() is None else
                      f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        result["scaling"] = scaling(args, Path(scratch), cpus)
-        result["compression"] = compression(args, Path(scratch), cpus)
-        result["failures"] = failures(args, Path(scratch))
+        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures)):
+            if table in args.tables:
+                result[table] = build(args, Path(scratch), cpus)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     table = markdown(result)

@@ -6,6 +6,7 @@ Processes talk over gloo on 127.0.0.1 on ports picked free (bound to 0), so para
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -179,23 +180,28 @@ def _steps(run_dir: Path) -> list[dict[str, object]]:
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-def test_a_node_killed_mid_run_is_survived_without_a_lost_step(tmp_path: Path) -> None:
-    # Prepare: 3 nodes, 16 steps; node 1 is killed once step 4 is logged. State is saved every step.
-    config = TrainConfig(model="transformer_small", samples=120, batch=6, image=8, epochs=1, save_every=1,
+def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_path: Path) -> None:
+    # Prepare: 3 nodes, 12 steps; node 1 is killed once step 3 is logged and comes back 3 steps later.
+    # State is saved every step.
+    config = TrainConfig(model="transformer_small", samples=90, batch=6, image=8, epochs=1, save_every=1,
                          run_dir=tmp_path)
     # Execute
-    report = run_local(config, [NodeSpec()] * 3, LocalOptions(faults=(Fault(1, 4, "kill"),)))
-    # Assert: one failure, one restart, every step trained once in order, at world size 2 after the kill.
-    assert report.restarts == 1
+    report = run_local(config, [NodeSpec()] * 3, LocalOptions(faults=(Fault(1, 3, "kill"),), rejoin_after_steps=3))
+    # Assert: one failure, one restart for it and one for the rejoin; every step trained once, in order,
+    # at world size 2 after the kill and 3 again after the rejoin.
+    assert report.restarts == 2
     (failure,) = report.to_dict()["failures"]
     assert (failure["node"], failure["kind"], failure["steps_lost"], failure["world_size_after"]) == (1, "killed", 0, 2)
+    (rejoin,) = report.rejoins
+    assert rejoin["nodes"] == [1]
     steps = _steps(tmp_path)
-    assert [r["step"] for r in steps] == list(range(1, 17))
-    assert {r["world_size"] for r in steps if int(r["step"]) > failure["resumed_from_step"]} == {2}
+    assert [r["step"] for r in steps] == list(range(1, 13))
+    sizes = [r["world_size"] for r in steps]
+    assert sizes[:3] == [3] * 3 and [size for size, _ in itertools.groupby(sizes)] == [3, 2, 3]
     assert all(r["samples"] == 6 for r in steps)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 16 and summary["config"]["world_size"] == 2
+    assert summary["steps"] == 12 and summary["config"]["world_size"] == 3
     from edgetrain.train.state import StateStore
 
     state = StateStore(tmp_path / "state").load_latest()
-    assert state is not None and (state.step, state.epoch) == (16, 1)
+    assert state is not None and (state.step, state.epoch) == (12, 1)

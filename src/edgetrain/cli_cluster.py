@@ -116,7 +116,8 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   memory: list[str] = typer.Option([], "--memory", help="Process budget of every node, or one "
                                                    "per node."),
                   rate: list[str] = typer.Option([], "--rate", help="Training rate (FLOP/s) of every node, or one "
-                                                 "per node, for devices the catalog has none for."),
+                                                 "per node ('auto': the device's from the time model), for "
+                                                 "devices the catalog has none for."),
                   kill: list[str] = typer.Option([], "--kill", help="Inject a failure: SIGKILL node N once step S "
                                                  "is logged (N@S; repeatable)."),
                   stop: list[str] = typer.Option([], "--stop", help="Inject a hang: SIGSTOP node N at step S (N@S)."),
@@ -144,7 +145,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
     config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
                      optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
                      overwrite=overwrite)
-    rates = [None if r is None else float(r) for r in _per_node("--rate", rate, nodes)]
+    rates = [None if r in (None, "auto") else float(r) for r in _per_node("--rate", rate, nodes)]
     specs = [NodeSpec(d, m, r) for d, m, r in zip(_per_node("--device", device, nodes),
                                                    _per_node("--memory", memory, nodes), rates, strict=True)]
     options = LocalOptions(heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout,

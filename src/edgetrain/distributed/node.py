@@ -195,7 +195,8 @@ class _Heartbeat:
                         store = self._connect()
                     store.add(f"heartbeat/{self.env.rank}", 1)  # a round trip: set() does not wait for a reply
                 self.path.touch()
-            except RuntimeError:  # the master is unreachable: no beat
+            except RuntimeError as exc:  # the master is unreachable: no beat
+                log.warning("heartbeat: the master's store did not answer (%s)", str(exc).splitlines()[0])
                 store = None
             self.stop.wait(self.every_s)
 
