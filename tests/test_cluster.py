@@ -187,7 +187,10 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
     config = TrainConfig(model="transformer_small", samples=90, batch=6, image=8, epochs=1, save_every=1,
                          run_dir=tmp_path)
     # Execute
-    report = run_local(config, [NodeSpec()] * 3, LocalOptions(faults=(Fault(1, 3, "kill"),), rejoin_after_steps=3))
+    # A kill is seen by waitpid; the long heartbeat timeout keeps a node starved by a loaded machine from
+    # being taken for hung (a real restart, which would make the count below wrong).
+    options = LocalOptions(faults=(Fault(1, 3, "kill"),), rejoin_after_steps=3, heartbeat_timeout_s=20)
+    report = run_local(config, [NodeSpec()] * 3, options)
     # Assert: one failure, one restart for it and one for the rejoin; every step trained once, in order,
     # at world size 2 after the kill and 3 again after the rejoin.
     assert report.restarts == 2
@@ -206,3 +209,14 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
 
     state = StateStore(tmp_path / "state").load_latest()
     assert state is not None and (state.step, state.epoch) == (11, 1)
+
+
+def test_torchrun_starts_a_cluster_of_edgetrain_nodes(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "edgetrain", "cluster", "run",
+                           "-m", "transformer_small", "--samples", "40", "--batch", "4", "--image", "8", "--run-dir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = _steps(tmp_path)
+    assert [r["step"] for r in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 5
+    assert {r["world_size"] for r in steps} == {2}
