@@ -123,8 +123,12 @@ class ClusterOptions:
 
 
 def cluster_settings(config: TrainConfig) -> dict[str, Any]:
-    """The settings every node must share (the run's identity, the epochs, the save interval)."""
-    return {**config.identity().identity, "epochs": config.epochs, "save_every": config.save_every}
+    """The settings every node must share (the run's identity, the epochs, the save interval).
+
+    A dataset folder is named by its last component: each node reads its own copy, wherever it is mounted.
+    """
+    data = config.data if config.data == "synthetic" else f"folder:{Path(config.data).expanduser().resolve().name}"
+    return {**config.identity().identity, "data": data, "epochs": config.epochs, "save_every": config.save_every}
 
 
 def node_speed(node: NodeSpec) -> float | None:
