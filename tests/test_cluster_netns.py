@@ -27,7 +27,12 @@ def _leftovers(net: NetworkEmulation) -> list[str]:
     return left
 
 
+def _netns_dir_mounted() -> bool:
+    return any(line.split()[4] == "/run/netns" for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
 def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing_is_left() -> None:
+    mounted_before = _netns_dir_mounted()
     with NetworkEmulation(2, "wifi20", cpus_per_node=0.5, memory_bytes=[256 * 2**20, None]) as net:
         qdisc = subprocess.run(["tc", "qdisc", "show", "dev", f"{net.names[1]}h"], capture_output=True, text=True)
         assert "tbf" in qdisc.stdout and "rate 20Mbit" in qdisc.stdout
@@ -39,6 +44,7 @@ def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing
         assert net.address(1) in seen and f"edgetrain-cluster-{net.names[1]}" in seen
         assert len(_leftovers(net)) == 2 + 1 + 4  # the check sees them: namespaces, bridge, cgroups
     assert _leftovers(net) == []
+    assert _netns_dir_mounted() == mounted_before  # ip's /run/netns bind mount too (unless another run holds it)
 
 
 def test_sigterm_removes_the_network(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ ways. Without root, nodes run as plain local processes: no shaping, no cgroups, 
 caller is told so.
 
 Everything created is recorded as it is made and removed in reverse order on exit, on
-SIGTERM/SIGINT, and at interpreter exit, also when creating a later piece failed.
+SIGTERM/SIGINT, and at interpreter exit, also when creating a later piece failed; that includes
+the ``/run/netns`` bind mount ``ip netns add`` makes, when this run made it and no namespace is
+left in it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 
 NOT_EMULATED = "latency and loss are not emulated (no netem, iptables or tc gact on this kernel)"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+NETNS_RUN_DIR = "/run/netns"
 _CFS_PERIOD_US = 100_000
 # How long a packet may wait in a link's tbf queue before it is dropped. Short queues (50 ms)
 # drop the small heartbeat packets behind an all-reduce's burst, and TCP's retransmission
@@ -151,6 +154,8 @@ class NetworkEmulation:
         self._undo.append(undo)
 
     def _build(self) -> None:
+        if not _mounted(NETNS_RUN_DIR):  # `ip netns add` bind-mounts it: ours to undo, once unused
+            self._made(_unmount_netns_dir_if_unused)
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         self._made(functools.partial(_run, "ip", "link", "del", self.bridge))
         _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
@@ -213,6 +218,19 @@ class NetworkEmulation:
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
         atexit.unregister(self.close)
+
+
+def _unmount_netns_dir_if_unused() -> None:
+    """Unmount the ``/run/netns`` bind mount ``ip netns add`` made, unless a namespace (another run's) still uses it."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip()
+    if not names and _mounted(NETNS_RUN_DIR):
+        _run("umount", NETNS_RUN_DIR)
+
+
+def _mounted(path: str) -> bool:
+    """Whether ``path`` is a mount point (a bind mount of the same file system too, which ``ismount`` misses)."""
+    with open("/proc/self/mountinfo") as mounts:
+        return any(line.split()[4] == path for line in mounts)
 
 
 def _remove_cgroup(path: Path) -> None:
