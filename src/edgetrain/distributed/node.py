@@ -46,6 +46,7 @@ from ..fileio import write_json
 from ..models import get_model_spec
 from ..optim import make_optimizer
 from ..planners import Plan
+from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
 from ..stages import training_stages
 from ..train.budget import ProcessBudget, measure_runtime_baseline, split_process_budget
@@ -338,6 +339,8 @@ class _NodeRun:
                  opening: Opening, run: RunDirectory | None, average_every: int) -> None:
         self.started = time.perf_counter()
         self.average_every = average_every
+        if local.budget_bytes() is not None:  # as `edgetrain train` (NOTE [ Returning freed memory ])
+            configure_allocator()
         self.config, self.env, self.run = config, env, run
         spec = get_model_spec(config.model)
         root = config.data_root or config.run_dir / "data"
@@ -365,6 +368,8 @@ class _NodeRun:
             self.step, self.epoch, self.resumed_from = opening.state.step, opening.state.epoch, opening.state.step
         log.info("node %d of %d: %d of %d samples per step, plan %s", env.rank, env.world_size, self.share,
                  config.batch, self.chosen.strategy)
+        return_freed_memory()
+        reset_peak()  # from here on the kernel's high-water mark is training's, as in `edgetrain train`
 
     def _plan(self, local: TrainConfig, opening: Opening) -> tuple[Plan, ProcessBudget | None]:
         """Profile and plan this node's step at its share, under its budget; every node learns every verdict."""
@@ -453,7 +458,6 @@ class _NodeRun:
 
     def _summary(self, accuracy: float | None, val_loss: float | None) -> TrainSummary:
         assert self.run is not None
-        from ..profile.process import read_process_memory
 
         config = self.config
         baseline = 0 if self.budget is None else self.budget.runtime_baseline_bytes
