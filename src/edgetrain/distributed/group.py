@@ -21,6 +21,7 @@ asynchronous all-reduce per parameter: no byte more than the plan counts.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -34,7 +35,7 @@ import torch
 
 from ..errors import EdgetrainError
 
-__all__ = ["ClusterError", "ClusterEnv", "join", "leave", "gather_verdicts", "all_reduce_gradients",
+__all__ = ["ClusterError", "ClusterEnv", "join", "farewell", "leave", "gather_verdicts", "all_reduce_gradients",
            "all_reduce_tensors", "all_reduce_sum", "config_hash"]
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,18 @@ def join(env: ClusterEnv, *, connect_timeout_s: float, timeout_s: float) -> None
                            f"({_first_line(exc)})") from None
     dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def farewell(timeout_s: float = 10.0) -> None:
+    """Wait until every node is done with the group, so that rank 0's store, which the others talk to, outlives
+    their last use of it (else a node tearing down after the master has gone aborted: SIGABRT in c10d).
+
+    Only where every node is known to get here: a finished run or a refusal they all share.
+    """
+    import torch.distributed as dist
+
+    with contextlib.suppress(RuntimeError):
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def leave() -> None:

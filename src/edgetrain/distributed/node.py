@@ -71,6 +71,7 @@ from .group import (
     all_reduce_sum,
     all_reduce_tensors,
     config_hash,
+    farewell,
     gather_verdicts,
     join,
     leave,
@@ -171,9 +172,17 @@ def train_node(config: TrainConfig, node: NodeSpec, env: ClusterEnv,
         join(env, connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s)
         heartbeat.joined.set()
         try:
-            return _train_joined(config, local, node, env, options)
-        finally:
+            summary = _train_joined(config, local, node, env, options)
+        except ClusterError:  # every node refuses alike (NOTE [ One error on every node ]): leave together
+            farewell()
             leave()
+            raise
+        except BaseException:  # the cluster broke: waiting for the others could hang
+            leave()
+            raise
+        farewell()
+        leave()
+        return summary
 
 
 class _Heartbeat:
