@@ -6,10 +6,14 @@ scale-down (pytorch#111646, #67742); the issue measured 45-64 s to resume after 
 link. Here the supervisor watches every node directly, with no rendezvous round:
 
 * a node that *dies* is seen by ``waitpid`` at once (its exit status says it was killed);
-* a node that *hangs* (SIGSTOP, a stuck kernel) stops refreshing its heartbeat file, which a
-  thread of its own touches every ``heartbeat_s``; it is declared lost after
-  ``heartbeat_timeout_s``. The survivors are blocked in an all-reduce meanwhile, which the
-  supervisor does not wait out (their collective timeout is only the backstop);
+* a node that *hangs* (SIGSTOP, a stuck kernel) or is *cut off* stops refreshing its heartbeat
+  file, which a thread of its own touches every ``heartbeat_s`` after a round trip to the
+  master's store; it is declared lost after ``heartbeat_timeout_s``. When every node but the
+  master goes silent at once, the master is the one cut off. The survivors are blocked in an
+  all-reduce meanwhile, which the supervisor does not wait out (their collective timeout is
+  only the backstop);
+* nodes that exit because the cluster broke, with no node found dead or silent, are all
+  started again;
 * a node that exits with :data:`EXIT_REFUSED` reports a refusal every node shares (versions,
   settings, budget): nothing is restarted and its one-line message is raised.
 
@@ -19,6 +23,11 @@ from the nodes left, on a fresh port: the batch is split again among them and th
 from the last saved state (``--resume``), so steps after that state are repeated, none lost.
 One failure costs one restart. A lost node comes back (``rejoin_after_steps``) at a re-form
 made for it once the smaller group has trained that many steps.
+
+Own supervision rather than a fault-tolerant layer such as torchft: torchft replaces the
+process group and runs a quorum service (its lighthouse) beside the job, and it is not
+installed here; the supervisor needs nothing but torch.distributed, and the nodes' state
+protocol (rank 0's atomic state, resumable at any world size) already makes a restart exact.
 """
 
 from __future__ import annotations

@@ -368,7 +368,7 @@ class _NodeRun:
                                f"of {config.batch}")
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr)
         self.sampler = ResumableSampler(len(self.train_set), config.seed)
-        self.chosen, self.budget = self._plan(replace(local, batch=self.share), opening)
+        self.chosen, self.budget = self._plan(replace(local, batch=self.share))
         self.executor = Executor(training_stages(self.model), self.chosen.schedule, None)
         self.step, self.epoch = 0, 0
         self.resumed_from: int | None = None
@@ -380,7 +380,7 @@ class _NodeRun:
         return_freed_memory()
         reset_peak()  # from here on the kernel's high-water mark is training's, as in `edgetrain train`
 
-    def _plan(self, local: TrainConfig, opening: Opening) -> tuple[Plan, ProcessBudget | None]:
+    def _plan(self, local: TrainConfig) -> tuple[Plan, ProcessBudget | None]:
         """Profile and plan this node's step at its share, under its budget; every node learns every verdict."""
         x, y = first_batch(self.train_set, self.share)
         verdict: str | None = None
