@@ -143,19 +143,22 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    out = [f"Machine shared with other work; rerun with `{result['command']}`. {result['cpu_note']}", "",
-           "| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
-           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [f"Machine shared with other work; rerun with `{result['command']}`. {result['cpu_note']}", ""]
+    if "scaling" in result:
+        out += ["| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
+                "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'])} | "
             f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
             for r in result.get("scaling", [])]
-    out += ["", "| mode | nodes | preset | steps | samples/s | sync share | loss (last 3 steps) | crashes / runs | "
-            "restarts |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    if "compression" in result:
+        out += ["", "| mode | nodes | preset | steps | samples/s | sync share | loss (last 3 steps) | crashes / runs "
+                "| restarts |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {_fmt(r['samples_per_s'])} | "
             f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
             f"{r['restarts']} |" for r in result.get("compression", [])]
-    out += ["", "| failure | detection s | restarts | steps lost | steps (samples) repeated | stall s | "
-            "finished, in order |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    if "failures" in result:
+        out += ["", "| failure | detection s | restarts | steps lost | steps (samples) repeated | stall s | "
+                "finished, in order |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in result.get("failures", []):
         if "skipped" in r:
             out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | |")
