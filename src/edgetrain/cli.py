@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer import _click
 
+from .cli_cluster import cluster_app
 from .cli_common import clean_errors as _clean_errors
 from .cli_common import console, err_console
 from .cli_common import error as _error
@@ -765,3 +766,4 @@ def _print_node_fit(rows: list[dict[str, Any]]) -> None:
 app.add_typer(insitu_app, name="insitu")
 app.add_typer(power_app, name="power")
 register_bench(bench_app)
+app.add_typer(cluster_app, name="cluster")

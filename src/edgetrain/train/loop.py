@@ -55,7 +55,8 @@ from .rundir import (
 )
 from .state import ResumableSampler, StateStore, TrainingState, capture_rng, restore_rng
 
-__all__ = ["TrainSummary", "StepMetrics", "train", "evaluate"]
+__all__ = ["TrainSummary", "StepMetrics", "train", "evaluate", "profile_batch", "choose_plan",
+           "MetricsLog", "truncate_metrics", "Opening", "open_run"]
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ ProgressFn = Callable[[StepMetrics, int], None]  # (metrics, total steps)
 
 
 @dataclass
-class _Opening:
+class Opening:
     """How a run starts: afresh, from a saved state, or not at all (already finished)."""
 
     finished: TrainSummary | None = None
@@ -135,7 +136,7 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
     """
     config.check()
     with RunDirectory(config.run_dir) as run:
-        opening = _open_run(run, config)
+        opening = open_run(run, config)
         if opening.finished is not None:
             log.info("the run in %s is finished; nothing to do", run.path)
             return opening.finished
@@ -143,7 +144,7 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
         return _run(run, config, opening, progress)
 
 
-def _open_run(run: RunDirectory, config: TrainConfig) -> _Opening:
+def open_run(run: RunDirectory, config: TrainConfig) -> Opening:
     """Decide how the run starts; refuse (before any write) what would mix two runs."""
     identity = config.identity()
     if not config.resume:
@@ -152,41 +153,41 @@ def _open_run(run: RunDirectory, config: TrainConfig) -> _Opening:
                 raise EdgetrainError(f"run directory {run.path} already holds a run; pass --resume to continue it, "
                                      "--overwrite to replace it, or another --run-dir")
             run.remove_run()
-        return _Opening()
+        return Opening()
     saved = run.saved_identity()
     if saved is None:
         if run.holds_a_run():
             raise RunMismatchError(f"{run.path} holds a run without {RUN_FILE} (from an older edgetrain), whose "
                                    "settings cannot be checked; start it again with --overwrite")
         log.info("nothing to resume in %s: starting the run", run.path)
-        return _Opening()
+        return Opening()
     changes = identity.identity_changes(saved)
     if changes:
         raise RunMismatchError(f"--resume: the run in {run.path} has other settings ({'; '.join(changes)}); resume "
                                "with the run's settings, or start again with --overwrite")
     finished = run.finished_summary(config.epochs)
     if finished is not None:
-        return _Opening(finished=TrainSummary.from_dict(finished))
+        return Opening(finished=TrainSummary.from_dict(finished))
     state = StateStore(run.file(STATE_DIR), keep_last=config.keep_last).load_latest()
     if state is None:  # killed before the first save: nothing trained is kept
-        return _Opening()
+        return Opening()
     return _resumed(run, config, saved, state)
 
 
-def _resumed(run: RunDirectory, config: TrainConfig, saved: RunIdentity, state: TrainingState) -> _Opening:
+def _resumed(run: RunDirectory, config: TrainConfig, saved: RunIdentity, state: TrainingState) -> Opening:
     """Resume from ``state``; a changed request keeps the saved plan only if that plan meets it."""
     changes = config.identity().request_changes(saved)
     figures = run.saved_plan()
     if not changes or figures is None:
-        return _Opening(state=state, schedule=state.schedule)
+        return Opening(state=state, schedule=state.schedule)
     unmet = _unmet(figures, config.identity().request)
     record = {"step": state.step, "epoch": state.epoch, "changes": changes}
     if not unmet:
-        return _Opening(state=state, schedule=state.schedule, events=[{**record, "event": "request_changed"}])
+        return Opening(state=state, schedule=state.schedule, events=[{**record, "event": "request_changed"}])
     if not config.replan:
         raise RunMismatchError(f"--resume: the request changed ({'; '.join(changes)}) and the run's plan does not "
                                f"meet it ({'; '.join(unmet)}); resume with the run's settings, or pass --replan")
-    return _Opening(state=state, schedule=None, events=[{**record, "event": "replanned", "unmet": unmet}])
+    return Opening(state=state, schedule=None, events=[{**record, "event": "replanned", "unmet": unmet}])
 
 
 def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
@@ -207,7 +208,7 @@ def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
     return unmet
 
 
-def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: ProgressFn | None) -> TrainSummary:
+def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: ProgressFn | None) -> TrainSummary:
     started = time.perf_counter()
     if config.budget_bytes() is not None:  # pinning costs step time: only where a process budget must hold
         configure_allocator()  # NOTE [ Returning freed memory ]
@@ -230,7 +231,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     shipped = None if config.plan_file is None else config.shipped_plan()
     if shipped is not None:
         shipped.check_matches(num_classes=num_classes)
-    chain = shipped.chain if shipped is not None else _profile(model, sample_x, sample_y, config)
+    chain = shipped.chain if shipped is not None else profile_batch(model, sample_x, sample_y, config)
     epoch, step, resumed_at = 0, 0, None
     if opening.state is not None:  # after profiling (NOTE [ Exact resume ]); the loaded copy is then dropped
         opening.state.restore(model, optimizer, sampler=sampler)
@@ -243,7 +244,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     process_bytes = config.budget_bytes()
     budget = None if process_bytes is None else split_process_budget(process_bytes, baseline)
     saved = opening.schedule if opening.schedule is not None else None if shipped is None else shipped.schedule
-    chosen = _choose_plan(chain, config, budget, saved)
+    chosen = choose_plan(chain, config, budget, saved)
     del sample_x, sample_y
     executor = Executor(training_stages(model), chosen.schedule, chain, page_dir=config.page_dir)
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
@@ -255,7 +256,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     cache = _sample_cache(chosen, budget, config)
     if cache is not None:
         train_set = train_set.with_reader(CachingReader(cache))
-    past = _truncate_metrics(run.file(METRICS_FILE), resumed_at)
+    past = truncate_metrics(run.file(METRICS_FILE), resumed_at)
     start_step = step
     total_steps = len(train_set) // config.batch * config.epochs
     measured_peak = max((int(r["peak_bytes"]) for r in past if r.get("peak_bytes")), default=0)
@@ -264,7 +265,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: _Opening, progress: Pr
     reset_peak()  # from here on the kernel's high-water mark is training's
     last_eval: dict[str, Any] = next((r for r in reversed(past) if "val_accuracy" in r), {})
     accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
-    with _MetricsLog(run.file(METRICS_FILE)) as metrics_log:
+    with MetricsLog(run.file(METRICS_FILE)) as metrics_log:
         for event in opening.events:
             metrics_log.append(event)
         while epoch < config.epochs:  # the sampler is at (epoch, position): fresh, resumed or set below
@@ -336,7 +337,7 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float
     return (correct / total, loss_sum / total) if total else (None, None)
 
 
-def _profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> Chain:
+def profile_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> Chain:
     """Profile one batch, leaving the RNG as it was (NOTE [ Exact resume ])."""
     rng = capture_rng()
     chain = replace(profile(model, x, y, optimizer=config.optimizer, repeats=2), name=config.model)
@@ -344,7 +345,7 @@ def _profile(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainCo
     return chain
 
 
-def _choose_plan(chain: Chain, config: TrainConfig, budget: ProcessBudget | None, saved: Schedule | None) -> Plan:
+def choose_plan(chain: Chain, config: TrainConfig, budget: ProcessBudget | None, saved: Schedule | None) -> Plan:
     """The fastest schedule within the tensor budget (least memory within ρ), or the resumed run's schedule.
 
     Raises:
@@ -430,7 +431,7 @@ def _capture(step: int, epoch: int, model: nn.Module, optimizer: torch.optim.Opt
                                  sampler=sampler.state_dict(consumed=consumed))
 
 
-class _MetricsLog:
+class MetricsLog:
     """Append-only JSON lines, flushed per line so a crash loses at most the line being written.
 
     When TensorBoard is installed, every numeric field is also logged as a scalar under
@@ -441,7 +442,7 @@ class _MetricsLog:
         self.path = path
         self.board: Any = None
 
-    def __enter__(self) -> _MetricsLog:
+    def __enter__(self) -> MetricsLog:
         self.file = self.path.open("a")
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -464,7 +465,7 @@ class _MetricsLog:
             self.board.close()
 
 
-def _truncate_metrics(path: Path, resumed_at: tuple[int, int] | None) -> list[dict[str, Any]]:
+def truncate_metrics(path: Path, resumed_at: tuple[int, int] | None) -> list[dict[str, Any]]:
     """Drop metrics written after the resumed state ``(step, epoch)`` was saved (all without one): those
     steps are about to run again. Returns the records kept.
 

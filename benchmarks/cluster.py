@@ -1,0 +1,213 @@
+"""Data-parallel training across emulated edge nodes: scaling, periodic averaging for slow links, failures survived.
+
+Three tables, each from ``edgetrain cluster local`` runs on this machine (issue #14):
+
+* **scaling**: throughput of ResNet-18 with the CIFAR stem on CIFAR-10-shaped synthetic data
+  (32 px, 10 classes) per number of nodes x network preset x global batch, with the share of
+  each step spent in the all-reduces (``sync_s / time_s``, which includes waiting for the
+  slowest node). Every node gets the same CPU quota whatever the node count (``cores / max
+  nodes``), so a node is a fixed-size board and N nodes have N times the compute.
+* **compression**: exact data parallelism (gradients summed every step) against periodic
+  weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link: throughput,
+  mean loss of the last three steps after a fixed number of steps, and crashes over repeated runs.
+* **failures**: a node killed (SIGKILL), stopped (SIGSTOP) and, as root, cut off (its link
+  taken down) at a fixed step on 3 nodes: detection time, restarts, steps lost and repeated, stall.
+
+As root, nodes run in network namespaces with tc-shaped links and cgroup CPU quotas (NOTE [ What
+the emulation is ]: latency and loss are not emulated); otherwise as plain processes, which the
+output says. Writes JSON (``--out``) and a markdown table (``--md``), and prints the markdown.
+
+Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
+[--steps N] [--average-every K] [--repeats R] [--failures kill,stop,cut] [--out PATH] [--md PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from edgetrain.distributed.local import Fault, LocalOptions, run_local
+from edgetrain.distributed.netns import can_emulate
+from edgetrain.distributed.node import NodeSpec
+from edgetrain.train import TrainConfig
+
+log = logging.getLogger("cluster")
+WARM_UP_STEPS = 1  # the first step brings up caches and connections: not timed
+
+
+def _config(run_dir: Path, model: str, batch: int, steps: int, image: int) -> TrainConfig:
+    """One epoch of exactly ``steps`` global batches (the split keeps 80% for training)."""
+    samples = -(-batch * steps * 5 // 4) + batch  # the split rounds the validation share up
+    return TrainConfig(model=model, samples=samples, batch=batch, image=image, epochs=1, save_every=10**6,
+                       run_dir=run_dir)
+
+
+def _steps(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "loss" in r]
+
+
+def _run(config: TrainConfig, nodes: int, options: LocalOptions) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    report = run_local(config, [NodeSpec()] * nodes, options)
+    return _steps(config.run_dir), report.to_dict()
+
+
+def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    rows = []
+    for preset in args.presets:
+        for batch in args.batches:
+            for nodes in args.nodes:
+                config = _config(scratch / f"scale-{preset}-{batch}-{nodes}", args.model, batch, args.steps, args.image)
+                steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus))
+                timed = steps[WARM_UP_STEPS:]
+                step_s = statistics.median(r["time_s"] for r in timed)
+                rows.append({"nodes": nodes, "preset": preset, "batch": batch, "step_s": step_s,
+                             "samples_per_s": batch / step_s, "restarts": report["restarts"],
+                             "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
+                             "steps_timed": len(timed), "emulation": report["emulation"]})
+                log.info("scaling %s", rows[-1])
+    for row in rows:
+        single = next((r for r in rows if r["nodes"] == 1 and r["preset"] == row["preset"]
+                       and r["batch"] == row["batch"]), None)
+        row["speedup"] = None if single is None else row["samples_per_s"] / single["samples_per_s"]
+        row["efficiency"] = None if row["speedup"] is None else row["speedup"] / row["nodes"]
+    return rows
+
+
+def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    rows = []
+    nodes, preset, batch = max(args.nodes), args.presets[-1], args.batches[0]
+    for every in (1, args.average_every):
+        runs, crashes = [], 0
+        for repeat in range(args.repeats):
+            config = _config(scratch / f"compress-{every}-{repeat}", args.model, batch, args.compress_steps,
+                             args.image)
+            try:
+                steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus,
+                                                                 average_every=every, max_restarts=0))
+            except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
+                log.warning("compression run crashed: %s", exc)
+                crashes += 1
+                continue
+            timed = steps[WARM_UP_STEPS:]
+            runs.append({"step_s": statistics.median(r["time_s"] for r in timed), "restarts": report["restarts"],
+                         "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
+                         "final_loss": statistics.mean(r["loss"] for r in steps[-3:]),
+                         "emulation": report["emulation"]})
+        rows.append({"mode": "all-reduce every step" if every == 1 else f"average every {every} steps",
+                     "average_every": every, "nodes": nodes, "preset": preset, "batch": batch,
+                     "steps": args.compress_steps, "runs": args.repeats, "crashes": crashes,
+                     "restarts": sum(r["restarts"] for r in runs),
+                     "samples_per_s": None if not runs else batch / statistics.median(r["step_s"] for r in runs),
+                     "sync_share": None if not runs else statistics.median(r["sync_share"] for r in runs),
+                     "final_loss": None if not runs else statistics.mean(r["final_loss"] for r in runs),
+                     "emulation": runs[0]["emulation"] if runs else None})
+        log.info("compression %s", rows[-1])
+    return rows
+
+
+def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """3 nodes of the small token model (seconds per run), one failure each; plain processes except for a cut."""
+    rows = []
+    for kind in args.failures:
+        if kind == "cut" and can_emulate() is not None:
+            rows.append({"kind": kind, "skipped": f"needs the network emulation: {can_emulate()}"})
+            continue
+        config = TrainConfig(model="transformer_small", samples=120, batch=6, image=16, epochs=1, save_every=1,
+                             run_dir=scratch / f"failure-{kind}")
+        started = time.time()
+        options = LocalOptions(faults=(Fault(1, 4, kind),), preset="gigabit" if kind == "cut" else None,
+                               cpus_per_node=cpus)
+        report = run_local(config, [NodeSpec()] * 3, options).to_dict()
+        steps = _steps(config.run_dir)
+        (failure,) = report["failures"]
+        rows.append({"kind": kind, "detection_s": failure["detection_s"], "restarts": report["restarts"],
+                     "steps_lost": failure["steps_lost"], "steps_repeated": failure["steps_repeated"],
+                     "samples_repeated": failure["steps_repeated"] * config.batch, "stall_s": failure["stall_s"],
+                     "finished_steps": len(steps), "contiguous": [r["step"] for r in steps] == list(
+                         range(1, len(steps) + 1)), "wall_s": time.time() - started,
+                     "emulation": report["emulation"]})
+        log.info("failure %s", rows[-1])
+    return rows
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    out = [f"Machine shared with other work; rerun with `{result['command']}`. {result['cpu_note']}", ""]
+    if "scaling" in result:
+        out += ["| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
+                "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'])} | "
+            f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
+            for r in result.get("scaling", [])]
+    if "compression" in result:
+        out += ["", "| mode | nodes | preset | steps | samples/s | sync share | loss (last 3 steps) | crashes / runs "
+                "| restarts |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {_fmt(r['samples_per_s'])} | "
+            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
+            f"{r['restarts']} |" for r in result.get("compression", [])]
+    if "failures" in result:
+        out += ["", "| failure | detection s | restarts | steps lost | steps (samples) repeated | stall s | "
+                "finished, in order |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in result.get("failures", []):
+        if "skipped" in r:
+            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        out.append(f"| {r['kind']} | {_fmt(r['detection_s'])} | {r['restarts']} | {r['steps_lost']} | "
+                   f"{r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
+                   f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} |")
+    emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
+                         if r.get("emulation")})
+    out += ["", "Emulation: " + " / ".join(emulations)]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
+    parser.add_argument("--presets", type=lambda s: s.split(","), default=["100mbit"])
+    parser.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[8])
+    parser.add_argument("--model", default="resnet18_cifar")
+    parser.add_argument("--image", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=4, help="steps per scaling run (the first is not timed)")
+    parser.add_argument("--compress-steps", type=int, default=8)
+    parser.add_argument("--average-every", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
+    parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
+    parser.add_argument("--tables", type=lambda s: s.split(","), default=["scaling", "compression", "failures"])
+    parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
+    parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    cpus = (os.cpu_count() or 1) / max(args.nodes)
+    result: dict[str, Any] = {
+        "command": "python benchmarks/cluster.py " + " ".join(
+            f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items() if k not in ("out", "md")),
+        "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
+                     "same at every node count)." if can_emulate() is None else
+                     f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
+        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures)):
+            if table in args.tables:
+                result[table] = build(args, Path(scratch), cpus)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    args.md.write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""``edgetrain cluster``: data-parallel training across edge nodes (issue #14).
+
+Registered on the main app by one line in :mod:`edgetrain.cli`; the library is imported inside
+each command, so ``edgetrain --help`` does not pay for PyTorch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .cli_common import clean_errors, console
+from .fileio import to_json
+
+cluster_app = typer.Typer(help="Data-parallel training across edge nodes on torch.distributed (issue #14).",
+                          no_args_is_help=True)
+
+ModelOpt = typer.Option("resnet18_cifar", "--model", "-m", help="Model name from the zoo.")
+DataOpt = typer.Option("synthetic", "--data", help="'synthetic', an image folder or a CIFAR-10 folder.")
+SamplesOpt = typer.Option(1000, "--samples", min=1, help="Size of the synthetic dataset.")
+BatchOpt = typer.Option(32, "--batch", "-b", min=1, help="Global batch: the samples of one step of the whole "
+                        "cluster, split among the nodes in proportion to their speed.")
+ImageOpt = typer.Option(32, "--image", "--size", min=1, help="Image side in pixels.")
+EpochsOpt = typer.Option(1, "--epochs", min=1, help="Passes over the training split.")
+OptimizerOpt = typer.Option("sgd", "--optimizer", help="sgd (with momentum) or adam.")
+LrOpt = typer.Option(None, "--lr", help="Learning rate (default 0.01 SGD, 0.001 Adam).")
+SeedOpt = typer.Option(0, "--seed", help="Seed of the data, the model and the order.")
+SaveEveryOpt = typer.Option(1, "--save-every", min=1, help="Rank 0 saves the state every N steps (a failure "
+                            "repeats at most N - 1 steps).")
+RunDirOpt = typer.Option(Path("runs/cluster"), "--run-dir", help="Rank 0's metrics, state and summary.")
+ResumeOpt = typer.Option(False, "--resume", help="Continue the run in --run-dir (at any number of nodes).")
+OverwriteOpt = typer.Option(False, "--overwrite", help="Replace a run already in --run-dir.")
+AverageOpt = typer.Option(1, "--average-every", min=1, help="1: sum gradients every step (exact). K > 1: local "
+                          "steps, weights averaged every K steps (for slow links).")
+ConnectOpt = typer.Option(60.0, "--connect-timeout", min=0.1, help="Seconds to wait for the master and every node.")
+
+
+def _quiet_c10d() -> None:
+    """Before torch is imported: quiet c10d's C++ log, whose multi-line socket errors would drown the one-line
+    message (set ``TORCH_CPP_LOG_LEVEL=INFO`` to see them)."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+
+
+def _config(**settings: Any) -> Any:
+    from .train import TrainConfig
+
+    return TrainConfig(**settings)
+
+
+@cluster_app.command("run")
+@clean_errors
+def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = SamplesOpt, batch: int = BatchOpt,
+                image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
+                lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
+                run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
+                connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
+                device: str | None = typer.Option(None, "--device", "-d", help="This node's device (it plans "
+                                                     "for its memory and gets a share by its speed)."),
+                memory: str | None = typer.Option(None, "--memory", help="This node's process budget, e.g. "
+                                                     "600MiB (default: the device's RAM)."),
+                rate: float | None = typer.Option(None, "--rate", min=0.0, help="This node's training rate "
+                                                     "in FLOP/s, for a device the catalog has none for."),
+                timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="Seconds a collective may wait "
+                                              "for a node before the run stops.")) -> None:
+    """One node of a cluster, started by torchrun or by hand (reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    _quiet_c10d()
+    from .distributed import ClusterEnv, ClusterOptions, NodeSpec, train_node
+
+    config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
+                     optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
+                     overwrite=overwrite)
+    env = ClusterEnv.from_environ()
+    summary = train_node(config, NodeSpec(device, memory, rate), env,
+                         ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
+                                        average_every=average_every))
+    if summary is not None:
+        console.print(f"{summary.steps} steps on {env.world_size} nodes in {summary.wall_time_s:.1f} s; "
+                      f"metrics: {run_dir / 'metrics.jsonl'}")
+
+
+def _per_node(option: str, values: list[str], nodes: int) -> list[str | None]:
+    """One value for every node: none given, one for all, or one each."""
+    if not values:
+        return [None] * nodes
+    if len(values) not in (1, nodes):
+        raise ValueError(f"{option}: give one value for all nodes or one per node ({nodes}), got {len(values)}")
+    return [values[0] if len(values) == 1 else values[node] for node in range(nodes)]
+
+
+def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, ...]:
+    from .distributed.local import Fault
+
+    faults = []
+    for kind, specs in (("kill", kills), ("stop", stops), ("cut", cuts)):
+        for spec in specs:
+            node, _, step = spec.partition("@")
+            if not (node.isdigit() and step.isdigit()):
+                raise ValueError(f"--{kind} takes NODE@STEP, e.g. 1@5, got {spec!r}")
+            faults.append(Fault(int(node), int(step), kind))
+    return tuple(faults)
+
+
+@cluster_app.command("local")
+@clean_errors
+def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = SamplesOpt, batch: int = BatchOpt,
+                  image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
+                  lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
+                  run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
+                  connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
+                  nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
+                  device: list[str] = typer.Option([], "--device", "-d", help="Device of every node, or one "
+                                                   "--device per node (e.g. -d rpi4 -d rpi4 -d jetson-nano)."),
+                  memory: list[str] = typer.Option([], "--memory", help="Process budget of every node, or one "
+                                                   "per node."),
+                  rate: list[str] = typer.Option([], "--rate", help="Training rate (FLOP/s) of every node, or one "
+                                                 "per node ('auto': the device's from the time model), for "
+                                                 "devices the catalog has none for."),
+                  kill: list[str] = typer.Option([], "--kill", help="Inject a failure: SIGKILL node N once step S "
+                                                 "is logged (N@S; repeatable)."),
+                  stop: list[str] = typer.Option([], "--stop", help="Inject a hang: SIGSTOP node N at step S (N@S)."),
+                  cut: list[str] = typer.Option([], "--cut", help="Inject a partition: take node N's link down at "
+                                                "step S (N@S; needs --netns as root)."),
+                  netns: bool = typer.Option(False, "--netns", help="Each node in its own network namespace and "
+                                             "cgroup, links shaped by --preset (needs root; else plain processes, "
+                                             "and the report says what is not emulated)."),
+                  preset: str = typer.Option("gigabit", "--preset", help="Link of every node with --netns: "
+                                             "gigabit, 100mbit or wifi20 (bandwidth only: no latency or loss)."),
+                  cpus_per_node: float | None = typer.Option(None, "--cpus-per-node", min=0.01, help="CPU quota "
+                                                                "of each node with --netns (default: cores / "
+                                                                "nodes)."),
+                  heartbeat_timeout: float = typer.Option(5.0, "--heartbeat-timeout", min=0.1, help="Seconds "
+                                                          "without a heartbeat before a node is declared hung."),
+                  timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Seconds a collective may wait "
+                                                "(the backstop behind the heartbeat)."),
+                  rejoin_after: int | None = typer.Option(None, "--rejoin-after", min=1, help="A lost node "
+                                                             "comes back after the others trained N steps.")) -> None:
+    """Start a cluster of --nodes processes on this machine under a supervisor that survives node failures."""
+    _quiet_c10d()
+    from .distributed import NodeSpec
+    from .distributed.local import LocalOptions, run_local
+
+    config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
+                     optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
+                     overwrite=overwrite)
+    rates = [None if r in (None, "auto") else float(r) for r in _per_node("--rate", rate, nodes)]
+    specs = [NodeSpec(d, m, r) for d, m, r in zip(_per_node("--device", device, nodes),
+                                                   _per_node("--memory", memory, nodes), rates, strict=True)]
+    options = LocalOptions(heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout,
+                           connect_timeout_s=connect_timeout, rejoin_after_steps=rejoin_after,
+                           faults=_faults(kill, stop, cut), preset=preset if netns else None,
+                           cpus_per_node=cpus_per_node, average_every=average_every)
+    report = run_local(config, specs, options)
+    console.print(to_json(report.to_dict(), indent=2))
+    console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "
+                  f"{run_dir / 'metrics.jsonl'}, cluster report: {run_dir / 'cluster.json'}")

@@ -1,0 +1,12 @@
+"""Data-parallel training across edge nodes on torch.distributed (gloo), each node planning for its own device.
+
+See NOTE [ Cluster step ] in :mod:`edgetrain.distributed.node`; torch.distributed is imported
+inside the functions that talk to the cluster.
+"""
+
+from .group import ClusterEnv, ClusterError, config_hash
+from .node import ClusterOptions, NodeSpec, StepResult, cluster_step, node_speed, train_node
+from .split import share_weights, split_batch
+
+__all__ = ["ClusterEnv", "ClusterError", "ClusterOptions", "NodeSpec", "StepResult", "cluster_step", "config_hash",
+           "node_speed", "share_weights", "split_batch", "train_node"]

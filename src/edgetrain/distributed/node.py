@@ -1,0 +1,494 @@
+"""One node of a data-parallel cluster: plan for its own device, train its share, sum gradients with the others.
+
+NOTE [ Cluster step ]
+Every node holds the same weights and walks the same data order (the
+:class:`~edgetrain.train.state.ResumableSampler` of the run's seed). Step ``s`` takes the next
+``B`` indices of the order (the *global batch*, the one single-process training would take);
+node ``r`` trains on its slice of ``b_r`` of them (:func:`~edgetrain.distributed.split.split_batch`,
+in proportion to each node's predicted speed) through its own :class:`~edgetrain.runtime.Executor`,
+whose schedule was planned for *its* device and memory budget at *its* share. Then one small
+all-reduce gives the samples and the loss sum of the step, every gradient is scaled by
+``b_r / B`` and summed (NOTE [ Weighted averaging ]), and every node takes the same optimizer
+step. Rank 0 alone writes the run directory: metrics, crash-safe state, summary. Because the
+state holds the position in the global order, not in a node's slice, a run stopped at any world
+size resumes at any other: the shares are split again and the next global batch is the same.
+
+NOTE [ Periodic averaging ]
+On a slow link the all-reduce of every gradient costs more than the step (the issue measured
+4.43 s per ResNet-18 step at 100 Mbit/s). With ``average_every = K`` each node steps on its own
+slice's gradient (local SGD; Stich, ICLR 2019; DiLoCo, Douillard et al. 2023, with plain
+averaging as the outer step) and every ``K`` steps the weights are replaced by their average
+weighted by share: K times fewer bytes, and only plain all-reduces of the parameters (no
+compression hook, so no bucket-size mismatch of the kind that crashed PowerSGD on gloo).
+Optimizer state (momentum) stays local. The loss is still summed every step. This is not
+single-process training any more: the loss after a fixed number of steps is what the benchmark
+compares. Rank 0 saves *its* weights; a resume restarts every node from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import __version__
+from ..data import collate_skip_corrupt, first_batch, open_dataset
+from ..errors import EdgetrainError, InfeasibleBudgetError
+from ..fileio import write_json
+from ..models import get_model_spec
+from ..optim import make_optimizer
+from ..planners import Plan
+from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
+from ..runtime import Executor
+from ..stages import training_stages
+from ..train.budget import ProcessBudget, measure_runtime_baseline, split_process_budget
+from ..train.config import TrainConfig
+from ..train.loop import (
+    MetricsLog,
+    Opening,
+    TrainSummary,
+    choose_plan,
+    evaluate,
+    open_run,
+    profile_batch,
+    truncate_metrics,
+)
+from ..train.rundir import METRICS_FILE, PLAN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory
+from ..train.state import ResumableSampler, StateStore, TrainingState
+from ..units import format_bytes
+from .group import (
+    ClusterEnv,
+    ClusterError,
+    all_reduce_gradients,
+    all_reduce_sum,
+    all_reduce_tensors,
+    config_hash,
+    farewell,
+    gather_verdicts,
+    join,
+    leave,
+)
+from .split import split_batch
+
+__all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters",
+           "node_speed", "cluster_settings"]
+
+log = logging.getLogger(__name__)
+
+# A beat's write to the master's store may wait this long: the master's store thread shares a
+# throttled CPU quota with its training, so a second can pass; above it, the node is cut off.
+STORE_BEAT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What one node is: the device it plans for, its memory budget, and optionally its measured speed.
+
+    Args:
+        device: a catalog device name (its RAM is the budget when ``memory`` is None).
+        memory: the process budget, e.g. ``"600MiB"``.
+        rate_flops_per_s: the node's training rate; None takes it from the time model (NOTE [ One
+            time model ]). Needed for a device whose catalog gives no rate.
+    """
+
+    device: str | None = None
+    memory: str | int | None = None
+    rate_flops_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How long to wait for the cluster, and where a supervisor watches this node's heartbeat.
+
+    Args:
+        connect_timeout_s: joining (master unreachable, a node that never comes).
+        timeout_s: every collective after joining (a node that stopped answering).
+        heartbeat: a file whose modification time this node refreshes every ``heartbeat_s``
+            from a thread of its own; a stopped (SIGSTOP) or dead process stops refreshing it.
+        average_every: 1 sums gradients every step (exact data parallelism); ``K > 1`` trains
+            locally and averages the weights every ``K`` steps (NOTE [ Periodic averaging ]).
+    """
+
+    connect_timeout_s: float = 60.0
+    timeout_s: float = 120.0
+    heartbeat: Path | None = None
+    heartbeat_s: float = 0.25
+    average_every: int = 1
+
+
+def cluster_settings(config: TrainConfig) -> dict[str, Any]:
+    """The settings every node must share (the run's identity, the epochs, the save interval).
+
+    A dataset folder is named by its last component: each node reads its own copy, wherever it is mounted.
+    """
+    data = config.data if config.data == "synthetic" else f"folder:{Path(config.data).expanduser().resolve().name}"
+    return {**config.identity().identity, "data": data, "epochs": config.epochs, "save_every": config.save_every}
+
+
+def node_speed(node: NodeSpec) -> float | None:
+    """The node's predicted training rate (FLOP/s); None without a device or a rate.
+
+    Raises:
+        EdgetrainError: the device has no rate in the catalog (message says why and what to give).
+    """
+    if node.rate_flops_per_s is not None:
+        return float(node.rate_flops_per_s)
+    if node.device is None:
+        return None
+    from ..devices import get_device
+    from ..devices.rate import host_calibration
+    from ..timemodel import needs_calibration, training_rate, unknown_rate_reason
+
+    device = get_device(node.device)
+    rate = training_rate(device, host_calibration() if needs_calibration(device) else None)
+    if rate is None:
+        raise EdgetrainError(f"{unknown_rate_reason(device)}; give the node's --rate in FLOP/s")
+    return rate.flops_per_s
+
+
+def train_node(config: TrainConfig, node: NodeSpec, env: ClusterEnv,
+               options: ClusterOptions = ClusterOptions()) -> TrainSummary | None:
+    """Train this node's share of every step of ``config`` (the global run) with the other nodes.
+
+    ``config.batch`` is the global batch; ``config.device``/``memory`` are ignored in favour of
+    ``node``'s. Returns the summary on rank 0, None elsewhere.
+
+    Raises:
+        ClusterError: on every node alike (NOTE [ One error on every node ]): unreachable master,
+            nodes with other versions or settings, a node whose budget cannot hold its share.
+        EdgetrainError: a bad setting, found before joining.
+    """
+    local = replace(config, device=node.device, memory=node.memory)
+    local.check()
+    with _Heartbeat(options, env) as heartbeat:
+        join(env, connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s)
+        heartbeat.joined.set()
+        try:
+            summary = _train_joined(config, local, node, env, options)
+        except ClusterError:  # every node refuses alike (NOTE [ One error on every node ]): leave together
+            farewell()
+            leave()
+            raise
+        except BaseException:  # the cluster broke: waiting for the others could hang
+            leave()
+            raise
+        farewell()
+        leave()
+        return summary
+
+
+class _Heartbeat:
+    """A thread that touches ``options.heartbeat`` every ``heartbeat_s`` until the block ends (nothing without a file).
+
+    Once the node has joined, a beat first counts ``heartbeat/<rank>`` up in the master's store over
+    its own connection: a node cut off from the master stops beating as a stopped one does
+    (NOTE [ Supervision ] in local.py).
+    """
+
+    def __init__(self, options: ClusterOptions, env: ClusterEnv) -> None:
+        self.path, self.every_s, self.env = options.heartbeat, options.heartbeat_s, env
+        self.stop = threading.Event()
+        self.joined = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="edgetrain-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        assert self.path is not None
+        store: Any = None
+        while not self.stop.is_set():
+            try:
+                if self.joined.is_set():
+                    if store is None:
+                        store = self._connect()
+                    store.add(f"heartbeat/{self.env.rank}", 1)  # a round trip: set() does not wait for a reply
+                self.path.touch()
+            except RuntimeError as exc:  # the master is unreachable: no beat
+                log.warning("heartbeat: the master's store did not answer (%s)", str(exc).splitlines()[0])
+                store = None
+            self.stop.wait(self.every_s)
+
+    def _connect(self) -> Any:
+        import datetime
+
+        import torch.distributed as dist
+
+        return dist.TCPStore(self.env.master_addr, self.env.master_port, is_master=False, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=STORE_BEAT_TIMEOUT_S))
+
+    def __enter__(self) -> _Heartbeat:
+        if self.path is not None:
+            self.path.touch()
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One cluster step: the global batch's mean loss, its samples, and this node's wait for the all-reduces."""
+
+    loss: float
+    samples: int
+    sync_s: float
+
+
+def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 batch: tuple[torch.Tensor, torch.Tensor] | None, *, average: bool = True) -> StepResult:
+    """This node's part of one step (NOTE [ Cluster step ]): its slice through its executor, gradients summed
+    with weight ``samples here / samples in all``, then the optimizer step every node takes alike.
+
+    ``average=False`` is a local step of periodic averaging (NOTE [ Periodic averaging ]): the
+    node steps on its own gradient and only the loss is summed. ``batch`` None: this node has no
+    sample this step (all corrupt); it still joins the all-reduces. ``sync_s`` counts the network
+    and the wait for slower nodes.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    count, loss = 0, 0.0
+    if batch is not None:
+        count, loss = len(batch[1]), float(executor.step(*batch))
+    computed = time.perf_counter()
+    total, loss_sum = all_reduce_sum([count, loss * count])
+    if total > 0 and average:
+        all_reduce_gradients(model.parameters(), count / total)
+    synced = time.perf_counter()
+    if total > 0 and (count > 0 or average):
+        optimizer.step()
+    return StepResult(loss_sum / total if total else float("nan"), int(total), synced - computed)
+
+
+def average_parameters(model: nn.Module, weight: float) -> float:
+    """Replace every parameter by the weighted sum over nodes (NOTE [ Periodic averaging ]); seconds spent."""
+    started = time.perf_counter()
+    with torch.no_grad():
+        params = list(model.parameters())
+        all_reduce_tensors(params, weight)
+    return time.perf_counter() - started
+
+
+def _agree(config: TrainConfig, node: NodeSpec, average_every: int) -> list[float | None]:
+    """Check that all nodes run the same versions and settings; every node's speed, in rank order."""
+    try:
+        speed: float | None = node_speed(node)
+        speed_error = None
+    except EdgetrainError as exc:
+        speed, speed_error = None, str(exc)
+    settings = {**cluster_settings(config), "average_every": average_every}
+    mine = {"edgetrain": __version__, "torch": torch.__version__, "config": config_hash(settings),
+            "speed": speed, "speed_error": speed_error, "device": node.device}
+    verdicts = gather_verdicts(mine)
+    for key, what in (("edgetrain", "edgetrain version"), ("torch", "torch version"), ("config", "run settings")):
+        values = [v[key] for v in verdicts]
+        if len(set(values)) > 1:
+            raise ClusterError(f"the nodes disagree on the {what}: " + ", ".join(
+                f"node {r}: {value}" for r, value in enumerate(values)) + "; run every node with the same "
+                + ("edgetrain and torch" if key != "config" else "settings (model, data, batch, seed, ...)"))
+    errors = [f"node {r}: {v['speed_error']}" for r, v in enumerate(verdicts) if v["speed_error"]]
+    if errors:
+        raise ClusterError("; ".join(errors))
+    speeds = [v["speed"] for v in verdicts]
+    if any(s is None for s in speeds) and any(s is not None for s in speeds):
+        unknown = ", ".join(str(r) for r, s in enumerate(speeds) if s is None)
+        raise ClusterError(f"nodes {unknown} have no --device or --rate while others do: the batch cannot be "
+                           "split by speed; give every node a device (or a rate), or none")
+    return speeds
+
+
+def _open_on_rank0(config: TrainConfig, env: ClusterEnv, run: RunDirectory | None) -> tuple[Opening, bool]:
+    """Rank 0 decides how the run starts (fresh, resumed); every node learns it, and whether the run is finished."""
+    import torch.distributed as dist
+
+    verdict: Any = None
+    opening = Opening()
+    if run is not None:
+        try:
+            opening = open_run(run, config)
+        except EdgetrainError as exc:
+            verdict = str(exc)
+    errors = gather_verdicts(verdict)
+    if errors[0] is not None:
+        raise ClusterError(f"node 0: {errors[0]}")
+    payload: list[Any] = [None if opening.state is None else opening.state.to_payload(),
+                          opening.finished is not None]
+    dist.broadcast_object_list(payload, src=0)
+    if env.rank != 0:
+        opening = Opening(state=None if payload[0] is None else TrainingState.from_payload(payload[0]))
+    return opening, bool(payload[1])
+
+
+def _train_joined(config: TrainConfig, local: TrainConfig, node: NodeSpec, env: ClusterEnv,
+                  options: ClusterOptions) -> TrainSummary | None:
+    speeds = _agree(config, node, options.average_every)
+    run = RunDirectory(config.run_dir).__enter__() if env.rank == 0 else None
+    try:
+        opening, finished = _open_on_rank0(config, env, run)
+        if finished:
+            return opening.finished
+        if run is not None:
+            run.claim()
+            run.record(config.identity())
+        return _NodeRun(config, local, env, speeds, opening, run, options.average_every).train()
+    finally:
+        if run is not None:
+            run.__exit__(None, None, None)
+
+
+class _NodeRun:
+    """The state of one node's training: model, data, plan, executor."""
+
+    def __init__(self, config: TrainConfig, local: TrainConfig, env: ClusterEnv, speeds: list[float | None],
+                 opening: Opening, run: RunDirectory | None, average_every: int) -> None:
+        self.started = time.perf_counter()
+        self.average_every = average_every
+        if local.budget_bytes() is not None:  # as `edgetrain train` (NOTE [ Returning freed memory ])
+            configure_allocator()
+        self.config, self.env, self.run = config, env, run
+        spec = get_model_spec(config.model)
+        root = config.data_root or config.run_dir / "data"
+        self.train_set, self.val_set, self.num_classes = open_dataset(
+            config.data, image_size=config.image, samples=config.samples, seed=config.seed, root=root,
+            skip_corrupt=config.skip_corrupt, vocab_size=spec.vocab_size)
+        torch.manual_seed(config.seed)
+        self.model = spec.build(self.num_classes)
+        has_batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules())
+        self.shares = split_batch(config.batch, [1.0 if s is None else s for s in speeds],
+                                  least=2 if has_batch_norm else 1)
+        self.share = self.shares[env.rank]
+        self.offset = sum(self.shares[:env.rank])
+        if len(self.train_set) < config.batch:
+            raise ClusterError(f"the training split has {len(self.train_set)} samples, fewer than one global batch "
+                               f"of {config.batch}")
+        self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr)
+        self.sampler = ResumableSampler(len(self.train_set), config.seed)
+        self.chosen, self.budget = self._plan(replace(local, batch=self.share))
+        self.executor = Executor(training_stages(self.model), self.chosen.schedule, None)
+        self.step, self.epoch = 0, 0
+        self.resumed_from: int | None = None
+        if opening.state is not None:
+            opening.state.restore(self.model, self.optimizer, sampler=self.sampler)
+            self.step, self.epoch, self.resumed_from = opening.state.step, opening.state.epoch, opening.state.step
+        log.info("node %d of %d: %d of %d samples per step, plan %s", env.rank, env.world_size, self.share,
+                 config.batch, self.chosen.strategy)
+        return_freed_memory()
+        reset_peak()  # from here on the kernel's high-water mark is training's, as in `edgetrain train`
+
+    def _plan(self, local: TrainConfig) -> tuple[Plan, ProcessBudget | None]:
+        """Profile and plan this node's step at its share, under its budget; every node learns every verdict."""
+        x, y = first_batch(self.train_set, self.share)
+        verdict: str | None = None
+        chosen: Plan | None = None
+        budget = None
+        try:
+            chain = profile_batch(self.model, x, y, local)
+            optimizer_state = [t for s in self.optimizer.state.values() for t in s.values()
+                               if isinstance(t, torch.Tensor)]
+            baseline = measure_runtime_baseline(self.model, x, y, *optimizer_state)
+            process_bytes = local.budget_bytes()
+            budget = None if process_bytes is None else split_process_budget(process_bytes, baseline)
+            chosen = choose_plan(chain, local, budget, None)
+        except InfeasibleBudgetError as exc:
+            verdict = str(exc)
+        verdicts = gather_verdicts(verdict)
+        failed = [(r, v) for r, v in enumerate(verdicts) if v is not None]
+        if failed:
+            raise ClusterError("; ".join(f"node {r} cannot hold its share of {self.shares[r]} of {self.config.batch} "
+                                         f"samples per step: {v}" for r, v in failed))
+        assert chosen is not None
+        return chosen, budget
+
+    def train(self) -> TrainSummary | None:
+        config, store = self.config, None
+        past: list[dict[str, Any]] = []
+        if self.run is not None:
+            store = StateStore(self.run.file(STATE_DIR), keep_last=config.keep_last)
+            write_json(self.run.file(PLAN_FILE), {"schedule": self.chosen.schedule.to_dict(), **self.chosen.to_dict()})
+            resumed_at = None if self.resumed_from is None else (self.step, self.epoch)
+            past = truncate_metrics(self.run.file(METRICS_FILE), resumed_at)
+        last_eval: dict[str, Any] = next((r for r in reversed(past) if "val_accuracy" in r), {})
+        accuracy, val_loss = last_eval.get("val_accuracy"), last_eval.get("val_loss")
+        with _metrics(self.run) as metrics:
+            while self.epoch < config.epochs:
+                for indices in self._global_batches():
+                    record = self._train_step(indices)
+                    if metrics is not None:
+                        metrics.append(record)
+                    if store is not None and self.step % config.save_every == 0:
+                        store.save(self._capture(self.sampler.position))
+                if self.env.rank == 0:
+                    accuracy, val_loss = evaluate(self.model, self.val_set, config.batch)
+                    if metrics is not None:
+                        metrics.append({"step": self.step, "epoch": self.epoch, "val_accuracy": accuracy,
+                                        "val_loss": val_loss})
+                self.epoch += 1
+                self.sampler.set_epoch(self.epoch)
+                if store is not None:
+                    store.save(self._capture(0))
+        return self._summary(accuracy, val_loss) if self.run is not None else None
+
+    def _global_batches(self) -> Iterator[list[int]]:
+        """The epoch's global batches from the sampler's position: whole batches only (drop_last)."""
+        order = self.sampler.order().tolist()
+        while self.sampler.position + self.config.batch <= len(order):
+            start = self.sampler.position
+            self.sampler.position += self.config.batch
+            yield order[start:start + self.config.batch]
+
+    def _train_step(self, indices: list[int]) -> dict[str, Any]:
+        started = time.perf_counter()
+        batch = collate_skip_corrupt([self.train_set[i] for i in indices[self.offset:self.offset + self.share]])
+        if batch is not None and len(batch[1]) < 2 <= self.share:  # BatchNorm cannot train on one sample
+            batch = None
+        exact = self.average_every == 1
+        result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact)
+        if result.samples == 0:
+            raise ClusterError(f"step {self.step + 1}: no readable sample in the global batch")
+        self.step += 1
+        sync_s = result.sync_s
+        if not exact and self.step % self.average_every == 0:
+            sync_s += average_parameters(self.model, self.share / self.config.batch)
+        elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        return {"step": self.step, "epoch": self.epoch, "loss": result.loss, "samples_per_s": result.samples / elapsed,
+                "time_s": elapsed, "sync_s": sync_s, "world_size": self.env.world_size,
+                "samples": result.samples, "wall_time": time.time()}
+
+    def _capture(self, consumed: int) -> TrainingState:
+        return TrainingState.capture(step=self.step, epoch=self.epoch, model=self.model, optimizer=self.optimizer,
+                                     schedule=self.chosen.schedule, sampler=self.sampler.state_dict(consumed=consumed),
+                                     metadata={"world_size": self.env.world_size, "shares": list(self.shares)})
+
+    def _summary(self, accuracy: float | None, val_loss: float | None) -> TrainSummary:
+        assert self.run is not None
+
+        config = self.config
+        baseline = 0 if self.budget is None else self.budget.runtime_baseline_bytes
+        summary = TrainSummary(
+            accuracy=accuracy, chance_accuracy=1 / self.num_classes, val_loss=val_loss, measured_peak_bytes=None,
+            predicted_peak_bytes=self.chosen.predicted_peak_bytes, budget_bytes=None if self.budget is None
+            else self.budget.process_bytes, tensor_budget_bytes=None if self.budget is None
+            else self.budget.tensor_bytes, process_peak_bytes=read_process_memory().peak_rss_bytes,
+            runtime_baseline_bytes=baseline,
+            predicted_process_peak_bytes=ProcessBudget(0, baseline).predicted_process_bytes(
+                self.chosen.predicted_peak_bytes),
+            recompute_factor=self.chosen.recompute_factor, strategy=self.chosen.strategy,
+            wall_time_s=time.perf_counter() - self.started, steps=self.step, epochs=config.epochs,
+            train_samples=len(self.train_set), val_samples=len(self.val_set), resumed_from_step=self.resumed_from,
+            skipped_samples=self.train_set.corrupt_count + self.val_set.corrupt_count,
+            config={**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+                    "world_size": self.env.world_size, "shares": list(self.shares)})
+        write_json(self.run.file(SUMMARY_FILE), asdict(summary))
+        log.info("rank 0: %d steps, budget %s", self.step, format_bytes(summary.budget_bytes or 0))
+        return summary
+
+
+def _metrics(run: RunDirectory | None) -> Any:
+    """Rank 0's metrics log; nothing on the other nodes."""
+    return contextlib.nullcontext() if run is None else MetricsLog(run.file(METRICS_FILE))

@@ -1,0 +1,72 @@
+"""``python -m edgetrain.distributed.worker SPEC.json``: one node started by ``edgetrain cluster local``.
+
+The spec holds the run's :class:`~edgetrain.train.TrainConfig`, the node's
+:class:`~edgetrain.distributed.NodeSpec` and its :class:`~edgetrain.distributed.ClusterOptions`;
+the rank and the master come from torchrun's variables, as for ``edgetrain cluster run``.
+Exit codes tell the supervisor what happened: 0 done, 2 a refusal (the same on every node: do
+not restart), 3 the cluster broke under this node (a peer died or stopped answering).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from ..train.config import TrainConfig
+from .node import ClusterOptions, NodeSpec
+
+__all__ = ["EXIT_REFUSED", "EXIT_PEER_LOST", "write_spec", "read_spec", "main"]
+
+EXIT_REFUSED = 2
+EXIT_PEER_LOST = 3
+_PATHS = ("run_dir", "data_root", "plan_file", "page_dir", "heartbeat")
+
+
+def write_spec(path: Path, config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> Path:
+    """Write what a worker needs to ``path`` (JSON)."""
+    record = {"config": asdict(config), "node": asdict(node), "options": asdict(options)}
+    path.write_text(json.dumps(record, default=str))
+    return path
+
+
+def _build(kind: Any, record: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: Path(v) if k in _PATHS and v is not None else v for k, v in record.items() if k in names})
+
+
+def read_spec(path: Path) -> tuple[TrainConfig, NodeSpec, ClusterOptions]:
+    record = json.loads(path.read_text())
+    return _build(TrainConfig, record["config"]), _build(NodeSpec, record["node"]), _build(ClusterOptions,
+                                                                                             record["options"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one node; one line on stderr for any failure (NOTE [ One error on every node ])."""
+    import logging
+    import os
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one-line errors (see cli_cluster._config)
+    from ..errors import EdgetrainError
+    from .group import ClusterEnv
+    from .node import train_node
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    config, node, options = read_spec(Path(args[0]))
+    try:
+        train_node(config, node, ClusterEnv.from_environ(), options)
+    except EdgetrainError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
+    except RuntimeError as exc:  # gloo: a peer closed its connection or the collective timed out
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"error: the cluster broke: {first}", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
