@@ -1,0 +1,101 @@
+"""Our predicted step time against published, measured ones on catalog devices (issue #15, item 1).
+
+Reads the figures of ``benchmarks/time_validation.toml`` (each with its source), converts each to
+seconds per step (``published_total_s / published_steps``), asks ``edgetrain plan --json`` for the
+same model, batch, input size, classes, optimizer and device (field ``predicted_time_s``: the one
+time model of NOTE [ One time model ]), and prints the markdown table of docs/energy.md with the
+error ``ours / published - 1``.
+
+Run: .venv/bin/python benchmarks/time_model_validation.py [--figures F] [--out out/time_validation.md]
+
+Our time of a calibrated device (the RPi 4) uses this machine's calibration (kept in
+``~/.cache/edgetrain``, measured on first use), so the table says which training rate it used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from edgetrain.cli import app
+from edgetrain.devices.catalog import tomllib  # tomllib, or tomli on Python 3.10
+
+FIGURES = Path(__file__).with_name("time_validation.toml")
+
+
+def published_step_s(figure: dict[str, Any]) -> float:
+    """The published time converted to seconds per training step."""
+    return float(figure["published_total_s"]) / int(figure["published_steps"])
+
+
+def our_plan(figure: dict[str, Any]) -> dict[str, Any]:
+    """``edgetrain plan --json`` for the figure's setting on its device."""
+    args = ["plan", "--model", figure["model"], "--batch", str(figure["batch"]), "--image", str(figure["image"]),
+            "--classes", str(figure["classes"]), "--optimizer", figure["optimizer"], "--device", figure["device"],
+            "--json"]
+    result = CliRunner().invoke(app, args)
+    if result.exit_code != 0:
+        raise SystemExit(f"edgetrain {' '.join(args)} failed: {result.output.strip()}")
+    report: dict[str, Any] = json.loads(result.output.strip().splitlines()[-1])
+    return report
+
+
+def table(figures: list[dict[str, Any]]) -> tuple[str, list[float]]:
+    """The markdown table and the errors (ours / published - 1) of the rows that have our time.
+
+    The "implied rate" column is the device's training rate the published time implies under our
+    FLOP count: the step's FLOPs (our time x our rate) over the published time.
+    """
+    lines = ["| # | device | source | model, batch x input | published step time | ours | error | implied rate |",
+             "|---|---|---|---|---|---|---|---|"]
+    notes: list[str] = []
+    errors: list[float] = []
+    rates: set[str] = set()
+    for number, figure in enumerate(figures, start=1):
+        published = published_step_s(figure)
+        report = our_plan(figure)
+        ours = report["predicted_time_s"]
+        setting = f"{figure['model']}, {figure['batch']} x {figure['image']} px, {figure['classes']} classes"
+        conversion = f"{figure['published_total_s']:.6g} s / {figure['published_steps']} steps = {published:.4g} s"
+        row = f"| {number} | {figure['device']} | {figure['cite']} | {setting} | {conversion} |"
+        notes.append(f"{number}. {figure['published_model']}; {figure['framework']}; {figure['where']}; "
+                     f"{figure['conditions']}.")
+        if ours is None:
+            lines.append(f"{row} unknown | - | - |")
+            continue
+        rate_flops_per_s = report["training_flops_per_s"]
+        errors.append(ours / published - 1)
+        rates.add(f"{figure['device']}: {rate_flops_per_s / 1e9:.3g} GFLOP/s ({report['time_source']})")
+        lines.append(f"{row} {ours:.4g} s | {errors[-1]:+.0%} | "
+                     f"{ours * rate_flops_per_s / published / 1e9:.3g} GFLOP/s |")
+    sources = sorted({figure["source"] for figure in figures})
+    lines += ["", *notes, "", *(f"Source: {s}." for s in sources), "",
+              *(f"Our training rate, {r}." for r in sorted(rates))]
+    return "\n".join(lines), errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--figures", type=Path, default=FIGURES)
+    parser.add_argument("--out", type=Path, default=None, help="Also write the markdown here.")
+    args = parser.parse_args()
+    figures: list[dict[str, Any]] = tomllib.loads(args.figures.read_text())["figure"]
+    text, errors = table(figures)
+    if errors:
+        worst = max(errors, key=abs)
+        mean_ratio = math.exp(sum(math.log1p(e) for e in errors) / len(errors))
+        text += (f"\n\nWorst error {worst:+.0%} over {len(errors)} figures; geometric mean of ours / published "
+                 f"{mean_ratio:.3f}.")
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
