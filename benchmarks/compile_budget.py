@@ -18,7 +18,9 @@ ending with ``zero_grad(set_to_none=True)``. Reported per setting, as the median
 
 ``inductor:B`` compiles with ``activation_memory_budget = B``; ``edgetrain:R`` trains under
 ``Checkpointed(recompute=R)`` (the least-memory plan within R times plain training's time, from
-measured stage times). Needs a C compiler for inductor (gcc here).
+measured stage times); ``edgetrain+compile:R`` does the same with every block of the model's
+``nn.Sequential`` layers (ResNet's residual blocks, MobileNetV2's features) compiled by inductor
+first, so that edgetrain's stages get the same kernel fusion. Needs a C compiler for inductor (gcc here).
 """
 
 from __future__ import annotations
@@ -49,8 +51,13 @@ if kind == "inductor":
     compiled = torch.compile(model)
     def loss_step():
         return torch.nn.functional.cross_entropy(compiled(x), y).backward()
-elif kind == "edgetrain":
+elif kind in ("edgetrain", "edgetrain+compile"):
     from edgetrain.runtime import Checkpointed
+    if kind == "edgetrain+compile":  # each block of the model's Sequential layers compiled in place
+        for layer in model.children():
+            if isinstance(layer, torch.nn.Sequential):
+                for index in range(len(layer)):
+                    layer[index] = torch.compile(layer[index])
     wrapped = Checkpointed(model, sample=x, target=y, recompute=float(value))
     def loss_step():
         return wrapped.step_loss(x, y)
