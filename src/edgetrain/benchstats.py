@@ -9,7 +9,6 @@ governor and the power mode.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import statistics
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .devices.rate import cpu_model
 from .errors import EdgetrainError
 
 __all__ = ["Spread", "software_setup", "spread"]
@@ -68,14 +68,6 @@ def spread(values: Sequence[float]) -> Spread:
     return Spread(len(data), statistics.median(data), q1, q3, 100.0 * statistics.stdev(data) / mean if mean else None)
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "Model", "Hardware")):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
-
-
 def software_setup(root: Path = Path("/")) -> dict[str, Any]:
     """The software and CPU settings a timing depends on: torch, Python, kernel, CPU, threads, governor, mode."""
     import torch
@@ -87,7 +79,8 @@ def software_setup(root: Path = Path("/")) -> dict[str, Any]:
     governors = sorted(set(state.governors.values()))
     nvpmodel = Board(root).nvpmodel_mode()
     return {"torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release(),
-            "machine": platform.machine(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
+            "machine": platform.machine(), "cpu": cpu_model() or platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
             "online_cpus": len(state.online), "torch_threads": torch.get_num_threads(),
             "governor": ",".join(governors) if governors else "unavailable: no cpufreq",
             "cpu_max_freq_khz": max(state.max_freq_khz.values()) if state.max_freq_khz else None,

@@ -22,8 +22,8 @@ from typing import Any
 from ..errors import EdgetrainError
 from ..timemodel import HostCalibration
 
-__all__ = ["CALIBRATION_ENV", "CACHE_DIR_ENV", "GemmProbe", "calibrate_host", "host_calibration", "probe_gemm",
-           "calibration_cache_path"]
+__all__ = ["CALIBRATION_ENV", "CACHE_DIR_ENV", "GemmProbe", "calibrate_host", "cpu_model", "host_calibration",
+           "probe_gemm", "calibration_cache_path"]
 
 CALIBRATION_STEP = ("resnet18", 8, 64)  # model, batch, size of the training step timed here
 # "GEMM_FLOPS_PER_S,TRAINING_FLOPS_PER_S": a calibration measured before (its numbers are in every
@@ -143,16 +143,20 @@ def calibration_cache_path() -> Path:
     return Path(root) / "host_calibration.json"
 
 
+def cpu_model() -> str:
+    """The CPU's name from ``/proc/cpuinfo`` (x86 ``model name``, ARM ``Model`` or ``Hardware``); "" where absent."""
+    with contextlib.suppress(OSError):
+        return next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith(("model name", "Model", "Hardware"))), "")
+    return ""
+
+
 def _fingerprint() -> dict[str, Any]:
     """What a calibration holds for: the CPU, its count, the threads and the PyTorch build."""
     import torch
 
-    cpu = ""
-    with contextlib.suppress(OSError):
-        cpu = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith(("model name", "Model", "Hardware"))), "")
-    return {"machine": platform.machine(), "cpu": cpu, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
+    return {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def _cached_calibration() -> HostCalibration:
