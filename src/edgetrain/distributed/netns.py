@@ -23,7 +23,6 @@ left in it.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import logging
 import os
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from ..cgroups import remove_cgroup
 from .group import ClusterError
 
 __all__ = ["PRESETS", "LinkPreset", "NetworkEmulation", "can_emulate", "NOT_EMULATED"]
@@ -183,7 +183,7 @@ class NetworkEmulation:
         cpu, memory = self.cgroup("cpu", node), self.cgroup("memory", node)
         for path in (cpu, memory):
             path.mkdir()
-            self._made(functools.partial(_remove_cgroup, path))
+            self._made(functools.partial(remove_cgroup, path))
         (cpu / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
         (cpu / "cpu.cfs_quota_us").write_text(str(int(self.cpus_per_node * _CFS_PERIOD_US)))
         limit = self.memory_bytes[node]
@@ -232,12 +232,3 @@ def _mounted(path: str) -> bool:
     with open("/proc/self/mountinfo") as mounts:
         return any(line.split()[4] == path for line in mounts)
 
-
-def _remove_cgroup(path: Path) -> None:
-    """Move any process left in ``path`` to the root cgroup, then remove it."""
-    with contextlib.suppress(FileNotFoundError):
-        for pid in (path / "tasks").read_text().split():
-            with contextlib.suppress(OSError):
-                (path.parent / "tasks").write_text(pid)
-    with contextlib.suppress(FileNotFoundError):
-        path.rmdir()

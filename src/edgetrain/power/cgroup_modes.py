@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cgroups import remove_cgroup
 from ..errors import EdgetrainError
 from .predict import ModePoint
 
@@ -96,10 +97,7 @@ def cpu_quota_cgroup(quota: float, cpus: int, root: Path = CGROUP_CPU) -> Iterat
         (path / "cpu.shares").write_text(str(MAX_SHARES))
         yield path
     finally:
-        for pid in (path / "cgroup.procs").read_text().split():  # a child that outlived us goes back to the root
-            with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(pid)
-        path.rmdir()
+        remove_cgroup(path)
 
 
 @dataclass(frozen=True)
