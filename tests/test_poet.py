@@ -209,10 +209,10 @@ def test_the_docs_tables_are_the_reports_own() -> None:
 
 @pytest.mark.slow
 def test_the_docs_report_regenerates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The command docs/poet.md gives, with the calibration the checked-in report records, writes the same poet.md."""
-    source = json.loads((DOCS / "poet.json").read_text())["host_calibration"]["source"]
-    assert source.startswith(f"given by ${CALIBRATION_ENV}=")   # the docs' run names its calibration
-    monkeypatch.setenv(CALIBRATION_ENV, source.partition("=")[2])
+    """The command docs/poet.md gives writes the same poet.md, whatever this machine's calibration."""
+    # every device of the report has a rate measured on the board, so this machine's calibration plays no part
+    assert json.loads((DOCS / "poet.json").read_text())["host_calibration"] is None
+    monkeypatch.setenv(CALIBRATION_ENV, "1e9,1e8")
     with CliRunner().isolation():
         try:
             main(["reproduce", "poet", "--out", str(tmp_path)])
