@@ -199,7 +199,7 @@ def _drop_specialised_args(graph: fx.Graph, name: str) -> None:
 def _output_value(model: nn.Module, graph: fx.Graph) -> fx.Node:
     output = next(node for node in graph.nodes if node.op == "output")
     value = output.args[0]
-    if not isinstance(value, fx.Node) or _is_scalar(value):
+    if not isinstance(value, fx.Node) or is_scalar_node(value):
         raise NotTraceableError(f"{type(model).__name__}.forward returns {type(value).__name__}, not one tensor; "
                                 "a chain ends in one tensor (return the logits, compute the rest outside)")
     return value
@@ -255,7 +255,7 @@ def _cuts(model: nn.Module, nodes: list[fx.Node], result: fx.Node) -> list[_Cut]
         if len(live) != 1:
             continue
         (value,) = live
-        if _is_scalar(value) or any(_mutates(model, later) for later in value.users if later.args[:1] == (value,)):
+        if is_scalar_node(value) or any(mutates(model, later) for later in value.users if later.args[:1] == (value,)):
             continue
         if cuts and cuts[-1][1] is value:
             cuts[-1] = (i, value)    # ops that only read or rewrite nothing: keep them before the cut
@@ -293,7 +293,7 @@ def _is_view(model: nn.Module, node: fx.Node) -> bool:
     return False
 
 
-def _is_scalar(node: fx.Node) -> bool:
+def is_scalar_node(node: fx.Node) -> bool:
     """A shape, size or Python number computed from tensors: never a stage boundary."""
     if node.op == "call_method":
         return node.target in _SCALAR_METHODS
@@ -302,11 +302,11 @@ def _is_scalar(node: fx.Node) -> bool:
             return True
         inputs = node.all_input_nodes
         return getattr(node.target, "__module__", None) in ("_operator", "operator") and bool(inputs) and all(
-            _is_scalar(arg) for arg in inputs)
+            is_scalar_node(arg) for arg in inputs)
     return False
 
 
-def _mutates(model: nn.Module, node: fx.Node) -> bool:
+def mutates(model: nn.Module, node: fx.Node) -> bool:
     """Whether ``node`` changes its first argument in place (``add_``, ``+=``, ``ReLU(inplace=True)``)."""
     if node.op == "call_method":
         return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
