@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,12 +103,19 @@ def segmented_stages(stages: Sequence[nn.Module], x: torch.Tensor) -> list[nn.Mo
         As many stages, composing to the same function, sharing the same parameters.
     """
     result: list[nn.Module] = []
-    with torch.no_grad(), torch.random.fork_rng(), frozen_statistics(nn.ModuleList(stages)):
+    with _unrecorded(nn.ModuleList(stages)):
         for stage in stages:
             twin = segmented_stage(stage, x) if isinstance(stage, fx.GraphModule) else None
             result.append(stage if twin is None else twin)
             x = stage(x)
     return result
+
+
+@contextlib.contextmanager
+def _unrecorded(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` for sizes only: no autograd, running statistics and the RNG as they were."""
+    with torch.no_grad(), torch.random.fork_rng(), frozen_statistics(module):
+        yield
 
 
 def segmented_stage(stage: fx.GraphModule, x: torch.Tensor) -> SegmentedStage | None:
@@ -163,8 +170,9 @@ class _Graph:
         return True
 
     def held_bytes(self, cuts: Sequence[int]) -> int:
-        """Live values saved at the cuts (each storage once) plus the largest segment's new bytes."""
-        saved = {self.storage[k]: self.nbytes[k] for c in cuts for k in self.live[c]}
+        """Live values saved at the cuts (each storage once) plus the largest segment's new bytes: an
+        estimate of what the stage's backward holds beside its input, to choose cuts by."""
+        saved = {self.storage[k]: self.nbytes[k] for c in cuts for k in self.live[c] if k > 0}  # not the input
         bounds = [0, *cuts, len(self.nodes) - 1]
         return sum(saved.values()) + max(self._grown(a, b) for a, b in itertools.pairwise(bounds))
 
@@ -232,7 +240,8 @@ def _sizes(stage: fx.GraphModule, x: torch.Tensor, nodes: list[fx.Node]) -> tupl
             values[n] = value
             return value
 
-    _Recorder(stage).run(x)
+    with _unrecorded(stage):
+        _Recorder(stage).run(x)
     storage, nbytes, is_tensor = [], [], []
     for node in nodes:
         value = values[node]
