@@ -16,10 +16,11 @@ With ``--blocks``, recomputation inside coarse stages (NOTE [ Blocks planned ins
 ``models/segmented.py``): per model the least feasible budget of the chain as traced and of the
 two-level plan (``planners/blocks.py``); the predicted peak of each at equal recompute factors
 ρ; and the two-level plan trained for real at its least budget, at each ρ's budget and at
-keep-all, with the same checks (gradients against autograd, measured against predicted peak). GPT-2 small's three budgets coincide
-at this batch: with SGD its step peaks when every gradient exists (weights, momentum and
-gradients, 1.49 GB), above its activations up to about a thousand tokens; its test-size
-variant in ``tests/test_edge_models.py`` has three distinct budgets.
+keep-all, with the same checks (gradients against autograd, measured against predicted peak).
+
+GPT-2 small's three budgets coincide at this batch: with SGD its step peaks when every gradient
+exists (weights, momentum and gradients, 1.49 GB), above its activations up to about a thousand
+tokens; its test-size variant in ``tests/test_edge_models.py`` has three distinct budgets.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import torch
 from torch import nn
 
 from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilenet_v3_small, stages_of, unet, yolov8
-from edgetrain.models.user_examples import SkipCat, encoder_in_sequential, sequential_cnn
 from edgetrain.models.segmented import SegmentedStage, segmented_stages
+from edgetrain.models.user_examples import SkipCat, encoder_in_sequential, sequential_cnn
 from edgetrain.planners import plan
 from edgetrain.planners.blocks import least_block_bytes, plan_blocks
 from edgetrain.profile import profile

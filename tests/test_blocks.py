@@ -10,11 +10,13 @@ import torch
 from steps import check_tracks
 from torch import fx, nn
 
+from edgetrain.chain import Chain
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import stages_of
 from edgetrain.models.edge_vision import DenseNet
 from edgetrain.models.segmented import SegmentedStage, segmented_stage, segmented_stages
 from edgetrain.planners.blocks import block_variants, least_block_bytes, plan_blocks
+from edgetrain.planners.plan import least_step_bytes
 from edgetrain.profile import profile
 from edgetrain.runtime import check_step
 from edgetrain.schedule import keep_all, simulate
@@ -79,8 +81,11 @@ def test_a_stage_of_one_op_chain_is_not_segmented() -> None:
     assert segmented_stage(stage, torch.randn(2, 4)) is None
 
 
+Dense = tuple[nn.Module, torch.Tensor, torch.Tensor, Chain, Chain, list[bool]]
+
+
 @pytest.fixture(scope="module")
-def dense() -> tuple[nn.Module, torch.Tensor, torch.Tensor, object, object, list[bool]]:
+def dense() -> Dense:
     """A small DenseNet: each dense block is one traced stage, every cut inside carries its feature maps."""
     torch.manual_seed(0)
     model = DenseNet(blocks=(3, 3), growth=8, init_features=8, num_classes=5)
@@ -92,7 +97,7 @@ def dense() -> tuple[nn.Module, torch.Tensor, torch.Tensor, object, object, list
     return model, x, y, chain, twins, segmented
 
 
-def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense) -> None:  # type: ignore[no-untyped-def]
+def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense: Dense) -> None:
     _, _, _, chain, twins, segmented = dense
     assert sum(segmented) == 2
     variants = list(block_variants(chain, twins, segmented))
@@ -111,9 +116,8 @@ def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense) -> None:  # t
         assert within.recompute_factor <= rho + 1e-9
 
 
-def test_dense_blocks_planned_inside_train_as_plain_autograd(dense) -> None:  # type: ignore[no-untyped-def]
+def test_dense_blocks_planned_inside_train_as_plain_autograd(dense: Dense) -> None:
     model, x, y, chain, twins, segmented = dense
-    from edgetrain.planners.plan import least_step_bytes
     least_as_traced = least_step_bytes(chain)
     least = least_block_bytes(chain, twins, segmented)
     assert least < least_as_traced   # recomputing inside a dense block goes below the chain's floor
@@ -132,7 +136,6 @@ def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor(
     stages = segmented_stages(stages_of(model), x)
     segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
     twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
-    from edgetrain.planners.plan import least_step_bytes
     least = least_block_bytes(chain, twins, segmented)
     assert least < least_step_bytes(chain)
     check = check_step(model, x, y, least, chain, twins=twins)

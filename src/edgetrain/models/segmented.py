@@ -211,7 +211,7 @@ class _Graph:
                 for j, (module, reads, makes) in enumerate(pieces)]
 
     def _segment(self, after: int, upto: int) -> tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]:
-        """The ops after position ``after`` up to ``upto``, as a module from the values they read to those read later."""
+        """The ops after position ``after`` up to ``upto``: a module from the values they read to those read later."""
         body = self.nodes[after + 1:upto + 1]
         reads = sorted({self.position[arg] for node in body for arg in node.all_input_nodes
                         if arg in self.position and self.position[arg] <= after})
@@ -242,7 +242,9 @@ def _sizes(stage: fx.GraphModule, x: torch.Tensor, nodes: list[fx.Node]) -> tupl
 
     with _unrecorded(stage):
         _Recorder(stage).run(x)
-    storage, nbytes, is_tensor = [], [], []
+    storage: list[int] = []
+    nbytes: list[int] = []
+    is_tensor: list[bool] = []
     for node in nodes:
         value = values[node]
         tensor = isinstance(value, torch.Tensor)
