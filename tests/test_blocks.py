@@ -14,7 +14,7 @@ from edgetrain.chain import Chain
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import stages_of
 from edgetrain.models.edge_vision import DenseNet
-from edgetrain.models.segmented import SegmentedStage, segmented_stage, segmented_stages
+from edgetrain.models.segmented import SegmentedStage, _Graph, segmented_stage, segmented_stages
 from edgetrain.planners.blocks import block_variants, least_block_bytes, plan_blocks
 from edgetrain.planners.plan import least_step_bytes
 from edgetrain.profile import profile
@@ -141,3 +141,29 @@ def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor(
     check = check_step(model, x, y, least, chain, twins=twins)
     assert check.worst_grad_error <= 1e-6, check
     assert check_tracks(check), check
+
+
+class WritesBack(nn.Module):
+    """``h`` is changed in place after ``a`` is made from it, through a view: no cut may carry ``h``
+    (or its view) past that write, or a recomputed segment would read the changed value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        flat = h.view(-1)
+        g = torch.sigmoid(self.b(h))
+        k = torch.relu(self.c(g))
+        flat.mul_(2)
+        return torch.cat([h, g, k], 1)
+
+
+def test_no_cut_carries_a_value_changed_in_place_later() -> None:
+    stage = fx.symbolic_trace(WritesBack())
+    graph = _Graph(stage, torch.randn(2, 8))
+    names = [node.name for node in graph.nodes]
+    made, written = names.index("tanh"), names.index("mul_")
+    assert graph.allowed   # cuts exist, before ``h`` is made and after the write
+    assert not [i for i in graph.allowed if made <= i < written]

@@ -153,6 +153,9 @@ class _Graph:
         for size in self.new_bytes:
             self.prefix.append(self.prefix[-1] + size)
         self.live = [[k for k in range(i + 1) if self.last_use[k] > i] for i in range(end)]
+        # storages changed in place at each position (through any view of them)
+        self.mutated = [self.storage[self.position[n.args[0]]]
+                        if mutates(stage, n) and n.args and n.args[0] in self.position else None for n in self.nodes]
         self.allowed = [i for i in range(1, end - 1) if self._can_cut(i)]  # position 0 is the input
 
     def _grown(self, after: int, upto: int) -> int:
@@ -160,14 +163,12 @@ class _Graph:
         return self.prefix[upto + 1] - self.prefix[after + 1]
 
     def _can_cut(self, i: int) -> bool:
-        for k in self.live[i]:
-            node = self.nodes[k]
-            if not self.is_tensor[k] or is_scalar_node(node):
-                return False
-            if any(mutates(self.stage, user) for user in node.users
-                   if self.position.get(user, len(self.nodes)) > i and user.args[:1] == (node,)):
-                return False
-        return True
+        """Every live value a tensor whose storage no later op changes in place (a segment's
+        recomputation reads its inputs as they were)."""
+        if any(not self.is_tensor[k] or is_scalar_node(self.nodes[k]) for k in self.live[i]):
+            return False
+        changed_later = {key for key in self.mutated[i + 1:] if key is not None}
+        return not any(self.storage[k] in changed_later for k in self.live[i])
 
     def held_bytes(self, cuts: Sequence[int]) -> int:
         """Live values saved at the cuts (each storage once) plus the largest segment's new bytes: an

@@ -61,8 +61,8 @@ _VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "flatten"
 _VIEW_FUNCTIONS = frozenset({torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
                              torch.unsqueeze, torch.t, torch.narrow, torch.select, torch.chunk, torch.split,
                              torch.unbind, torch.movedim, torch.swapaxes, operator.getitem})
-_INPLACE_FUNCTIONS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
-                                operator.ior, operator.ixor, operator.ilshift, operator.irshift})
+_INPLACE_FUNCTIONS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift})
 
 
 class NotTraceableError(TypeError):
@@ -307,11 +307,14 @@ def is_scalar_node(node: fx.Node) -> bool:
 
 
 def mutates(model: nn.Module, node: fx.Node) -> bool:
-    """Whether ``node`` changes its first argument in place (``add_``, ``+=``, ``ReLU(inplace=True)``)."""
+    """Whether ``node`` changes its first argument in place (``add_``, ``torch.relu_``, ``+=``, ``x[i] = v``,
+    ``ReLU(inplace=True)``)."""
     if node.op == "call_method":
         return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
     if node.op == "call_function":
-        return node.target in _INPLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))
+        name = getattr(node.target, "__name__", "")
+        return (node.target in _INPLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))
+                or (name.endswith("_") and not name.startswith("_")))
     if node.op == "call_module":
         return bool(getattr(model.get_submodule(str(node.target)), "inplace", False))
     return False
