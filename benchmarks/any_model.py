@@ -34,7 +34,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilenet_v3_small, stages_of, unet, yolov8
+from edgetrain.models import (
+    densenet121,
+    efficientnet_b0,
+    gpt_decoder,
+    mobilenet_v3_small,
+    stages_of,
+    transformer_encoder,
+    unet,
+    yolov8,
+)
 from edgetrain.models.segmented import SegmentedStage, segmented_stages
 from edgetrain.models.user_examples import SkipCat, encoder_in_sequential, sequential_cnn
 from edgetrain.planners import plan
@@ -79,8 +88,14 @@ def _block_cases() -> dict[str, Callable[[], Case]]:
         tokens = torch.randint(0, 1000, (2, 256))
         return gpt_decoder(vocab=1000, context=256, layers=4, width=256, heads=4), tokens, torch.roll(tokens, -1, 1)
 
+    def zoo_transformer() -> Case:   # the zoo's encoder: stages() gives each nn.TransformerEncoderLayer whole
+        model = transformer_encoder(num_layers=4, d_model=256, nhead=4, dim_feedforward=1024, vocab_size=1000,
+                                    max_len=256, num_classes=10)
+        return model, torch.randint(0, 1000, (4, 256)), torch.randint(0, 10, (4,))
+
     return {
         "densenet121": lambda: (densenet121(), *_images(4, 128, 1000)),
+        "zoo_transformer_4x256": zoo_transformer,
         "unet_w16": lambda: (unet(3, 2, width=16), torch.randn(2, 3, 128, 128), torch.randint(0, 2, (2, 128, 128))),
         "gpt_4x256": gpt_small,
         "user_encoder_in_sequential": _cases()["user_encoder_in_sequential"],

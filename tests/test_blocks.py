@@ -12,7 +12,7 @@ from torch import fx, nn
 
 from edgetrain.chain import Chain
 from edgetrain.errors import InfeasibleBudgetError
-from edgetrain.models import stages_of
+from edgetrain.models import stages_of, transformer_encoder_small
 from edgetrain.models.edge_vision import DenseNet
 from edgetrain.models.segmented import SegmentedStage, _Graph, segmented_stage, segmented_stages
 from edgetrain.planners.blocks import block_variants, least_block_bytes, plan_blocks
@@ -167,3 +167,21 @@ def test_no_cut_carries_a_value_changed_in_place_later() -> None:
     made, written = names.index("tanh"), names.index("mul_")
     assert graph.allowed   # cuts exist, before ``h`` is made and after the write
     assert not [i for i in graph.allowed if made <= i < written]
+
+
+def test_encoder_layers_given_whole_by_stages_are_planned_inside() -> None:
+    """The zoo's encoder: ``stages()`` gives each ``nn.TransformerEncoderLayer`` whole; traced, it cuts
+    after its attention block (several tensors pass inside it), dropout included."""
+    torch.manual_seed(0)
+    model = transformer_encoder_small(num_layers=1, d_model=32, nhead=4, dim_feedforward=128, max_len=64)
+    x, y = torch.randint(0, 1000, (2, 64)), torch.randint(0, 10, (2,))
+    chain = profile(model, x, y, measure_time=False)
+    stages = segmented_stages(stages_of(model), x)
+    assert [type(s).__name__ for s in stages] == ["TokenEmbedding", "SegmentedStage", "ClsHead"]
+    segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
+    twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
+    least = least_block_bytes(chain, twins, segmented)
+    assert least < least_step_bytes(chain)
+    check = check_step(model, x, y, least, chain, twins=twins)
+    assert check.worst_grad_error <= 1e-6, check
+    assert check_tracks(check), check

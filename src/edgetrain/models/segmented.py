@@ -43,7 +43,7 @@ from torch import fx, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..norm_statistics import frozen_statistics
-from .traced import is_scalar_node, mutates
+from .traced import is_scalar_node, mutates, traced_module
 
 __all__ = ["SegmentedStage", "segmented_stage", "segmented_stages"]
 
@@ -93,7 +93,8 @@ def _recompute_context(module: nn.Module) -> Any:
 
 
 def segmented_stages(stages: Sequence[nn.Module], x: torch.Tensor) -> list[nn.Module]:
-    """``stages`` with each traced stage that cuts into several segments replaced by its :class:`SegmentedStage`.
+    """``stages`` with each traced stage (or ``nn.TransformerEncoderLayer``) that cuts into several segments
+    replaced by its :class:`SegmentedStage`.
 
     Args:
         stages: a chain of stages (:func:`~edgetrain.models.stages_of`), without the loss.
@@ -105,10 +106,23 @@ def segmented_stages(stages: Sequence[nn.Module], x: torch.Tensor) -> list[nn.Mo
     result: list[nn.Module] = []
     with _unrecorded(nn.ModuleList(stages)):
         for stage in stages:
-            twin = segmented_stage(stage, x) if isinstance(stage, fx.GraphModule) else None
+            graph = _graph_of(stage)
+            twin = segmented_stage(graph, x) if graph is not None else None
             result.append(stage if twin is None else twin)
             x = stage(x)
     return result
+
+
+def _graph_of(stage: nn.Module) -> fx.GraphModule | None:
+    """A traced stage, or an encoder layer given whole by ``stages()``, as a graph; None for other stages.
+
+    A user module given whole is not traced: its forward may read Python flags a trace would fix.
+    """
+    if isinstance(stage, fx.GraphModule):
+        return stage
+    if isinstance(stage, nn.TransformerEncoderLayer):
+        return traced_module(stage)
+    return None
 
 
 @contextlib.contextmanager

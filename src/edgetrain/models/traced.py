@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["traced_stages", "training_mode", "NotTraceableError"]
+__all__ = ["traced_stages", "traced_module", "training_mode", "NotTraceableError"]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,16 @@ def traced_stages(model: nn.Module) -> list[nn.Module]:
     stages = [_stage(model, nodes, start, end) for start, end in itertools.pairwise(cuts)]
     log.debug("%s traced into %d stages", type(model).__name__, len(stages))
     return stages
+
+
+def traced_module(module: nn.Module) -> fx.GraphModule:
+    """``module`` as one ``fx.GraphModule`` traced as :func:`traced_stages` traces (sharing its parameters).
+
+    Raises:
+        NotTraceableError: naming what stopped the trace.
+    """
+    graph, _ = _trace(module)
+    return fx.GraphModule(module, graph, class_name=f"Traced{type(module).__name__}")
 
 
 # --- tracing ------------------------------------------------------------------------------------
