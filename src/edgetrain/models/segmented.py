@@ -4,7 +4,8 @@ NOTE [ Blocks planned inside ]
 A traced chain is cut only where *one* tensor passes (NOTE [ Traced stages ]), so a region
 spanned by skips -- a DenseNet dense block, a U-Net's inner levels under its outer skip -- is one
 stage, and the chain can only keep or recompute all of it: its backward needs everything it
-saved at once, which sets the chain's least feasible budget.
+saved at once, which sets the chain's least feasible budget. So is an ``nn.TransformerEncoderLayer``
+that a model's ``stages()`` gives whole (the zoo's encoder): it is traced for this.
 
 Inside such a stage the graph has more cut points if a cut may carry several tensors: after
 op ``i`` the *live set* is every value made at or before ``i`` that an op after ``i`` reads
