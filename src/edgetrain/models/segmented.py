@@ -85,6 +85,11 @@ class SegmentedStage(nn.Module):
                 del values[k]
         return values[self._result]
 
+    @property
+    def inputs_per_segment(self) -> tuple[int, ...]:
+        """How many tensors cross into each segment (more than one where a cut carries several)."""
+        return tuple(len(segment.reads) for segment in self._segments)
+
     def extra_repr(self) -> str:
         return f"{self.name}: {len(self._segments)} segments"
 
@@ -137,7 +142,7 @@ def segmented_stage(stage: fx.GraphModule, x: torch.Tensor) -> SegmentedStage | 
     """``stage`` cut where several tensors pass, or None when no cut lowers what its backward holds."""
     graph = _Graph(stage, x)
     cuts = graph.best_cuts()
-    if len(cuts) < 1:
+    if not cuts:
         return None
     return SegmentedStage(graph.segments(cuts), graph.result, type(stage).__name__)
 
