@@ -126,7 +126,7 @@ def test_scheduled_step_equals_plain_autograd(name: str, kind: str) -> None:
         if mine is not None:
             torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     # BatchNorm statistics updated once (num_batches_tracked == 1), bit for bit as by the plain step:
-    # a recomputing forward runs at momentum 0 (executor._frozen_statistics).
+    # a recomputing forward runs at momentum 0 (norm_statistics.frozen_statistics).
     for mine, theirs in zip(got.buffers, expected.buffers, strict=True):
         assert torch.equal(mine, theirs)
     # Same dropout masks (exact grads above) and the generator where the plain step left it.

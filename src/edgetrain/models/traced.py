@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["traced_stages", "training_mode", "NotTraceableError"]
+__all__ = ["traced_stages", "traced_module", "training_mode", "NotTraceableError"]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ _VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "flatten"
 _VIEW_FUNCTIONS = frozenset({torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
                              torch.unsqueeze, torch.t, torch.narrow, torch.select, torch.chunk, torch.split,
                              torch.unbind, torch.movedim, torch.swapaxes, operator.getitem})
-_INPLACE_FUNCTIONS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
-                                operator.ior, operator.ixor, operator.ilshift, operator.irshift})
+_INPLACE_FUNCTIONS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift})
 
 
 class NotTraceableError(TypeError):
@@ -152,6 +152,16 @@ def traced_stages(model: nn.Module) -> list[nn.Module]:
     return stages
 
 
+def traced_module(module: nn.Module) -> fx.GraphModule:
+    """``module`` as one ``fx.GraphModule`` traced as :func:`traced_stages` traces (sharing its parameters).
+
+    Raises:
+        NotTraceableError: naming what stopped the trace.
+    """
+    graph, _ = _trace(module)
+    return fx.GraphModule(module, graph, class_name=f"Traced{type(module).__name__}")
+
+
 # --- tracing ------------------------------------------------------------------------------------
 
 def _trace(model: nn.Module) -> tuple[fx.Graph, _StageTracer]:
@@ -199,7 +209,7 @@ def _drop_specialised_args(graph: fx.Graph, name: str) -> None:
 def _output_value(model: nn.Module, graph: fx.Graph) -> fx.Node:
     output = next(node for node in graph.nodes if node.op == "output")
     value = output.args[0]
-    if not isinstance(value, fx.Node) or _is_scalar(value):
+    if not isinstance(value, fx.Node) or is_scalar_node(value):
         raise NotTraceableError(f"{type(model).__name__}.forward returns {type(value).__name__}, not one tensor; "
                                 "a chain ends in one tensor (return the logits, compute the rest outside)")
     return value
@@ -255,7 +265,7 @@ def _cuts(model: nn.Module, nodes: list[fx.Node], result: fx.Node) -> list[_Cut]
         if len(live) != 1:
             continue
         (value,) = live
-        if _is_scalar(value) or any(_mutates(model, later) for later in value.users if later.args[:1] == (value,)):
+        if is_scalar_node(value) or any(mutates(model, later) for later in value.users if later.args[:1] == (value,)):
             continue
         if cuts and cuts[-1][1] is value:
             cuts[-1] = (i, value)    # ops that only read or rewrite nothing: keep them before the cut
@@ -293,7 +303,7 @@ def _is_view(model: nn.Module, node: fx.Node) -> bool:
     return False
 
 
-def _is_scalar(node: fx.Node) -> bool:
+def is_scalar_node(node: fx.Node) -> bool:
     """A shape, size or Python number computed from tensors: never a stage boundary."""
     if node.op == "call_method":
         return node.target in _SCALAR_METHODS
@@ -302,16 +312,19 @@ def _is_scalar(node: fx.Node) -> bool:
             return True
         inputs = node.all_input_nodes
         return getattr(node.target, "__module__", None) in ("_operator", "operator") and bool(inputs) and all(
-            _is_scalar(arg) for arg in inputs)
+            is_scalar_node(arg) for arg in inputs)
     return False
 
 
-def _mutates(model: nn.Module, node: fx.Node) -> bool:
-    """Whether ``node`` changes its first argument in place (``add_``, ``+=``, ``ReLU(inplace=True)``)."""
+def mutates(model: nn.Module, node: fx.Node) -> bool:
+    """Whether ``node`` changes its first argument in place (``add_``, ``torch.relu_``, ``+=``, ``x[i] = v``,
+    ``ReLU(inplace=True)``)."""
     if node.op == "call_method":
         return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
     if node.op == "call_function":
-        return node.target in _INPLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))
+        name = getattr(node.target, "__name__", "")
+        return (node.target in _INPLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))
+                or (name.endswith("_") and not name.startswith("_")))
     if node.op == "call_module":
         return bool(getattr(model.get_submodule(str(node.target)), "inplace", False))
     return False

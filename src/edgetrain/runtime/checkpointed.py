@@ -30,8 +30,10 @@ import torch
 from torch import nn
 
 from ..chain import Chain
+from ..models.segmented import SegmentedStage, segmented_stages
 from ..models.traced import training_mode
 from ..planners import Plan, plan
+from ..planners.blocks import BlockPlan, plan_blocks
 from ..profile import profile
 from ..stages import LossFn, training_stages
 from .executor import Executor, PendingBackward
@@ -94,10 +96,16 @@ class Checkpointed(nn.Module):
         chain: the chain of this model profiled on a batch of ``sample``'s shape (with
             ``loss_fn`` and ``optimizer``), to plan without profiling again: a saved one
             (:meth:`Chain.load`), or one profiled once for plans at several budgets.
+        blocks: also consider recomputing inside coarse traced stages (NOTE [ Blocks planned
+            inside ] in ``models/segmented.py``): their segmented twins are profiled too and
+            :func:`~edgetrain.planners.blocks.plan_blocks` picks which stages run segmented.
+        twins: with ``blocks``, the chain of the segmented stages (:meth:`twin_stages`)
+            profiled as ``chain`` is, to plan without profiling them again.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
-        chain: the profiled chain it was planned on.
+        chain: the profiled chain it was planned on (with ``blocks``, the chosen variant's).
+        block_plan: with ``blocks`` and a stage to segment, the two-level plan; else None.
 
     Example:
         >>> model = Checkpointed(resnet18(), sample=x, memory="300MiB")
@@ -108,7 +116,7 @@ class Checkpointed(nn.Module):
     def __init__(self, model: nn.Module, *, sample: torch.Tensor, memory: int | str | None = None,
                  recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
                  optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
-                 chain: Chain | None = None) -> None:
+                 chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None) -> None:
         super().__init__()
         if (memory is None) == (recompute is None):
             raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
@@ -120,11 +128,14 @@ class Checkpointed(nn.Module):
         self._optimizer = optimizer
         self._measure_time = measure_time
         self._example_target = target
+        self._blocks = blocks
+        self._twins = twins
+        self.block_plan: BlockPlan | None = None
         self.plan: Plan
         self.chain: Chain
         self._executor: Executor
         self._input_key: _InputKey = _input_key(sample)
-        self._plans: dict[_InputKey, tuple[Chain, Plan, Executor]] = {}
+        self._plans: dict[_InputKey, tuple[Chain, Plan, Executor, BlockPlan | None]] = {}
         self._replan(sample, target, chain)
 
     # --- training ------------------------------------------------------------------------------
@@ -162,23 +173,41 @@ class Checkpointed(nn.Module):
     def _replan(self, sample: torch.Tensor, target: torch.Tensor | None, chain: Chain | None = None) -> None:
         """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched), unless given, and plan."""
         if chain is None:
-            # Profile what training runs (dropout, batch statistics), whatever mode the model is in.
-            with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
-                chain = profile(self.model, sample.detach(), target, loss_fn=self._loss_fn,
-                                optimizer=self._optimizer, measure_time=self._measure_time)
+            chain = self._profile(self._stages, sample, target)
         elif chain.length != len(self._stages):
             raise ValueError(f"the chain has {chain.length} stages but {type(self.model).__name__} has "
                              f"{len(self._stages)} (its stages and the loss): profile this model")
-        chosen = plan(chain, **self._request)
+        stages, chosen, block = self._stages, None, None
+        if self._blocks:
+            twin_stages = self.twin_stages(sample)
+            segmented = [isinstance(stage, SegmentedStage) for stage in twin_stages]
+            if any(segmented):
+                twins, self._twins = self._twins or self._profile(twin_stages, sample, target), None
+                block = plan_blocks(chain, twins, segmented, **self._request)
+                stages = [t if use else s for s, t, use in zip(self._stages, twin_stages, block.inside, strict=True)]
+                chosen, chain = block.plan, block.chain
+        if chosen is None:
+            chosen = plan(chain, **self._request)
         key = _input_key(sample)
-        self._plans[key] = (chain, chosen, Executor(self._stages, chosen.schedule, chain))
+        self._plans[key] = (chain, chosen, Executor(stages, chosen.schedule, chain), block)
         self._use(key)
         log.info("Checkpointed %s: %s schedule, predicted peak %d bytes, recompute factor %.3f",
                  chain.name, chosen.strategy, chosen.predicted_peak_bytes, chosen.recompute_factor)
 
+    def twin_stages(self, sample: torch.Tensor) -> list[nn.Module]:
+        """The training stages with each coarse traced stage segmented for ``sample``'s sizes (the loss last)."""
+        return [*segmented_stages(self._stages[:-1], sample.detach()), self._stages[-1]]
+
+    def _profile(self, stages: list[nn.Module], sample: torch.Tensor, target: torch.Tensor | None) -> Chain:
+        # Profile what training runs (dropout, batch statistics), whatever mode the model is in.
+        model = self.model if stages is self._stages else nn.Sequential(*stages[:-1])
+        with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
+            return profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
+                           measure_time=self._measure_time)
+
     def _use(self, key: _InputKey) -> None:
         """Switch to the plan of an input already seen (a smaller last batch of every epoch, say)."""
-        self.chain, self.plan, self._executor = self._plans[key]
+        self.chain, self.plan, self._executor, self.block_plan = self._plans[key]
         self._input_key = key
 
     # --- the wrapped model's state -------------------------------------------------------------

@@ -85,6 +85,7 @@ from torch import nn
 
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
+from ..norm_statistics import frozen_statistics
 from ..profile.tracker import storage_key
 from ..schedule import (
     Backward,
@@ -380,36 +381,6 @@ def _replayed_rng(state: _RngState) -> Iterator[None]:
         now.restore()
 
 
-def _running_norms(stage: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
-    """Norm layers whose training-mode forward updates running statistics (BatchNorm, tracking InstanceNorm)."""
-    return [module for module in stage.modules()
-            if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats and module.training]
-
-
-@contextlib.contextmanager
-def _frozen_statistics(stage: nn.Module) -> Iterator[None]:
-    """Keep a recomputing forward from updating the stage's running statistics a second time.
-
-    With momentum 0 the update is ``0 * batch + 1 * running``, which leaves the statistics bit
-    for bit (batch statistics are finite wherever training is), so they need no copy: a copy is
-    memory the chain does not count (+13,156 bytes on DenseNet-121's recomputing steps when the
-    executor cloned them). The batch counter goes back by a write through ``.data``, which has
-    its own version counter, so autograd does not see a recorded BatchNorm's buffer modified.
-    """
-    norms = _running_norms(stage)
-    saved = [(norm.momentum, None if norm.num_batches_tracked is None else int(norm.num_batches_tracked))
-             for norm in norms]
-    for norm in norms:
-        norm.momentum = 0.0
-    try:
-        yield
-    finally:
-        for norm, (momentum, count) in zip(norms, saved, strict=True):
-            norm.momentum = momentum
-            if count is not None and norm.num_batches_tracked is not None:
-                norm.num_batches_tracked.data.fill_(count)
-
-
 # --- one step in flight ----------------------------------------------------------------------
 
 class _Run:
@@ -549,7 +520,7 @@ class _Run:
                 self.rng[i] = _RngState.capture()
             yield
             return
-        with _replayed_rng(self.rng[i]), _frozen_statistics(self.stages[i]):
+        with _replayed_rng(self.rng[i]), frozen_statistics(self.stages[i]):
             yield
 
     def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:

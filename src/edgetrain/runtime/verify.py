@@ -36,8 +36,11 @@ class StepCheck:
 
 
 def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes: int, chain: Chain,
-               seed: int = 0) -> StepCheck:
+               seed: int = 0, *, twins: Chain | None = None) -> StepCheck:
     """Train a copy of ``model`` two steps under ``Checkpointed(memory=budget_bytes, chain=chain)``.
+
+    With ``twins`` (the chain of its segmented stages, ``Checkpointed.twin_stages``) the plan is
+    two-level (``blocks=True``) and the recompute factor counts the inner recomputation too.
 
     The first step's gradients are compared with plain autograd's (cross-entropy, same weights,
     RNG seeded with ``seed`` before each); the second step's live tensor bytes (SGD momentum
@@ -51,7 +54,8 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     reference, mine = copy.deepcopy(model), copy.deepcopy(model)
     torch.manual_seed(seed)
     nn.functional.cross_entropy(reference(x), y).backward()
-    wrapped = Checkpointed(mine, sample=x, target=y, memory=budget_bytes, measure_time=False, chain=chain)
+    wrapped = Checkpointed(mine, sample=x, target=y, memory=budget_bytes, measure_time=False, chain=chain,
+                           blocks=twins is not None, twins=twins)
     torch.manual_seed(seed)
     wrapped.step_loss(x, y)
     pairs = list(zip(mine.parameters(), reference.parameters(), strict=True))
@@ -67,8 +71,10 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
         tracker.register_training_state(mine, optimizer, x, y)
         wrapped.step_loss(x, y)
         optimizer.step()
+    block = wrapped.block_plan
+    factor = wrapped.plan.recompute_factor if block is None else block.recompute_factor
     return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, tracker.peak_bytes,
-                     wrapped.plan.stats.forward_advances, wrapped.plan.recompute_factor, max(errors, default=0.0))
+                     wrapped.plan.stats.forward_advances, factor, max(errors, default=0.0))
 
 
 def three_budgets(chain: Chain) -> list[int]:

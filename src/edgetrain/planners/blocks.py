@@ -1,0 +1,101 @@
+"""A two-level plan: which coarse stages recompute inside (segmented), and the chain's schedule over them.
+
+The inner level is fixed by ``models/segmented.py`` (NOTE [ Blocks planned inside ]): a
+segmented stage saves only its segments' inputs and recomputes each segment once in its
+backward, so it holds less than the whole stage and costs one more forward of it. The outer
+level is :func:`~edgetrain.planners.plan` on a chain whose stage ``i`` is the whole stage's
+cost or its segmented twin's. With ``m`` stages that have a twin there are ``2^m`` such chains;
+this tries ``m + 1`` of them, segmenting the stages in order of the saved bytes segmenting
+frees (largest first), and keeps the fastest within the budget (or, under a recompute factor,
+the least peak within the factor, the factor taken against the plain step of the chain without
+twins). Like every planner it is a pure function of cost models and a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from ..chain import Chain
+from ..errors import InfeasibleBudgetError
+from ..units import parse_bytes
+from .plan import Plan, least_step_bytes, plan
+
+__all__ = ["BlockPlan", "plan_blocks", "block_variants", "least_block_bytes"]
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The outer plan, the chain it was made on, and which stages run segmented."""
+
+    plan: Plan
+    chain: Chain
+    inside: tuple[bool, ...]
+    plain_time_s: float  # the step without any recomputation (no stage segmented)
+
+    @property
+    def recompute_factor(self) -> float:
+        """Time over the plain step's, inner recomputation included."""
+        return self.plan.predicted_time_s / self.plain_time_s
+
+
+def block_variants(whole: Chain, twins: Chain, segmented: Sequence[bool]) -> Iterator[tuple[Chain, tuple[bool, ...]]]:
+    """The chains tried: none segmented, then one more stage segmented each time, most saved bytes freed first.
+
+    Args:
+        whole: the chain of the stages as traced.
+        twins: the chain of the same stages with the segmented ones in place (same length).
+        segmented: which stages of ``twins`` are segmented.
+    """
+    if whole.length != twins.length or len(segmented) != whole.length:
+        raise ValueError(f"the chains have {whole.length} and {twins.length} stages, the mask {len(segmented)}")
+    order = sorted((i for i, s in enumerate(segmented) if s),
+                   key=lambda i: twins.stages[i].saved_bytes - whole.stages[i].saved_bytes)
+    inside = [False] * whole.length
+    yield whole, tuple(inside)
+    for i in order:
+        inside[i] = True
+        stages = tuple(t if use else w for w, t, use in zip(whole.stages, twins.stages, inside, strict=True))
+        yield replace(whole, stages=stages), tuple(inside)
+
+
+def plan_blocks(whole: Chain, twins: Chain, segmented: Sequence[bool], memory: int | str | None = None,
+                recompute: float | None = None, *, strategy: str = "auto") -> BlockPlan:
+    """The fastest two-level plan within ``memory``, or the least peak within ``recompute``.
+
+    Raises:
+        InfeasibleBudgetError: no variant fits; ``minimum_bytes`` is the least any reaches.
+        ValueError: neither or both of ``memory`` and ``recompute``.
+    """
+    if (memory is None) == (recompute is None):
+        raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor ρ >= 1)")
+    plain_s = whole.compute_time_s
+    found: list[BlockPlan] = []
+    minimum: int | None = None
+    for chain, inside in block_variants(whole, twins, segmented):
+        try:
+            if memory is not None:
+                chosen = plan(chain, memory=memory, strategy=strategy)
+            else:
+                assert recompute is not None
+                factor = recompute * plain_s / chain.compute_time_s
+                if factor < 1:
+                    continue
+                chosen = plan(chain, recompute=factor, strategy=strategy)
+        except InfeasibleBudgetError as exc:
+            if exc.minimum_bytes is not None:
+                minimum = exc.minimum_bytes if minimum is None else min(minimum, exc.minimum_bytes)
+            continue
+        found.append(BlockPlan(chosen, chain, inside, plain_s))
+    if not found:
+        budget = parse_bytes(memory) if memory is not None else None
+        raise InfeasibleBudgetError(f"budget {budget} bytes is below the least peak of any two-level plan, "
+                                    f"{minimum} bytes", minimum_bytes=minimum, budget_bytes=budget)
+    if memory is not None:
+        return min(found, key=lambda b: (b.plan.predicted_time_s, sum(b.inside)))
+    return min(found, key=lambda b: (b.plan.predicted_peak_bytes, b.plan.predicted_time_s))
+
+
+def least_block_bytes(whole: Chain, twins: Chain, segmented: Sequence[bool]) -> int:
+    """The least step peak of any variant :func:`plan_blocks` tries."""
+    return min(least_step_bytes(chain) for chain, _ in block_variants(whole, twins, segmented))

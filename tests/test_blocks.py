@@ -1,0 +1,187 @@
+"""Recomputation inside a coarse stage (NOTE [ Blocks planned inside ]): cuts that carry several tensors,
+segments checkpointed, and the two-level plan trained for real against plain autograd."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from steps import check_tracks
+from torch import fx, nn
+
+from edgetrain.chain import Chain
+from edgetrain.errors import InfeasibleBudgetError
+from edgetrain.models import stages_of, transformer_encoder_small
+from edgetrain.models.edge_vision import DenseNet
+from edgetrain.models.segmented import SegmentedStage, _Graph, segmented_stage, segmented_stages
+from edgetrain.planners.blocks import block_variants, least_block_bytes, plan_blocks
+from edgetrain.planners.plan import least_step_bytes
+from edgetrain.profile import profile
+from edgetrain.runtime import check_step
+from edgetrain.schedule import keep_all, simulate
+
+
+class Ladder(nn.Module):
+    """Three convolutions whose outputs all meet at the end: after the first, every cut carries two
+    or three tensors, so the traced chain has the whole ladder as one stage. BatchNorm and dropout
+    check that recomputed segments leave statistics and masks as plain autograd's."""
+
+    def __init__(self, channels: int = 4) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, channels, 3, padding=1)
+        self.b = nn.Sequential(nn.BatchNorm2d(channels), nn.ReLU(), nn.Conv2d(channels, channels, 3, padding=1))
+        self.c = nn.Sequential(nn.BatchNorm2d(channels), nn.ReLU(), nn.Dropout(0.3),
+                               nn.Conv2d(channels, channels, 3, padding=1))
+        self.head = nn.Linear(3 * channels, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.a(x)
+        b = self.b(a)
+        c = self.c(b)
+        return self.head(torch.cat([a, b, torch.tanh(c)], 1).mean((2, 3)))
+
+
+def ladder_stage() -> tuple[Ladder, fx.GraphModule, torch.Tensor]:
+    torch.manual_seed(0)
+    model = Ladder()
+    stages = stages_of(model)
+    coarse = [s for s in stages if isinstance(s, fx.GraphModule) and len(list(s.graph.nodes)) > 10]
+    assert len(coarse) == 1
+    x = torch.randn(2, 3, 16, 16)
+    for stage in stages[:stages.index(coarse[0])]:
+        x = stage(x)
+    return model, coarse[0], x.detach()
+
+
+def test_a_stage_cut_where_several_tensors_pass_computes_what_it_did() -> None:
+    model, stage, x = ladder_stage()
+    twin = segmented_stage(stage, x)
+    assert isinstance(twin, SegmentedStage) and len(twin.pieces) >= 2
+    assert max(twin.inputs_per_segment) >= 2   # a boundary of several tensors
+    assert {id(p) for p in twin.parameters()} <= {id(p) for p in model.parameters()}
+
+    reference = copy.deepcopy(stage)
+    results = []
+    for module in (reference, twin):
+        x_in = x.clone().requires_grad_(True)
+        torch.manual_seed(3)
+        y = module(x_in)
+        y.square().sum().backward()
+        results.append((y.detach(), x_in.grad, [p.grad for p in module.parameters()],
+                        [b.clone() for b in module.buffers()], torch.get_rng_state()))
+    (y0, gx0, g0, b0, r0), (y1, gx1, g1, b1, r1) = results
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and torch.equal(r0, r1)
+    assert all(torch.equal(p, q) for p, q in zip(g0, g1, strict=True))
+    assert all(torch.equal(p, q) for p, q in zip(b0, b1, strict=True))  # statistics updated once
+
+
+def test_a_stage_of_one_op_chain_is_not_segmented() -> None:
+    stage = fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4)))
+    assert segmented_stage(stage, torch.randn(2, 4)) is None
+
+
+Dense = tuple[nn.Module, torch.Tensor, torch.Tensor, Chain, Chain, list[bool]]
+
+
+@pytest.fixture(scope="module")
+def dense() -> Dense:
+    """A small DenseNet: each dense block is one traced stage, every cut inside carries its feature maps."""
+    torch.manual_seed(0)
+    model = DenseNet(blocks=(3, 3), growth=8, init_features=8, num_classes=5)
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 5, (2,))
+    chain = profile(model, x, y, measure_time=False)
+    stages = segmented_stages(stages_of(model), x)
+    segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
+    twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
+    return model, x, y, chain, twins, segmented
+
+
+def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense: Dense) -> None:
+    _, _, _, chain, twins, segmented = dense
+    assert sum(segmented) == 2
+    variants = list(block_variants(chain, twins, segmented))
+    assert [sum(inside) for _, inside in variants] == [0, 1, 2] and variants[0][0] == chain
+    least = least_block_bytes(chain, twins, segmented)
+    assert least < simulate(chain, keep_all(chain.length)).peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as refused:
+        plan_blocks(chain, twins, segmented, memory=least - 1)
+    assert refused.value.minimum_bytes == least
+    roomy = plan_blocks(chain, twins, segmented, memory=10**12)
+    assert not any(roomy.inside) and roomy.recompute_factor == 1.0   # nothing to gain: the fastest is plain
+    tight = plan_blocks(chain, twins, segmented, memory=least)
+    assert any(tight.inside) and tight.plan.predicted_peak_bytes <= least
+    for rho in (1.1, 1.5):
+        within = plan_blocks(chain, twins, segmented, recompute=rho)
+        assert within.recompute_factor <= rho + 1e-9
+
+
+def test_dense_blocks_planned_inside_train_as_plain_autograd(dense: Dense) -> None:
+    model, x, y, chain, twins, segmented = dense
+    least_as_traced = least_step_bytes(chain)
+    least = least_block_bytes(chain, twins, segmented)
+    assert least < least_as_traced   # recomputing inside a dense block goes below the chain's floor
+    check = check_step(model, x, y, least, chain, twins=twins)
+    assert check.predicted_peak_bytes <= least
+    assert check.worst_grad_error <= 1e-6, check
+    assert check_tracks(check), check
+    assert check.recompute_factor > 1
+
+
+def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor() -> None:
+    torch.manual_seed(0)
+    model = Ladder(channels=8)
+    x, y = torch.randn(2, 3, 24, 24), torch.randint(0, 5, (2,))
+    chain = profile(model, x, y, measure_time=False)
+    stages = segmented_stages(stages_of(model), x)
+    segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
+    twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
+    least = least_block_bytes(chain, twins, segmented)
+    assert least < least_step_bytes(chain)
+    check = check_step(model, x, y, least, chain, twins=twins)
+    assert check.worst_grad_error <= 1e-6, check
+    assert check_tracks(check), check
+
+
+class WritesBack(nn.Module):
+    """``h`` is changed in place after ``a`` is made from it, through a view: no cut may carry ``h``
+    (or its view) past that write, or a recomputed segment would read the changed value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        flat = h.view(-1)
+        g = torch.sigmoid(self.b(h))
+        k = torch.relu(self.c(g))
+        flat.mul_(2)
+        return torch.cat([h, g, k], 1)
+
+
+def test_no_cut_carries_a_value_changed_in_place_later() -> None:
+    stage = fx.symbolic_trace(WritesBack())
+    graph = _Graph(stage, torch.randn(2, 8))
+    names = [node.name for node in graph.nodes]
+    made, written = names.index("tanh"), names.index("mul_")
+    assert graph.allowed   # cuts exist, before ``h`` is made and after the write
+    assert not [i for i in graph.allowed if made <= i < written]
+
+
+def test_encoder_layers_given_whole_by_stages_are_planned_inside() -> None:
+    """The zoo's encoder: ``stages()`` gives each ``nn.TransformerEncoderLayer`` whole; traced, it cuts
+    after its attention block (several tensors pass inside it), dropout included."""
+    torch.manual_seed(0)
+    model = transformer_encoder_small(num_layers=1, d_model=32, nhead=4, dim_feedforward=128, max_len=64)
+    x, y = torch.randint(0, 1000, (2, 64)), torch.randint(0, 10, (2,))
+    chain = profile(model, x, y, measure_time=False)
+    stages = segmented_stages(stages_of(model), x)
+    assert [type(s).__name__ for s in stages] == ["TokenEmbedding", "SegmentedStage", "ClsHead"]
+    segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
+    twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
+    least = least_block_bytes(chain, twins, segmented)
+    assert least < least_step_bytes(chain)
+    check = check_step(model, x, y, least, chain, twins=twins)
+    assert check.worst_grad_error <= 1e-6, check
+    assert check_tracks(check), check
