@@ -19,23 +19,23 @@ import argparse
 import json
 import time
 
-from edgetrain.benchstats import software_setup
+from edgetrain.benchstats import Spread, software_setup, spread
 from edgetrain.hwcounters.perf_event import CounterSet
 from edgetrain.hwcounters.phases import PHASES, count_phases
 
 MODELS = {"resnet18_cifar": (8, 32), "transformer_small": (4, 64)}
 
 
-def read_cost_s(reads: int = 2000) -> float:
-    """Seconds of one snapshot of every open counter (best of 5 batches of ``reads``): the overhead's floor."""
+def read_cost_s(reads: int = 2000, batches: int = 7) -> Spread:
+    """Seconds of one snapshot of every open counter, over ``batches`` batches of ``reads``: the overhead's floor."""
+    per_read_s = []
     with CounterSet() as counters:
-        best = float("inf")
-        for _ in range(5):
+        for _ in range(batches):
             start = time.perf_counter()
             for _ in range(reads):
                 counters.read()
-            best = min(best, (time.perf_counter() - start) / reads)
-    return best
+            per_read_s.append((time.perf_counter() - start) / reads)
+    return spread(per_read_s)
 
 
 def main() -> None:
@@ -51,8 +51,8 @@ def main() -> None:
         rows.append({"model": model, "batch": batch, "size": size, "steps": args.steps,
                      "counters_open": len(report["step"]["counters"]) - len(report["unavailable"]),
                      **report["overhead"], "overhead_pct": 100.0 * (report["overhead"]["ratio"] - 1.0),
-                     "read_cost_pct": 100.0 * (len(PHASES) + 1) * read_s / report["overhead"]["plain_step_s"]})
-    print(json.dumps({"setup": software_setup(), "one_read_s": read_s, "rows": rows}, indent=1))
+                     "read_cost_pct": 100.0 * (len(PHASES) + 1) * read_s.median / report["overhead"]["plain_step_s"]})
+    print(json.dumps({"setup": software_setup(), "one_read_s": read_s.to_dict(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from edgetrain.benchstats import Spread, spread
 from edgetrain.chain import Chain
 from edgetrain.devices import Device, get_device
 from edgetrain.devices.rate import calibrate_host
@@ -51,23 +52,23 @@ def _host_if_needed(devices: Sequence[Device]) -> HostCalibration | None:
     """This machine's calibration when a device's training rate derives from its LINPACK rate, else None."""
     return calibrate_host() if any(needs_calibration(d) for d in devices) else None
 
-def _best_of(repeats: int, run: Callable[[], object]) -> float:
-    """Least wall-clock seconds of ``repeats`` calls: the cost of the work, not of whatever else ran."""
+def _timed(repeats: int, run: Callable[[], object]) -> Spread:
+    """Wall-clock seconds of ``repeats`` calls: median, IQR and CoV (the machine's load shows in the spread)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return spread(times)
 
 
-def time_solve_paging(chains: dict[str, Chain], profile: EnergyProfile, repeats: int) -> dict[str, float]:
+def time_solve_paging(chains: dict[str, Chain], profile: EnergyProfile, repeats: int) -> dict[str, Spread]:
     """Seconds of one :func:`solve_paging` up to keep-all's peak per chain (after a warm-up that loads numba)."""
     solve_paging(Chain.uniform(4), profile, simulate(Chain.uniform(4), keep_all(4)).peak_bytes)
     seconds = {}
     for name, chain in chains.items():
         top = simulate(chain, keep_all(chain.length)).peak_bytes
-        seconds[name] = _best_of(repeats, functools.partial(solve_paging, chain, profile, top, slots=TIMING_SLOTS))
+        seconds[name] = _timed(repeats, functools.partial(solve_paging, chain, profile, top, slots=TIMING_SLOTS))
     return seconds
 
 
@@ -116,10 +117,11 @@ def operator_milp_times(time_limit_s: float) -> list[dict[str, object]]:
     return rows
 
 
-def summary(figure: PoetFigure, timings: dict[str, float], milp: dict[str, object],
+def summary(figure: PoetFigure, timings: dict[str, Spread], milp: dict[str, object],
             operator_milp: list[dict[str, object]]) -> str:
     lines = [figure.md_path.read_text(), "## Solve times", ""]
-    lines += [f"- solve_paging, {name}, {TIMING_SLOTS} slots: {seconds:.3f} s" for name, seconds in timings.items()]
+    lines += [f"- solve_paging, {name}, {TIMING_SLOTS} slots: {seconds.text('{:.3f}')} s"
+              for name, seconds in timings.items()]
     lines += [f"- milp (ResNet-18 chain) on {device}: {info}" for device, info in milp.items()]
     lines += [f"- milp (ResNet-18 operator graph, {row['nodes']} nodes, {row['variables']} variables), resident + "
               f"{row['activation_fraction']:.0%} of activations: {row['status']}, {row['energy_j']:.3f} J, "
@@ -133,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out/energy"), help="directory for poet.* and timings")
     parser.add_argument("--budgets", type=int, help="budgets per panel (default 12; 4 with --quick)")
     parser.add_argument("--milp-time-limit", type=float, default=60.0, help="HiGHS seconds per budget")
-    parser.add_argument("--repeats", type=int, default=3, help="timed solves per chain (best is reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed solves per chain (median, IQR, CoV)")
     args = parser.parse_args(argv)
 
     budgets = args.budgets or (4 if args.quick else 12)
@@ -156,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     milp = milp_solve_times(figure) if not args.quick else {}
     operator_milp = operator_milp_times(args.milp_time_limit) if not args.quick else []
     (args.out / "timings.json").write_text(json.dumps(
-        {"sweep_s": sweep_s, "solve_paging_s": timings, "slots": TIMING_SLOTS, "milp": milp,
-         "operator_milp": operator_milp}, indent=1))
+        {"sweep_s": sweep_s, "solve_paging_s": {name: t.to_dict() for name, t in timings.items()},
+         "slots": TIMING_SLOTS, "milp": milp, "operator_milp": operator_milp}, indent=1))
     print(summary(figure, timings, milp, operator_milp))
     print(f"sweep took {sweep_s:.1f} s; files in {args.out}")
     return 0

@@ -5,7 +5,7 @@ Alternates child processes that train a few steps with and without ``configure_a
 ``THP_MEM_ALLOC_ENABLE=1``, huge pages for tensors of 2 MiB and more, as ``edgetrain`` sets it)
 and reports, per setting, the median step time and the peak RSS of
 the steps (VmHWM reset after the first, warm-up step), and the ratio of the medians measured in
-the same run.
+the same run, with the spread (median, IQR, CoV) of the per-round ratios to the default.
 
     python benchmarks/mmap_threshold.py [--model resnet18 --batch 8 --image 128 --steps 5 --rounds 3]
 """
@@ -18,6 +18,8 @@ import os
 import statistics
 import subprocess
 import sys
+
+from edgetrain.benchstats import spread
 
 CHILD = """
 import json, sys, time, torch
@@ -72,7 +74,10 @@ def main() -> None:
                for setting, runs in results.items()}
     for figures in summary.values():
         figures["step_time_ratio_to_default"] = figures["median_step_s"] / summary["default"]["median_step_s"]
-    print(json.dumps({**vars(args), **summary}, indent=1))
+    round_ratios = {setting: spread([run["median_step_s"] / default["median_step_s"]
+                                     for run, default in zip(runs, results["default"], strict=True)]).to_dict()
+                    for setting, runs in results.items()}
+    print(json.dumps({**vars(args), **summary, "round_ratio_to_default": round_ratios}, indent=1))
 
 
 if __name__ == "__main__":

@@ -125,7 +125,10 @@ def test_phase_counts_add_up_to_the_step(one_thread: None) -> None:
     assert report["phases"]["forward"]["counters"]["task-clock"]["value"] > 0
     for label, why in report["unavailable"].items():
         assert report["step"]["counters"][label] == why
-    assert report["overhead"]["ratio"] > 0
+    overhead = report["overhead"]
+    assert overhead["ratio"] > 0
+    for key in ("plain_step", "counted_step"):  # each median comes with its spread over the same steps
+        assert overhead[f"{key}_spread_s"]["n"] == 1 and overhead[f"{key}_spread_s"]["median"] == overhead[f"{key}_s"]
 
 
 def test_cli_bench_counters(one_thread: None) -> None:

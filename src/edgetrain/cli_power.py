@@ -186,8 +186,10 @@ def _print_counters(report: dict[str, Any]) -> None:
     for label, why in report["unavailable"].items():
         console.print(f"{label}: {why}", markup=False, highlight=False)
     overhead = report["overhead"]
-    console.print(f"overhead of reading the counters at every phase boundary: step {overhead['counted_step_s']:.4g} s "
-                  f"vs {overhead['plain_step_s']:.4g} s without ({100 * (overhead['ratio'] - 1):+.1f}%)")
+    counted, plain = overhead["counted_step_spread_s"], overhead["plain_step_spread_s"]
+    console.print(f"overhead of reading the counters at every phase boundary: step {counted['median']:.4g} s "
+                  f"(IQR {counted['iqr']:.3g} s) vs {plain['median']:.4g} s (IQR {plain['iqr']:.3g} s) without "
+                  f"({100 * (overhead['ratio'] - 1):+.1f}%; medians of {plain['n']} steps each)")
 
 
 def register_bench(bench_app: typer.Typer) -> None:

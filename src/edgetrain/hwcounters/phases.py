@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..benchstats import spread
 from .metrics import metrics_by_pmu
 from .perf_event import CounterSet, Reading
 
@@ -130,5 +131,7 @@ def count_phases(model: str, batch: int, size: int, steps: int = 3, warmup: int 
             "phases": {phase: _figures(totals[phase], why, seconds[phase]) for phase in PHASES},
             "step": _figures(step_total, why, sum(seconds.values())), "unavailable": why,
             "overhead": {"plain_step_s": plain, "counted_step_s": counted, "ratio": counted / plain,
+                         "plain_step_spread_s": spread(plain_s).to_dict(),
+                         "counted_step_spread_s": spread(counted_s).to_dict(),
                          "note": "medians of alternating steps without and with the counters read at each phase "
                                  "boundary"}}

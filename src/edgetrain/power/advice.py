@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import EdgetrainError
 from .control import Board, ModeRequest, applied_mode
 from .modes import parse_cpu_list
-from .predict import ModePoint, Profile, advise, choose_profile_modes, fit_mode_model
+from .predict import ModePoint, Profile, advise, fit_mode_model, profile_adaptively
 from .simulate import POWER_NOISE, TIME_NOISE, SimWorkload, device_grid, noisy, true_power_w, true_time_s
 
 __all__ = ["MAX_PROFILES", "advise_device", "board_grid", "measure_board", "read_profiles"]
@@ -59,11 +59,14 @@ def read_profiles(path: Path, model: str, batch: int) -> list[Profile]:
     return profiles
 
 
-def _simulated_profiles(grid: list[ModePoint], budget_w: float, seed: int) -> list[Profile]:
+def _simulated_profiles(grid: list[ModePoint], budget_w: float, seed: int, steps_per_epoch: int,
+                        deadline_s: float | None, power_cap_w: float | None) -> list[Profile]:
     rng = random.Random(seed)
     work = SimWorkload.draw(rng, budget_w, max(m.cpu_hz for m in grid), max(m.emc_hz for m in grid))
-    return [Profile(m, noisy(rng, true_time_s(work, m), TIME_NOISE), noisy(rng, true_power_w(work, m), POWER_NOISE))
-            for m in choose_profile_modes(grid, MAX_PROFILES)]
+    return profile_adaptively(
+        grid, lambda m: Profile(m, noisy(rng, true_time_s(work, m), TIME_NOISE),
+                                noisy(rng, true_power_w(work, m), POWER_NOISE)),
+        steps_per_epoch, deadline_s=deadline_s, power_cap_w=power_cap_w, count=MAX_PROFILES)
 
 
 StepProbe = Callable[[int], tuple[float, float | None]]  # threads -> (step seconds, mean power W or None)
@@ -88,14 +91,18 @@ def board_grid(board: Board) -> list[ModePoint]:
     return [ModePoint(f"{c}c@{khz / 1e3:g}MHz", c, khz * 1e3) for c in range(1, cores + 1) for khz in clocks_khz]
 
 
-def measure_board(grid: Sequence[ModePoint], probe: StepProbe, board: Board | None = None) -> list[Profile]:
-    """Apply each of at most six modes of ``grid`` in turn (restored after each) and probe a step in it."""
-    profiles = []
-    for mode in choose_profile_modes(grid, MAX_PROFILES):
+def measure_board(grid: Sequence[ModePoint], probe: StepProbe, board: Board | None = None, *, steps_per_epoch: int = 1,
+                  deadline_s: float | None = None, power_cap_w: float | None = None) -> list[Profile]:
+    """Apply at most six modes of ``grid`` in turn (restored after each) and probe a step in each; the modes
+    are chosen by :func:`~edgetrain.power.predict.profile_adaptively` for the deadline and cap given."""
+
+    def measure(mode: ModePoint) -> Profile:
         with applied_mode(ModeRequest(online_cores=mode.cores, cpu_max_freq_hz=mode.cpu_hz), board):
             time_s, power_w = probe(mode.cores)
-        profiles.append(Profile(mode, time_s, power_w))
-    return profiles
+        return Profile(mode, time_s, power_w)
+
+    return profile_adaptively(grid, measure, steps_per_epoch, deadline_s=deadline_s, power_cap_w=power_cap_w,
+                              count=MAX_PROFILES)
 
 
 def _step_probe(model: str, batch: int, size: int, sensors: Sequence[str]) -> StepProbe:
@@ -136,9 +143,11 @@ def advise_device(device: str | None, model: str, batch: int, samples: int, *, d
     if sum(x is not None for x in (profiles_file, simulate_seed, measure_size)) != 1:
         raise EdgetrainError("give one of --profiles FILE (modes measured on the board), --measure (profile this "
                              "board's modes now) or --simulate-seed N (a synthetic workload)")
+    steps = math.ceil(samples / batch)
     if measure_size is not None:
         grid = board_grid(Board())
-        profiles = measure_board(grid, _step_probe(model, batch, measure_size, power_sensors))
+        profiles = measure_board(grid, _step_probe(model, batch, measure_size, power_sensors), steps_per_epoch=steps,
+                                 deadline_s=deadline_s, power_cap_w=power_cap_w)
         source = f"measured on this board ({len(profiles)} modes applied in turn and restored)"
     elif device is None:
         raise EdgetrainError("--device is needed with --profiles or --simulate-seed")
@@ -147,10 +156,9 @@ def advise_device(device: str | None, model: str, batch: int, samples: int, *, d
         profiles, source = read_profiles(profiles_file, model, batch), f"fitted to {profiles_file}"
     else:
         grid, budget_w = device_grid(device)
-        profiles = _simulated_profiles(grid, budget_w, simulate_seed or 0)
+        profiles = _simulated_profiles(grid, budget_w, simulate_seed or 0, steps, deadline_s, power_cap_w)
         source = f"fitted to a simulated workload, seed {simulate_seed}: a demonstration, not a measurement"
     fitted = fit_mode_model(profiles, max(m.cpu_hz for m in grid))
-    steps = math.ceil(samples / batch)
     advice = advise(fitted, grid, steps, deadline_s=deadline_s, power_cap_w=power_cap_w)
     return {"device": device, "model": model, "batch": batch, "steps_per_epoch": steps, "grid_modes": len(grid),
             "deadline_s": deadline_s, "power_cap_w": power_cap_w, "profiles_source": source,
