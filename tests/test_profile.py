@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import resource
 import time
 
@@ -117,3 +118,23 @@ def test_the_stem_relu_stage_costs_no_tensor_beyond_what_autograd_keeps() -> Non
     estimate = estimate_memory("resnet18", batch, size)
     excess_bytes = estimate.total_bytes - measured_peak("resnet18", batch, size, "sgd")
     assert 0 <= excess_bytes < stem_tensor_bytes // 4
+
+
+def test_stages_are_timed_outside_the_byte_tracker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker's Python dispatch costs every op a fixed overhead: timing under it inflated small-op stages."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    profiler = importlib.import_module("edgetrain.profile.profiler")
+    modes_while_timing: list[object] = []
+    time_stage = profiler._time_stage
+
+    def spy(*args: object, **kwargs: object) -> tuple[float, float]:
+        modes_while_timing.append(_get_current_dispatch_mode())
+        return time_stage(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(profiler, "_time_stage", spy)
+    spec = get_model_spec("transformer_small")
+    chain = profile(spec.build(), spec.example_input(2, 8), spec.example_target(2), repeats=1)
+
+    assert len(modes_while_timing) == chain.length and set(modes_while_timing) == {None}
+    assert all(s.fwd_time_s > 0 and s.bwd_time_s >= 0 for s in chain.stages)
