@@ -120,7 +120,8 @@ def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[
         if kind == "cut" and can_emulate() is not None:
             rows.append({"kind": kind, "skipped": f"needs the network emulation: {can_emulate()}"})
             continue
-        config = TrainConfig(model="transformer_small", samples=120, batch=6, image=16, epochs=1, save_every=1,
+        # 33 steps: the fault comes at step 4 or later, once the warm spares are ready (NOTE [ Warm spares ])
+        config = TrainConfig(model="transformer_small", samples=240, batch=6, image=16, epochs=1, save_every=1,
                              run_dir=scratch / f"failure-{kind}")
         started = time.time()
         options = LocalOptions(faults=(Fault(1, 4, kind),), preset="gigabit" if kind == "cut" else None,
@@ -128,13 +129,80 @@ def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[
         report = run_local(config, [NodeSpec()] * 3, options).to_dict()
         steps = _steps(config.run_dir)
         (failure,) = report["failures"]
+        repeated = failure["steps_repeated"]
         rows.append({"kind": kind, "detection_s": failure["detection_s"], "restarts": report["restarts"],
-                     "steps_lost": failure["steps_lost"], "steps_repeated": failure["steps_repeated"],
-                     "samples_repeated": failure["steps_repeated"] * config.batch, "stall_s": failure["stall_s"],
+                     "after_step": failure["last_step_before"], "steps_lost": failure["steps_lost"],
+                     "steps_repeated": repeated, "stall_s": failure["stall_s"],
+                     "samples_repeated": None if repeated is None else repeated * config.batch,
+                     "heartbeat_max_gap_s": report["heartbeat_max_gap_s"],
                      "finished_steps": len(steps), "contiguous": [r["step"] for r in steps] == list(
                          range(1, len(steps) + 1)), "wall_s": time.time() - started,
                      "emulation": report["emulation"]})
         log.info("failure %s", rows[-1])
+    return rows
+
+
+def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
+    """Node ``rank`` of 2: ``runs`` process groups, each training a tiny CNN ``steps`` steps with PowerSGD rank 2
+    through :func:`cluster_step`; a run crashes on any exception or when the nodes' weights differ."""
+    import torch
+    import torch.distributed as dist
+
+    from edgetrain.distributed.compress import PowerSGD
+    from edgetrain.distributed.node import cluster_step
+    from edgetrain.runtime import Executor
+    from edgetrain.schedule import keep_all
+    from edgetrain.stages import training_stages
+
+    torch.set_num_threads(1)
+    crashes = []
+    for run in range(runs):
+        try:
+            dist.init_process_group("gloo", init_method=f"file://{scratch}/store-{run}", rank=rank, world_size=2)
+            torch.manual_seed(run)
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3),
+                                        torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 10))
+            stages = training_stages(model)
+            executor, optimizer = Executor(stages, keep_all(len(stages)), None), torch.optim.SGD(
+                model.parameters(), lr=0.05, momentum=0.9)
+            compressor = PowerSGD(model.parameters(), 2, seed=run)
+            generator = torch.Generator().manual_seed(1000 * run + rank)
+            for _ in range(steps):
+                batch = torch.randn(3 + rank, 3, 8, 8, generator=generator), torch.randint(0, 10, (3 + rank,),
+                                                                                           generator=generator)
+                cluster_step(executor, model, optimizer, batch, compressor=compressor)
+            checksum = torch.cat([p.detach().flatten() for p in model.parameters()]).double().sum().reshape(1)
+            low, high = checksum.clone(), checksum.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            if not torch.equal(low, high):
+                crashes.append(f"run {run}: the nodes' weights differ")
+            dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
+            crashes.append(f"run {run}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    Path(scratch, f"crashes-{rank}.json").write_text(json.dumps(crashes))
+
+
+def crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """``--crash-runs`` runs of 2 local processes (no emulation) with PowerSGD rank 2: runs that crashed."""
+    import torch.multiprocessing as mp
+
+    folder = scratch / "crashes"
+    folder.mkdir()
+    started = time.time()
+    context = mp.start_processes(_crash_runs, args=(args.crash_runs, args.crash_steps, str(folder)), nprocs=2,
+                                 join=False, start_method="spawn")
+    try:
+        while not context.join():
+            pass
+        failed = sorted({c for r in range(2) for c in json.loads((folder / f"crashes-{r}.json").read_text())})
+    except mp.ProcessRaisedException as exc:  # a node died: every run counts as crashed
+        failed = [f"a node died: {str(exc).splitlines()[-1]}"] * args.crash_runs
+    rows = [{"runs": args.crash_runs, "steps": args.crash_steps, "crashed_runs": len({f.split(':')[0] for f in failed}),
+             "errors": failed[:10], "wall_s": time.time() - started}]
+    log.info("crashes %s", rows[-1])
     return rows
 
 
@@ -157,15 +225,20 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
             f"{r['restarts']} |" for r in result.get("compression", [])]
     if "failures" in result:
-        out += ["", "| failure | detection s | restarts | steps lost | steps (samples) repeated | stall s | "
-                "finished, in order |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out += ["", "| failure | after step | detection s | restarts | steps lost | steps (samples) repeated | "
+                "stall s | finished, in order | longest healthy heartbeat gap s |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in result.get("failures", []):
         if "skipped" in r:
-            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | |")
+            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | | | |")
             continue
-        out.append(f"| {r['kind']} | {_fmt(r['detection_s'])} | {r['restarts']} | {r['steps_lost']} | "
-                   f"{r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
-                   f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} |")
+        out.append(f"| {r['kind']} | {r['after_step']} | {_fmt(r['detection_s'])} | {r['restarts']} | "
+                   f"{r['steps_lost']} | {r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
+                   f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} | "
+                   f"{_fmt(r['heartbeat_max_gap_s'])} |")
+    for r in result.get("crashes", []):
+        out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
+                f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){': ' + '; '.join(r['errors']) if r['errors'] else ''}"]
     emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)]
@@ -184,7 +257,10 @@ def main() -> None:
     parser.add_argument("--average-every", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
-    parser.add_argument("--tables", type=lambda s: s.split(","), default=["scaling", "compression", "failures"])
+    parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
+    parser.add_argument("--crash-steps", type=int, default=5)
+    parser.add_argument("--tables", type=lambda s: s.split(","),
+                        default=["scaling", "compression", "failures", "crashes"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
@@ -199,7 +275,8 @@ def main() -> None:
                      "same at every node count)." if can_emulate() is None else
                      f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures)):
+        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures),
+                             ("crashes", crashes)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -186,14 +186,21 @@ class NetworkEmulation:
             self._made(functools.partial(remove_cgroup, path))
         (cpu / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
         (cpu / "cpu.cfs_quota_us").write_text(str(int(self.cpus_per_node * _CFS_PERIOD_US)))
+        (memory / "memory.move_charge_at_immigrate").write_text("3")  # anonymous and file pages: see admit()
         limit = self.memory_bytes[node]
         if limit is not None:
             (memory / "memory.limit_in_bytes").write_text(str(limit))
 
-    def wrap(self, node: int, command: list[str]) -> list[str]:
-        """``command`` run in node ``node``'s cgroups and namespace."""
-        join = " ".join(f"echo $$ > {self.cgroup(c, node)}/tasks;" for c in ("cpu", "memory"))
+    def wrap(self, node: int, command: list[str], *, memory: bool = True) -> list[str]:
+        """``command`` run in node ``node``'s cgroups and namespace; outside its memory cgroup with
+        ``memory=False`` (a warm spare, moved in by :meth:`admit` when it takes the node's place)."""
+        join = " ".join(f"echo $$ > {self.cgroup(c, node)}/tasks;" for c in ("cpu", "memory")[:2 if memory else 1])
         return ["sh", "-c", f'{join} exec ip netns exec {self.names[node]} "$@"', "sh", *command]
+
+    def admit(self, node: int, pid: int) -> None:
+        """Move process ``pid`` into node ``node``'s memory cgroup, its resident pages charged there from now on
+        (``memory.move_charge_at_immigrate``)."""
+        (self.cgroup("memory", node) / "tasks").write_text(str(pid))
 
     def env(self, node: int) -> dict[str, str]:
         """What a node's process needs in its environment to use its link."""
