@@ -29,16 +29,20 @@ Most of a re-form's time went into starting fresh processes: importing torch and
 profile, whose first call imports torch's dispatch and compile machinery (2-4 s of import and
 5-9 s of a first profile of the small token model on a loaded 2-core machine, against well
 under a second for a second profile). So once a group has trained a step, the supervisor
-starts one *spare* per node (``worker --spare``): it imports, profiles a tiny model and waits
-on its stdin. A re-form hands each node's spare its spec (rank, world size, master) instead of
-starting a process; spares are started again for the next failure. A spare runs in its node's
+starts one *spare* per node (``worker --spare``): it imports, profiles a tiny model, profiles
+the real model at each share its node would get if any one other node failed (into the node's
+profile folder, which a node reads instead of profiling at a share it has seen), and waits on
+its stdin. A re-form hands each node's spare its spec (rank, world size, master) instead of
+starting a process, and the node plans from the profile ready for it; spares are started again
+for the next failure. A spare runs in its node's
 namespace and CPU cgroup and, as root, under SCHED_IDLE until it takes a node's place (so its
 warm-up takes no CPU a node wants: without it, spares warming up on a loaded machine delayed a
 node's heartbeat past the timeout; unprivileged, SCHED_IDLE could not be undone, so spares then
-run at normal priority), and it joins the
-node's memory cgroup only when it takes the node's place, its pages moving with it
-(``move_charge_at_immigrate``), so a node's memory limit counts one process. Without the
-emulation a spare is a plain process; ``spares=False`` starts fresh processes as before.
+run at normal priority). It joins the node's memory cgroup only when it takes the node's place;
+as the pages it holds by then stay charged outside (this kernel, 6.18, has no
+``move_charge_at_immigrate``), a node with a memory limit gets no spare and restarts fresh, so
+the kernel's limit counts its whole process. Without the emulation a spare is a plain process;
+``spares=False`` starts fresh processes as before.
 
 Own supervision rather than a fault-tolerant layer such as torchft: torchft replaces the
 process group and runs a quorum service (its lighthouse) beside the job, and it is not
@@ -282,8 +286,8 @@ class _Spares:
 
     def fill(self, node: int, prepare: dict[str, Any]) -> None:
         """Start a spare for ``node`` unless one waits; ``prepare``: its first order (shares to profile ahead)."""
-        if not self.enabled or node in self.waiting:
-            return
+        if not self.enabled or node in self.waiting or self.network is not None and self.network.memory_bytes[node]:
+            return  # a memory limit must count the whole process: see NOTE [ Warm spares ]
         ready = self.scratch / f"spare-{self.started}-node-{node}.ready"
         command = [sys.executable, "-m", "edgetrain.distributed.worker", SPARE_FLAG, str(ready)]
         env = dict(os.environ)

@@ -186,7 +186,6 @@ class NetworkEmulation:
             self._made(functools.partial(remove_cgroup, path))
         (cpu / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
         (cpu / "cpu.cfs_quota_us").write_text(str(int(self.cpus_per_node * _CFS_PERIOD_US)))
-        (memory / "memory.move_charge_at_immigrate").write_text("3")  # anonymous and file pages: see admit()
         limit = self.memory_bytes[node]
         if limit is not None:
             (memory / "memory.limit_in_bytes").write_text(str(limit))
@@ -198,8 +197,8 @@ class NetworkEmulation:
         return ["sh", "-c", f'{join} exec ip netns exec {self.names[node]} "$@"', "sh", *command]
 
     def admit(self, node: int, pid: int) -> None:
-        """Move process ``pid`` into node ``node``'s memory cgroup, its resident pages charged there from now on
-        (``memory.move_charge_at_immigrate``)."""
+        """Move process ``pid`` into node ``node``'s memory cgroup (its pages resident so far stay charged where
+        they were: this kernel has no ``memory.move_charge_at_immigrate``)."""
         (self.cgroup("memory", node) / "tasks").write_text(str(pid))
 
     def env(self, node: int) -> dict[str, str]:
