@@ -259,8 +259,9 @@ def markdown(result: dict[str, Any]) -> str:
                    f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} | "
                    f"{_fmt(r['heartbeat_max_gap_s'])} |")
     for r in result.get("crashes", []):
+        errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
-                f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){': ' + '; '.join(r['errors']) if r['errors'] else ''}"]
+                f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
     emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []

@@ -67,9 +67,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import EdgetrainError
 from ..train.config import TrainConfig
 from ..train.rundir import METRICS_FILE
-from ..errors import EdgetrainError
 from .group import ClusterError
 from .node import ClusterOptions, NodeSpec, node_speed
 from .split import split_batch
@@ -286,7 +286,7 @@ class _Spares:
 
     def fill(self, node: int, prepare: dict[str, Any]) -> None:
         """Start a spare for ``node`` unless one waits; ``prepare``: its first order (shares to profile ahead)."""
-        if not self.enabled or node in self.waiting or self.network is not None and self.network.memory_bytes[node]:
+        if not self.enabled or node in self.waiting or (self.network is not None and self.network.memory_bytes[node]):
             return  # a memory limit must count the whole process: see NOTE [ Warm spares ]
         ready = self.scratch / f"spare-{self.started}-node-{node}.ready"
         command = [sys.executable, "-m", "edgetrain.distributed.worker", SPARE_FLAG, str(ready)]
@@ -480,8 +480,8 @@ class _Group:
         ages = {n: self._age(n, now) for n in self.procs if codes[n] is None}
         healthy = [age for n, age in ages.items() if age is not None and n not in injected]
         report.heartbeat_max_gap_s = max([report.heartbeat_max_gap_s, *healthy])
-        stale = [n for n, age in ages.items() if age is None and now - self.started > self.options.connect_timeout_s
-                 or age is not None and age > self.options.heartbeat_timeout_s]
+        stale = [n for n, age in ages.items() if (age is None and now - self.started > self.options.connect_timeout_s)
+                 or (age is not None and age > self.options.heartbeat_timeout_s)]
         master = self.members[0][0]
         if len(stale) > 1 and len(stale) == len(self.procs) - 1 and master not in stale:
             return master

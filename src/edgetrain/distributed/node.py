@@ -65,6 +65,7 @@ from ..train.loop import (
 from ..train.rundir import METRICS_FILE, PLAN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory
 from ..train.state import ResumableSampler, StateStore, TrainingState
 from ..units import format_bytes
+from .compress import PowerSGD
 from .group import (
     ClusterEnv,
     ClusterError,
@@ -77,7 +78,6 @@ from .group import (
     join,
     leave,
 )
-from .compress import PowerSGD
 from .split import split_batch
 
 __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters",
