@@ -34,15 +34,14 @@ the real model at each share its node would get if any one other node failed (in
 profile folder, which a node reads instead of profiling at a share it has seen), and waits on
 its stdin. A re-form hands each node's spare its spec (rank, world size, master) instead of
 starting a process, and the node plans from the profile ready for it; spares are started again
-for the next failure. A spare runs in its node's
-namespace and CPU cgroup and, as root, under SCHED_IDLE until it takes a node's place (so its
-warm-up takes no CPU a node wants: without it, spares warming up on a loaded machine delayed a
-node's heartbeat past the timeout; unprivileged, SCHED_IDLE could not be undone, so spares then
-run at normal priority). It joins the node's memory cgroup only when it takes the node's place;
-as the pages it holds by then stay charged outside (this kernel, 6.18, has no
-``move_charge_at_immigrate``), a node with a memory limit gets no spare and restarts fresh, so
-the kernel's limit counts its whole process. Without the emulation a spare is a plain process;
-``spares=False`` starts fresh processes as before.
+for the next failure. A spare runs in its node's namespace and CPU cgroup and, as root, under
+SCHED_IDLE until it takes a node's place (so its warm-up takes no CPU a node wants: without it,
+spares warming up on a loaded machine delayed a node's heartbeat past the timeout; unprivileged,
+SCHED_IDLE could not be undone, so spares then run at normal priority). It joins the node's
+memory cgroup only when it takes the node's place; as the pages it holds by then stay charged
+outside (this kernel, 6.18, has no ``move_charge_at_immigrate``), a node with a memory limit
+gets no spare and restarts fresh, so the kernel's limit counts its whole process. Without the
+emulation a spare is a plain process; ``spares=False`` starts fresh processes as before.
 
 Own supervision rather than a fault-tolerant layer such as torchft: torchft replaces the
 process group and runs a quorum service (its lighthouse) beside the job, and it is not
@@ -284,10 +283,13 @@ class _Spares:
         self.started = 0
         self.privileged = os.geteuid() == 0  # may put a spare back from SCHED_IDLE
 
+    def wants(self, node: int) -> bool:
+        """Whether ``node`` needs a spare: none waits, and it has no memory limit (NOTE [ Warm spares ])."""
+        limited = self.network is not None and self.network.memory_bytes[node] is not None
+        return self.enabled and node not in self.waiting and not limited
+
     def fill(self, node: int, prepare: dict[str, Any]) -> None:
-        """Start a spare for ``node`` unless one waits; ``prepare``: its first order (shares to profile ahead)."""
-        if not self.enabled or node in self.waiting or (self.network is not None and self.network.memory_bytes[node]):
-            return  # a memory limit must count the whole process: see NOTE [ Warm spares ]
+        """Start a spare for ``node``; ``prepare``: its first order (shares to profile ahead)."""
         ready = self.scratch / f"spare-{self.started}-node-{node}.ready"
         command = [sys.executable, "-m", "edgetrain.distributed.worker", SPARE_FLAG, str(ready)]
         env = dict(os.environ)
@@ -417,9 +419,9 @@ class _Group:
             if step_time != self.seen_time:
                 self.seen_step, self.seen_time = step, step_time
             if step_time is not None and step_time > self.started:  # trained: warm up for the next re-form
-                for node in self.procs:
+                for node in filter(self.spares.wants, self.procs):
                     self.spares.fill(node, {"spec": str(self.spec_files[node]), "shares": self._failure_shares(node)})
-                for node in down:  # back at the first world size: its own profile from then is kept
+                for node in filter(self.spares.wants, down):  # back at the first world size: profiled then
                     self.spares.fill(node, {"spec": str(self.spec_files[self.members[0][0]]), "shares": []})
             for fault in [f for f in pending if f.at_step <= step and f.node in self.procs
                           and (self.spares.ready() or not f.when_warm)]:
