@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,20 @@ def test_torchrun_starts_a_cluster_of_edgetrain_nodes(tmp_path: Path) -> None:
     steps = _steps(tmp_path)
     assert [r["step"] for r in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 5
     assert {r["world_size"] for r in steps} == {2}
+
+
+def test_a_node_reads_a_profile_it_measured_before_at_the_same_share(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: one profile measured at a share of 4 into the node's profile folder.
+    from edgetrain.distributed import node
+
+    model, config = _tiny_model(), TrainConfig(model="tiny", batch=4)
+    x, y = torch.randn(4, 6), torch.randint(0, 4, (4,))
+    measured = node.profile_share(model, x, y, config, tmp_path)
+    # Execute: the same share again with measuring made impossible, then another share.
+    monkeypatch.setattr(node, "profile_batch", lambda *args: pytest.fail("measured again"))
+    again = node.profile_share(model, x, y, config, tmp_path)
+    # Assert: read back unchanged; a share not seen before is measured.
+    assert again == measured and (tmp_path / "chain-4.json").exists()
+    with pytest.raises(pytest.fail.Exception, match="measured again"):
+        node.profile_share(model, x[:2], y[:2], replace(config, batch=2), tmp_path)
