@@ -7,18 +7,27 @@ Three tables, each from ``edgetrain cluster local`` runs on this machine (issue 
   each step spent in the all-reduces (``sync_s / time_s``, which includes waiting for the
   slowest node). Every node gets the same CPU quota whatever the node count (``cores / max
   nodes``), so a node is a fixed-size board and N nodes have N times the compute.
-* **compression**: exact data parallelism (gradients summed every step) against periodic
-  weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link: throughput,
-  mean loss of the last three steps after a fixed number of steps, and crashes over repeated runs.
+* **compression**: single-node training (the reference), then exact data parallelism (gradients
+  summed every step), PowerSGD rank R with error feedback (NOTE [ PowerSGD on plain all-reduces ])
+  and periodic weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link:
+  throughput, training loss of the last three steps and validation loss after a fixed number of
+  steps (against the reference's), and crashes over repeated runs.
 * **failures**: a node killed (SIGKILL), stopped (SIGSTOP) and, as root, cut off (its link
-  taken down) at a fixed step on 3 nodes: detection time, restarts, steps lost and repeated, stall.
+  taken down) on 3 nodes at step 4 or later, once the warm spares are ready (NOTE [ Warm spares
+  ]): detection time, restarts, steps lost and repeated, stall, and the longest heartbeat gap
+  of a healthy node (the margin of the heartbeat timeout against a false alarm).
+* **crashes**: ``--crash-runs`` runs of 2 local processes training a tiny CNN with PowerSGD
+  through the cluster step (a crash: any exception, or the nodes' weights differing).
+
+Spares are off in the scaling and compression runs (no failure is expected there).
 
 As root, nodes run in network namespaces with tc-shaped links and cgroup CPU quotas (NOTE [ What
 the emulation is ]: latency and loss are not emulated); otherwise as plain processes, which the
 output says. Writes JSON (``--out``) and a markdown table (``--md``), and prints the markdown.
 
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
-[--steps N] [--average-every K] [--repeats R] [--failures kill,stop,cut] [--out PATH] [--md PATH]``.
+[--steps N] [--average-every K] [--compress-rank R] [--compress-steps N] [--repeats R] [--failures kill,stop,cut]
+[--crash-runs N] [--tables scaling,compression,failures,crashes] [--out PATH] [--md PATH]``.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
         for batch in args.batches:
             for nodes in args.nodes:
                 config = _config(scratch / f"scale-{preset}-{batch}-{nodes}", args.model, batch, args.steps, args.image)
-                steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus))
+                steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus, spares=False))
                 timed = steps[WARM_UP_STEPS:]
                 step_s = statistics.median(r["time_s"] for r in timed)
                 rows.append({"nodes": nodes, "preset": preset, "batch": batch, "step_s": step_s,
@@ -82,34 +91,45 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
 
 
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """Single-node training (1 node, the reference), then 2+ nodes summing whole gradients, PowerSGD and periodic
+    averaging, each on the slowest preset for ``--compress-steps`` steps; the validation loss after them (rank 0
+    evaluates the same held-out split) is compared with the reference's."""
     rows = []
     nodes, preset, batch = max(args.nodes), args.presets[-1], args.batches[0]
-    for every in (1, args.average_every):
-        runs, crashes = [], 0
+    modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
+             (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
+             (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
+    for mode, count, every, rank in modes:
+        runs, crashed = [], 0
         for repeat in range(args.repeats):
-            config = _config(scratch / f"compress-{every}-{repeat}", args.model, batch, args.compress_steps,
-                             args.image)
+            config = _config(scratch / f"compress-{count}-{every}-{rank}-{repeat}", args.model, batch,
+                             args.compress_steps, args.image)
             try:
-                steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus,
-                                                                 average_every=every, max_restarts=0))
+                steps, report = _run(config, count, LocalOptions(preset=preset, cpus_per_node=cpus, average_every=every,
+                                                                 compress_rank=rank, max_restarts=0, spares=False))
             except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
                 log.warning("compression run crashed: %s", exc)
-                crashes += 1
+                crashed += 1
                 continue
             timed = steps[WARM_UP_STEPS:]
+            summary = json.loads((config.run_dir / "summary.json").read_text())
             runs.append({"step_s": statistics.median(r["time_s"] for r in timed), "restarts": report["restarts"],
                          "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
                          "final_loss": statistics.mean(r["loss"] for r in steps[-3:]),
-                         "emulation": report["emulation"]})
-        rows.append({"mode": "all-reduce every step" if every == 1 else f"average every {every} steps",
-                     "average_every": every, "nodes": nodes, "preset": preset, "batch": batch,
-                     "steps": args.compress_steps, "runs": args.repeats, "crashes": crashes,
+                         "val_loss": summary["val_loss"], "emulation": report["emulation"]})
+        rows.append({"mode": mode, "average_every": every, "compress_rank": rank, "nodes": count, "preset": preset,
+                     "batch": batch, "steps": args.compress_steps, "runs": args.repeats, "crashes": crashed,
                      "restarts": sum(r["restarts"] for r in runs),
                      "samples_per_s": None if not runs else batch / statistics.median(r["step_s"] for r in runs),
                      "sync_share": None if not runs else statistics.median(r["sync_share"] for r in runs),
                      "final_loss": None if not runs else statistics.mean(r["final_loss"] for r in runs),
+                     "val_loss": None if not runs else statistics.mean(r["val_loss"] for r in runs),
                      "emulation": runs[0]["emulation"] if runs else None})
         log.info("compression %s", rows[-1])
+    reference = rows[0]["val_loss"]
+    for row in rows:
+        row["val_loss_vs_single"] = None if reference is None or row["val_loss"] is None else \
+            row["val_loss"] / reference - 1
     return rows
 
 
@@ -120,7 +140,8 @@ def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[
         if kind == "cut" and can_emulate() is not None:
             rows.append({"kind": kind, "skipped": f"needs the network emulation: {can_emulate()}"})
             continue
-        config = TrainConfig(model="transformer_small", samples=120, batch=6, image=16, epochs=1, save_every=1,
+        # 31 steps: the fault comes at step 4 or later, once the warm spares are ready (NOTE [ Warm spares ])
+        config = TrainConfig(model="transformer_small", samples=240, batch=6, image=16, epochs=1, save_every=1,
                              run_dir=scratch / f"failure-{kind}")
         started = time.time()
         options = LocalOptions(faults=(Fault(1, 4, kind),), preset="gigabit" if kind == "cut" else None,
@@ -128,13 +149,80 @@ def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[
         report = run_local(config, [NodeSpec()] * 3, options).to_dict()
         steps = _steps(config.run_dir)
         (failure,) = report["failures"]
+        repeated = failure["steps_repeated"]
         rows.append({"kind": kind, "detection_s": failure["detection_s"], "restarts": report["restarts"],
-                     "steps_lost": failure["steps_lost"], "steps_repeated": failure["steps_repeated"],
-                     "samples_repeated": failure["steps_repeated"] * config.batch, "stall_s": failure["stall_s"],
+                     "after_step": failure["last_step_before"], "steps_lost": failure["steps_lost"],
+                     "steps_repeated": repeated, "stall_s": failure["stall_s"],
+                     "samples_repeated": None if repeated is None else repeated * config.batch,
+                     "heartbeat_max_gap_s": report["heartbeat_max_gap_s"],
                      "finished_steps": len(steps), "contiguous": [r["step"] for r in steps] == list(
                          range(1, len(steps) + 1)), "wall_s": time.time() - started,
                      "emulation": report["emulation"]})
         log.info("failure %s", rows[-1])
+    return rows
+
+
+def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
+    """Node ``rank`` of 2: ``runs`` process groups, each training a tiny CNN ``steps`` steps with PowerSGD rank 2
+    through :func:`cluster_step`; a run crashes on any exception or when the nodes' weights differ."""
+    import torch
+    import torch.distributed as dist
+
+    from edgetrain.distributed.compress import PowerSGD
+    from edgetrain.distributed.node import cluster_step
+    from edgetrain.runtime import Executor
+    from edgetrain.schedule import keep_all
+    from edgetrain.stages import training_stages
+
+    torch.set_num_threads(1)
+    crashes = []
+    for run in range(runs):
+        try:
+            dist.init_process_group("gloo", init_method=f"file://{scratch}/store-{run}", rank=rank, world_size=2)
+            torch.manual_seed(run)
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3),
+                                        torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 10))
+            stages = training_stages(model)
+            executor, optimizer = Executor(stages, keep_all(len(stages)), None), torch.optim.SGD(
+                model.parameters(), lr=0.05, momentum=0.9)
+            compressor = PowerSGD(model.parameters(), 2, seed=run)
+            generator = torch.Generator().manual_seed(1000 * run + rank)
+            for _ in range(steps):
+                batch = torch.randn(3 + rank, 3, 8, 8, generator=generator), torch.randint(0, 10, (3 + rank,),
+                                                                                           generator=generator)
+                cluster_step(executor, model, optimizer, batch, compressor=compressor)
+            checksum = torch.cat([p.detach().flatten() for p in model.parameters()]).double().sum().reshape(1)
+            low, high = checksum.clone(), checksum.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            if not torch.equal(low, high):
+                crashes.append(f"run {run}: the nodes' weights differ")
+            dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
+            crashes.append(f"run {run}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    Path(scratch, f"crashes-{rank}.json").write_text(json.dumps(crashes))
+
+
+def crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """``--crash-runs`` runs of 2 local processes (no emulation) with PowerSGD rank 2: runs that crashed."""
+    import torch.multiprocessing as mp
+
+    folder = scratch / "crashes"
+    folder.mkdir()
+    started = time.time()
+    context = mp.start_processes(_crash_runs, args=(args.crash_runs, args.crash_steps, str(folder)), nprocs=2,
+                                 join=False, start_method="spawn")
+    try:
+        while not context.join():
+            pass
+        failed = sorted({c for r in range(2) for c in json.loads((folder / f"crashes-{r}.json").read_text())})
+    except mp.ProcessRaisedException as exc:  # a node died: every run counts as crashed
+        failed = [f"a node died: {str(exc).splitlines()[-1]}"] * args.crash_runs
+    rows = [{"runs": args.crash_runs, "steps": args.crash_steps, "crashed_runs": len({f.split(':')[0] for f in failed}),
+             "errors": failed[:10], "wall_s": time.time() - started}]
+    log.info("crashes %s", rows[-1])
     return rows
 
 
@@ -151,24 +239,32 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
             for r in result.get("scaling", [])]
     if "compression" in result:
-        out += ["", "| mode | nodes | preset | steps | samples/s | sync share | loss (last 3 steps) | crashes / runs "
-                "| restarts |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        out += ["", "| mode | nodes | preset | steps | samples/s | sync share | train loss (last 3 steps) | val loss "
+                "| val loss vs single node | crashes / runs | restarts |",
+                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
-            f"{r['restarts']} |" for r in result.get("compression", [])]
+            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_fmt(r['val_loss'], '.4f')} | "
+            f"{_fmt(r['val_loss_vs_single'], '+.2%')} | {r['crashes']} / {r['runs']} | {r['restarts']} |"
+            for r in result.get("compression", [])]
     if "failures" in result:
-        out += ["", "| failure | detection s | restarts | steps lost | steps (samples) repeated | stall s | "
-                "finished, in order |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out += ["", "| failure | after step | detection s | restarts | steps lost | steps (samples) repeated | "
+                "stall s | finished, in order | longest healthy heartbeat gap s |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in result.get("failures", []):
         if "skipped" in r:
-            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | |")
+            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | | | |")
             continue
-        out.append(f"| {r['kind']} | {_fmt(r['detection_s'])} | {r['restarts']} | {r['steps_lost']} | "
-                   f"{r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
-                   f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} |")
+        out.append(f"| {r['kind']} | {r['after_step']} | {_fmt(r['detection_s'])} | {r['restarts']} | "
+                   f"{r['steps_lost']} | {r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
+                   f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} | "
+                   f"{_fmt(r['heartbeat_max_gap_s'])} |")
+    for r in result.get("crashes", []):
+        errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
+        out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
+                f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
     emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
                          if r.get("emulation")})
-    out += ["", "Emulation: " + " / ".join(emulations)]
+    out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []
     return "\n".join(out) + "\n"
 
 
@@ -182,9 +278,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per scaling run (the first is not timed)")
     parser.add_argument("--compress-steps", type=int, default=8)
     parser.add_argument("--average-every", type=int, default=4)
+    parser.add_argument("--compress-rank", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
-    parser.add_argument("--tables", type=lambda s: s.split(","), default=["scaling", "compression", "failures"])
+    parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
+    parser.add_argument("--crash-steps", type=int, default=5)
+    parser.add_argument("--tables", type=lambda s: s.split(","),
+                        default=["scaling", "compression", "failures", "crashes"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
@@ -199,7 +299,8 @@ def main() -> None:
                      "same at every node count)." if can_emulate() is None else
                      f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures)):
+        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures),
+                             ("crashes", crashes)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
     args.out.parent.mkdir(parents=True, exist_ok=True)

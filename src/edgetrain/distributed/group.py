@@ -134,9 +134,10 @@ def gather_verdicts(verdict: Any) -> list[Any]:
     return gathered
 
 
-def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], weight: float) -> None:
+def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], weight: float, compressor: Any = None) -> None:
     """Replace each ``.grad`` by the weighted sum over nodes ``Σ_r weight_r · grad_r`` (NOTE [ Weighted
-    averaging ] in split.py).
+    averaging ] in split.py); by ``compressor``'s approximation of it when given (a
+    :class:`~edgetrain.distributed.compress.PowerSGD` over the same parameters).
 
     A parameter without a gradient on this node gets a zero one, so every node joins the same
     collectives in the same order.
@@ -147,7 +148,10 @@ def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], weight: float
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-    all_reduce_tensors(grads, weight)
+    if compressor is not None:
+        compressor.all_reduce(grads, weight)
+    else:
+        all_reduce_tensors(grads, weight)
 
 
 def all_reduce_tensors(tensors: Sequence[torch.Tensor], weight: float) -> None:

@@ -24,6 +24,25 @@ from the last saved state (``--resume``), so steps after that state are repeated
 One failure costs one restart. A lost node comes back (``rejoin_after_steps``) at a re-form
 made for it once the smaller group has trained that many steps.
 
+NOTE [ Warm spares ]
+Most of a re-form's time went into starting fresh processes: importing torch and the first
+profile, whose first call imports torch's dispatch and compile machinery (2-4 s of import and
+5-9 s of a first profile of the small token model on a loaded 2-core machine, against well
+under a second for a second profile). So once a group has trained a step, the supervisor
+starts one *spare* per node (``worker --spare``): it imports, profiles a tiny model, profiles
+the real model at each share its node would get if any one other node failed (into the node's
+profile folder, which a node reads instead of profiling at a share it has seen), and waits on
+its stdin. A re-form hands each node's spare its spec (rank, world size, master) instead of
+starting a process, and the node plans from the profile ready for it; spares are started again
+for the next failure. A spare runs in its node's namespace and CPU cgroup and, as root, under
+SCHED_IDLE until it takes a node's place (so its warm-up takes no CPU a node wants: without it,
+spares warming up on a loaded machine delayed a node's heartbeat past the timeout; unprivileged,
+SCHED_IDLE could not be undone, so spares then run at normal priority). It joins the node's
+memory cgroup only when it takes the node's place; as the pages it holds by then stay charged
+outside (this kernel, 6.18, has no ``move_charge_at_immigrate``), a node with a memory limit
+gets no spare and restarts fresh, so the kernel's limit counts its whole process. Without the
+emulation a spare is a plain process; ``spares=False`` starts fresh processes as before.
+
 Own supervision rather than a fault-tolerant layer such as torchft: torchft replaces the
 process group and runs a quorum service (its lighthouse) beside the job, and it is not
 installed here; the supervisor needs nothing but torch.distributed, and the nodes' state
@@ -47,11 +66,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import EdgetrainError
 from ..train.config import TrainConfig
 from ..train.rundir import METRICS_FILE
 from .group import ClusterError
 from .node import ClusterOptions, NodeSpec, node_speed
-from .worker import EXIT_REFUSED, write_spec
+from .split import split_batch
+from .worker import EXIT_REFUSED, SPARE_FLAG, write_spec
 
 if TYPE_CHECKING:
     from .netns import NetworkEmulation
@@ -68,11 +89,13 @@ FAULT_KINDS = ("kill", "stop", "cut")
 @dataclass(frozen=True)
 class Fault:
     """A failure to inject on ``node`` once rank 0 logged ``at_step``: "kill" (SIGKILL), "stop" (SIGSTOP: a hung
-    node) or "cut" (its link taken down; needs the network emulation)."""
+    node) or "cut" (its link taken down; needs the network emulation). ``when_warm``: not before the warm
+    spares are ready (NOTE [ Warm spares ]), as they are after a run's first seconds."""
 
     node: int
     at_step: int
     kind: str = "kill"
+    when_warm: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -98,6 +121,8 @@ class LocalOptions:
     preset: str | None = None
     cpus_per_node: float | None = None
     average_every: int = 1
+    compress_rank: int = 0
+    spares: bool = True
 
 
 @dataclass
@@ -134,11 +159,13 @@ class LocalReport:
     failures: list[FailureRecord] = field(default_factory=list)
     rejoins: list[dict[str, Any]] = field(default_factory=list)
     wall_time_s: float = 0.0
+    heartbeat_max_gap_s: float = 0.0
     emulation: str = "plain local processes: no network shaping, no CPU or memory limits per node"
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "restarts": self.restarts, "failures": [f.to_dict() for f in self.failures],
-                "rejoins": self.rejoins, "wall_time_s": self.wall_time_s, "emulation": self.emulation}
+                "rejoins": self.rejoins, "wall_time_s": self.wall_time_s,
+                "heartbeat_max_gap_s": self.heartbeat_max_gap_s, "emulation": self.emulation}
 
 
 def free_port() -> int:
@@ -208,11 +235,12 @@ def _supervise(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOpt
     alive = list(range(len(rated)))
     down: list[int] = []
     pending = list(options.faults)
-    with tempfile.TemporaryDirectory(prefix="edgetrain-cluster-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="edgetrain-cluster-") as scratch, \
+            _Spares(config.run_dir / LOG_DIR, Path(scratch), network, options.spares) as spares:
         attempt = 0
         while True:
             group = _Group(config if attempt == 0 else replace(config, resume=True, overwrite=False),
-                           [(n, rated[n]) for n in alive], options, Path(scratch), attempt, network)
+                           [(n, rated[n]) for n in alive], options, Path(scratch), attempt, network, spares)
             try:
                 outcome = group.watch(pending, report, down)
             finally:
@@ -245,6 +273,88 @@ def _write_report(run_dir: Path, report: LocalReport) -> None:
     write_json(run_dir / CLUSTER_FILE, report.to_dict())
 
 
+class _Spares:
+    """One warm process per node, waiting to take its place at the next re-form (NOTE [ Warm spares ])."""
+
+    def __init__(self, log_dir: Path, scratch: Path, network: NetworkEmulation | None, enabled: bool) -> None:
+        self.log_dir, self.scratch, self.network, self.enabled = log_dir, scratch, network, enabled
+        self.waiting: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
+        self.ready_files: dict[int, Path] = {}
+        self.started = 0
+        self.privileged = os.geteuid() == 0  # may put a spare back from SCHED_IDLE
+
+    def wants(self, node: int) -> bool:
+        """Whether ``node`` needs a spare: none waits, and it has no memory limit (NOTE [ Warm spares ])."""
+        limited = self.network is not None and self.network.memory_bytes[node] is not None
+        return self.enabled and node not in self.waiting and not limited
+
+    def fill(self, node: int, prepare: dict[str, Any]) -> None:
+        """Start a spare for ``node``; ``prepare``: its first order (shares to profile ahead)."""
+        ready = self.scratch / f"spare-{self.started}-node-{node}.ready"
+        command = [sys.executable, "-m", "edgetrain.distributed.worker", SPARE_FLAG, str(ready)]
+        env = dict(os.environ)
+        if self.network is not None:
+            command, env = self.network.wrap(node, command, memory=False), {**env, **self.network.env(node)}
+        log_path = self.log_dir / f"spare-{self.started}-node-{node}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=log_file,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_idle if self.privileged else None)
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(prepare) + "\n").encode())
+        proc.stdin.flush()
+        self.waiting[node], self.started = (proc, log_path), self.started + 1
+        self.ready_files[node] = ready
+
+    def ready(self) -> bool:
+        """Whether every spare has warmed up and profiled ahead (always, with spares off)."""
+        return all(path.exists() for path in self.ready_files.values()) if self.enabled else True
+
+    def take(self, node: int, spec_file: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path] | None:
+        """Node ``node``'s spare, now running ``spec_file`` with ``env``; None when it has none alive."""
+        self.ready_files.pop(node, None)
+        proc, log_path = self.waiting.pop(node, (None, Path()))
+        if proc is None or proc.poll() is not None:
+            return None
+        if self.network is not None:
+            self.network.admit(node, proc.pid)
+        if self.privileged:
+            _schedule_normally(proc.pid)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write((json.dumps({"spec": str(spec_file), "env": env}) + "\n").encode())
+            proc.stdin.close()
+        except BrokenPipeError:  # it died just now
+            return None
+        return proc, log_path
+
+    def __enter__(self) -> _Spares:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc, _ in self.waiting.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+        self.waiting.clear()
+        self.ready_files.clear()
+
+
+def _idle() -> None:
+    """In a spare before it starts: SCHED_IDLE, so its warm-up takes only CPU time no node wants."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _schedule_normally(pid: int) -> None:
+    """Every thread of ``pid`` back to SCHED_OTHER (needs root: unprivileged, SCHED_IDLE is one-way)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setscheduler(int(task.name), os.SCHED_OTHER, os.sched_param(0))
+
+
 @dataclass(frozen=True)
 class _Outcome:
     kind: str  # done, failed, refused, rejoin
@@ -257,29 +367,39 @@ class _Group:
     """One attempt: the nodes started on one port, watched until they finish or one fails."""
 
     def __init__(self, config: TrainConfig, members: list[tuple[int, NodeSpec]], options: LocalOptions,
-                 scratch: Path, attempt: int, network: NetworkEmulation | None) -> None:
+                 scratch: Path, attempt: int, network: NetworkEmulation | None, spares: _Spares) -> None:
         self.options, self.members, self.config, self.network = options, members, config, network
+        self.spares = spares
         self.metrics = config.run_dir / METRICS_FILE
         port = free_port()  # in a fresh namespace every port is free; else one free here now
         master = "127.0.0.1" if network is None else network.address(members[0][0])
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Path] = {}
         self.heartbeats: dict[int, Path] = {}
+        self.spec_files: dict[int, Path] = {}
         self.started = time.time()
         self.seen_step, self.seen_time = _last_step(self.metrics) if attempt else (0, None)
         for rank, (node_id, spec) in enumerate(members):
             beat = scratch / f"heartbeat-{attempt}-{node_id}"
             cluster_options = ClusterOptions(connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s,
-                                             heartbeat=beat, average_every=options.average_every)
+                                             heartbeat=beat, average_every=options.average_every,
+                                             compress_rank=options.compress_rank,
+                                             profile_dir=scratch / f"profiles-{node_id}")
             spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
-                   "MASTER_PORT": str(port), **({} if network is None else network.env(node_id))}
+            self.spec_files[node_id] = spec_file
+            place = {"RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
+                     "MASTER_PORT": str(port)}
+            self.heartbeats[node_id] = beat
+            warm = spares.take(node_id, spec_file, place)
+            if warm is not None:
+                self.procs[node_id], self.logs[node_id] = warm
+                continue
+            env = {**os.environ, **place, **({} if network is None else network.env(node_id))}
             command = [sys.executable, "-m", "edgetrain.distributed.worker", str(spec_file)]
             if network is not None:
                 command = network.wrap(node_id, command)
             self.logs[node_id] = config.run_dir / LOG_DIR / f"attempt-{attempt}-node-{node_id}.log"
             self.logs[node_id].parent.mkdir(parents=True, exist_ok=True)
-            self.heartbeats[node_id] = beat
             with self.logs[node_id].open("wb") as log_file:
                 self.procs[node_id] = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                                        start_new_session=True)
@@ -298,7 +418,13 @@ class _Group:
                 last.resumed_step = first_step - 1
             if step_time != self.seen_time:
                 self.seen_step, self.seen_time = step, step_time
-            for fault in [f for f in pending if f.at_step <= step and f.node in self.procs]:
+            if step_time is not None and step_time > self.started:  # trained: warm up for the next re-form
+                for node in filter(self.spares.wants, self.procs):
+                    self.spares.fill(node, {"spec": str(self.spec_files[node]), "shares": self._failure_shares(node)})
+                for node in filter(self.spares.wants, down):  # back at the first world size: profiled then
+                    self.spares.fill(node, {"spec": str(self.spec_files[self.members[0][0]]), "shares": []})
+            for fault in [f for f in pending if f.at_step <= step and f.node in self.procs
+                          and (self.spares.ready() or not f.when_warm)]:
                 pending.remove(fault)
                 injected[fault.node] = time.time()
                 self._inject(fault)
@@ -311,7 +437,7 @@ class _Group:
             lost = next((n for n, code in codes.items() if code is not None and code < 0), None)
             kind = "killed"
             if lost is None:
-                lost, kind = self._silent(codes, now), "hung or cut off"
+                lost, kind = self._silent(codes, now, injected, report), "hung or cut off"
             if lost is not None:
                 report.failures.append(FailureRecord(node=lost, kind=kind, injected_at=injected.get(lost),
                                                      detected_at=now, last_step=self.seen_step,
@@ -325,6 +451,20 @@ class _Group:
             if down and rejoin is not None and report.failures and step - report.failures[-1].last_step >= rejoin:
                 return _Outcome("rejoin", step=step, message=f"nodes {down} rejoin")
 
+    def _failure_shares(self, node: int) -> list[int]:
+        """The shares ``node`` gets if any one other member fails (with or without BatchNorm's two samples)."""
+        shares = set()
+        for gone, _ in self.members:
+            rest = [(n, 1.0 if spec.rate_flops_per_s is None else spec.rate_flops_per_s)
+                    for n, spec in self.members if n != gone]
+            if gone == node or not rest:
+                continue
+            for least in (1, 2):
+                with contextlib.suppress(EdgetrainError):
+                    split = split_batch(self.config.batch, [speed for _, speed in rest], least=least)
+                    shares.add(split[[n for n, _ in rest].index(node)])
+        return sorted(shares)
+
     def _inject(self, fault: Fault) -> None:
         if fault.kind == "cut":
             assert self.network is not None
@@ -332,19 +472,29 @@ class _Group:
         else:
             os.kill(self.procs[fault.node].pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
-    def _silent(self, codes: dict[int, int | None], now: float) -> int | None:
-        """The node that stopped beating; the master when every other node did (it is the one cut off)."""
-        stale = [n for n in self.procs if codes[n] is None and self._stale(n, now)]
+    def _silent(self, codes: dict[int, int | None], now: float, injected: dict[int, float],
+                report: LocalReport) -> int | None:
+        """The node that stopped beating; the master when every other node did (it is the one cut off).
+
+        Records in ``report`` the longest silence of a node no fault was injected on: the margin
+        the heartbeat timeout had against a false alarm.
+        """
+        ages = {n: self._age(n, now) for n in self.procs if codes[n] is None}
+        healthy = [age for n, age in ages.items() if age is not None and n not in injected]
+        report.heartbeat_max_gap_s = max([report.heartbeat_max_gap_s, *healthy])
+        stale = [n for n, age in ages.items() if (age is None and now - self.started > self.options.connect_timeout_s)
+                 or (age is not None and age > self.options.heartbeat_timeout_s)]
         master = self.members[0][0]
         if len(stale) > 1 and len(stale) == len(self.procs) - 1 and master not in stale:
             return master
         return stale[0] if stale else None
 
-    def _stale(self, node: int, now: float) -> bool:
+    def _age(self, node: int, now: float) -> float | None:
+        """Seconds since node ``node`` last beat; None before its first beat (importing torch takes seconds)."""
         try:
-            return now - self.heartbeats[node].stat().st_mtime > self.options.heartbeat_timeout_s
-        except FileNotFoundError:  # not started yet: importing torch takes seconds
-            return now - self.started > self.options.connect_timeout_s
+            return now - self.heartbeats[node].stat().st_mtime
+        except FileNotFoundError:
+            return None
 
     def _error_line(self, node: int) -> str:
         lines = self.logs[node].read_text(errors="replace").splitlines()

@@ -190,10 +190,16 @@ class NetworkEmulation:
         if limit is not None:
             (memory / "memory.limit_in_bytes").write_text(str(limit))
 
-    def wrap(self, node: int, command: list[str]) -> list[str]:
-        """``command`` run in node ``node``'s cgroups and namespace."""
-        join = " ".join(f"echo $$ > {self.cgroup(c, node)}/tasks;" for c in ("cpu", "memory"))
+    def wrap(self, node: int, command: list[str], *, memory: bool = True) -> list[str]:
+        """``command`` run in node ``node``'s cgroups and namespace; outside its memory cgroup with
+        ``memory=False`` (a warm spare, moved in by :meth:`admit` when it takes the node's place)."""
+        join = " ".join(f"echo $$ > {self.cgroup(c, node)}/tasks;" for c in ("cpu", "memory")[:2 if memory else 1])
         return ["sh", "-c", f'{join} exec ip netns exec {self.names[node]} "$@"', "sh", *command]
+
+    def admit(self, node: int, pid: int) -> None:
+        """Move process ``pid`` into node ``node``'s memory cgroup (its pages resident so far stay charged where
+        they were: this kernel has no ``memory.move_charge_at_immigrate``)."""
+        (self.cgroup("memory", node) / "tasks").write_text(str(pid))
 
     def env(self, node: int) -> dict[str, str]:
         """What a node's process needs in its environment to use its link."""

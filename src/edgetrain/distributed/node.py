@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .. import __version__
+from ..chain import Chain
 from ..data import collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import write_json
@@ -64,6 +65,7 @@ from ..train.loop import (
 from ..train.rundir import METRICS_FILE, PLAN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory
 from ..train.state import ResumableSampler, StateStore, TrainingState
 from ..units import format_bytes
+from .compress import PowerSGD
 from .group import (
     ClusterEnv,
     ClusterError,
@@ -79,7 +81,7 @@ from .group import (
 from .split import split_batch
 
 __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters",
-           "node_speed", "cluster_settings"]
+           "node_speed", "cluster_settings", "profile_share", "profile_shares"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,10 @@ class ClusterOptions:
             from a thread of its own; a stopped (SIGSTOP) or dead process stops refreshing it.
         average_every: 1 sums gradients every step (exact data parallelism); ``K > 1`` trains
             locally and averages the weights every ``K`` steps (NOTE [ Periodic averaging ]).
+        compress_rank: 0 sums whole gradients; ``R > 0`` sums rank-``R`` PowerSGD approximations with
+            error feedback (NOTE [ PowerSGD on plain all-reduces ]).
+        profile_dir: this node's profiles by share (``chain-<share>.json``): a profile at a share
+            this node has profiled before is read, not measured again (NOTE [ Warm spares ]).
     """
 
     connect_timeout_s: float = 60.0
@@ -122,6 +128,8 @@ class ClusterOptions:
     heartbeat: Path | None = None
     heartbeat_s: float = 0.25
     average_every: int = 1
+    compress_rank: int = 0
+    profile_dir: Path | None = None
 
 
 def cluster_settings(config: TrainConfig) -> dict[str, Any]:
@@ -242,7 +250,8 @@ class StepResult:
 
 
 def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 batch: tuple[torch.Tensor, torch.Tensor] | None, *, average: bool = True) -> StepResult:
+                 batch: tuple[torch.Tensor, torch.Tensor] | None, *, average: bool = True,
+                 compressor: PowerSGD | None = None) -> StepResult:
     """This node's part of one step (NOTE [ Cluster step ]): its slice through its executor, gradients summed
     with weight ``samples here / samples in all``, then the optimizer step every node takes alike.
 
@@ -258,7 +267,7 @@ def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Op
     computed = time.perf_counter()
     total, loss_sum = all_reduce_sum([count, loss * count])
     if total > 0 and average:
-        all_reduce_gradients(model.parameters(), count / total)
+        all_reduce_gradients(model.parameters(), count / total, compressor)
     synced = time.perf_counter()
     if total > 0 and (count > 0 or average):
         optimizer.step()
@@ -274,14 +283,15 @@ def average_parameters(model: nn.Module, weight: float) -> float:
     return time.perf_counter() - started
 
 
-def _agree(config: TrainConfig, node: NodeSpec, average_every: int) -> list[float | None]:
+def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list[float | None]:
     """Check that all nodes run the same versions and settings; every node's speed, in rank order."""
     try:
         speed: float | None = node_speed(node)
         speed_error = None
     except EdgetrainError as exc:
         speed, speed_error = None, str(exc)
-    settings = {**cluster_settings(config), "average_every": average_every}
+    settings = {**cluster_settings(config), "average_every": options.average_every,
+                "compress_rank": options.compress_rank}
     mine = {"edgetrain": __version__, "torch": torch.__version__, "config": config_hash(settings),
             "speed": speed, "speed_error": speed_error, "device": node.device}
     verdicts = gather_verdicts(mine)
@@ -326,7 +336,7 @@ def _open_on_rank0(config: TrainConfig, env: ClusterEnv, run: RunDirectory | Non
 
 def _train_joined(config: TrainConfig, local: TrainConfig, node: NodeSpec, env: ClusterEnv,
                   options: ClusterOptions) -> TrainSummary | None:
-    speeds = _agree(config, node, options.average_every)
+    speeds = _agree(config, node, options)
     run = RunDirectory(config.run_dir).__enter__() if env.rank == 0 else None
     try:
         opening, finished = _open_on_rank0(config, env, run)
@@ -335,7 +345,7 @@ def _train_joined(config: TrainConfig, local: TrainConfig, node: NodeSpec, env: 
         if run is not None:
             run.claim()
             run.record(config.identity())
-        return _NodeRun(config, local, env, speeds, opening, run, options.average_every).train()
+        return _NodeRun(config, local, env, speeds, opening, run, options).train()
     finally:
         if run is not None:
             run.__exit__(None, None, None)
@@ -345,9 +355,9 @@ class _NodeRun:
     """The state of one node's training: model, data, plan, executor."""
 
     def __init__(self, config: TrainConfig, local: TrainConfig, env: ClusterEnv, speeds: list[float | None],
-                 opening: Opening, run: RunDirectory | None, average_every: int) -> None:
+                 opening: Opening, run: RunDirectory | None, options: ClusterOptions) -> None:
         self.started = time.perf_counter()
-        self.average_every = average_every
+        self.average_every, self.profile_dir = options.average_every, options.profile_dir
         if local.budget_bytes() is not None:  # as `edgetrain train` (NOTE [ Returning freed memory ])
             configure_allocator()
         self.config, self.env, self.run = config, env, run
@@ -370,6 +380,8 @@ class _NodeRun:
         self.sampler = ResumableSampler(len(self.train_set), config.seed)
         self.chosen, self.budget = self._plan(replace(local, batch=self.share))
         self.executor = Executor(training_stages(self.model), self.chosen.schedule, None)
+        self.compressor = None if options.compress_rank == 0 else PowerSGD(self.model.parameters(),
+                                                                           options.compress_rank, seed=config.seed)
         self.step, self.epoch = 0, 0
         self.resumed_from: int | None = None
         if opening.state is not None:
@@ -387,7 +399,7 @@ class _NodeRun:
         chosen: Plan | None = None
         budget = None
         try:
-            chain = profile_batch(self.model, x, y, local)
+            chain = profile_share(self.model, x, y, local, self.profile_dir)
             optimizer_state = [t for s in self.optimizer.state.values() for t in s.values()
                                if isinstance(t, torch.Tensor)]
             baseline = measure_runtime_baseline(self.model, x, y, *optimizer_state)
@@ -447,7 +459,8 @@ class _NodeRun:
         if batch is not None and len(batch[1]) < 2 <= self.share:  # BatchNorm cannot train on one sample
             batch = None
         exact = self.average_every == 1
-        result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact)
+        result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact,
+                              compressor=self.compressor)
         if result.samples == 0:
             raise ClusterError(f"step {self.step + 1}: no readable sample in the global batch")
         self.step += 1
@@ -487,6 +500,38 @@ class _NodeRun:
         write_json(self.run.file(SUMMARY_FILE), asdict(summary))
         log.info("rank 0: %d steps, budget %s", self.step, format_bytes(summary.budget_bytes or 0))
         return summary
+
+
+def profile_share(model: nn.Module, x: torch.Tensor, y: torch.Tensor, local: TrainConfig,
+                  profile_dir: Path | None) -> Chain:
+    """The profile of a step at ``local.batch`` samples: read from ``profile_dir`` when this node measured it
+    before, else measured (:func:`~edgetrain.train.loop.profile_batch`) and kept there."""
+    cached = None if profile_dir is None else profile_dir / f"chain-{local.batch}.json"
+    if cached is not None and cached.exists():
+        return Chain.load(cached)
+    chain = profile_batch(model, x, y, local)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        chain.save(cached)
+    return chain
+
+
+def profile_shares(config: TrainConfig, node: NodeSpec, options: ClusterOptions, shares: list[int]) -> None:
+    """Profile this node at each of ``shares`` into ``options.profile_dir`` ahead of need (a warm spare's
+    work: NOTE [ Warm spares ] in local.py)."""
+    if not shares:
+        return
+    spec = get_model_spec(config.model)
+    train_set, _, num_classes = open_dataset(
+        config.data, image_size=config.image, samples=config.samples, seed=config.seed,
+        root=config.data_root or config.run_dir / "data", skip_corrupt=config.skip_corrupt,
+        vocab_size=spec.vocab_size)
+    torch.manual_seed(config.seed)
+    model = spec.build(num_classes)
+    for share in shares:
+        x, y = first_batch(train_set, share)
+        profile_share(model, x, y, replace(config, device=node.device, memory=node.memory, batch=share),
+                      options.profile_dir)
 
 
 def _metrics(run: RunDirectory | None) -> Any:

@@ -1,5 +1,11 @@
 """``python -m edgetrain.distributed.worker SPEC.json``: one node started by ``edgetrain cluster local``.
 
+``python -m edgetrain.distributed.worker --spare READY``: a warm spare (NOTE [ Warm spares ] in local.py).
+It imports torch and edgetrain and profiles a tiny model once (the profiler's first call imports
+torch's dispatch and compile machinery: seconds), profiles its node at the shares it may get
+next (a line ``{"spec": PATH, "shares": [...]}`` on stdin; then it touches READY), then waits for the line
+``{"spec": PATH, "env": {...}}`` and runs that node; stdin's end (the supervisor gone) ends it.
+
 The spec holds the run's :class:`~edgetrain.train.TrainConfig`, the node's
 :class:`~edgetrain.distributed.NodeSpec` and its :class:`~edgetrain.distributed.ClusterOptions`;
 the rank and the master come from torchrun's variables, as for ``edgetrain cluster run``.
@@ -18,11 +24,12 @@ from typing import Any
 from ..train.config import TrainConfig
 from .node import ClusterOptions, NodeSpec
 
-__all__ = ["EXIT_REFUSED", "EXIT_PEER_LOST", "write_spec", "read_spec", "main"]
+__all__ = ["EXIT_REFUSED", "EXIT_PEER_LOST", "SPARE_FLAG", "write_spec", "read_spec", "main"]
 
 EXIT_REFUSED = 2
 EXIT_PEER_LOST = 3
-_PATHS = ("run_dir", "data_root", "plan_file", "page_dir", "heartbeat")
+SPARE_FLAG = "--spare"
+_PATHS = ("run_dir", "data_root", "plan_file", "page_dir", "heartbeat", "profile_dir")
 
 
 def write_spec(path: Path, config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> Path:
@@ -43,6 +50,35 @@ def read_spec(path: Path) -> tuple[TrainConfig, NodeSpec, ClusterOptions]:
                                                                                              record["options"])
 
 
+def _warm_up() -> None:
+    """Pay the first calls' costs now: the profiler's first run imports torch's dispatch machinery."""
+    import torch
+
+    from ..profile import profile
+
+    profile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)), torch.randn(2, 4),
+            torch.tensor([0, 1]), repeats=1)
+
+
+def _wait_for_work(ready: Path) -> Path | None:
+    """A spare's orders: shares to profile ahead (``{"spec": PATH, "shares": [...]}``; ``ready`` is touched
+    after), then the spec to run, with the node's rank and master put into the environment; None when stdin
+    ends first."""
+    import os
+
+    from .node import profile_shares
+
+    for line in sys.stdin:
+        order = json.loads(line)
+        if "shares" in order:
+            profile_shares(*read_spec(Path(order["spec"])), order["shares"])
+            ready.touch()
+            continue
+        os.environ.update(order["env"])
+        return Path(order["spec"])
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one node; one line on stderr for any failure (NOTE [ One error on every node ])."""
     import logging
@@ -55,7 +91,14 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
-    config, node, options = read_spec(Path(args[0]))
+    if args[0] == SPARE_FLAG:
+        _warm_up()
+        spec = _wait_for_work(Path(args[1]))
+        if spec is None:
+            return 0
+    else:
+        spec = Path(args[0])
+    config, node, options = read_spec(spec)
     try:
         train_node(config, node, ClusterEnv.from_environ(), options)
     except EdgetrainError as exc:
