@@ -8,7 +8,8 @@ unpaged schedule, interleaved so both see the same outside load, and keeps each 
 the table gives the median over ``--rounds`` rounds with its IQR and CoV
 (:func:`edgetrain.benchstats.spread`). The simulated time prices paging serially at this host's
 own measured write/read throughput (the step's ``write_s``/``read_s``), as
-``test_step_time_against_the_simulator`` does. Prints JSON with the software setup.
+``test_step_time_against_the_simulator`` does. Prints JSON with the software setup. Needs the
+``test`` extra (it imports ``tests/test_paging.py``, hence pytest).
 
 Usage::
 
