@@ -19,6 +19,9 @@ def fixed_host_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
     torch.set_num_threads(1)
+    # and so do the processes the tests start (`edgetrain train` ...): two workers each running a
+    # two-thread child oversubscribe the cores, and OpenMP's waiting threads then slow both several-fold
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture

@@ -207,10 +207,11 @@ def _steps(run_dir: Path) -> list[dict[str, object]]:
 
 
 def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_path: Path) -> None:
-    # Prepare: 2 nodes, 10 steps (40 of the 50 samples train); node 1 is killed once step 2 is logged, whether or
-    # not the warm spares are ready yet (either way a re-form must work), and comes back 3 steps later. State is
-    # saved every step.
-    config = TrainConfig(model="transformer_small", samples=50, batch=4, image=8, epochs=1, save_every=1,
+    # Prepare: 2 nodes, 25 steps (100 of the 125 samples train); node 1 is killed once step 2 is logged, whether
+    # or not the warm spares are ready yet (either way a re-form must work), and comes back 3 steps later. State is
+    # saved every step. The steps after the rejoin leave the lone node work to do while the supervisor re-forms:
+    # with 10 steps a fast machine finished the run alone before the rejoin took effect.
+    config = TrainConfig(model="transformer_small", samples=125, batch=4, image=8, epochs=1, save_every=1,
                          run_dir=tmp_path)
     # Execute
     # A kill is seen by waitpid; the long heartbeat timeout keeps a node starved by a loaded machine from
@@ -226,16 +227,16 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
     (rejoin,) = report.rejoins
     assert rejoin["nodes"] == [1]
     steps = _steps(tmp_path)
-    assert [r["step"] for r in steps] == list(range(1, 11))
+    assert [r["step"] for r in steps] == list(range(1, 26))
     sizes = [r["world_size"] for r in steps]
     assert sizes[:2] == [2] * 2 and [size for size, _ in itertools.groupby(sizes)] == [2, 1, 2]
     assert all(r["samples"] == 4 for r in steps)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["train_samples"], summary["steps"], summary["config"]["world_size"]) == (40, 10, 2)
+    assert (summary["train_samples"], summary["steps"], summary["config"]["world_size"]) == (100, 25, 2)
     from edgetrain.train.state import StateStore
 
     state = StateStore(tmp_path / "state").load_latest()
-    assert state is not None and (state.step, state.epoch) == (10, 1)
+    assert state is not None and (state.step, state.epoch) == (25, 1)
 
 
 def test_torchrun_starts_a_cluster_of_edgetrain_nodes(tmp_path: Path) -> None:
