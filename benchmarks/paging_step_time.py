@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_paging import SIZES, case, with_paging  # the schedule the tests check
+from test_paging import SIZES, case, median_step_s, with_paging  # the schedule and timing the tests use
 
 from edgetrain.benchstats import software_setup, spread
 from edgetrain.energy import EnergyProfile
@@ -39,17 +37,6 @@ from edgetrain.profile import profile
 from edgetrain.runtime import Executor
 from edgetrain.schedule import simulate
 from edgetrain.stages import training_stages
-
-
-def median_step_s(executor: Executor, name: str, model: torch.nn.Module, steps: int) -> float:
-    c = case(name)
-    samples = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        executor.step(c.x, c.y)
-        samples.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(samples)
 
 
 def host_profile(write_bytes: int, write_s: float, read_bytes: int, read_s: float) -> EnergyProfile:
@@ -68,11 +55,11 @@ def measure(name: str, rounds: int, steps: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="edgetrain-paging-bench-") as page_dir:
         paged_executor = Executor(training_stages(model), paged, timed, page_dir=Path(page_dir))
         unpaged_executor = Executor(training_stages(model), unpaged, timed)
-        median_step_s(paged_executor, name, model, 1)   # warm-up: thread pools, first allocations
-        median_step_s(unpaged_executor, name, model, 1)
+        median_step_s(paged_executor, c, model, 1)   # warm-up: thread pools, first allocations
+        median_step_s(unpaged_executor, c, model, 1)
         for _ in range(rounds):
-            paged_s.append(median_step_s(paged_executor, name, model, steps))
-            unpaged_s.append(median_step_s(unpaged_executor, name, model, steps))
+            paged_s.append(median_step_s(paged_executor, c, model, steps))
+            unpaged_s.append(median_step_s(unpaged_executor, c, model, steps))
             stats = paged_executor.last_paging
             assert stats is not None
             wait_s.append(stats.wait_s)

@@ -128,12 +128,10 @@ def test_dense_blocks_planned_inside_train_as_plain_autograd(dense: Dense) -> No
     assert check.recompute_factor > 1
 
 
-def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor() -> None:
-    torch.manual_seed(0)
-    model = Ladder(channels=8)
-    x, y = torch.randn(2, 3, 24, 24), torch.randint(0, 5, (2,))
+def trains_below_the_chains_floor(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                                  stages: list[nn.Module]) -> None:
+    """At the two-level plan's least budget, below the plain chain's, a step is plain autograd's, peak as planned."""
     chain = profile(model, x, y, measure_time=False)
-    stages = segmented_stages(stages_of(model), x)
     segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
     twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
     least = least_block_bytes(chain, twins, segmented)
@@ -141,6 +139,14 @@ def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor(
     check = check_step(model, x, y, least, chain, twins=twins)
     assert check.worst_grad_error <= 1e-6, check
     assert check_tracks(check), check
+
+
+def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor() -> None:
+    torch.manual_seed(0)
+    model = Ladder(channels=8)
+    x, y = torch.randn(2, 3, 24, 24), torch.randint(0, 5, (2,))
+    stages = segmented_stages(stages_of(model), x)
+    trains_below_the_chains_floor(model, x, y, stages)
 
 
 class WritesBack(nn.Module):
@@ -175,13 +181,6 @@ def test_encoder_layers_given_whole_by_stages_are_planned_inside() -> None:
     torch.manual_seed(0)
     model = transformer_encoder_small(num_layers=1, d_model=32, nhead=4, dim_feedforward=128, max_len=64)
     x, y = torch.randint(0, 1000, (2, 64)), torch.randint(0, 10, (2,))
-    chain = profile(model, x, y, measure_time=False)
     stages = segmented_stages(stages_of(model), x)
     assert [type(s).__name__ for s in stages] == ["TokenEmbedding", "SegmentedStage", "ClsHead"]
-    segmented = [isinstance(s, SegmentedStage) for s in stages] + [False]
-    twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
-    least = least_block_bytes(chain, twins, segmented)
-    assert least < least_step_bytes(chain)
-    check = check_step(model, x, y, least, chain, twins=twins)
-    assert check.worst_grad_error <= 1e-6, check
-    assert check_tracks(check), check
+    trains_below_the_chains_floor(model, x, y, stages)
