@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 
+from edgetrain.benchstats import software_setup, spread
 from edgetrain.insitu.motion import detect_motion, match_sources, score_boxes
 from edgetrain.insitu.world import NODE_CAMERAS, render_video
 
@@ -29,13 +30,16 @@ def main() -> None:
     parser.add_argument("--node-camera", choices=list(NODE_CAMERAS), default="steep")
     args = parser.parse_args()
     total: dict[str, float] = {}
+    clip_ms_per_frame: list[float] = []
     for seed in args.seeds:
         counts: dict[str, float] = {"frames": 0, "detect_s": 0.0}
         for i in range(args.clips):
             video = render_video(NODE_CAMERAS[args.node_camera], 200, seed * 1000 + 300 + i, rate=0.08)
             started = time.perf_counter()
             detections = detect_motion(video.frames)
-            counts["detect_s"] += time.perf_counter() - started
+            detect_s = time.perf_counter() - started
+            clip_ms_per_frame.append(1000 * detect_s / len(video.frames))
+            counts["detect_s"] += detect_s
             counts["frames"] += len(video.frames)
             for key, value in score_boxes(detections, match_sources(detections, video), video).items():
                 counts[key] = counts.get(key, 0) + value
@@ -43,6 +47,7 @@ def main() -> None:
         for key, value in counts.items():
             total[key] = total.get(key, 0) + value
     _print("all", total)
+    print(json.dumps({"ms_per_frame_over_clips": spread(clip_ms_per_frame).to_dict(), "setup": software_setup()}))
 
 
 def _print(seed: str, c: dict[str, float]) -> None:
