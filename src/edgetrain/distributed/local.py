@@ -180,14 +180,12 @@ def prepare(config: TrainConfig, nodes: Sequence[NodeSpec]) -> tuple[TrainConfig
 
     Nodes would otherwise each write the same synthetic dataset and each calibrate this machine.
     """
-    from ..data import open_dataset
-    from ..models import get_model_spec
+    from ..train.loop import open_run_data
 
     for node in nodes:
         replace(config, device=node.device, memory=node.memory).check()
     root = config.data_root or config.run_dir / "data"
-    open_dataset(config.data, image_size=config.image, samples=config.samples, seed=config.seed, root=root,
-                 skip_corrupt=config.skip_corrupt, vocab_size=get_model_spec(config.model).vocab_size)
+    open_run_data(config, config.run_dir)
     rated = tuple(replace(node, rate_flops_per_s=node_speed(node)) for node in nodes)
     return replace(config, data_root=root), rated
 

@@ -41,7 +41,7 @@ from torch import nn
 
 from .. import __version__
 from ..chain import Chain
-from ..data import collate_skip_corrupt, first_batch, open_dataset
+from ..data import collate_skip_corrupt, first_batch
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import write_json
 from ..models import get_model_spec
@@ -59,6 +59,7 @@ from ..train.loop import (
     choose_plan,
     evaluate,
     open_run,
+    open_run_data,
     profile_batch,
     truncate_metrics,
 )
@@ -362,10 +363,7 @@ class _NodeRun:
             configure_allocator()
         self.config, self.env, self.run = config, env, run
         spec = get_model_spec(config.model)
-        root = config.data_root or config.run_dir / "data"
-        self.train_set, self.val_set, self.num_classes = open_dataset(
-            config.data, image_size=config.image, samples=config.samples, seed=config.seed, root=root,
-            skip_corrupt=config.skip_corrupt, vocab_size=spec.vocab_size)
+        self.train_set, self.val_set, self.num_classes = open_run_data(config, config.run_dir)
         torch.manual_seed(config.seed)
         self.model = spec.build(self.num_classes)
         has_batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules())
@@ -522,10 +520,7 @@ def profile_shares(config: TrainConfig, node: NodeSpec, options: ClusterOptions,
     if not shares:
         return
     spec = get_model_spec(config.model)
-    train_set, _, num_classes = open_dataset(
-        config.data, image_size=config.image, samples=config.samples, seed=config.seed,
-        root=config.data_root or config.run_dir / "data", skip_corrupt=config.skip_corrupt,
-        vocab_size=spec.vocab_size)
+    train_set, _, num_classes = open_run_data(config, config.run_dir)
     torch.manual_seed(config.seed)
     model = spec.build(num_classes)
     for share in shares:

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..chain import Chain
-from ..data import CachingReader, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
+from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import to_json, write_atomic, write_json
 from ..models import get_model_spec
@@ -56,7 +56,7 @@ from .rundir import (
 from .state import ResumableSampler, StateStore, TrainingState, capture_rng, restore_rng
 
 __all__ = ["TrainSummary", "StepMetrics", "train", "evaluate", "profile_batch", "choose_plan",
-           "MetricsLog", "truncate_metrics", "Opening", "open_run"]
+           "MetricsLog", "truncate_metrics", "Opening", "open_run", "open_run_data"]
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +215,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     identity = config.identity()
     run.record(identity, run.saved_plan() if opening.state is not None else None)
     spec = get_model_spec(config.model)
-    train_set, val_set, num_classes = open_dataset(
-        config.data, image_size=config.image, samples=config.samples, seed=config.seed,
-        root=config.data_root or run.path / "data", skip_corrupt=config.skip_corrupt, vocab_size=spec.vocab_size)
+    train_set, val_set, num_classes = open_run_data(config, run.path)
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
 
@@ -335,6 +333,14 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch: int) -> tuple[float
             total += int(y.numel())
     model.train()
     return (correct / total, loss_sum / total) if total else (None, None)
+
+
+def open_run_data(config: TrainConfig, run_path: Path) -> tuple[FileDataset, FileDataset, int]:
+    """The run's training and validation splits and number of classes: ``config.data`` as the model reads it,
+    generated (or found) under ``config.data_root``, else under ``run_path / "data"``."""
+    return open_dataset(config.data, image_size=config.image, samples=config.samples, seed=config.seed,
+                        root=config.data_root or run_path / "data", skip_corrupt=config.skip_corrupt,
+                        vocab_size=get_model_spec(config.model).vocab_size)
 
 
 def profile_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> Chain:
