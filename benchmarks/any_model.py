@@ -60,7 +60,7 @@ def _images(batch: int, size: int, classes: int) -> tuple[torch.Tensor, torch.Te
     return torch.randn(batch, 3, size, size), torch.randint(0, classes, (batch,))
 
 
-def _cases() -> dict[str, Callable[[], Case]]:
+def model_cases() -> dict[str, Callable[[], Case]]:
     def encoder() -> Case:
         model = encoder_in_sequential(width=64, layers=4, vocab=1000, tokens=32)
         return model, torch.randint(0, 1000, (8, 32)), torch.randint(0, 10, (8,))
@@ -82,7 +82,7 @@ def _cases() -> dict[str, Callable[[], Case]]:
     }
 
 
-def _block_cases() -> dict[str, Callable[[], Case]]:
+def block_model_cases() -> dict[str, Callable[[], Case]]:
     """Inputs where activations, not weights, set the least budget (recomputing inside a stage frees activations)."""
     def gpt_small() -> Case:
         tokens = torch.randint(0, 1000, (2, 256))
@@ -98,7 +98,7 @@ def _block_cases() -> dict[str, Callable[[], Case]]:
         "zoo_transformer_4x256": zoo_transformer,
         "unet_w16": lambda: (unet(3, 2, width=16), torch.randn(2, 3, 128, 128), torch.randint(0, 2, (2, 128, 128))),
         "gpt_4x256": gpt_small,
-        "user_encoder_in_sequential": _cases()["user_encoder_in_sequential"],
+        "user_encoder_in_sequential": model_cases()["user_encoder_in_sequential"],
         "yolov8n": lambda: (yolov8(), torch.randn(2, 3, 256, 256), torch.randint(0, 144, (2, 1344))),
     }
 
@@ -177,10 +177,10 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON rows (default out/any_model.json, _blocks with --blocks)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cases = _cases()
+    cases = model_cases()
     out = args.out or ("out/any_model_blocks.json" if args.blocks else "out/any_model.json")
     if args.blocks:
-        cases = _block_cases()
+        cases = block_model_cases()
     names = args.models.split(",") if args.models else list(cases)
     if args.blocks:
         print(f"  {'budget':20s} {'bytes':>12s} {'predicted':>12s} {'measured':>12s} meas/pred   rho  grad err "

@@ -1,26 +1,42 @@
-"""torch.compile's activation memory budget against edgetrain's plans, on the same model and step.
+"""torch.compile's activation memory budget against edgetrain's plans, per model, at equal memory.
 
 PyTorch's own answer for any traced model is the min-cut rematerialisation of AOTAutograd's
 partitioner, steered by ``torch._functorch.config.activation_memory_budget`` (1.0: save what the
 default partitioner saves; lower: recompute more). edgetrain plans checkpointing on a chain of
 stages. Each setting runs in its own child process (one torch thread, glibc's mmap threshold
 pinned as under a process budget so that freed memory leaves the process and RSS follows the
-live memory): a few warm-up steps (compilation for inductor), then ``--steps`` steps, each
-ending with ``zero_grad(set_to_none=True)``. Reported per setting, as the median over
-``--rounds`` rounds in which the settings alternate:
+live memory): a few warm-up steps (compilation for inductor), then ``--steps`` timed steps, each
+ending with ``zero_grad(set_to_none=True)``, then one more step under ``torch.profiler`` with
+``profile_memory``. Reported per setting, as the median over ``--rounds`` rounds in which the
+settings alternate:
 
-* ``step_peak_mib``: the peak RSS of the measured steps above the RSS between steps (VmHWM reset
-  after warm-up): activations, gradients and temporaries, whatever the process holds at rest;
+* ``step_tensor_peak_mib``: the most bytes the step held in tensors *above* what lived between
+  steps, from the c10 allocator's own allocation records (the profiler's ``[memory]`` events):
+  an instrument that sees inside inductor's compiled code as well as eager, not edgetrain's
+  tracker;
+* ``step_peak_mib``: the peak RSS of the timed steps above the RSS between steps (VmHWM reset
+  after warm-up): the process's view of the same step; ``rest_rss_mib`` beside it is what the
+  process holds between steps (compiled code and inductor's caches included);
 * ``step_time_ratio``: median step time over eager plain training's in the same round.
 
-    python benchmarks/compile_budget.py [--model resnet18 --batch 8 --image 128 --steps 4 --rounds 2]
-        [--settings eager,inductor:1.0,inductor:0.5,inductor:0.1,inductor:0.0,edgetrain:1.1,edgetrain:1.2]
+Settings: ``eager``; ``inductor:B`` compiles with ``activation_memory_budget = B``;
+``edgetrain:R`` trains under ``Checkpointed(recompute=R)``; ``edgetrain:least`` at the least
+feasible budget; ``edgetrain=inductor:B`` at the budget whose *step* share (budget minus the
+weights, optimizer state and batch the chain holds anyway) is the tensor step peak that
+``inductor:B`` measured in the same round, so the two meet at one memory level;
+``edgetrain+compile:R`` and ``edgetrain+compile=inductor:B`` the same with every stage compiled by
+inductor before it is profiled and planned (``Checkpointed(compile_stages=True)``, NOTE [ Compiled
+stages ]). edgetrain plans with measured stage times and, for the traced models without
+compilation, recomputation inside coarse stages (``blocks=True``).
 
-``inductor:B`` compiles with ``activation_memory_budget = B``; ``edgetrain:R`` trains under
-``Checkpointed(recompute=R)`` (the least-memory plan within R times plain training's time, from
-measured stage times); ``edgetrain+compile:R`` does the same with every block of the model's
-``nn.Sequential`` layers (ResNet's residual blocks, MobileNetV2's features) compiled by inductor
-first, so that edgetrain's stages get the same kernel fusion. Needs a C compiler for inductor (gcc here).
+    python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
+        [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
+    python benchmarks/compile_budget.py --models all     # resnet18, mobilenet_v2 and benchmarks/any_model.py's set
+
+``resnet18`` and ``mobilenet_v2`` take ``--batch`` and ``--image`` (default 8 and 128 px); the other
+names are ``benchmarks/any_model.py``'s models at that script's inputs (its ``--blocks`` inputs,
+where activations rather than weights set the least budget, where it has them). Needs a C compiler
+for inductor (gcc here).
 """
 
 from __future__ import annotations
@@ -30,98 +46,255 @@ import json
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-CHILD = r"""
-import json, statistics, sys, time, torch
-from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak
-configure_allocator()
-from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer
-setting, model_name = sys.argv[1], sys.argv[2]
-batch, image, steps = (int(a) for a in sys.argv[3:6])
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = get_model_spec(model_name).build(10)
-x, y = torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))
-kind, _, value = setting.partition(":")
-if kind == "inductor":
-    import torch._functorch.config as functorch_config
-    functorch_config.activation_memory_budget = float(value)
-    compiled = torch.compile(model)
-    def loss_step():
-        return torch.nn.functional.cross_entropy(compiled(x), y).backward()
-elif kind in ("edgetrain", "edgetrain+compile"):
-    from edgetrain.runtime import Checkpointed
-    if kind == "edgetrain+compile":  # each block of the model's Sequential layers compiled in place
-        for layer in model.children():
-            if isinstance(layer, torch.nn.Sequential):
-                for index in range(len(layer)):
-                    layer[index] = torch.compile(layer[index])
-    wrapped = Checkpointed(model, sample=x, target=y, recompute=float(value))
-    def loss_step():
-        return wrapped.step_loss(x, y)
-else:
-    def loss_step():
-        return torch.nn.functional.cross_entropy(model(x), y).backward()
-optimizer = make_optimizer("sgd", model.parameters())
-def step():
-    loss_step()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-for _ in range(3):
-    step()
-rest = read_process_memory().rss_bytes
-reset_peak()
-times = []
-for _ in range(steps):
-    start = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - start)
-print(json.dumps({"median_step_s": statistics.median(times),
-                  "step_peak_bytes": read_process_memory().peak_rss_bytes - rest, "rest_rss_bytes": rest}))
-"""
+import torch
+from torch import nn
 
-DEFAULT_SETTINGS = "eager,inductor:1.0,inductor:0.5,inductor:0.1,inductor:0.0,edgetrain:1.1,edgetrain:1.2"
+DEFAULT_SETTINGS = ("eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,"
+                    "edgetrain=inductor:0.5,edgetrain=inductor:0.0,edgetrain+compile=inductor:1.0,"
+                    "edgetrain+compile=inductor:0.5,edgetrain+compile=inductor:0.0")
+REGISTRY_MODELS = ("resnet18", "mobilenet_v2")
+MATCH = "=inductor:"
+MiB = 2**20
+
+Case = tuple[nn.Module, torch.Tensor, torch.Tensor]
 
 
-def run_child(setting: str, args: argparse.Namespace) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, setting, args.model, str(args.batch), str(args.image),
-                          str(args.steps)], capture_output=True, text=True, check=True).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+def build_case(name: str, batch: int, image: int) -> tuple[Case, bool]:
+    """The model, input and target named ``name``, and whether edgetrain should plan inside its stages."""
+    if name in REGISTRY_MODELS:
+        from edgetrain.models import get_model_spec
+        model = get_model_spec(name).build(10)
+        return (model, torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))), False
+    from any_model import block_model_cases, model_cases
+    cases = {**model_cases(), **block_model_cases()}
+    if name not in cases:
+        raise SystemExit(f"unknown model {name!r}; known: {', '.join((*REGISTRY_MODELS, *cases))}")
+    return cases[name](), True
+
+
+def all_models() -> list[str]:
+    """The registry's two, then any_model.py's set; its weight-bound ``unet`` and ``gpt2`` inputs are left
+    to their activation-bound twins ``unet_w16`` and ``gpt_4x256`` (no recomputation helps a weight-bound step)."""
+    from any_model import block_model_cases, model_cases
+    names = dict.fromkeys([*block_model_cases(), *model_cases()])
+    return [*REGISTRY_MODELS, *(name for name in names if name not in ("unet", "gpt2"))]
+
+
+def step_tensor_peak_bytes(step: Callable[[], None]) -> int:
+    """The most tensor bytes one ``step()`` held above its starting point, by the c10 allocator's records."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    held = most = 0
+    for event in events:
+        held += event.nbytes()
+        most = max(most, held)
+    return most
+
+
+def full_step(loss_step: Callable[[], Any], optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """One training step as every setting runs it: loss and backward, the optimizer, gradients freed."""
+    def step() -> None:
+        loss_step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: str, blocks: bool,
+                   optimizer: torch.optim.Optimizer, match_step_bytes: int | None,
+                   ) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The training step of ``Checkpointed`` for ``setting``, and what its plan predicts.
+
+    A matched setting (``=inductor:B``) first plans at the chain's resident bytes plus inductor's
+    measured step peak, then lowers the budget by what the measured step overshoots, up to four
+    times: edgetrain's tensor accounting leaves out scratch memory inside a kernel (a convolution's
+    unfolded columns) that the allocator's records include, and the comparison is on the records.
+    """
+    from edgetrain.models import stages_of
+    from edgetrain.models.segmented import SegmentedStage, segmented_stages
+    from edgetrain.planners.blocks import least_block_bytes
+    from edgetrain.profile import profile
+    from edgetrain.runtime import Checkpointed, three_budgets
+    from edgetrain.runtime.checkpointed import compiled_stages
+    from edgetrain.stages import training_stages
+    value = setting.partition(":")[2]
+    compiled = setting.startswith("edgetrain+compile")
+    blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
+    stages_list = training_stages(model)
+    if compiled:
+        stages_list = compiled_stages(stages_list)
+    chain = profile(nn.Sequential(*stages_list[:-1]), x, y)
+    least, twins = three_budgets(chain)[0], None
+    if blocks:
+        stages = segmented_stages(stages_of(model), x)
+        twins = profile(nn.Sequential(*stages), x, y)
+        least = least_block_bytes(chain, twins, [isinstance(stage, SegmentedStage) for stage in stages] + [False])
+
+    def planned(**request: Any) -> tuple[Checkpointed, Callable[[], None]]:
+        wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=blocks, twins=twins,
+                               compile_stages=compiled, **request)
+        return wrapped, full_step(lambda: wrapped.step_loss(x, y), optimizer)
+
+    fits: list[int] = []
+    if match_step_bytes is not None:
+        budget = max(least, chain.resident_bytes + match_step_bytes)
+        for _ in range(4):
+            wrapped, step = planned(memory=budget)
+            step()
+            fits.append(step_tensor_peak_bytes(step))
+            if fits[-1] <= match_step_bytes or budget == least:
+                break
+            budget = max(least, budget - (fits[-1] - match_step_bytes))
+    elif value == "least":
+        wrapped, step = planned(memory=least)
+    else:
+        wrapped, step = planned(recompute=float(value))
+    return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
+                  "budget_bytes": wrapped.plan.predicted_peak_bytes if fits or value == "least" else None,
+                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
+                  "recompute_factor": wrapped.plan.recompute_factor, "fit_step_peaks_bytes": fits}
+
+
+def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
+    """One setting in this process: print its JSON line (the parent reads the last line)."""
+    from edgetrain.optim import make_optimizer
+    from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak
+    configure_allocator()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    (model, x, y), blocks = build_case(name, batch, image)
+    optimizer = make_optimizer("sgd", model.parameters())
+    kind, _, value = setting.partition(":")
+    info: dict[str, Any] = {}
+    if kind == "inductor":
+        import torch._functorch.config as functorch_config
+        functorch_config.activation_memory_budget = float(value)
+        compiled = torch.compile(model)
+        step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
+    elif kind.startswith("edgetrain"):
+        step, info = edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
+    else:
+        step = full_step(lambda: nn.functional.cross_entropy(model(x), y).backward(), optimizer)
+    for _ in range(3):
+        step()
+    rest = read_process_memory().rss_bytes
+    reset_peak()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    step_peak = read_process_memory().peak_rss_bytes - rest
+    print(json.dumps({"median_step_s": statistics.median(times), "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
+                      "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
+
+
+def run_child(setting: str, name: str, args: argparse.Namespace, match_step_bytes: int | None) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", setting, "--models", name, "--batch", str(args.batch),
+               "--image", str(args.image), "--steps", str(args.steps)]
+    if match_step_bytes is not None:
+        command += ["--match-step-bytes", str(match_step_bytes)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:   # an infeasible budget or a model inductor cannot compile: say which, go on
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def run_round(name: str, settings: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every setting once; the matched ones after the inductor runs they match."""
+    results: dict[str, dict[str, Any]] = {}
+    for setting in sorted(settings, key=lambda s: MATCH in s):
+        match = None
+        if MATCH in setting:
+            target = results.get("inductor:" + setting.split(MATCH)[1], {})
+            if "step_tensor_peak_bytes" not in target:
+                results[setting] = {"error": "its inductor setting did not run"}
+                continue
+            match = int(target["step_tensor_peak_bytes"])
+        results[setting] = run_child(setting, name, args, match)
+    return results
+
+
+def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for setting in settings:
+        ok = [r for r in rounds if "error" not in r[setting] and "error" not in r["eager"]]
+        if not ok:
+            rows.append({"model": name, "setting": setting, "error": rounds[-1][setting].get("error")})
+            continue
+        ratios = [r[setting]["median_step_s"] / r["eager"]["median_step_s"] for r in ok]
+        row: dict[str, Any] = {"model": name, "setting": setting, "rounds": len(ok),
+                               "step_time_ratio": statistics.median(ratios),
+                               "step_time_ratio_range": [min(ratios), max(ratios)],
+                               "eager_step_s": statistics.median(r["eager"]["median_step_s"] for r in ok)}
+        for key in ("step_tensor_peak_bytes", "step_peak_bytes", "rest_rss_bytes"):
+            values = [r[setting][key] / MiB for r in ok]
+            row[key.replace("_bytes", "_mib")] = statistics.median(values)
+            row[key.replace("_bytes", "_mib_range")] = [min(values), max(values)]
+        for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
+                    "fit_step_peaks_bytes"):
+            if key in ok[-1][setting]:
+                row[key] = ok[-1][setting][key]
+        rows.append(row)
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(f"{'model':28s} {'setting':28s} {'tensor MiB':>10s} {'RSS MiB':>8s} {'rest MiB':>8s} {'time/eager':>10s} "
+          f"{'range':>11s}  rho(plan)")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['model']:28s} {row['setting']:28s} -- {row['error']}")
+            continue
+        low, high = row["step_time_ratio_range"]
+        rho = f"{row['recompute_factor']:.3f}" if "recompute_factor" in row else ""
+        print(f"{row['model']:28s} {row['setting']:28s} {row['step_tensor_peak_mib']:10.1f} "
+              f"{row['step_peak_mib']:8.1f} {row['rest_rss_mib']:8.1f} {row['step_time_ratio']:10.2f} "
+              f"{low:5.2f}-{high:4.2f}  {rho}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--models", default="resnet18", help="comma-separated, or 'all'")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--image", type=int, default=128)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--settings", default=DEFAULT_SETTINGS)
     parser.add_argument("--out", default="out/compile_budget.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--match-step-bytes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child, args.models, args.batch, args.image, args.steps, args.match_step_bytes)
+        return
+    from edgetrain.benchstats import software_setup
+    names = all_models() if args.models == "all" else args.models.split(",")
     settings = args.settings.split(",")
     if "eager" not in settings:
         settings.insert(0, "eager")
-    rounds: list[dict[str, dict[str, float]]] = []
-    for number in range(args.rounds):
-        rounds.append({setting: run_child(setting, args) for setting in settings})
-        print(f"round {number + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    rows = []
-    for setting in settings:
-        peaks = [r[setting]["step_peak_bytes"] / 2**20 for r in rounds]
-        ratios = [r[setting]["median_step_s"] / r["eager"]["median_step_s"] for r in rounds]
-        rows.append({"setting": setting, "step_peak_mib": statistics.median(peaks),
-                     "step_peak_mib_range": [min(peaks), max(peaks)], "step_time_ratio": statistics.median(ratios),
-                     "step_time_ratio_range": [min(ratios), max(ratios)],
-                     "eager_step_s": statistics.median(r["eager"]["median_step_s"] for r in rounds)})
-    print(f"{'setting':16s} {'step peak MiB':>14s} {'time / eager':>13s}")
-    for row in rows:
-        print(f"{row['setting']:16s} {row['step_peak_mib']:14.1f} {row['step_time_ratio']:13.2f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({**vars(args), "rows": rows}, indent=1))
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        rounds = []
+        for number in range(args.rounds):
+            rounds.append(run_round(name, settings, args))
+            print(f"{name}: round {number + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        model_rows = summarise(name, settings, rounds)
+        print_rows(model_rows)
+        rows += model_rows
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({**{k: v for k, v in vars(args).items() if k not in ("child",
+                                             "match_step_bytes")}, "software": software_setup(), "rows": rows},
+                                             indent=1))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,31 @@ class _ScheduledForward(torch.autograd.Function):
         return None, None, None
 
 
+# NOTE [ Compiled stages ]
+# torch.compile's inductor fuses the elementwise work around convolutions and matmuls (BatchNorm,
+# activations, residual adds) that eager runs as separate kernels, each writing a full tensor:
+# on CPU it trains MobileNetV2 at half of eager's time (benchmarks/compile_budget.py). Planning
+# and fusion are independent: a compiled stage is still a stage, whose saved tensors (AOTAutograd
+# saves through ``ctx.save_for_backward``, which ``saved_tensors_hooks`` see), output and times the
+# profiler measures like any other, so the chain, the planners and the executor need no change;
+# a plan made on the compiled stages trades memory for time at the fused kernels' prices. Each
+# stage is compiled alone (no graph breaks across stages, and a recomputation runs the same
+# compiled code), with ``dynamic=False``: a chain is planned per input shape anyway. Stages of
+# one class share one code object (a ResNet's blocks: ``BasicBlock.forward``), and each shape and
+# grad mode (a recomputation without autograd) is one more compilation of it: dynamo's recompile
+# limit (8 per code object) would silently leave the later blocks eager, so it is raised to two
+# per stage, process-wide (a dynamo setting, not a per-module one).
+
+
+def compiled_stages(stages: list[nn.Module]) -> list[nn.Module]:
+    """Every stage but the loss (the last) compiled on its own; see NOTE [ Compiled stages ]."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(stages))
+    compiled: list[nn.Module] = [torch.compile(stage, dynamic=False) for stage in stages[:-1]]  # type: ignore[misc]
+    return [*compiled, stages[-1]]
+
+
 class Checkpointed(nn.Module):
     """Train ``model`` within a memory budget (or a recompute factor) by planned recomputation.
 
@@ -101,6 +126,12 @@ class Checkpointed(nn.Module):
             :func:`~edgetrain.planners.blocks.plan_blocks` picks which stages run segmented.
         twins: with ``blocks``, the chain of the segmented stages (:meth:`twin_stages`)
             profiled as ``chain`` is, to plan without profiling them again.
+        compile_stages: compile every stage but the loss with ``torch.compile`` (inductor)
+            before profiling, so that the plan is made, and the step runs, on fused kernels
+            (NOTE [ Compiled stages ]). Each stage compiles on first use (seconds each, again
+            for recomputation without autograd); gradients then equal plain autograd's to
+            float rounding, not bit for bit. A stage compiled this way is no longer traced, so
+            ``blocks`` finds nothing to segment.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
@@ -116,13 +147,16 @@ class Checkpointed(nn.Module):
     def __init__(self, model: nn.Module, *, sample: torch.Tensor, memory: int | str | None = None,
                  recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
                  optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
-                 chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None) -> None:
+                 chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None,
+                 compile_stages: bool = False) -> None:
         super().__init__()
         if (memory is None) == (recompute is None):
             raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
         self.model = model
         # A plain list: the stages share the model's modules and must not be registered twice.
         self._stages: list[nn.Module] = training_stages(model, loss_fn)
+        if compile_stages:
+            self._stages = compiled_stages(self._stages)
         self._loss_fn = loss_fn
         self._request: dict[str, Any] = {"memory": memory, "recompute": recompute, "strategy": strategy}
         self._optimizer = optimizer
