@@ -17,7 +17,10 @@ settings alternate:
 * ``step_peak_mib``: the peak RSS of the timed steps above the RSS between steps (VmHWM reset
   after warm-up): the process's view of the same step; ``rest_rss_mib`` beside it is what the
   process holds between steps (compiled code and inductor's caches included);
-* ``step_time_ratio``: median step time over eager plain training's in the same round.
+* ``step_time_ratio`` and ``step_cpu_time_ratio``: median step time over eager plain training's in
+  the same round, by the wall clock and by the stepping thread's CPU time (one torch thread, so
+  the two agree on an idle machine; on a shared one the CPU clock leaves out the time other
+  processes took the core).
 
 Settings: ``eager``; ``inductor:B`` compiles with ``activation_memory_budget = B``;
 ``edgetrain:R`` trains under ``Checkpointed(recompute=R)``; ``edgetrain:least`` at the least
@@ -160,7 +163,8 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
                   "budget_bytes": wrapped.plan.predicted_peak_bytes if fits or value == "least" else None,
                   "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
-                  "recompute_factor": wrapped.plan.recompute_factor, "fit_step_peaks_bytes": fits}
+                  "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
+                  "fit_step_peaks_bytes": fits}
 
 
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
@@ -187,13 +191,15 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         step()
     rest = read_process_memory().rss_bytes
     reset_peak()
-    times = []
+    times, cpu_times = [], []
     for _ in range(steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         step()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.thread_time() - start_cpu)
     step_peak = read_process_memory().peak_rss_bytes - rest
-    print(json.dumps({"median_step_s": statistics.median(times), "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
+    print(json.dumps({"median_step_s": statistics.median(times), "median_step_cpu_s": statistics.median(cpu_times),
+                      "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
                       "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
 
 
@@ -231,11 +237,12 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
         if not ok:
             rows.append({"model": name, "setting": setting, "error": rounds[-1][setting].get("error")})
             continue
-        ratios = [r[setting]["median_step_s"] / r["eager"]["median_step_s"] for r in ok]
-        row: dict[str, Any] = {"model": name, "setting": setting, "rounds": len(ok),
-                               "step_time_ratio": statistics.median(ratios),
-                               "step_time_ratio_range": [min(ratios), max(ratios)],
-                               "eager_step_s": statistics.median(r["eager"]["median_step_s"] for r in ok)}
+        row: dict[str, Any] = {"model": name, "setting": setting, "rounds": len(ok)}
+        for clock in ("", "_cpu"):
+            ratios = [r[setting][f"median_step{clock}_s"] / r["eager"][f"median_step{clock}_s"] for r in ok]
+            row[f"step{clock}_time_ratio"] = statistics.median(ratios)
+            row[f"step{clock}_time_ratio_range"] = [min(ratios), max(ratios)]
+            row[f"eager_step{clock}_s"] = statistics.median(r["eager"][f"median_step{clock}_s"] for r in ok)
         for key in ("step_tensor_peak_bytes", "step_peak_bytes", "rest_rss_bytes"):
             values = [r[setting][key] / MiB for r in ok]
             row[key.replace("_bytes", "_mib")] = statistics.median(values)
@@ -249,17 +256,80 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    print(f"{'model':28s} {'setting':28s} {'tensor MiB':>10s} {'RSS MiB':>8s} {'rest MiB':>8s} {'time/eager':>10s} "
-          f"{'range':>11s}  rho(plan)")
+    print(f"{'model':28s} {'setting':30s} {'tensor MiB':>10s} {'RSS MiB':>8s} {'rest MiB':>8s} {'wall/eager':>10s} "
+          f"{'CPU/eager':>9s} {'CPU range':>11s}  rho(plan)")
     for row in rows:
         if "error" in row:
-            print(f"{row['model']:28s} {row['setting']:28s} -- {row['error']}")
+            print(f"{row['model']:28s} {row['setting']:30s} -- {row['error']}")
             continue
-        low, high = row["step_time_ratio_range"]
+        low, high = row["step_cpu_time_ratio_range"]
         rho = f"{row['recompute_factor']:.3f}" if "recompute_factor" in row else ""
-        print(f"{row['model']:28s} {row['setting']:28s} {row['step_tensor_peak_mib']:10.1f} "
+        print(f"{row['model']:28s} {row['setting']:30s} {row['step_tensor_peak_mib']:10.1f} "
               f"{row['step_peak_mib']:8.1f} {row['rest_rss_mib']:8.1f} {row['step_time_ratio']:10.2f} "
-              f"{low:5.2f}-{high:4.2f}  {rho}", flush=True)
+              f"{row['step_cpu_time_ratio']:9.2f} {low:5.2f}-{high:4.2f}  {rho}", flush=True)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and inductor level: edgetrain's fastest setting whose tensor step peak is not above it.
+
+    Time by the CPU clock (the ratio to eager in the same round). ``below_floor``: edgetrain's
+    least-memory step against the least tensor peak any inductor setting reached.
+    """
+    out = []
+    for name in dict.fromkeys(row["model"] for row in rows):
+        ran = [row for row in rows if row["model"] == name and "error" not in row]
+        inductor = [row for row in ran if row["setting"].startswith("inductor:")]
+        ours = [row for row in ran if row["setting"].startswith("edgetrain")]
+        for level in inductor:
+            fitting = [row for row in ours if row["step_tensor_peak_mib"] <= level["step_tensor_peak_mib"]]
+            best = min(fitting, key=lambda row: row["step_cpu_time_ratio"], default=None)
+            out.append({"model": name, "inductor": level["setting"], "inductor_mib": level["step_tensor_peak_mib"],
+                        "inductor_cpu_ratio": level["step_cpu_time_ratio"],
+                        "edgetrain": best and best["setting"], "edgetrain_mib": best and best["step_tensor_peak_mib"],
+                        "edgetrain_cpu_ratio": best and best["step_cpu_time_ratio"],
+                        "no_slower": best is not None and best["step_cpu_time_ratio"] <= level["step_cpu_time_ratio"]})
+        least = next((row for row in ours if row["setting"] == "edgetrain:least"), None)
+        if inductor and least:
+            floor = min(row["step_tensor_peak_mib"] for row in inductor)
+            out.append({"model": name, "inductor": "floor", "inductor_mib": floor, "edgetrain": least["setting"],
+                        "edgetrain_mib": least["step_tensor_peak_mib"],
+                        "edgetrain_cpu_ratio": least["step_cpu_time_ratio"],
+                        "below_floor": least["step_tensor_peak_mib"] < floor})
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The run as markdown: every setting's row, then the verdict per inductor level."""
+    def mib(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = ["| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
+             "wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | |")
+            continue
+        lines.append(f"| {row['model']} | {row['setting']} | {mib(row['step_tensor_peak_mib'])} | "
+                     f"{mib(row['step_peak_mib'])} | {mib(row['rest_rss_mib'])} | "
+                     f"{ratio(row['step_cpu_time_ratio'])} | {ratio(row['step_time_ratio'])} | "
+                     f"{ratio(row.get('recompute_factor'))} |")
+    lines += ["", "| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
+              "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for v in verdicts(result["rows"]):
+        if v["inductor"] == "floor":
+            verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
+            lines.append(f"| {v['model']} | least of any budget | {mib(v['inductor_mib'])} | | {v['edgetrain']} | "
+                         f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
+            continue
+        verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
+        lines.append(f"| {v['model']} | {v['inductor']} | {mib(v['inductor_mib'])} | "
+                     f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
+                     f"{ratio(v['edgetrain_cpu_ratio'])} | "
+                     f"{verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -271,11 +341,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--settings", default=DEFAULT_SETTINGS)
     parser.add_argument("--out", default="out/compile_budget.json")
+    parser.add_argument("--md", help="also write the tables as markdown here")
+    parser.add_argument("--render", help="only write --md from this earlier run's JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--match-step-bytes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.models, args.batch, args.image, args.steps, args.match_step_bytes)
+        return
+    if args.render:
+        Path(args.md).write_text(markdown(json.loads(Path(args.render).read_text())))
         return
     from edgetrain.benchstats import software_setup
     names = all_models() if args.models == "all" else args.models.split(",")
@@ -291,10 +366,12 @@ def main() -> None:
         model_rows = summarise(name, settings, rounds)
         print_rows(model_rows)
         rows += model_rows
+        result = {**{k: v for k, v in vars(args).items() if k not in ("child", "match_step_bytes", "render")},
+                  "software": software_setup(), "rows": rows}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({**{k: v for k, v in vars(args).items() if k not in ("child",
-                                             "match_step_bytes")}, "software": software_setup(), "rows": rows},
-                                             indent=1))
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        if args.md:
+            Path(args.md).write_text(markdown(result))
 
 
 if __name__ == "__main__":
