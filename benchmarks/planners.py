@@ -50,13 +50,15 @@ configurations that run exactly the plain step (``pytorch`` itself and
 
 Usage::
 
-    .venv/bin/python benchmarks/planners.py                      # full run, about 26 min here
+    .venv/bin/python benchmarks/planners.py                      # full run, 26 min on a quiet day, over an hour loaded
+    .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 3   # a subset: one model, 3 rounds
     .venv/bin/python benchmarks/planners.py --quick              # smoke check, < 1 min
     .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 5 --budgets 6
     .venv/bin/python benchmarks/planners.py --rescore out/bench_planners.json   # tables of a run
 
 Writes ``out/bench_planners.json`` and ``out/bench_planners.png`` (``--out``, ``--plot``), logs
-progress to stderr and prints the target summary to stdout.
+progress to stderr and prints the target summary to stdout. Every point keeps its per-round ratios
+and their spread (median, quartiles, CoV: :func:`edgetrain.benchstats.spread`), which the tables show.
 """
 
 from __future__ import annotations
