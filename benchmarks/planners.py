@@ -50,13 +50,15 @@ configurations that run exactly the plain step (``pytorch`` itself and
 
 Usage::
 
-    .venv/bin/python benchmarks/planners.py                      # full run, about 26 min here
+    .venv/bin/python benchmarks/planners.py                      # full run, 26 min on a quiet day, over an hour loaded
+    .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 3   # a subset: one model, 3 rounds
     .venv/bin/python benchmarks/planners.py --quick              # smoke check, < 1 min
     .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 5 --budgets 6
     .venv/bin/python benchmarks/planners.py --rescore out/bench_planners.json   # tables of a run
 
 Writes ``out/bench_planners.json`` and ``out/bench_planners.png`` (``--out``, ``--plot``), logs
-progress to stderr and prints the target summary to stdout.
+progress to stderr and prints the target summary to stdout. Every point keeps its per-round ratios
+and their spread (median, quartiles, CoV: :func:`edgetrain.benchstats.spread`), which the tables show.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from _allocator import keep_freed_memory
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
+from edgetrain.benchstats import software_setup, spread
 from edgetrain.chain import Chain
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import get_model_spec, stages_of
@@ -366,6 +369,10 @@ def _point(config: Config | None, strategy: str, params: dict[str, object], budg
         "measured_cpu_time_s": cpu_s, "cpu_time_ratio": statistics.median(config.ratios["cpu_s"]),
         "opt_time_s": statistics.median(t.opt_s for t in config.times),
         "times_s": [t.wall_s for t in config.times], "cpu_times_s": [t.cpu_s for t in config.times],
+        "time_ratios": config.ratios["wall_s"], "cpu_time_ratios": config.ratios["cpu_s"],
+        "time_ratio_spread": spread(config.ratios["wall_s"]).to_dict(),
+        "cpu_time_ratio_spread": spread(config.ratios["cpu_s"]).to_dict(),
+        "measured_time_spread": spread([t.wall_s for t in config.times]).to_dict(),
     }
 
 
@@ -582,22 +589,37 @@ def tables(records: Sequence[dict[str, Any]]) -> str:
                    f"gradients) {record['measured_floor_bytes'] / MiB:.1f} MiB measured, "
                    f"{record['chain']['step_floor_bytes'] / MiB:.1f} MiB simulated.\n")
         out.append("| strategy | params | budget | simulated peak | measured peak | measured / simulated | "
-                   "above floor | activation peak | simulated ρ | wall time ratio | CPU time ratio | median wall (s) |")
-        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                   "above floor | activation peak | simulated ρ | wall time ratio (IQR) | wall ratio CoV | "
+                   "CPU time ratio | CPU ratio CoV | median wall (s) | wall CoV |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for p in record["points"]:
             hidden = ("slots", "budget_bytes") if p["strategy"] == "optimal" else ()
             params = ", ".join(f"{k}={v}" for k, v in p["params"].items() if k not in hidden and v is not False) or "-"
             budget = "-" if p["budget_bytes"] is None else f"{p['budget_bytes'] / MiB:.1f}"
             if not p["feasible"]:
-                out.append(f"| {p['strategy']} | - | {budget} | infeasible | | | | | | | | |")
+                out.append(f"| {p['strategy']} | - | {budget} | infeasible | | | | | | | | | | | |")
                 continue
             out.append(f"| {p['strategy']} | {params} | {budget} | {p['predicted_peak_bytes'] / MiB:.1f} | "
                        f"{p['measured_peak_bytes'] / MiB:.1f} | {p['peak_ratio']:.3f} | "
                        f"{p['measured_above_floor_bytes'] / MiB:.1f} | {p['measured_activation_bytes'] / MiB:.1f} | "
                        f"{p['predicted_rho']:.3f} | "
-                       f"{p['time_ratio']:.3f} | {p['cpu_time_ratio']:.3f} | {p['measured_time_s']:.3f} |")
+                       f"{p['time_ratio']:.3f}{_quartiles(p, 'time_ratio_spread')} | {_cov(p, 'time_ratio_spread')} | "
+                       f"{p['cpu_time_ratio']:.3f} | {_cov(p, 'cpu_time_ratio_spread')} | "
+                       f"{p['measured_time_s']:.3f} | {_cov(p, 'measured_time_spread')} |")
         out.append("")
     return "\n".join(out)
+
+
+def _quartiles(point: dict[str, Any], key: str) -> str:
+    """' (q1-q3)' of a point's per-round spread; empty for runs saved before spreads were kept."""
+    item = point.get(key)
+    return "" if item is None or item["n"] < 2 else f" ({item['q1']:.3f}-{item['q3']:.3f})"
+
+
+def _cov(point: dict[str, Any], key: str) -> str:
+    """A point's per-round CoV in %; '-' for one round or runs saved before spreads were kept."""
+    item = point.get(key)
+    return "-" if item is None or item["cov_pct"] is None else f"{item['cov_pct']:.1f}%"
 
 
 # --- plot ------------------------------------------------------------------------------------
@@ -709,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
         "machine": platform.machine(), "reps": reps, "budgets": n_budgets, "slots": args.slots,
         "quick": args.quick, "command": " ".join(sys.argv), "block": BLOCK, "malloc_keeps_freed_memory": pinned,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": [],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "setup": software_setup(), "models": [],
     }
     records: list[dict[str, Any]] = report["models"]  # type: ignore[assignment]
     for name, batch, size in cases:
