@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -306,7 +307,16 @@ def markdown(result: dict[str, Any]) -> str:
     def ratio(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    lines = ["| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
+    command = " ".join(["python benchmarks/compile_budget.py", "--models", ",".join(
+        dict.fromkeys(row["model"] for row in result["rows"])), "--rounds", str(result["rounds"]), "--steps",
+        str(result["steps"]), "--settings", result["settings"]])
+    software = result.get("software", {})
+    lines = ["# torch.compile's activation memory budget against edgetrain, per model", "",
+             f"Written by `{command}` (its docstring says what each column is).",
+             f"torch {software.get('torch', '?')}, {software.get('cpu', '?')}; load average over the run: "
+             f"{result.get('load_average', 'not recorded')}. One round per setting unless ``--rounds`` says more;"
+             " the CPU clock's ratio is the time verdict.", "",
+             "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
              "wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         if "error" in row:
@@ -358,6 +368,7 @@ def main() -> None:
     if "eager" not in settings:
         settings.insert(0, "eager")
     rows: list[dict[str, Any]] = []
+    loads = [os.getloadavg()[0]]
     for name in names:
         rounds = []
         for number in range(args.rounds):
@@ -366,8 +377,10 @@ def main() -> None:
         model_rows = summarise(name, settings, rounds)
         print_rows(model_rows)
         rows += model_rows
+        loads.append(os.getloadavg()[0])
         result = {**{k: v for k, v in vars(args).items() if k not in ("child", "match_step_bytes", "render")},
-                  "software": software_setup(), "rows": rows}
+                  "software": software_setup(), "rows": rows,
+                  "load_average": f"{min(loads):.1f}-{max(loads):.1f} (1-minute, at the start and after each model)"}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         if args.md:
