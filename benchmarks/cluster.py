@@ -37,13 +37,14 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from edgetrain.distributed.local import Fault, LocalOptions, run_local
-from edgetrain.distributed.netns import can_emulate
+from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.train import TrainConfig
 
@@ -162,6 +163,77 @@ def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[
     return rows
 
 
+# The link probe: node 1 echoes single bytes (round trips), then counts a bulk transfer's bytes; node 0 times both.
+_ECHO = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5001)); s.listen()
+print("up", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while (b := c.recv(1)) != b"x":
+    c.sendall(b)
+c, _ = s.accept()
+while c.recv(1 << 20):
+    pass
+"""
+_PROBE = """
+import json, socket, sys, time
+s = socket.create_connection((sys.argv[1], 5001)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); s.sendall(b"p"); s.recv(1); rtts.append(time.perf_counter() - t)
+s.sendall(b"x"); s.close()
+s, chunk, n = socket.create_connection((sys.argv[1], 5001)), bytes(1 << 16), int(sys.argv[2]) >> 16
+t = time.perf_counter()
+for _ in range(n):
+    s.sendall(chunk)
+s.shutdown(socket.SHUT_WR); s.recv(1)  # returns when node 1 has read everything and closed
+print(json.dumps({"rtts_s": rtts, "bulk_bytes": n << 16, "bulk_s": time.perf_counter() - t}))
+"""
+
+
+def _link_presets(names: list[str]) -> list[LinkPreset]:
+    """Presets by name; ``NAME@DELAY_MS`` is NAME's rate through the switch with that one-way delay (the
+    forwarder's ceiling at a given rate)."""
+    out = []
+    for name in names:
+        base, _, delay_ms = name.partition("@")
+        preset = PRESETS[base]
+        out.append(preset if not delay_ms else LinkPreset(name, preset.rate_bps, float(delay_ms) / 1e3, preset.loss,
+                                                          f"{base} through the delaying switch"))
+    return out
+
+
+def link(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """What the emulated link delivers between two nodes: TCP round trip of one byte (median and min of
+    ``--pings``), bulk TCP throughput over about 2 s of the preset's rate, and the switch's counters and CPU."""
+    import sys
+
+    rows = []
+    for preset in _link_presets(args.links):
+        with NetworkEmulation(2, preset, cpus_per_node=cpus) as net:
+            echo = subprocess.Popen(net.wrap(1, [sys.executable, "-c", _ECHO, net.address(1)]), stdout=subprocess.PIPE,
+                                    text=True)
+            try:
+                assert echo.stdout is not None
+                echo.stdout.readline()
+                before = net.switch_counts() if preset.switched else {}
+                bulk_bytes = max(1 << 20, int(preset.rate_bps * 2 / 8))
+                probe = subprocess.run(net.wrap(0, [sys.executable, "-c", _PROBE, net.address(1), str(bulk_bytes),
+                                                    str(args.pings)]), capture_output=True, text=True, check=True)
+                after = net.switch_counts() if preset.switched else {}
+            finally:
+                echo.kill()
+                echo.wait()
+        measured = json.loads(probe.stdout)
+        rows.append({"link": preset.name, "rate_bps": preset.rate_bps, "delay_s": preset.delay_s, "loss": preset.loss,
+                     "switched": preset.switched, "rtt_median_s": statistics.median(measured["rtts_s"]),
+                     "rtt_min_s": min(measured["rtts_s"]),
+                     "throughput_bps": measured["bulk_bytes"] * 8 / measured["bulk_s"],
+                     "switch": {k: after[k] - before[k] for k in after}, "emulation": net.describe()})
+        log.info("link %s", rows[-1])
+    return rows
+
+
 def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
     """Node ``rank`` of 2: ``runs`` process groups, each training a tiny CNN ``steps`` steps with PowerSGD rank 2
     through :func:`cluster_step`; a run crashes on any exception or when the nodes' weights differ."""
@@ -230,8 +302,24 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
 
 
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages, as ``uptime`` shows them."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def markdown(result: dict[str, Any]) -> str:
-    out = [f"Machine shared with other work; rerun with `{result['command']}`. {result['cpu_note']}", ""]
+    out = [f"Machine shared with other work (load average {result['load_before']} before, {result['load_after']} "
+           f"after); rerun with `{result['command']}`. {result['cpu_note']}", ""]
+    if "link" in result:
+        out += ["| link | rate Mbit/s | one-way delay ms | frame loss | TCP round trip ms (median, min) | "
+                "bulk TCP Mbit/s | switch: forwarded, lost, queue full | switch CPU s |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result.get("link", []):
+        sw = r["switch"]
+        counts = f"{sw['forwarded']:.0f}, {sw['lost']:.0f}, {sw['queue_full']:.0f}" if sw else "- (veth + tc tbf)"
+        out.append(f"| {r['link']} | {r['rate_bps'] / 1e6:g} | {r['delay_s'] * 1e3:g} | {r['loss']:.1%} | "
+                   f"{r['rtt_median_s'] * 1e3:.2f}, {r['rtt_min_s'] * 1e3:.2f} | {r['throughput_bps'] / 1e6:.1f} | "
+                   f"{counts} | {_fmt(sw.get('cpu_s'), '.2f')} |")
     if "scaling" in result:
         out += ["| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
                 "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -262,7 +350,7 @@ def markdown(result: dict[str, Any]) -> str:
         errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
                 f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
-    emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
+    emulations = sorted({r["emulation"] for t in ("link", "scaling", "compression", "failures") for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []
     return "\n".join(out) + "\n"
@@ -283,15 +371,19 @@ def main() -> None:
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
+    parser.add_argument("--links", type=lambda s: s.split(","),
+                        default=["wifi20", "wifi20-lossy", "100mbit", "100mbit@5", "gigabit@5"],
+                        help="links of the link table (NAME@MS: NAME's rate through the switch, MS ms one way)")
+    parser.add_argument("--pings", type=int, default=50)
     parser.add_argument("--tables", type=lambda s: s.split(","),
-                        default=["scaling", "compression", "failures", "crashes"])
+                        default=["link", "scaling", "compression", "failures", "crashes"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     cpus = (os.cpu_count() or 1) / max(args.nodes)
-    result: dict[str, Any] = {
+    result: dict[str, Any] = {"load_before": _load(),
         "command": "python benchmarks/cluster.py " + " ".join(
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items() if k not in ("out", "md")),
@@ -299,10 +391,11 @@ def main() -> None:
                      "same at every node count)." if can_emulate() is None else
                      f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures),
+        for table, build in (("link", link), ("scaling", scaling), ("compression", compression), ("failures", failures),
                              ("crashes", crashes)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
+    result["load_after"] = _load()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     table = markdown(result)
