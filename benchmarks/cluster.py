@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,61 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
     for row in rows:
         row["val_loss_vs_single"] = None if reference is None or row["val_loss"] is None else \
             row["val_loss"] / reference - 1
+    return rows
+
+
+def _smoothed(losses: list[float], window: int) -> list[float]:
+    """The mean of each step's loss and the ``window - 1`` before it (fewer at the start)."""
+    return [statistics.mean(losses[max(0, i + 1 - window):i + 1]) for i in range(len(losses))]
+
+
+def _time_to(steps: list[dict[str, Any]], target: float, window: int) -> tuple[float | None, int | None]:
+    """Seconds from the start of step 1 to the end of the first step whose smoothed loss is at most ``target``
+    (training only: joining, profiling and planning come before step 1), and that step; None when never."""
+    start = steps[0]["wall_time"] - steps[0]["time_s"]
+    for record, loss in zip(steps, _smoothed([r["loss"] for r in steps], window), strict=True):
+        if loss <= target:
+            return record["wall_time"] - start, record["step"]
+    return None, None
+
+
+def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
+    whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota."""
+    nodes, batch, steps, window = args.ttt_nodes, args.ttt_batch, args.ttt_steps, args.ttt_window
+    quota = (os.cpu_count() or 1) / nodes
+    modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
+             (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
+             (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
+    runs = []
+    for mode, count, every, rank in modes:
+        config = _config(scratch / f"ttt-{count}-{every}-{rank}", args.model, batch, steps, args.image)
+        config = replace(config, seed=args.ttt_seed)
+        load = _load()
+        trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
+                                                           average_every=every, compress_rank=rank, spares=False))
+        runs.append({"mode": mode, "nodes": count, "average_every": every, "compress_rank": rank, "steps": trained,
+                     "report": report, "load": load})
+        log.info("time to target: %s, %d steps, restarts %d", mode, len(trained), report["restarts"])
+    single = [r["loss"] for r in runs[0]["steps"]]
+    target_step = -(-steps * 3 // 4)  # the others get a quarter of the steps as slack to reach it
+    target = _smoothed(single, window)[target_step - 1]
+    rows = []
+    for run in runs:
+        trained = run["steps"]
+        seconds, step = _time_to(trained, target, window)
+        rows.append({"mode": run["mode"], "nodes": run["nodes"], "preset": args.ttt_preset, "batch": batch,
+                     "cpus_per_node": quota, "target_loss": target, "window": window, "time_to_target_s": seconds,
+                     "steps_to_target": step, "steps": len(trained), "final_loss": _smoothed(
+                         [r["loss"] for r in trained], window)[-1],
+                     "step_s": statistics.median(r["time_s"] for r in trained[WARM_UP_STEPS:]),
+                     "sync_s": statistics.median(r["sync_s"] for r in trained[WARM_UP_STEPS:]),
+                     "restarts": run["report"]["restarts"], "load_before": run["load"],
+                     "emulation": run["report"]["emulation"]})
+    reference = rows[0]["time_to_target_s"]
+    for row in rows:
+        t = row["time_to_target_s"]
+        row["efficiency"] = None if t is None or reference is None else reference / (row["nodes"] * t)
     return rows
 
 
@@ -326,6 +382,17 @@ def markdown(result: dict[str, Any]) -> str:
     out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'])} | "
             f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
             for r in result.get("scaling", [])]
+    if "ttt" in result:
+        first = result["ttt"][0]
+        out += ["", f"Time to a training loss of {first['target_loss']:.4f} (the single node's mean of {first['window']} "
+                f"steps at 3/4 of its run), every node {first['cpus_per_node']:.2f} core, {first['preset']}, global "
+                f"batch {first['batch']}; efficiency = T(1 node) / (nodes x T(nodes)):", "",
+                "| mode | nodes | time to target s | steps to target | efficiency | step s (median) | sync s (median) "
+                "| final loss (last " + str(first["window"]) + ") | steps | restarts | load before |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    out += [f"| {r['mode']} | {r['nodes']} | {_fmt(r['time_to_target_s'])} | {_fmt(r['steps_to_target'])} | "
+            f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['step_s'])} | {_fmt(r['sync_s'])} | {_fmt(r['final_loss'], '.4f')} "
+            f"| {r['steps']} | {r['restarts']} | {r['load_before']} |" for r in result.get("ttt", [])]
     if "compression" in result:
         out += ["", "| mode | nodes | preset | steps | samples/s | sync share | train loss (last 3 steps) | val loss "
                 "| val loss vs single node | crashes / runs | restarts |",
@@ -350,7 +417,7 @@ def markdown(result: dict[str, Any]) -> str:
         errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
                 f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
-    emulations = sorted({r["emulation"] for t in ("link", "scaling", "compression", "failures") for r in result.get(t, [])
+    emulations = sorted({r["emulation"] for t in ("link", "scaling", "ttt", "compression", "failures") for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []
     return "\n".join(out) + "\n"
@@ -375,8 +442,14 @@ def main() -> None:
                         default=["wifi20", "wifi20-lossy", "100mbit", "100mbit@5", "gigabit@5"],
                         help="links of the link table (NAME@MS: NAME's rate through the switch, MS ms one way)")
     parser.add_argument("--pings", type=int, default=50)
+    parser.add_argument("--ttt-nodes", type=int, default=4)
+    parser.add_argument("--ttt-preset", default="100mbit")
+    parser.add_argument("--ttt-batch", type=int, default=32)
+    parser.add_argument("--ttt-steps", type=int, default=40, help="steps of every time-to-target run")
+    parser.add_argument("--ttt-window", type=int, default=5, help="steps the loss is averaged over")
+    parser.add_argument("--ttt-seed", type=int, default=0)
     parser.add_argument("--tables", type=lambda s: s.split(","),
-                        default=["link", "scaling", "compression", "failures", "crashes"])
+                        default=["link", "scaling", "ttt", "compression", "failures", "crashes"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
@@ -391,7 +464,7 @@ def main() -> None:
                      "same at every node count)." if can_emulate() is None else
                      f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        for table, build in (("link", link), ("scaling", scaling), ("compression", compression), ("failures", failures),
+        for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target), ("compression", compression), ("failures", failures),
                              ("crashes", crashes)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)

@@ -50,6 +50,7 @@ def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing
         qdisc = subprocess.run(["tc", "qdisc", "show", "dev", f"{net.names[1]}h"], capture_output=True, text=True)
         assert "tbf" in qdisc.stdout and "rate 100Mbit" in qdisc.stdout
         assert (net.cgroup("cpu", 0) / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert net.env(0)["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")  # one thread per half core
         assert int((net.cgroup("memory", 0) / "memory.limit_in_bytes").read_text()) == 256 * 2**20
         # A process run through wrap() is in node 1's namespace and cgroups.
         seen = subprocess.run(net.wrap(1, ["sh", "-c", "ip -o addr show eth0; cat /proc/self/cgroup"]),

@@ -34,6 +34,7 @@ import functools
 import logging
 import os
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -287,8 +288,15 @@ class NetworkEmulation:
         (self.cgroup("memory", node) / "tasks").write_text(str(pid))
 
     def env(self, node: int) -> dict[str, str]:
-        """What a node's process needs in its environment to use its link."""
-        return {"GLOO_SOCKET_IFNAME": self.interface}
+        """What a node's process needs in its environment: its link, and as many torch threads as its CPU quota
+        has cores, rounded up (``OMP_NUM_THREADS``, unless set already).
+
+        Two threads under a half-core quota burn the period's quota in half the time and then wait, throttled:
+        a ResNet-18 step of batch 32 took 5.8 s with 2 threads and 3.1 s with 1 (``cluster local --nodes 1
+        --netns --cpus-per-node 0.5``, load average 8 on 2 cores).
+        """
+        threads = os.environ.get("OMP_NUM_THREADS", str(max(1, math.ceil(self.cpus_per_node))))
+        return {"GLOO_SOCKET_IFNAME": self.interface, "OMP_NUM_THREADS": threads}
 
     def cut(self, node: int) -> None:
         """Cut node ``node``'s link (every packet dropped both ways) until :meth:`mend`."""
