@@ -94,8 +94,11 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
 
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Single-node training (1 node, the reference), then 2+ nodes summing whole gradients, PowerSGD and periodic
-    averaging, each on the slowest preset for ``--compress-steps`` steps; the validation loss after them (rank 0
-    evaluates the same held-out split) is compared with the reference's."""
+    averaging, each on the slowest preset (``none``: plain processes) for ``--compress-steps`` steps, once per seed
+    ``0 .. --repeats - 1``. The final loss of each mode is compared with the single node's and, seed by seed, with
+    the exact all-reduce's: that run *is* single-node training with the nodes' BatchNorm groups (each node normalises
+    over its own share; the gradients are otherwise the single process's, NOTE [ Cluster step ]), so it isolates
+    what compression changes. Validation loss: rank 0's evaluation of the same held-out split after the run."""
     rows = []
     nodes, preset, batch = max(args.nodes), args.presets[-1], args.batches[0]
     modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
@@ -103,36 +106,48 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
     for mode, count, every, rank in modes:
         runs, crashed = [], 0
-        for repeat in range(args.repeats):
-            config = _config(scratch / f"compress-{count}-{every}-{rank}-{repeat}", args.model, batch,
-                             args.compress_steps, args.image)
+        for seed in range(args.repeats):
+            config = replace(_config(scratch / f"compress-{count}-{every}-{rank}-{seed}", args.model, batch,
+                                     args.compress_steps, args.image), seed=seed)
+            options = LocalOptions(preset=None if preset == "none" else preset, cpus_per_node=cpus,
+                                   average_every=every, compress_rank=rank, max_restarts=0, spares=False)
             try:
-                steps, report = _run(config, count, LocalOptions(preset=preset, cpus_per_node=cpus, average_every=every,
-                                                                 compress_rank=rank, max_restarts=0, spares=False))
+                steps, report = _run(config, count, options)
             except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
                 log.warning("compression run crashed: %s", exc)
                 crashed += 1
+                runs.append(None)
                 continue
             timed = steps[WARM_UP_STEPS:]
             summary = json.loads((config.run_dir / "summary.json").read_text())
             runs.append({"step_s": statistics.median(r["time_s"] for r in timed), "restarts": report["restarts"],
                          "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
-                         "final_loss": statistics.mean(r["loss"] for r in steps[-3:]),
+                         "final_loss": statistics.mean(r["loss"] for r in steps[-args.ttt_window:]),
                          "val_loss": summary["val_loss"], "emulation": report["emulation"]})
+        done = [r for r in runs if r is not None]
         rows.append({"mode": mode, "average_every": every, "compress_rank": rank, "nodes": count, "preset": preset,
                      "batch": batch, "steps": args.compress_steps, "runs": args.repeats, "crashes": crashed,
-                     "restarts": sum(r["restarts"] for r in runs),
-                     "samples_per_s": None if not runs else batch / statistics.median(r["step_s"] for r in runs),
-                     "sync_share": None if not runs else statistics.median(r["sync_share"] for r in runs),
-                     "final_loss": None if not runs else statistics.mean(r["final_loss"] for r in runs),
-                     "val_loss": None if not runs else statistics.mean(r["val_loss"] for r in runs),
-                     "emulation": runs[0]["emulation"] if runs else None})
+                     "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
+                     "samples_per_s": None if not done else batch / statistics.median(r["step_s"] for r in done),
+                     "sync_share": None if not done else statistics.median(r["sync_share"] for r in done),
+                     "final_losses": [None if r is None else r["final_loss"] for r in runs],
+                     "final_loss": None if not done else statistics.mean(r["final_loss"] for r in done),
+                     "val_loss": None if not done else statistics.mean(r["val_loss"] for r in done),
+                     "emulation": done[0]["emulation"] if done else "plain processes"})
         log.info("compression %s", rows[-1])
-    reference = rows[0]["val_loss"]
     for row in rows:
-        row["val_loss_vs_single"] = None if reference is None or row["val_loss"] is None else \
-            row["val_loss"] / reference - 1
+        row["vs_single"] = _relative(row["final_losses"], rows[0]["final_losses"])
+        row["vs_exact"] = _relative(row["final_losses"], rows[1]["final_losses"])
     return rows
+
+
+def _relative(losses: list[float | None], reference: list[float | None]) -> dict[str, float] | None:
+    """Seed by seed ``loss / reference - 1``: the mean and the largest in size; None unless every seed has both."""
+    pairs = [(a, b) for a, b in zip(losses, reference, strict=True) if a is not None and b is not None]
+    if not pairs or len(pairs) < len(losses):
+        return None
+    ratios = [a / b - 1 for a, b in pairs]
+    return {"mean": statistics.mean(ratios), "largest": max(ratios, key=abs)}
 
 
 def _smoothed(losses: list[float], window: int) -> list[float]:
@@ -384,23 +399,30 @@ def markdown(result: dict[str, Any]) -> str:
             for r in result.get("scaling", [])]
     if "ttt" in result:
         first = result["ttt"][0]
-        out += ["", f"Time to a training loss of {first['target_loss']:.4f} (the single node's mean of {first['window']} "
-                f"steps at 3/4 of its run), every node {first['cpus_per_node']:.2f} core, {first['preset']}, global "
-                f"batch {first['batch']}; efficiency = T(1 node) / (nodes x T(nodes)):", "",
+        out += ["", f"Time to a training loss of {first['target_loss']:.4f} (the single node's mean of "
+                f"{first['window']} steps at 3/4 of its run), every node {first['cpus_per_node']:.2f} core, "
+                f"{first['preset']}, global batch {first['batch']}; efficiency = T(1 node) / (nodes x T(nodes)):", "",
                 "| mode | nodes | time to target s | steps to target | efficiency | step s (median) | sync s (median) "
                 "| final loss (last " + str(first["window"]) + ") | steps | restarts | load before |",
                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     out += [f"| {r['mode']} | {r['nodes']} | {_fmt(r['time_to_target_s'])} | {_fmt(r['steps_to_target'])} | "
-            f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['step_s'])} | {_fmt(r['sync_s'])} | {_fmt(r['final_loss'], '.4f')} "
-            f"| {r['steps']} | {r['restarts']} | {r['load_before']} |" for r in result.get("ttt", [])]
+            f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['step_s'])} | {_fmt(r['sync_s'])} | "
+            f"{_fmt(r['final_loss'], '.4f')} | {r['steps']} | {r['restarts']} | {r['load_before']} |"
+            for r in result.get("ttt", [])]
     if "compression" in result:
-        out += ["", "| mode | nodes | preset | steps | samples/s | sync share | train loss (last 3 steps) | val loss "
-                "| val loss vs single node | crashes / runs | restarts |",
-                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_fmt(r['val_loss'], '.4f')} | "
-            f"{_fmt(r['val_loss_vs_single'], '+.2%')} | {r['crashes']} / {r['runs']} | {r['restarts']} |"
-            for r in result.get("compression", [])]
+        window = result["compression"][0]["window"]
+        out += ["", f"| mode | nodes | preset | steps | seeds | samples/s | sync share | train loss (last {window} "
+                "steps, mean of seeds) | vs single node (mean, largest) | vs exact all-reduce, seed by seed "
+                "(mean, largest) | val loss | crashes / runs | restarts |",
+                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def _versus(value: dict[str, float] | None) -> str:
+        return "-" if value is None else f"{value['mean']:+.2%}, {value['largest']:+.2%}"
+
+    out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {r['runs']} | {_fmt(r['samples_per_s'])} | "
+            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_versus(r['vs_single'])} | "
+            f"{_versus(r['vs_exact'])} | {_fmt(r['val_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
+            f"{r['restarts']} |" for r in result.get("compression", [])]
     if "failures" in result:
         out += ["", "| failure | after step | detection s | restarts | steps lost | steps (samples) repeated | "
                 "stall s | finished, in order | longest healthy heartbeat gap s |",
@@ -417,7 +439,8 @@ def markdown(result: dict[str, Any]) -> str:
         errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
                 f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
-    emulations = sorted({r["emulation"] for t in ("link", "scaling", "ttt", "compression", "failures") for r in result.get(t, [])
+    tables = ("link", "scaling", "ttt", "compression", "failures")
+    emulations = sorted({r["emulation"] for t in tables for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []
     return "\n".join(out) + "\n"
@@ -426,7 +449,8 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
-    parser.add_argument("--presets", type=lambda s: s.split(","), default=["100mbit"])
+    parser.add_argument("--presets", type=lambda s: s.split(","), default=["100mbit"],
+                        help="'none' (compression table only): plain local processes")
     parser.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[8])
     parser.add_argument("--model", default="resnet18_cifar")
     parser.add_argument("--image", type=int, default=32)
@@ -434,7 +458,7 @@ def main() -> None:
     parser.add_argument("--compress-steps", type=int, default=8)
     parser.add_argument("--average-every", type=int, default=4)
     parser.add_argument("--compress-rank", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode, seeds 0 .. R-1")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
@@ -464,8 +488,8 @@ def main() -> None:
                      "same at every node count)." if can_emulate() is None else
                      f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target), ("compression", compression), ("failures", failures),
-                             ("crashes", crashes)):
+        for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target),
+                             ("compression", compression), ("failures", failures), ("crashes", crashes)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
     result["load_after"] = _load()

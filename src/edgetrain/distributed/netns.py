@@ -31,10 +31,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import logging
-import os
 import json
+import logging
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -257,7 +257,7 @@ class NetworkEmulation:
             switch.wait()
 
     def switch_counts(self) -> dict[str, float]:
-        """The delaying switch's packet counters (forwarded, lost, queue_full, cut, unknown) and its CPU time (cpu_s)."""
+        """The delaying switch's packet counters (forwarded, lost, queue_full, cut, unknown), its CPU time (cpu_s)."""
         if self._switch is None or self._switch.stdin is None or self._switch.stdout is None:
             raise ClusterError(f"the {self.preset.name} links have no delaying switch")
         self._switch.stdin.write("stats\n")

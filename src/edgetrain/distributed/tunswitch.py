@@ -33,6 +33,7 @@ standard library; it prints ``ready`` once every TUN device exists.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import heapq
 import json
@@ -188,10 +189,8 @@ def main() -> None:
     spec = SwitchSpec(**json.loads(sys.argv[1]))
     if os.geteuid() == 0:
         os.nice(-10)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve(spec)
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":
