@@ -104,7 +104,8 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
     modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
              (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
-    for mode, count, every, rank in modes:
+    for mode, count, every, rank in modes[:2] + [m for m, name in zip(modes[2:], ("powersgd", "average"), strict=True)
+                                                 if name in args.compress_modes]:
         runs, crashed = [], 0
         for seed in range(args.repeats):
             config = replace(_config(scratch / f"compress-{count}-{every}-{rank}-{seed}", args.model, batch,
@@ -458,6 +459,8 @@ def main() -> None:
     parser.add_argument("--compress-steps", type=int, default=8)
     parser.add_argument("--average-every", type=int, default=4)
     parser.add_argument("--compress-rank", type=int, default=2)
+    parser.add_argument("--compress-modes", type=lambda s: s.split(","), default=["powersgd", "average"],
+                        help="compression table: which of powersgd, average run beside the single node and exact")
     parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode, seeds 0 .. R-1")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
