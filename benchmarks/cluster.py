@@ -176,8 +176,11 @@ def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
     runs = []
     for mode, count, every, rank in modes:
-        config = _config(scratch / f"ttt-{count}-{every}-{rank}", args.model, batch, steps, args.image)
-        config = replace(config, seed=args.ttt_seed)
+        # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
+        # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
+        scale = count if args.ttt_weak else 1
+        config = _config(scratch / f"ttt-{count}-{every}-{rank}", args.model, batch * scale, steps, args.image)
+        config = replace(config, seed=args.ttt_seed, lr=config.learning_rate() * scale)
         load = _load()
         trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
                                                            average_every=every, compress_rank=rank, spares=False))
@@ -185,19 +188,21 @@ def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list
                      "report": report, "load": load})
         log.info("time to target: %s, %d steps, restarts %d", mode, len(trained), report["restarts"])
     single = [r["loss"] for r in runs[0]["steps"]]
-    target_step = -(-steps * 3 // 4)  # the others get a quarter of the steps as slack to reach it
+    target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
     target = _smoothed(single, window)[target_step - 1]
     rows = []
     for run in runs:
         trained = run["steps"]
         seconds, step = _time_to(trained, target, window)
-        rows.append({"mode": run["mode"], "nodes": run["nodes"], "preset": args.ttt_preset, "batch": batch,
+        rows.append({"mode": run["mode"], "nodes": run["nodes"], "preset": args.ttt_preset,
+                     "batch": batch * (run["nodes"] if args.ttt_weak else 1), "weak": args.ttt_weak,
                      "cpus_per_node": quota, "target_loss": target, "window": window, "time_to_target_s": seconds,
                      "steps_to_target": step, "steps": len(trained), "final_loss": _smoothed(
                          [r["loss"] for r in trained], window)[-1],
                      "step_s": statistics.median(r["time_s"] for r in trained[WARM_UP_STEPS:]),
                      "sync_s": statistics.median(r["sync_s"] for r in trained[WARM_UP_STEPS:]),
-                     "restarts": run["report"]["restarts"], "load_before": run["load"],
+                     "restarts": run["report"]["restarts"], "load_before": run["load"], "target_at": args.ttt_target_at,
+                     "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
                      "emulation": run["report"]["emulation"]})
     reference = rows[0]["time_to_target_s"]
     for row in rows:
@@ -401,8 +406,10 @@ def markdown(result: dict[str, Any]) -> str:
     if "ttt" in result:
         first = result["ttt"][0]
         out += ["", f"Time to a training loss of {first['target_loss']:.4f} (the single node's mean of "
-                f"{first['window']} steps at 3/4 of its run), every node {first['cpus_per_node']:.2f} core, "
-                f"{first['preset']}, global batch {first['batch']}; efficiency = T(1 node) / (nodes x T(nodes)):", "",
+                f"{first['window']} steps at {first['target_at']:.0%} of its run), every node "
+                f"{first['cpus_per_node']:.2f} core, {first['preset']}"
+                f", global batch {first['batch']}{' x nodes, learning rate x nodes' if first['weak'] else ''}; "
+                "efficiency = T(1 node) / (nodes x T(nodes)):", "",
                 "| mode | nodes | time to target s | steps to target | efficiency | step s (median) | sync s (median) "
                 "| final loss (last " + str(first["window"]) + ") | steps | restarts | load before |",
                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -475,6 +482,10 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=40, help="steps of every time-to-target run")
     parser.add_argument("--ttt-window", type=int, default=5, help="steps the loss is averaged over")
     parser.add_argument("--ttt-seed", type=int, default=0)
+    parser.add_argument("--ttt-weak", action="store_true", help="N nodes train N x --ttt-batch per step at N x the "
+                        "learning rate (each node the single node's batch); default: the same global batch")
+    parser.add_argument("--ttt-target-at", type=float, default=0.75,
+                        help="the target: the single node's smoothed loss at this fraction of its steps")
     parser.add_argument("--tables", type=lambda s: s.split(","),
                         default=["link", "scaling", "ttt", "compression", "failures", "crashes"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
