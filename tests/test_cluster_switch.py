@@ -58,11 +58,11 @@ def test_cut_drops_both_ways_until_mended_and_unknown_destinations_are_counted()
 
 @pytest.mark.parametrize("size_bytes", [1500, 64_500])
 def test_loss_is_per_ethernet_frame_and_seeded(size_bytes: int) -> None:
-    runs = []
+    runs, packet = [], _packet(1, size_bytes)
     for _ in range(2):
         switch = Switch(_spec(loss=0.01, queue_s=1e9))
         for i in range(20_000):
-            switch.receive(0, _packet(1, size_bytes), now_s=float(i))
+            switch.receive(0, packet, now_s=float(i))
         runs.append(switch.counts["lost"])
     expected = 1 - 0.99 ** (size_bytes // 1500)  # 1% for one frame, 35% for a 43-frame packet
     assert runs[0] == runs[1]  # the same seed drops the same packets
