@@ -225,6 +225,8 @@ class NetworkEmulation:
 
     def _build_switched(self) -> None:
         """The switch makes a TUN device per node in the host; each is moved into its node's namespace as eth0."""
+        if not os.path.exists("/dev/net/tun"):
+            raise ClusterError(f"the {self.preset.name} links need TUN devices: no /dev/net/tun (modprobe tun)")
         devices = [f"{name}t" for name in self.names]
         spec = SwitchSpec(devices, [self.address(n) for n in range(self.nodes)], self.preset.rate_bps,
                           self.preset.delay_s, self.preset.loss, self.seed, QUEUE_S)
