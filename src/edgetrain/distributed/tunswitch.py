@@ -49,6 +49,7 @@ __all__ = ["ETHERNET_FRAME_BYTES", "SwitchSpec", "Switch", "TUN_MTU_BYTES", "ope
 
 TUN_MTU_BYTES = 65_000
 ETHERNET_FRAME_BYTES = 1500  # the unit ``loss`` is given per: a 64 KB packet is lost if any of its frames would be
+_READS_PER_TURN = 64
 _TUNSETIFF = 0x400454CA
 _IFF_TUN, _IFF_NO_PI = 0x0001, 0x1000
 
@@ -155,8 +156,10 @@ def serve(spec: SwitchSpec) -> None:
                     _command(switch, line.decode())
                 continue
             now_s = time.monotonic()
-            try:
-                while (packet := _read(fd)) is not None:
+            try:  # at most a batch per device and turn, so one busy sender cannot starve the others
+                for _ in range(_READS_PER_TURN):
+                    if (packet := _read(fd)) is None:
+                        break
                     switch.receive(node_of_fd[fd], packet, now_s)
             except OSError:  # the device went with its namespace (the emulation being removed)
                 live.remove(fd)
