@@ -496,11 +496,14 @@ def main() -> None:
     cpus = (os.cpu_count() or 1) / max(args.nodes)
     result: dict[str, Any] = {"load_before": _load(),
         "command": "python benchmarks/cluster.py " + " ".join(
+            f"--{k.replace('_', '-')}" if v is True else
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md")),
+            for k, v in vars(args).items() if k not in ("out", "md") and v is not False),
         "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
-                     "same at every node count)." if can_emulate() is None else
-                     f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
+                     "same at every node count; the time-to-target table: cores / --ttt-nodes)."
+                     if can_emulate() is None and args.presets != ["none"] else
+                     f"Not emulated ({can_emulate() or 'preset none'}): nodes share the machine's {os.cpu_count()} "
+                     "cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
         for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target),
                              ("compression", compression), ("failures", failures), ("crashes", crashes)):
