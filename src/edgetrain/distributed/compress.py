@@ -17,8 +17,9 @@ PyTorch's hook, ``e_r = g_r - mean``, scaled by ``1/N``).
 Why not PyTorch's ``powerSGD_hook``: it is a DDP communication hook (the executor does not run
 under DDP: NOTE [ Explicit all-reduce, not DDP ]), and on gloo it crashed in 6 of 15 runs of the
 issue's measurement (``Received data size doesn't match expected size``) from its flattened
-buckets. Here every collective is one whole tensor whose size depends only on the parameter
-and the rank, the same on every node. ``Q`` starts from a seeded generator, so every node starts
+buckets. Here every collective is one whole tensor, or one flat buffer of the small ones
+(NOTE [ Explicit all-reduce, not DDP ]), whose size depends only on the parameters and the
+rank, the same on every node. ``Q`` starts from a seeded generator, so every node starts
 from the same ``Q`` and, every sum being the same everywhere, the nodes' weights stay equal.
 
 The error buffers (one gradient's size, updated in place: no other gradient-sized tensor is made)
