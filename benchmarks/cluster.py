@@ -37,13 +37,15 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from edgetrain.distributed.local import Fault, LocalOptions, run_local
-from edgetrain.distributed.netns import can_emulate
+from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.train import TrainConfig
 
@@ -92,44 +94,120 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
 
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Single-node training (1 node, the reference), then 2+ nodes summing whole gradients, PowerSGD and periodic
-    averaging, each on the slowest preset for ``--compress-steps`` steps; the validation loss after them (rank 0
-    evaluates the same held-out split) is compared with the reference's."""
+    averaging, each on the slowest preset (``none``: plain processes) for ``--compress-steps`` steps, once per seed
+    ``0 .. --repeats - 1``. The final loss of each mode is compared with the single node's and, seed by seed, with
+    the exact all-reduce's: that run *is* single-node training with the nodes' BatchNorm groups (each node normalises
+    over its own share; the gradients are otherwise the single process's, NOTE [ Cluster step ]), so it isolates
+    what compression changes. Validation loss: rank 0's evaluation of the same held-out split after the run."""
     rows = []
     nodes, preset, batch = max(args.nodes), args.presets[-1], args.batches[0]
     modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
              (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
-    for mode, count, every, rank in modes:
+    for mode, count, every, rank in modes[:2] + [m for m, name in zip(modes[2:], ("powersgd", "average"), strict=True)
+                                                 if name in args.compress_modes]:
         runs, crashed = [], 0
-        for repeat in range(args.repeats):
-            config = _config(scratch / f"compress-{count}-{every}-{rank}-{repeat}", args.model, batch,
-                             args.compress_steps, args.image)
+        for seed in range(args.repeats):
+            config = replace(_config(scratch / f"compress-{count}-{every}-{rank}-{seed}", args.model, batch,
+                                     args.compress_steps, args.image), seed=seed)
+            options = LocalOptions(preset=None if preset == "none" else preset, cpus_per_node=cpus,
+                                   average_every=every, compress_rank=rank, max_restarts=0, spares=False)
             try:
-                steps, report = _run(config, count, LocalOptions(preset=preset, cpus_per_node=cpus, average_every=every,
-                                                                 compress_rank=rank, max_restarts=0, spares=False))
+                steps, report = _run(config, count, options)
             except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
                 log.warning("compression run crashed: %s", exc)
                 crashed += 1
+                runs.append(None)
                 continue
             timed = steps[WARM_UP_STEPS:]
             summary = json.loads((config.run_dir / "summary.json").read_text())
             runs.append({"step_s": statistics.median(r["time_s"] for r in timed), "restarts": report["restarts"],
                          "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
-                         "final_loss": statistics.mean(r["loss"] for r in steps[-3:]),
+                         "final_loss": statistics.mean(r["loss"] for r in steps[-args.ttt_window:]),
                          "val_loss": summary["val_loss"], "emulation": report["emulation"]})
+        done = [r for r in runs if r is not None]
         rows.append({"mode": mode, "average_every": every, "compress_rank": rank, "nodes": count, "preset": preset,
                      "batch": batch, "steps": args.compress_steps, "runs": args.repeats, "crashes": crashed,
-                     "restarts": sum(r["restarts"] for r in runs),
-                     "samples_per_s": None if not runs else batch / statistics.median(r["step_s"] for r in runs),
-                     "sync_share": None if not runs else statistics.median(r["sync_share"] for r in runs),
-                     "final_loss": None if not runs else statistics.mean(r["final_loss"] for r in runs),
-                     "val_loss": None if not runs else statistics.mean(r["val_loss"] for r in runs),
-                     "emulation": runs[0]["emulation"] if runs else None})
+                     "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
+                     "samples_per_s": None if not done else batch / statistics.median(r["step_s"] for r in done),
+                     "sync_share": None if not done else statistics.median(r["sync_share"] for r in done),
+                     "final_losses": [None if r is None else r["final_loss"] for r in runs],
+                     "final_loss": None if not done else statistics.mean(r["final_loss"] for r in done),
+                     "val_loss": None if not done else statistics.mean(r["val_loss"] for r in done),
+                     "emulation": done[0]["emulation"] if done else "plain processes"})
         log.info("compression %s", rows[-1])
-    reference = rows[0]["val_loss"]
     for row in rows:
-        row["val_loss_vs_single"] = None if reference is None or row["val_loss"] is None else \
-            row["val_loss"] / reference - 1
+        row["vs_single"] = _relative(row["final_losses"], rows[0]["final_losses"])
+        row["vs_exact"] = _relative(row["final_losses"], rows[1]["final_losses"])
+    return rows
+
+
+def _relative(losses: list[float | None], reference: list[float | None]) -> dict[str, float] | None:
+    """Seed by seed ``loss / reference - 1``: the mean and the largest in size; None unless every seed has both."""
+    pairs = [(a, b) for a, b in zip(losses, reference, strict=True) if a is not None and b is not None]
+    if not pairs or len(pairs) < len(losses):
+        return None
+    ratios = [a / b - 1 for a, b in pairs]
+    return {"mean": statistics.mean(ratios), "largest": max(ratios, key=abs)}
+
+
+def _smoothed(losses: list[float], window: int) -> list[float]:
+    """The mean of each step's loss and the ``window - 1`` before it (fewer at the start)."""
+    return [statistics.mean(losses[max(0, i + 1 - window):i + 1]) for i in range(len(losses))]
+
+
+def _time_to(steps: list[dict[str, Any]], target: float, window: int) -> tuple[float | None, int | None]:
+    """Seconds from the start of step 1 to the end of the first step whose smoothed loss is at most ``target``
+    (training only: joining, profiling and planning come before step 1), and that step; None when never."""
+    start = steps[0]["wall_time"] - steps[0]["time_s"]
+    for record, loss in zip(steps, _smoothed([r["loss"] for r in steps], window), strict=True):
+        if loss <= target:
+            return record["wall_time"] - start, record["step"]
+    return None, None
+
+
+def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
+    whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota."""
+    nodes, batch, steps, window = args.ttt_nodes, args.ttt_batch, args.ttt_steps, args.ttt_window
+    quota = (os.cpu_count() or 1) / nodes
+    modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
+             (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
+             (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
+    runs = []
+    for mode, count, every, rank in modes:
+        # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
+        # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
+        scale = count if args.ttt_weak else 1
+        config = _config(scratch / f"ttt-{count}-{every}-{rank}", args.model, batch * scale, steps, args.image)
+        config = replace(config, seed=args.ttt_seed, lr=config.learning_rate() * scale)
+        load = _load()
+        trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
+                                                           average_every=every, compress_rank=rank, spares=False))
+        runs.append({"mode": mode, "nodes": count, "average_every": every, "compress_rank": rank, "steps": trained,
+                     "report": report, "load": load})
+        log.info("time to target: %s, %d steps, restarts %d", mode, len(trained), report["restarts"])
+    single = [r["loss"] for r in runs[0]["steps"]]
+    target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
+    target = _smoothed(single, window)[target_step - 1]
+    rows = []
+    for run in runs:
+        trained = run["steps"]
+        seconds, step = _time_to(trained, target, window)
+        rows.append({"mode": run["mode"], "nodes": run["nodes"], "preset": args.ttt_preset,
+                     "batch": batch * (run["nodes"] if args.ttt_weak else 1), "weak": args.ttt_weak,
+                     "cpus_per_node": quota, "target_loss": target, "window": window, "time_to_target_s": seconds,
+                     "steps_to_target": step, "steps": len(trained), "final_loss": _smoothed(
+                         [r["loss"] for r in trained], window)[-1],
+                     "step_s": statistics.median(r["time_s"] for r in trained[WARM_UP_STEPS:]),
+                     "sync_s": statistics.median(r["sync_s"] for r in trained[WARM_UP_STEPS:]),
+                     "restarts": run["report"]["restarts"], "load_before": run["load"], "target_at": args.ttt_target_at,
+                     "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
+                     "emulation": run["report"]["emulation"]})
+    reference = rows[0]["time_to_target_s"]
+    for row in rows:
+        t = row["time_to_target_s"]
+        row["efficiency"] = None if t is None or reference is None else reference / (row["nodes"] * t)
     return rows
 
 
@@ -159,6 +237,77 @@ def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[
                          range(1, len(steps) + 1)), "wall_s": time.time() - started,
                      "emulation": report["emulation"]})
         log.info("failure %s", rows[-1])
+    return rows
+
+
+# The link probe: node 1 echoes single bytes (round trips), then counts a bulk transfer's bytes; node 0 times both.
+_ECHO = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5001)); s.listen()
+print("up", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while (b := c.recv(1)) != b"x":
+    c.sendall(b)
+c, _ = s.accept()
+while c.recv(1 << 20):
+    pass
+"""
+_PROBE = """
+import json, socket, sys, time
+s = socket.create_connection((sys.argv[1], 5001)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); s.sendall(b"p"); s.recv(1); rtts.append(time.perf_counter() - t)
+s.sendall(b"x"); s.close()
+s, chunk, n = socket.create_connection((sys.argv[1], 5001)), bytes(1 << 16), int(sys.argv[2]) >> 16
+t = time.perf_counter()
+for _ in range(n):
+    s.sendall(chunk)
+s.shutdown(socket.SHUT_WR); s.recv(1)  # returns when node 1 has read everything and closed
+print(json.dumps({"rtts_s": rtts, "bulk_bytes": n << 16, "bulk_s": time.perf_counter() - t}))
+"""
+
+
+def _link_presets(names: list[str]) -> list[LinkPreset]:
+    """Presets by name; ``NAME@DELAY_MS`` is NAME's rate through the switch with that one-way delay (the
+    forwarder's ceiling at a given rate)."""
+    out = []
+    for name in names:
+        base, _, delay_ms = name.partition("@")
+        preset = PRESETS[base]
+        out.append(preset if not delay_ms else LinkPreset(name, preset.rate_bps, float(delay_ms) / 1e3, preset.loss,
+                                                          f"{base} through the delaying switch"))
+    return out
+
+
+def link(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """What the emulated link delivers between two nodes: TCP round trip of one byte (median and min of
+    ``--pings``), bulk TCP throughput over about 2 s of the preset's rate, and the switch's counters and CPU."""
+    import sys
+
+    rows = []
+    for preset in _link_presets(args.links):
+        with NetworkEmulation(2, preset, cpus_per_node=cpus) as net:
+            echo = subprocess.Popen(net.wrap(1, [sys.executable, "-c", _ECHO, net.address(1)]), stdout=subprocess.PIPE,
+                                    text=True)
+            try:
+                assert echo.stdout is not None
+                echo.stdout.readline()
+                before = net.switch_counts() if preset.switched else {}
+                bulk_bytes = max(1 << 20, int(preset.rate_bps * 2 / 8))
+                probe = subprocess.run(net.wrap(0, [sys.executable, "-c", _PROBE, net.address(1), str(bulk_bytes),
+                                                    str(args.pings)]), capture_output=True, text=True, check=True)
+                after = net.switch_counts() if preset.switched else {}
+            finally:
+                echo.kill()
+                echo.wait()
+        measured = json.loads(probe.stdout)
+        rows.append({"link": preset.name, "rate_bps": preset.rate_bps, "delay_s": preset.delay_s, "loss": preset.loss,
+                     "switched": preset.switched, "rtt_median_s": statistics.median(measured["rtts_s"]),
+                     "rtt_min_s": min(measured["rtts_s"]),
+                     "throughput_bps": measured["bulk_bytes"] * 8 / measured["bulk_s"],
+                     "switch": {k: after[k] - before[k] for k in after}, "emulation": net.describe()})
+        log.info("link %s", rows[-1])
     return rows
 
 
@@ -230,22 +379,58 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
 
 
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages, as ``uptime`` shows them."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def markdown(result: dict[str, Any]) -> str:
-    out = [f"Machine shared with other work; rerun with `{result['command']}`. {result['cpu_note']}", ""]
+    out = [f"Machine shared with other work (load average {result['load_before']} before, {result['load_after']} "
+           f"after); rerun with `{result['command']}`. {result['cpu_note']}", ""]
+    if "link" in result:
+        out += ["| link | rate Mbit/s | one-way delay ms | frame loss | TCP round trip ms (median, min) | "
+                "bulk TCP Mbit/s | switch: forwarded, lost, queue full | switch CPU s |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result.get("link", []):
+        sw = r["switch"]
+        counts = f"{sw['forwarded']:.0f}, {sw['lost']:.0f}, {sw['queue_full']:.0f}" if sw else "- (veth + tc tbf)"
+        out.append(f"| {r['link']} | {r['rate_bps'] / 1e6:g} | {r['delay_s'] * 1e3:g} | {r['loss']:.1%} | "
+                   f"{r['rtt_median_s'] * 1e3:.2f}, {r['rtt_min_s'] * 1e3:.2f} | {r['throughput_bps'] / 1e6:.1f} | "
+                   f"{counts} | {_fmt(sw.get('cpu_s'), '.2f')} |")
     if "scaling" in result:
         out += ["| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
                 "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'])} | "
             f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
             for r in result.get("scaling", [])]
+    if "ttt" in result:
+        first = result["ttt"][0]
+        out += ["", f"Time to a training loss of {first['target_loss']:.4f} (the single node's mean of "
+                f"{first['window']} steps at {first['target_at']:.0%} of its run), every node "
+                f"{first['cpus_per_node']:.2f} core, {first['preset']}"
+                f", global batch {first['batch']}{' x nodes, learning rate x nodes' if first['weak'] else ''}; "
+                "efficiency = T(1 node) / (nodes x T(nodes)):", "",
+                "| mode | nodes | time to target s | steps to target | efficiency | step s (median) | sync s (median) "
+                "| final loss (last " + str(first["window"]) + ") | steps | restarts | load before |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    out += [f"| {r['mode']} | {r['nodes']} | {_fmt(r['time_to_target_s'])} | {_fmt(r['steps_to_target'])} | "
+            f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['step_s'])} | {_fmt(r['sync_s'])} | "
+            f"{_fmt(r['final_loss'], '.4f')} | {r['steps']} | {r['restarts']} | {r['load_before']} |"
+            for r in result.get("ttt", [])]
     if "compression" in result:
-        out += ["", "| mode | nodes | preset | steps | samples/s | sync share | train loss (last 3 steps) | val loss "
-                "| val loss vs single node | crashes / runs | restarts |",
-                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_fmt(r['val_loss'], '.4f')} | "
-            f"{_fmt(r['val_loss_vs_single'], '+.2%')} | {r['crashes']} / {r['runs']} | {r['restarts']} |"
-            for r in result.get("compression", [])]
+        window = result["compression"][0]["window"]
+        out += ["", f"| mode | nodes | preset | steps | seeds | samples/s | sync share | train loss (last {window} "
+                "steps, mean of seeds) | vs single node (mean, largest) | vs exact all-reduce, seed by seed "
+                "(mean, largest) | val loss | crashes / runs | restarts |",
+                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def _versus(value: dict[str, float] | None) -> str:
+        return "-" if value is None else f"{value['mean']:+.2%}, {value['largest']:+.2%}"
+
+    out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {r['runs']} | {_fmt(r['samples_per_s'])} | "
+            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_versus(r['vs_single'])} | "
+            f"{_versus(r['vs_exact'])} | {_fmt(r['val_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
+            f"{r['restarts']} |" for r in result.get("compression", [])]
     if "failures" in result:
         out += ["", "| failure | after step | detection s | restarts | steps lost | steps (samples) repeated | "
                 "stall s | finished, in order | longest healthy heartbeat gap s |",
@@ -262,7 +447,8 @@ def markdown(result: dict[str, Any]) -> str:
         errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
                 f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
-    emulations = sorted({r["emulation"] for t in ("scaling", "compression", "failures") for r in result.get(t, [])
+    tables = ("link", "scaling", "ttt", "compression", "failures")
+    emulations = sorted({r["emulation"] for t in tables for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []
     return "\n".join(out) + "\n"
@@ -271,7 +457,8 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
-    parser.add_argument("--presets", type=lambda s: s.split(","), default=["100mbit"])
+    parser.add_argument("--presets", type=lambda s: s.split(","), default=["100mbit"],
+                        help="'none' (compression table only): plain local processes")
     parser.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[8])
     parser.add_argument("--model", default="resnet18_cifar")
     parser.add_argument("--image", type=int, default=32)
@@ -279,30 +466,50 @@ def main() -> None:
     parser.add_argument("--compress-steps", type=int, default=8)
     parser.add_argument("--average-every", type=int, default=4)
     parser.add_argument("--compress-rank", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode (crash count)")
+    parser.add_argument("--compress-modes", type=lambda s: s.split(","), default=["powersgd", "average"],
+                        help="compression table: which of powersgd, average run beside the single node and exact")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode, seeds 0 .. R-1")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
+    parser.add_argument("--links", type=lambda s: s.split(","),
+                        default=["wifi20", "wifi20-lossy", "100mbit", "100mbit@5", "gigabit@5"],
+                        help="links of the link table (NAME@MS: NAME's rate through the switch, MS ms one way)")
+    parser.add_argument("--pings", type=int, default=50)
+    parser.add_argument("--ttt-nodes", type=int, default=4)
+    parser.add_argument("--ttt-preset", default="100mbit")
+    parser.add_argument("--ttt-batch", type=int, default=32)
+    parser.add_argument("--ttt-steps", type=int, default=40, help="steps of every time-to-target run")
+    parser.add_argument("--ttt-window", type=int, default=5, help="steps the loss is averaged over")
+    parser.add_argument("--ttt-seed", type=int, default=0)
+    parser.add_argument("--ttt-weak", action="store_true", help="N nodes train N x --ttt-batch per step at N x the "
+                        "learning rate (each node the single node's batch); default: the same global batch")
+    parser.add_argument("--ttt-target-at", type=float, default=0.75,
+                        help="the target: the single node's smoothed loss at this fraction of its steps")
     parser.add_argument("--tables", type=lambda s: s.split(","),
-                        default=["scaling", "compression", "failures", "crashes"])
+                        default=["link", "scaling", "ttt", "compression", "failures", "crashes"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     cpus = (os.cpu_count() or 1) / max(args.nodes)
-    result: dict[str, Any] = {
+    result: dict[str, Any] = {"load_before": _load(),
         "command": "python benchmarks/cluster.py " + " ".join(
+            f"--{k.replace('_', '-')}" if v is True else
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md")),
+            for k, v in vars(args).items() if k not in ("out", "md") and v is not False),
         "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
-                     "same at every node count)." if can_emulate() is None else
-                     f"Not emulated ({can_emulate()}): nodes share the machine's {os.cpu_count()} cores.")}
+                     "same at every node count; the time-to-target table: cores / --ttt-nodes)."
+                     if can_emulate() is None and args.presets != ["none"] else
+                     f"Not emulated ({can_emulate() or 'preset none'}): nodes share the machine's {os.cpu_count()} "
+                     "cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
-        for table, build in (("scaling", scaling), ("compression", compression), ("failures", failures),
-                             ("crashes", crashes)):
+        for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target),
+                             ("compression", compression), ("failures", failures), ("crashes", crashes)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
+    result["load_after"] = _load()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     table = markdown(result)

@@ -22,6 +22,7 @@ from torch import nn
 
 from edgetrain.chain import Chain
 from edgetrain.distributed import split_batch
+from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS
 from edgetrain.distributed.local import Fault, LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.errors import EdgetrainError
@@ -76,6 +77,14 @@ def _single_process() -> tuple[list[float], list[list[torch.Tensor]]]:
     return losses, grads
 
 
+def _node_tensors(rank: int) -> list[torch.Tensor]:
+    """Node ``rank``'s own random tensors: one per parameter of the tiny model (summed in one flat buffer), then
+    one large enough to be summed on its own (NOTE [ Explicit all-reduce, not DDP ])."""
+    generator = torch.Generator().manual_seed(rank)
+    shapes = [p.shape for p in _tiny_model().parameters()] + [torch.Size([SMALL_TENSOR_NUMBERS + 7])]
+    return [torch.randn(shape, generator=generator) for shape in shapes]
+
+
 def _rank(rank: int, port: int, out: str) -> None:
     """One node of the 2-node run: its slice of each global batch through :func:`cluster_step`."""
     import torch.distributed as dist
@@ -103,9 +112,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     local = [p.detach().clone() for p in model.parameters()]
     average_parameters(model, share / GLOBAL_BATCH)
     # PowerSGD rank 2 on gradients that differ per node: the exact weighted sum beside the compressed one.
-    generator = torch.Generator().manual_seed(rank)
-    mine = [torch.randn(p.shape, generator=generator) for p in model.parameters()]
-    exact, compressed = [g.clone() for g in mine], [g.clone() for g in mine]
+    mine = _node_tensors(rank)
+    exact, compressed = [g.clone() for g in mine], [g.clone() for g in mine[:-1]]
     all_reduce_tensors(exact, SHARES[rank] / GLOBAL_BATCH)
     compressor = PowerSGD(model.parameters(), 2)
     compressor.all_reduce(compressed, SHARES[rank] / GLOBAL_BATCH)
@@ -139,9 +147,15 @@ def test_two_gloo_nodes_give_the_single_process_losses_and_gradients(tmp_path: P
                                 strict=True):
         torch.testing.assert_close(avg0, (SHARES[0] * a + SHARES[1] * b) / GLOBAL_BATCH, rtol=REL_TOL, atol=1e-7)
         assert torch.equal(avg0, avg1)
+    # The exact weighted sum, small tensors (one flat buffer) and a large one (its own all-reduce) alike.
+    want = [(SHARES[0] * a + SHARES[1] * b) / GLOBAL_BATCH for a, b in zip(_node_tensors(0), _node_tensors(1),
+                                                                           strict=True)]
+    for got in ranks:
+        for g, w in zip(got["exact"], want, strict=True):
+            torch.testing.assert_close(g, w, rtol=REL_TOL, atol=1e-6)
     # PowerSGD: the same result on both nodes; the weight matrices approximated, what was missed kept in the
     # nodes' errors (approximation + both errors = the exact sum); biases summed whole.
-    for index, (c0, c1, exact) in enumerate(zip(ranks[0]["compressed"], ranks[1]["compressed"], ranks[0]["exact"],
+    for index, (c0, c1, exact) in enumerate(zip(ranks[0]["compressed"], ranks[1]["compressed"], ranks[0]["exact"][:-1],
                                                 strict=True)):
         assert torch.equal(c0, c1)
         if c0.dim() == 1:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.distributed.netns import NetworkEmulation, can_emulate
+from edgetrain.distributed.netns import LinkPreset, NetworkEmulation, can_emulate
 
 pytestmark = pytest.mark.skipif(can_emulate() is not None, reason=f"network emulation unavailable: {can_emulate()}")
 
@@ -23,8 +23,21 @@ def _leftovers(net: NetworkEmulation) -> list[str]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     left = [name for name in net.names if name in namespaces or f"{name}h" in links]
     left += [net.bridge] if f" {net.bridge}:" in links else []
+    left += [f"{name}t" for name in net.names if f" {name}t:" in links]  # the switch's TUN devices
     left += [str(net.cgroup(c, n)) for c in ("cpu", "memory") for n in range(net.nodes) if net.cgroup(c, n).exists()]
     return left
+
+
+def _switches(node_name: str) -> list[str]:
+    """The command lines of running delaying switches that serve ``node_name``."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # the process ended while listed
+            continue
+        lines += [line] if "tunswitch.py" in line and node_name in line else []
+    return lines
 
 
 def _netns_dir_mounted() -> bool:
@@ -33,10 +46,11 @@ def _netns_dir_mounted() -> bool:
 
 def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing_is_left() -> None:
     mounted_before = _netns_dir_mounted()
-    with NetworkEmulation(2, "wifi20", cpus_per_node=0.5, memory_bytes=[256 * 2**20, None]) as net:
+    with NetworkEmulation(2, "100mbit", cpus_per_node=0.5, memory_bytes=[256 * 2**20, None]) as net:
         qdisc = subprocess.run(["tc", "qdisc", "show", "dev", f"{net.names[1]}h"], capture_output=True, text=True)
-        assert "tbf" in qdisc.stdout and "rate 20Mbit" in qdisc.stdout
+        assert "tbf" in qdisc.stdout and "rate 100Mbit" in qdisc.stdout
         assert (net.cgroup("cpu", 0) / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert net.env(0)["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")  # one thread per half core
         assert int((net.cgroup("memory", 0) / "memory.limit_in_bytes").read_text()) == 256 * 2**20
         # A process run through wrap() is in node 1's namespace and cgroups.
         seen = subprocess.run(net.wrap(1, ["sh", "-c", "ip -o addr show eth0; cat /proc/self/cgroup"]),
@@ -47,15 +61,61 @@ def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing
     assert _netns_dir_mounted() == mounted_before  # ip's /run/netns bind mount too (unless another run holds it)
 
 
-def test_sigterm_removes_the_network(tmp_path: Path) -> None:
-    # Prepare: a process that builds a 2-node network, says where, and waits.
+# Node 1 echoes bytes; node 0 times ROUNDS round trips of one byte, then connects again while its link is cut.
+_ECHO = ("import socket, sys\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+         "s.bind((sys.argv[1], 5001)); s.listen(); print('up', flush=True); c, _ = s.accept()\n"
+         "while (b := c.recv(1)):\n    c.sendall(b)\n")
+_ROUND_TRIPS = ("import socket, sys, time\ns = socket.create_connection((sys.argv[1], 5001), timeout=2)\n"
+                "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1); rtts = []\nfor _ in range(5):\n"
+                "    t = time.perf_counter(); s.sendall(b'p'); s.recv(1); rtts.append(time.perf_counter() - t)\n"
+                "print(min(rtts))\n")
+
+
+def _rtt_s(net: NetworkEmulation) -> float:
+    echo = subprocess.Popen(net.wrap(1, [sys.executable, "-c", _ECHO, net.address(1)]), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "up"
+        done = subprocess.run(net.wrap(0, [sys.executable, "-c", _ROUND_TRIPS, net.address(1)]), capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return float(done.stdout)
+    finally:
+        echo.kill()
+        echo.wait()
+
+
+def test_the_switch_delays_every_packet_and_a_cut_drops_them_all() -> None:
+    link = LinkPreset("slow", 20_000_000, 0.02, 0.0, "a test link: 20 ms one way")
+    with NetworkEmulation(2, link, cpus_per_node=1.0) as net:
+        kinds = subprocess.run(["ip", "-n", net.names[0], "-d", "link", "show", "eth0"], capture_output=True,
+                               text=True).stdout
+        assert "tun" in kinds and "mtu 65000" in kinds
+        # Every round trip crosses the switch twice: it cannot come back sooner than the two one-way delays.
+        assert _rtt_s(net) >= 2 * link.delay_s
+        assert net.switch_counts()["forwarded"] >= 2 * 5
+        net.cut(1)
+        blocked = subprocess.run(net.wrap(0, [sys.executable, "-c", _ROUND_TRIPS, net.address(1)]),
+                                 capture_output=True, text=True, timeout=30)
+        assert blocked.returncode != 0 and "timed out" in blocked.stderr
+        assert net.switch_counts()["cut"] > 0
+        net.mend(1)
+        assert _rtt_s(net) >= 2 * link.delay_s
+    assert _leftovers(net) == []
+
+
+@pytest.mark.parametrize("preset", ["gigabit", "wifi20"])
+def test_sigterm_removes_the_network(preset: str) -> None:
+    # Prepare: a process that builds a 2-node network (veths and a bridge, or the TUN switch), says where, and waits.
     script = ("import sys, time\nfrom edgetrain.distributed.netns import NetworkEmulation\n"
-              "with NetworkEmulation(2, 'gigabit') as net:\n"
+              f"with NetworkEmulation(2, {preset!r}) as net:\n"
               "    print(net.bridge, *net.names, flush=True)\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     bridge, *names = proc.stdout.readline().split()
-    assert names and bridge in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert names and all(name in namespaces for name in names)
+    assert bool(_switches(names[0])) == (preset == "wifi20")
     # Execute
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
@@ -63,6 +123,7 @@ def test_sigterm_removes_the_network(tmp_path: Path) -> None:
     time.sleep(0.1)
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert bridge not in links and not any(name in namespaces for name in names)
+    assert bridge not in links and not any(name in namespaces or f"{name}t" in links for name in names)
+    assert not _switches(names[0])  # the switch ended with its parent
     assert not any(p.name.startswith(f"edgetrain-cluster-{names[0][:-1]}") for c in ("cpu", "memory")
                    for p in Path(f"/sys/fs/cgroup/{c}").iterdir())

@@ -131,7 +131,8 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                                              "cgroup, links shaped by --preset (needs root; else plain processes, "
                                              "and the report says what is not emulated)."),
                   preset: str = typer.Option("gigabit", "--preset", help="Link of every node with --netns: "
-                                             "gigabit, 100mbit or wifi20 (bandwidth only: no latency or loss)."),
+                                             "gigabit, 100mbit (bandwidth only), wifi20 (20 Mbit/s, 5 ms one way, "
+                                             "through a user-space delaying switch) or wifi20-lossy (1% frame loss)."),
                   cpus_per_node: float | None = typer.Option(None, "--cpus-per-node", min=0.01, help="CPU quota "
                                                                 "of each node with --netns (default: cores / "
                                                                 "nodes)."),

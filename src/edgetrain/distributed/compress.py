@@ -17,12 +17,14 @@ PyTorch's hook, ``e_r = g_r - mean``, scaled by ``1/N``).
 Why not PyTorch's ``powerSGD_hook``: it is a DDP communication hook (the executor does not run
 under DDP: NOTE [ Explicit all-reduce, not DDP ]), and on gloo it crashed in 6 of 15 runs of the
 issue's measurement (``Received data size doesn't match expected size``) from its flattened
-buckets. Here every collective is one whole tensor whose size depends only on the parameter
-and the rank, the same on every node. ``Q`` starts from a seeded generator, so every node starts
+buckets. Here every collective is one whole tensor, or one flat buffer of the small ones
+(NOTE [ Explicit all-reduce, not DDP ]), whose size depends only on the parameters and the
+rank, the same on every node. ``Q`` starts from a seeded generator, so every node starts
 from the same ``Q`` and, every sum being the same everywhere, the nodes' weights stay equal.
 
-The error buffers (one gradient's size) and ``P``, ``Q`` are outside the plan's budget, as is
-their loss at a restart (a re-formed cluster starts them afresh).
+The error buffers (one gradient's size, updated in place: no other gradient-sized tensor is made)
+and ``P``, ``Q`` are outside the plan's budget, as is their loss at a restart (a re-formed
+cluster starts them afresh).
 """
 
 from __future__ import annotations
@@ -68,17 +70,17 @@ class PowerSGD:
         step before added to its part)."""
         whole = [g.mul_(weight) for i, g in enumerate(grads) if i not in self.q]
         matrices = [(i, g.view(g.shape[0], -1)) for i, g in enumerate(grads) if i in self.q]
-        local = {i: m * weight + self.error[i] for i, m in matrices}
-        ps = [local[i] @ self.q[i] for i, _ in matrices]
+        for i, m in matrices:  # the error buffer becomes this node's part M_r = w_r g_r + e_r, in place
+            self.error[i].add_(m, alpha=weight)
+        ps = [self.error[i] @ self.q[i] for i, _ in matrices]
         all_reduce_tensors([*ps, *whole], 1.0)
         bases = [_orthonormal(p) for p in ps]
         for (i, _), basis in zip(matrices, bases, strict=True):
-            self.q[i] = local[i].T @ basis
+            self.q[i] = self.error[i].T @ basis
         all_reduce_tensors([self.q[i] for i, _ in matrices], 1.0)
         for (i, m), basis in zip(matrices, bases, strict=True):
-            approx = basis @ self.q[i].T
-            self.error[i] = local[i] - weight * approx
-            m.copy_(approx)
+            torch.matmul(basis, self.q[i].T, out=m)  # the gradient becomes the approximation P Q^T
+            self.error[i].sub_(m, alpha=weight)  # and the buffer what it missed: e_r = M_r - w_r P Q^T
 
 
 def _orthonormal(matrix: torch.Tensor) -> torch.Tensor:

@@ -466,7 +466,6 @@ class _NodeRun:
         if not exact and self.step % self.average_every == 0:
             sync_s += average_parameters(self.model, self.share / self.config.batch)
         elapsed = time.perf_counter() - started
-        elapsed = time.perf_counter() - started
         return {"step": self.step, "epoch": self.epoch, "loss": result.loss, "samples_per_s": result.samples / elapsed,
                 "time_s": elapsed, "sync_s": sync_s, "world_size": self.env.world_size,
                 "samples": result.samples, "wall_time": time.time()}
