@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,7 +56,7 @@ from torch import nn
 from ..errors import EdgetrainError
 from ..profile.process import read_process_memory, reset_peak
 from .detect import crop
-from .labels import GateConfig, accepted, pseudo_labels
+from .labels import GateConfig, elevation_deg, fit_alignment, label_detections
 from .model import Outputs, predict
 from .motion import DETECTORS, run_detector
 from .store import FrameStore, encode_png
@@ -69,6 +70,7 @@ __all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "
 log = logging.getLogger(__name__)
 
 TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: unique over the stream
+ALIGNMENT_CHUNKS = 6  # the posterior rule aligns the teacher over the last 6 chunks (simulate's stream at 200 frames)
 
 
 @dataclass(frozen=True)
@@ -166,16 +168,19 @@ class Serving:
         return True
 
 
-def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving,
-                 config: ServiceConfig) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
-    """The inference path over one chunk: labelled crops to store, per-frame latencies, detections."""
+def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, config: ServiceConfig,
+                 recent: deque[tuple[np.ndarray, np.ndarray]]) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
+    """The inference path over one chunk: labelled crops to store, per-frame latencies, detections.
+
+    ``recent`` holds the teacher's probabilities and the boxes' elevations of the last chunks (this
+    one appended here): the posterior rule's alignment is fitted on them (NOTE [ Track posteriors ... ]).
+    """
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}
     for i, d in enumerate(detections):
         by_frame.setdefault(d.frame, []).append(i)
     crops: list[np.ndarray] = []
     outputs: list[Outputs] = []
-    trusted: list[np.ndarray] = []
     latencies_s = []
     for f in range(len(video.frames)):
         members = by_frame.get(f, [])
@@ -183,17 +188,19 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving,
         if members:
             x = np.array([crop(video.frames[f], detections[i].box) for i in members])
             predict(serving.model, x)  # the node's answer (reported to the application; not used for labels)
-            out = predict(teacher.model, x)
-            trusted.append(accepted(out, np.array([detections[i].box for i in members]), teacher.calibration,
-                                    config.gate))
             crops += list(x)
-            outputs.append(out)
+            outputs.append(predict(teacher.model, x))  # what the labelling rule reads at the chunk's end
             latencies_s.append(time.perf_counter() - started)  # frames with detections: the path's real work
     if not detections:
         return [], latencies_s, 0
     ids = track(detections, TrackerConfig(seed=config.seed + chunk))
-    labels = np.concatenate([o.labels for o in outputs])
-    pseudo = pseudo_labels(ids, labels, np.concatenate(trusted), config.gate, config.propagation)
+    chunk_outputs = Outputs(np.concatenate([o.probs for o in outputs]), np.concatenate([o.features for o in outputs]))
+    chunk_boxes = np.array([d.box for d in detections])
+    recent.append((chunk_outputs.probs, elevation_deg(chunk_boxes, video.camera)))
+    alignment = fit_alignment(np.concatenate([p for p, _ in recent]), np.concatenate([e for _, e in recent]),
+                              teacher.calibration.prior, config.gate.elevation_bands)
+    pseudo, _ = label_detections(ids, chunk_outputs, chunk_boxes, teacher.calibration, video.camera, config.gate,
+                                 config.propagation, alignment)
     items = [(encode_png(crops[i]), label, chunk * TRACKS_PER_CHUNK + ids[i])
              for i, label in enumerate(pseudo) if label is not None]
     return items, latencies_s, len(detections)
@@ -247,6 +254,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     student: subprocess.Popen[bytes] | None = None
     baseline_s: list[float] = []
     beside_s: list[float] = []
+    recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=ALIGNMENT_CHUNKS)  # empty again after a resume
     try:
         for video in camera_chunks(config.camera, config.chunk_frames, store.cursor,
                                    truth=config.detector == "standin", preset=config.node_camera):
@@ -260,7 +268,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
             paused = student is not None and chunk % config.probe_every == 0
             student_cpu_s = _cpu_s(student)
             with _paused(student if paused else None):
-                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config)
+                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config, recent)
             student_cpu_s = _cpu_s(student) - student_cpu_s
             evicted = store.add(items, cursor=first + len(video.frames))
             alone = student is None or paused
@@ -394,7 +402,7 @@ def latency_beside_student(videos: list[Video], teacher: Teacher, serving_model:
             paused = k % 2 == 0
             cpu0_s, wall0_s = _cpu_s(student), time.perf_counter()
             with _paused(student if paused else None):
-                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config)
+                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config, deque(maxlen=ALIGNMENT_CHUNKS))
             if not paused:
                 cpu_s += _cpu_s(student) - cpu0_s
                 wall_s += time.perf_counter() - wall0_s
