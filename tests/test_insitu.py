@@ -359,3 +359,16 @@ def test_an_unknown_propagation_is_refused_in_one_line(tmp_path: Path) -> None:
 
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: propagation must be one of track, forward, none, got 'sideways'"
+
+
+def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgetrain.cli import app
+
+    result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"),
+                                      "--propagation", "none"])
+
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: self-training rounds relabel whole tracks: use --rounds 0 with "
+                                     "--propagation none")

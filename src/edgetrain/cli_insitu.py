@@ -70,6 +70,10 @@ def simulate_command(
         rounds: int = typer.Option(1, "--rounds", min=0, help="Self-training rounds: the student relabels the "
                                    "stored tracks and a new student trains on them (0 with --propagation "
                                    "forward|none)."),
+        replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
+                                         "teacher and replayed by the student (at most the teacher's ~3000)."),
+        replay_weight: float = typer.Option(2.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
+                                            "against a stored one's."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -79,11 +83,11 @@ def simulate_command(
     from .insitu.simulate import QUICK, SimulateConfig, simulate
     from .units import parse_bytes
 
-    overrides: dict[str, Any] = dict(QUICK) if quick else {}
+    overrides: dict[str, Any] = {"replay_crops": replay_crops, **(QUICK if quick else {})}
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
-                            gate=GateConfig(rule=labels), **overrides)
+                            replay_weight=replay_weight, gate=GateConfig(rule=labels), **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))
