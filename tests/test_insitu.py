@@ -372,3 +372,28 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: self-training rounds relabel whole tracks: use --rounds 0 with "
                                      "--propagation none")
+
+
+def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
+    # Prepare: the same clip with every object's true class changed; an untrained network as the teacher.
+    import dataclasses
+
+    from edgetrain.insitu.model import classifier, predict
+
+    relabelled = Video(pole_clip.camera, pole_clip.frames,
+                       tuple(dataclasses.replace(t, label=(t.label + 1) % 4) for t in pole_clip.truth))
+    teacher = classifier(4, seed=0)
+    calibration = Calibration(np.zeros((4, 64)), np.ones(64), float("inf"), np.tile([-np.inf, np.inf], (4, 1)))
+
+    # Execute: detect, track, classify and label both clips, with either rule.
+    def labels(video: Video, rule: str) -> list[int | None]:
+        detections, _ = detect(video, seed=1)
+        ids = track(detections)
+        outputs = predict(teacher, np.array([crop(video.frames[d.frame], d.box) for d in detections]))
+        boxes = np.array([d.box for d in detections])
+        return label_detections(ids, outputs, boxes, calibration, video.camera, GateConfig(rule=rule), "track")[0]
+
+    # Assert: the pseudo-labels are the same: the true classes never reach them.
+    for rule in ("posterior", "gate"):
+        assert labels(pole_clip, rule) == labels(relabelled, rule)
+    assert any(label is not None for label in labels(pole_clip, "posterior"))
