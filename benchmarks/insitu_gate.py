@@ -28,7 +28,7 @@ from edgetrain.insitu.labels import Calibration, GateConfig, calibrate, elevatio
 from edgetrain.insitu.model import predict
 from edgetrain.insitu.teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from edgetrain.insitu.tracker import TrackerConfig, track
-from edgetrain.insitu.world import EYE_LEVEL, NODE_CAMERAS, Camera
+from edgetrain.insitu.world import CLASSES, EYE_LEVEL, NODE_CAMERAS, Camera
 
 
 def main() -> None:
@@ -52,6 +52,7 @@ def main() -> None:
         truth = {t.track_id: t.label for t in video.truth}
         clips.append((ids, out, np.array([d.box for d in detections]), [truth.get(s) for s in sources]))
     camera = NODE_CAMERAS[args.node_camera]
+    print(json.dumps(_teacher_by_view(clips, camera)))
     if args.rule == "posterior":
         for bands, (full_deg, none_deg) in itertools.product((1, 3, 5), ((40, 60), (45, 75), (50, 70), (90, 91))):
             gate = GateConfig(elevation_bands=bands, full_weight_below_deg=full_deg, no_weight_above_deg=none_deg)
@@ -72,6 +73,22 @@ def main() -> None:
         if row["precision"] >= 0.95 and (best is None or row["coverage"] > best["coverage"]):
             best = row
     print(json.dumps({"best": best}))
+
+
+def _teacher_by_view(clips: list, camera: Camera) -> dict[str, object]:
+    """The teacher on the stream: accuracy by the mount's elevation estimate, and its confusion (rows: truth)."""
+    labels = np.array([-1 if label is None else label for _, _, _, clip_labels in clips for label in clip_labels])
+    predicted = np.concatenate([out.labels for _, out, _, _ in clips])
+    elevations = np.concatenate([elevation_deg(boxes, camera) for _, _, boxes, _ in clips])
+    right, real = predicted == labels, labels >= 0
+    by_view = {}
+    for lo, hi in ((30, 40), (40, 50), (50, 60), (60, 70), (70, 90)):
+        band = real & (elevations >= lo) & (elevations < hi)
+        if band.any():
+            by_view[f"{lo}-{hi}"] = round(float(right[band].mean()), 3)
+    confusion = np.zeros((len(CLASSES), len(CLASSES)), dtype=int)
+    np.add.at(confusion, (labels[real], predicted[real]), 1)
+    return {"teacher_accuracy_by_estimated_elevation": by_view, "teacher_confusion": confusion.tolist()}
 
 
 def _score(clips: list, calibration: Calibration, camera: Camera, gate: GateConfig) -> dict[str, float]:
