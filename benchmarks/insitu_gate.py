@@ -99,13 +99,14 @@ def _score(clips: list, calibration: Calibration, camera: Camera, gate: GateConf
     alignment = fit_alignment(np.concatenate([out.probs for _, out, _, _ in clips]),
                               np.concatenate([elevation_deg(boxes, camera) for _, _, boxes, _ in clips]),
                               calibration.prior, gate.elevation_bands)
-    right = labelled = objects = 0
+    right = labelled = labelled_objects = objects = 0
     for ids, out, boxes, labels in clips:
         pseudo, _ = label_detections(ids, out, boxes, calibration, camera, gate, "track", alignment)
         objects += sum(label is not None for label in labels)
         labelled += sum(p is not None for p in pseudo)
+        labelled_objects += sum(p is not None and label is not None for p, label in zip(pseudo, labels, strict=True))
         right += sum(p is not None and p == label for p, label in zip(pseudo, labels, strict=True))
-    return {"precision": round(right / max(labelled, 1), 4), "coverage": round(labelled / max(objects, 1), 4)}
+    return {"precision": round(right / max(labelled, 1), 4), "coverage": round(labelled_objects / max(objects, 1), 4)}
 
 
 if __name__ == "__main__":

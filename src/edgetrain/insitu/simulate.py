@@ -177,8 +177,9 @@ class _StreamOutcome:
         """Precision and coverage of the pseudo-labels after a relabelling (scoring: reads ground truth)."""
         labels = np.array([labels_by_track.get(int(t), -2) for t in self.labelled_tracks])
         kept = labels != -2  # a track the store evicted whole keeps no label
+        real = kept & (self.labelled_truth >= 0)
         return {"pseudo_label_precision": float((labels[kept] == self.labelled_truth[kept]).mean()) if kept.any()
-                else 0.0, "pseudo_label_coverage": int(kept.sum()) / max(self.objects, 1)}
+                else 0.0, "pseudo_label_coverage": int(real.sum()) / max(self.objects, 1)}
 
 
 def _alignment(clips: list[tuple[Outputs, np.ndarray, Camera]], calibration: Calibration,
@@ -194,7 +195,7 @@ def _alignment(clips: list[tuple[Outputs, np.ndarray, Camera]], calibration: Cal
 def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration: Calibration, store: FrameStore,
                   config: SimulateConfig) -> _StreamOutcome:
     """The node's pipeline over ``stream``; returns the scored outcome and the oracle's training set."""
-    n_labelled = n_right = n_true = n_trusted = n_tracks_labelled = 0
+    n_labelled = n_labelled_objects = n_right = n_true = n_trusted = n_tracks_labelled = 0
     teacher_right = n_switches = 0
     oracle_x, oracle_y = [], []
     labelled_tracks: list[int] = []
@@ -235,12 +236,13 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
             n_trusted += bool(trusted[i])
             if pseudo[i] is not None:
                 n_labelled += 1
+                n_labelled_objects += true_label is not None
                 n_right += pseudo[i] == true_label
                 labelled_tracks.append(tracks[i])
                 labelled_truth.append(-1 if true_label is None else true_label)
     report: dict[str, float | int] = {
         "pseudo_label_precision": n_right / max(n_labelled, 1),
-        "pseudo_label_coverage": n_labelled / max(n_true, 1),
+        "pseudo_label_coverage": n_labelled_objects / max(n_true, 1),  # false positives count against precision only
         "pseudo_labelled_frames": n_labelled,
         "stream_detections_of_objects": n_true,
         "teacher_accuracy_on_stream": teacher_right / max(n_true, 1),
