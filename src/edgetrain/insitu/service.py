@@ -15,15 +15,16 @@ The store directory is the service's whole state; a rerun with the same argument
 The inference path runs in this process, one *chunk* of frames at a time (``chunk_frames``, 40 s
 at 5 frames/s): per frame, the detector's boxes are cropped and classified by the serving model
 (the promoted student, or the teacher) and by the teacher (whose outputs the gate reads); at the
-chunk's end the tracker links the chunk's detections, the gate and the track vote label them,
+chunk's end the tracker links the chunk's detections, the labelling rule labels them,
 and the labelled crops are stored with the new cursor in one atomic manifest write. Tracks do
 not cross chunks (a track cut at a chunk boundary is two tracks).
 
-Latency: the per-frame time (crop + both classifications + gate) is measured on every frame with
-a detection. The first chunk of every run is processed before the student starts, and every
-``probe_every``-th chunk with the student paused (SIGSTOP ... SIGCONT): those frames give the
-baseline p95, measured on the same machine under the same outside load as the rest, which run
-beside the training student; ``inference_p95_ratio`` is their p95 over the baseline.
+Latency: the per-frame time (crop + both classifications; the labelling rule runs once at the
+chunk's end) is measured on every frame with a detection. The first chunk of every run is
+processed before the student starts, and every ``probe_every``-th chunk with the student paused
+(SIGSTOP ... SIGCONT): those frames give the baseline p95, measured on the same machine under
+the same outside load as the rest, which run beside the training student;
+``inference_p95_ratio`` is their p95 over the baseline.
 
 Memory (NOTE [ Process budget ] for the whole service): ``--memory`` is split between the two
 processes, ``student_share`` of it the student's process budget (planned as in ``train
@@ -63,7 +64,7 @@ from .store import FrameStore, encode_png
 from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
 from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
 from .tracker import TrackerConfig, track
-from .world import POLE, Camera, ObjectTruth, Video, node_camera, render_video
+from .world import Camera, ObjectTruth, Video, node_camera, render_video
 
 __all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
 
@@ -98,7 +99,8 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
     """The camera stream from frame ``start`` (a multiple of ``chunk_frames``) in chunks, as videos.
 
     A generated world's chunk k is ``render_video(camera, chunk_frames, seed * 1000 + 300 + k)``
-    with the preset ``preset`` (:data:`~edgetrain.insitu.world.NODE_CAMERAS`)
+    with the preset ``preset`` (:data:`~edgetrain.insitu.world.NODE_CAMERAS`; a folder without
+    truth.json is taken to be seen from that mount)
     (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
     ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
     order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]),
@@ -118,14 +120,14 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
         raise EdgetrainError(f"--camera {camera!r} is neither a seed nor a folder of frame_*.png"
                              + (" with truth.json (from `edgetrain insitu world`; --detector motion needs none)"
                                 if truth else ""))
-    yield from _folder_chunks(folder, paths, chunk_frames, start)
+    yield from _folder_chunks(folder, paths, chunk_frames, start, node_camera(preset))
 
 
-def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int) -> Iterator[Video]:
+def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int, mount: Camera) -> Iterator[Video]:
     from PIL import Image
 
     truth: list[ObjectTruth] = []
-    cam = POLE  # the camera's geometry is read by nothing downstream; truth.json's, where there is one
+    cam = mount  # the node's mount (the posterior rule reads it); truth.json's camera, where there is one
     if (folder / "truth.json").exists():
         meta = json.loads((folder / "truth.json").read_text())
         cam = Camera(**meta["camera"])
