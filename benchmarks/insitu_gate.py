@@ -1,14 +1,17 @@
-"""Pseudo-label precision and coverage over a grid of competence-gate parameters, on one seed's node stream.
+"""Pseudo-label precision and coverage over a grid of labelling rules, on one seed's node stream.
 
 Usage::
 
-    python benchmarks/insitu_gate.py --seed 0 [--node-camera steep|pole]
+    python benchmarks/insitu_gate.py --seed 0 [--node-camera steep|pole] [--rule gate|posterior]
 
 Trains the seed's teacher as ``insitu simulate`` does, runs the stand-in detector, the tracker and
-the teacher over the node's stream once, then applies every gate of the grid (calibration,
-trusted frames, track vote, propagation backward and forward) and scores the pseudo-labels with
-the truth. Prints one JSON line per gate, best coverage at precision >= 0.95 last. Choose the
-gate on one seed and score the others with ``insitu simulate``: the grid reads ground truth.
+the teacher over the node's stream once, then applies every rule of the grid and scores the
+pseudo-labels with the truth: ``--rule gate`` (the default) the first increment's competence gate
+(calibration, trusted frames, track vote, propagation backward and forward), ``--rule posterior``
+the track posterior (NOTE [ Track posteriors ... ] in insitu/labels.py) over its elevation weights
+and alignment bands. Prints one JSON line per rule, for the gate the best coverage at precision
+>= 0.95 last. Choose on one seed and score the others with ``insitu simulate``: the grid reads
+ground truth.
 """
 
 from __future__ import annotations
@@ -21,17 +24,18 @@ import numpy as np
 import torch
 
 from edgetrain.insitu.detect import crop, detect
-from edgetrain.insitu.labels import GateConfig, accepted, calibrate, pseudo_labels
+from edgetrain.insitu.labels import Calibration, GateConfig, calibrate, elevation_deg, fit_alignment, label_detections
 from edgetrain.insitu.model import predict
 from edgetrain.insitu.teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from edgetrain.insitu.tracker import TrackerConfig, track
-from edgetrain.insitu.world import EYE_LEVEL, NODE_CAMERAS
+from edgetrain.insitu.world import CLASSES, EYE_LEVEL, NODE_CAMERAS, Camera
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--node-camera", choices=list(NODE_CAMERAS), default="steep")
+    parser.add_argument("--rule", choices=("gate", "posterior"), default="gate")
     args = parser.parse_args()
     torch.set_num_threads(1)
     config = TeacherConfig(seed=args.seed)
@@ -47,26 +51,62 @@ def main() -> None:
         out = predict(teacher.model, np.array([crop(video.frames[d.frame], d.box) for d in detections]))
         truth = {t.track_id: t.label for t in video.truth}
         clips.append((ids, out, np.array([d.box for d in detections]), [truth.get(s) for s in sources]))
+    camera = NODE_CAMERAS[args.node_camera]
+    print(json.dumps(_teacher_by_view(clips, camera)))
+    if args.rule == "posterior":
+        for bands, (full_deg, none_deg) in itertools.product((1, 3, 5), ((40, 60), (45, 75), (50, 70), (90, 91))):
+            gate = GateConfig(elevation_bands=bands, full_weight_below_deg=full_deg, no_weight_above_deg=none_deg)
+            calibration = calibrate(train_out, train.labels, train.boxes, held, gate)
+            print(json.dumps({"elevation_bands": bands, "full_weight_below_deg": full_deg,
+                              "no_weight_above_deg": none_deg, **_score(clips, calibration, camera, gate)}))
+        return
     best = None
     grid = itertools.product((0.85, 0.9, 0.95, 0.98), (0.5, 0.7, 0.9), ((0.2, 0.8), (0.1, 0.9), (0.3, 0.7)),
                              (3, 5), (0.8, 0.9))
     for confidence, quantile, aspects, votes, agreement in grid:
-        gate = GateConfig(confidence, quantile, aspects, votes, agreement)
+        gate = GateConfig("gate", min_confidence=confidence, quantile=quantile, aspect_quantiles=aspects,
+                          min_votes=votes, min_agreement=agreement)
         calibration = calibrate(train_out, train.labels, train.boxes, held, gate)
-        right = labelled = objects = 0
-        for ids, out, boxes, labels in clips:
-            trusted = accepted(out, boxes, calibration, gate)
-            pseudo = pseudo_labels(ids, out.labels, trusted, gate, "track")
-            objects += sum(label is not None for label in labels)
-            labelled += sum(p is not None for p in pseudo)
-            right += sum(p is not None and p == label for p, label in zip(pseudo, labels, strict=True))
         row = {"min_confidence": confidence, "quantile": quantile, "aspect_quantiles": aspects, "min_votes": votes,
-               "min_agreement": agreement, "precision": round(right / max(labelled, 1), 4),
-               "coverage": round(labelled / max(objects, 1), 4)}
+               "min_agreement": agreement, **_score(clips, calibration, camera, gate)}
         print(json.dumps(row))
         if row["precision"] >= 0.95 and (best is None or row["coverage"] > best["coverage"]):
             best = row
     print(json.dumps({"best": best}))
+
+
+def _teacher_by_view(clips: list, camera: Camera) -> dict[str, object]:
+    """The teacher on the stream: accuracy by the mount's elevation estimate, and its confusion (rows: truth)."""
+    labels = np.array([-1 if label is None else label for _, _, _, clip_labels in clips for label in clip_labels])
+    predicted = np.concatenate([out.labels for _, out, _, _ in clips])
+    elevations = np.concatenate([elevation_deg(boxes, camera) for _, _, boxes, _ in clips])
+    right, real = predicted == labels, labels >= 0
+    by_view = {}
+    for lo, hi in ((30, 40), (40, 50), (50, 60), (60, 70), (70, 90)):
+        band = real & (elevations >= lo) & (elevations < hi)
+        if band.any():
+            by_view[f"{lo}-{hi}"] = round(float(right[band].mean()), 3)
+    confusion = np.zeros((len(CLASSES), len(CLASSES)), dtype=int)
+    np.add.at(confusion, (labels[real], predicted[real]), 1)
+    return {"teacher_accuracy_by_estimated_elevation": by_view, "teacher_confusion": confusion.tolist()}
+
+
+def _score(clips: list, calibration: Calibration, camera: Camera, gate: GateConfig) -> dict[str, float]:
+    """Precision and coverage of one rule's pseudo-labels over the clips (reads the truth).
+
+    The posterior rule's alignment is fitted on the whole stream, as ``insitu simulate`` fits it.
+    """
+    alignment = fit_alignment(np.concatenate([out.probs for _, out, _, _ in clips]),
+                              np.concatenate([elevation_deg(boxes, camera) for _, _, boxes, _ in clips]),
+                              calibration.prior, gate.elevation_bands)
+    right = labelled = labelled_objects = objects = 0
+    for ids, out, boxes, labels in clips:
+        pseudo, _ = label_detections(ids, out, boxes, calibration, camera, gate, "track", alignment)
+        objects += sum(label is not None for label in labels)
+        labelled += sum(p is not None for p in pseudo)
+        labelled_objects += sum(p is not None and label is not None for p, label in zip(pseudo, labels, strict=True))
+        right += sum(p is not None and p == label for p, label in zip(pseudo, labels, strict=True))
+    return {"precision": round(right / max(labelled, 1), 4), "coverage": round(labelled_objects / max(objects, 1), 4)}
 
 
 if __name__ == "__main__":

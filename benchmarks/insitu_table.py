@@ -5,7 +5,8 @@ Usage::
     for s in 0 1 2; do edgetrain insitu simulate --seed $s --json --store out/insitu/s$s > out/insitu/seed$s.json; done
     python benchmarks/insitu_table.py out/insitu/seed*.json
 
-Prints one markdown row per report (named after its file), then the mean over them.
+Prints one markdown row per report (named after its file), then the mean over them; the last two
+columns are the label precision and the student before the self-training rounds (``--rounds``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 COLUMNS = (
     ("teacher", "teacher_accuracy"), ("student", "student_accuracy"), ("oracle", "oracle_student_accuracy"),
@@ -20,16 +22,19 @@ COLUMNS = (
     ("student eye", "student_accuracy_eye_level"), ("label precision", "pseudo_label_precision"),
     ("label coverage", "pseudo_label_coverage"), ("teacher on stream", "teacher_accuracy_on_stream"),
     ("frames / trusted frame", "frames_per_trusted_frame"), ("bytes / frame", None),
+    ("label precision, round 0", None), ("student, round 0", None),
 )
 
 
-def _row(report: dict[str, float]) -> list[float]:
+def _row(report: dict[str, Any]) -> list[float]:
     values = []
     for _, key in COLUMNS:
         if key is not None:
             values.append(float(report[key]))
     values.insert(3, report["student_accuracy"] / report["oracle_student_accuracy"])
     values.append(report["store_bytes"] / max(report["stored_frames"], 1))
+    first = report["self_training"][0]
+    values += [first["pseudo_label_precision"], first["student_accuracy"]]
     return values
 
 

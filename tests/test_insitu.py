@@ -14,11 +14,25 @@ import numpy as np
 import pytest
 
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
-from edgetrain.insitu.labels import GateConfig, accepted, calibrate, log_aspect, propagate, vote
+from edgetrain.insitu.labels import (
+    Calibration,
+    GateConfig,
+    accepted,
+    calibrate,
+    competence_weights,
+    elevation_deg,
+    fit_alignment,
+    label_detections,
+    log_aspect,
+    posterior_labels,
+    propagate,
+    relabel_tracks,
+    vote,
+)
 from edgetrain.insitu.model import Outputs
 from edgetrain.insitu.store import MANIFEST_ENTRY_BYTES, MANIFEST_HEADER_BYTES, FrameStore, balance
 from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, track
-from edgetrain.insitu.world import POLE, Video, render_video
+from edgetrain.insitu.world import POLE, STEEP, Video, render_video
 
 pytest.importorskip("scipy")
 
@@ -151,6 +165,73 @@ def test_the_gate_trusts_confident_frames_only_where_the_box_looks_like_the_teac
     assert trusted.tolist() == [True, False, False, False]
 
 
+def test_the_elevation_of_a_box_comes_from_the_mount_alone() -> None:
+    # A box whose bottom row is the image's middle row is seen along the optical axis: the tilt; one focal
+    # length lower, 45 degrees more.
+    f = STEEP.focal_px
+    boxes = np.array([[10, 50, 30, 96], [10, 50, 30, 96 + f]])
+
+    assert np.allclose(elevation_deg(boxes, STEEP), [60.0, 105.0])
+    assert competence_weights(np.array([30.0, 40.0, 50.0, 60.0, 80.0]), GateConfig()).tolist() == \
+        [1.0, 1.0, 0.5, 0.05, 0.05]
+
+
+def test_the_view_from_the_mount_outvotes_a_track_of_confident_steep_mistakes() -> None:
+    # Prepare: one track; three frames high in the image (38.8 degrees: the teacher's kind of view) say class 1
+    # at 0.7; five frames low in it (73.7 degrees) say class 3 at 0.94, confidently wrong.
+    shallow, steep = [40, 0, 60, 10], [40, 120, 60, 150]
+    boxes = np.array([shallow] * 3 + [steep] * 5)
+    probs = np.array([[0.1, 0.7, 0.1, 0.1]] * 3 + [[0.02, 0.02, 0.02, 0.94]] * 5)
+    outputs = Outputs(probs, np.zeros((8, 64)))
+    permissive = Calibration(np.zeros((4, 64)), np.ones(64), float("inf"), np.tile([-np.inf, np.inf], (4, 1)))
+
+    # Execute: the first increment's gate and vote; the track posterior (alignment off: one band at the prior).
+    gate_labels, _ = label_detections([7] * 8, outputs, boxes, permissive, STEEP, GateConfig(rule="gate"), "track")
+    weights = competence_weights(elevation_deg(boxes, STEEP), GateConfig())
+
+    # Assert: the gate trusts the five confident frames and labels the track 3; weighted by the view (1 and 0.05),
+    # class 1 wins 2.1 to 0.535, over the whole track and, online, from the first frame on.
+    assert gate_labels == [3] * 8
+    assert weights.tolist() == [1.0] * 3 + [0.05] * 5
+    assert posterior_labels([7] * 8, probs, weights, "track") == [1] * 8
+    assert posterior_labels([7] * 8, probs, weights, "forward") == [1] * 8
+    assert posterior_labels([7] * 8, probs, weights, "none") == [1] * 3 + [3] * 5
+
+
+def test_alignment_to_the_class_prior_undoes_a_bands_bias_and_leaves_an_unbiased_band_alone() -> None:
+    # Prepare: shallow views (30 degrees) whose mean is already the prior; steep ones (70 and 75 degrees) where
+    # the teacher leans to class 2 on every crop.
+    fair = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    biased = np.array([[0.4, 0.0, 0.6], [0.0, 0.4, 0.6], [0.1, 0.1, 0.8]])
+    probs = np.concatenate([fair, biased, biased])
+    elevations = np.array([30.0] * 3 + [70.0] * 3 + [75.0] * 3)
+    prior = np.full(3, 1 / 3)
+
+    # Execute: three quantile bands of elevation (three crops each).
+    aligned = fit_alignment(probs, elevations, prior, bands=3).apply(probs, elevations)
+
+    # Assert: the fair band is untouched; each steep band's mean is the prior, and its ambiguous crops now go to
+    # classes 0 and 1 while the one that leaned hardest stays 2.
+    assert np.allclose(aligned[:3], fair)
+    for band in (aligned[3:6], aligned[6:]):
+        assert np.allclose(band.mean(axis=0), prior, atol=1e-3)
+        assert band.argmax(axis=1).tolist() == [0, 1, 2]
+
+
+def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path) -> None:
+    # The student's summed probabilities per track: track 5 is class 1 (0.9 + 0.4 > 0.1 + 0.6), track 6 class 0.
+    probs = np.array([[0.1, 0.9], [0.6, 0.4], [0.8, 0.2]])
+    assert relabel_tracks([5, 5, 6], probs) == {5: 1, 6: 0}
+    store = FrameStore(tmp_path / "s", 10_000)
+    store.add([(b"x" * 100, 0, 5), (b"y" * 100, 0, 5), (b"z" * 100, 1, 6), (b"w" * 100, 1, 9)])
+    used = store.charged_bytes
+
+    assert store.relabel({5: 1, 6: 0}) == 3
+    reopened = FrameStore(tmp_path / "s", 10_000)
+    assert [(f.track, f.label) for f in reopened.frames] == [(5, 1), (5, 1), (6, 0), (9, 1)]
+    assert reopened.charged_bytes == used and store.relabel({5: 1}) == 0
+
+
 # --- the frame store -------------------------------------------------------------------------------
 def _on_disk(root: Path) -> int:
     """Bytes of the frame files in a store's directory."""
@@ -278,3 +359,41 @@ def test_an_unknown_propagation_is_refused_in_one_line(tmp_path: Path) -> None:
 
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: propagation must be one of track, forward, none, got 'sideways'"
+
+
+def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgetrain.cli import app
+
+    result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"),
+                                      "--propagation", "none"])
+
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: self-training rounds relabel whole tracks: use --rounds 0 with "
+                                     "--propagation none")
+
+
+def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
+    # Prepare: the same clip with every object's true class changed; an untrained network as the teacher.
+    import dataclasses
+
+    from edgetrain.insitu.model import classifier, predict
+
+    relabelled = Video(pole_clip.camera, pole_clip.frames,
+                       tuple(dataclasses.replace(t, label=(t.label + 1) % 4) for t in pole_clip.truth))
+    teacher = classifier(4, seed=0)
+    calibration = Calibration(np.zeros((4, 64)), np.ones(64), float("inf"), np.tile([-np.inf, np.inf], (4, 1)))
+
+    # Execute: detect, track, classify and label both clips, with either rule.
+    def labels(video: Video, rule: str) -> list[int | None]:
+        detections, _ = detect(video, seed=1)
+        ids = track(detections)
+        outputs = predict(teacher, np.array([crop(video.frames[d.frame], d.box) for d in detections]))
+        boxes = np.array([d.box for d in detections])
+        return label_detections(ids, outputs, boxes, calibration, video.camera, GateConfig(rule=rule), "track")[0]
+
+    # Assert: the pseudo-labels are the same: the true classes never reach them.
+    for rule in ("posterior", "gate"):
+        assert labels(pole_clip, rule) == labels(relabelled, rule)
+    assert any(label is not None for label in labels(pole_clip, "posterior"))

@@ -63,18 +63,31 @@ def simulate_command(
                                      "do not apply)."),
         node_camera: str = typer.Option("steep", "--node-camera", help="The node's camera: 'steep' (8 m up, 60° "
                                         "down) or 'pole' (6 m, 45°: the first increment's)."),
+        labels: str = typer.Option("posterior", "--labels", help="'posterior' (each track's teacher probabilities "
+                                   "weighted by the view from the node's mount and aligned to the class prior; "
+                                   "every track labelled) or 'gate' (the first increment's competence gate and "
+                                   "vote)."),
+        rounds: int = typer.Option(1, "--rounds", min=0, help="Self-training rounds: the student relabels the "
+                                   "stored tracks and a new student trains on them (0 with --propagation "
+                                   "forward|none)."),
+        replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
+                                         "teacher and replayed by the student (at most the teacher's ~3000)."),
+        replay_weight: float = typer.Option(2.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
+                                            "against a stored one's."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
     import shutil
 
+    from .insitu.labels import GateConfig
     from .insitu.simulate import QUICK, SimulateConfig, simulate
     from .units import parse_bytes
 
-    overrides: dict[str, Any] = dict(QUICK) if quick else {}
+    overrides: dict[str, Any] = {"replay_crops": replay_crops, **(QUICK if quick else {})}
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
-                            propagation=propagation, detector=detector, node_camera=node_camera, **overrides)
+                            propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
+                            replay_weight=replay_weight, gate=GateConfig(rule=labels), **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))
@@ -173,5 +186,5 @@ def _print_report(report: dict[str, Any]) -> None:
     console.print(table)
     console.print(f"pseudo-labels: precision {report['pseudo_label_precision']:.3f} at coverage "
                   f"{report['pseudo_label_coverage']:.3f} ({report['pseudo_labelled_frames']} frames, "
-                  f"{report['frames_per_trusted_frame']:.1f} per gate-trusted frame); store "
+                  f"{report['frames_per_trusted_frame']:.1f} per trusted frame); store "
                   f"{report['store_bytes']} / {report['store_quota_bytes']} bytes, {report['stored_frames']} frames")

@@ -48,12 +48,17 @@ class FitConfig:
     memory: str | None = None  # the step's tensor budget: train through Checkpointed's planned schedule
 
 
-def fit(model: nn.Sequential, crops: np.ndarray, labels: np.ndarray, config: FitConfig) -> nn.Sequential:
-    """Train ``model`` in place with Adam on flipped and brightness-jittered crops; returns it."""
+def fit(model: nn.Sequential, crops: np.ndarray, labels: np.ndarray, config: FitConfig,
+        weights: np.ndarray | None = None) -> nn.Sequential:
+    """Train ``model`` in place with Adam on flipped and brightness-jittered crops; returns it.
+
+    ``weights`` (n,), if given, weigh each crop's loss (a batch's loss is their weighted mean).
+    """
     if len(crops) < config.batch:
         raise ValueError(f"need at least one batch ({config.batch}) of crops to train, got {len(crops)}")
     gen = torch.Generator().manual_seed(config.seed)
     x_all, y_all = to_tensor(crops), torch.from_numpy(labels.astype(np.int64))
+    w_all = torch.ones(len(crops)) if weights is None else torch.from_numpy(np.asarray(weights, dtype=np.float32))
     net: nn.Module = model
     if config.memory is not None:
         from ..runtime import Checkpointed
@@ -68,8 +73,8 @@ def fit(model: nn.Sequential, crops: np.ndarray, labels: np.ndarray, config: Fit
         perm = torch.randperm(len(x_all), generator=gen)
         for k in range(len(x_all) // config.batch):  # full batches only: one shape, one plan
             idx = perm[k * config.batch:(k + 1) * config.batch]
-            x, y = augment(x_all[idx], gen), y_all[idx]
-            loss = nn.functional.cross_entropy(net(x), y)
+            x, y, w = augment(x_all[idx], gen), y_all[idx], w_all[idx]
+            loss = (nn.functional.cross_entropy(net(x), y, reduction="none") * w).sum() / w.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

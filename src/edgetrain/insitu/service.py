@@ -15,15 +15,16 @@ The store directory is the service's whole state; a rerun with the same argument
 The inference path runs in this process, one *chunk* of frames at a time (``chunk_frames``, 40 s
 at 5 frames/s): per frame, the detector's boxes are cropped and classified by the serving model
 (the promoted student, or the teacher) and by the teacher (whose outputs the gate reads); at the
-chunk's end the tracker links the chunk's detections, the gate and the track vote label them,
+chunk's end the tracker links the chunk's detections, the labelling rule labels them,
 and the labelled crops are stored with the new cursor in one atomic manifest write. Tracks do
 not cross chunks (a track cut at a chunk boundary is two tracks).
 
-Latency: the per-frame time (crop + both classifications + gate) is measured on every frame with
-a detection. The first chunk of every run is processed before the student starts, and every
-``probe_every``-th chunk with the student paused (SIGSTOP ... SIGCONT): those frames give the
-baseline p95, measured on the same machine under the same outside load as the rest, which run
-beside the training student; ``inference_p95_ratio`` is their p95 over the baseline.
+Latency: the per-frame time (crop + both classifications; the labelling rule runs once at the
+chunk's end) is measured on every frame with a detection. The first chunk of every run is
+processed before the student starts, and every ``probe_every``-th chunk with the student paused
+(SIGSTOP ... SIGCONT): those frames give the baseline p95, measured on the same machine under
+the same outside load as the rest, which run beside the training student;
+``inference_p95_ratio`` is their p95 over the baseline.
 
 Memory (NOTE [ Process budget ] for the whole service): ``--memory`` is split between the two
 processes, ``student_share`` of it the student's process budget (planned as in ``train
@@ -43,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,20 +57,21 @@ from torch import nn
 from ..errors import EdgetrainError
 from ..profile.process import read_process_memory, reset_peak
 from .detect import crop
-from .labels import GateConfig, accepted, pseudo_labels
+from .labels import GateConfig, elevation_deg, fit_alignment, label_detections
 from .model import Outputs, predict
 from .motion import DETECTORS, run_detector
 from .store import FrameStore, encode_png
 from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
 from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
 from .tracker import TrackerConfig, track
-from .world import POLE, Camera, ObjectTruth, Video, node_camera, render_video
+from .world import Camera, ObjectTruth, Video, node_camera, render_video
 
 __all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
 
 log = logging.getLogger(__name__)
 
 TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: unique over the stream
+ALIGNMENT_CHUNKS = 6  # the posterior rule aligns the teacher over the last 6 chunks (simulate's stream at 200 frames)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
     """The camera stream from frame ``start`` (a multiple of ``chunk_frames``) in chunks, as videos.
 
     A generated world's chunk k is ``render_video(camera, chunk_frames, seed * 1000 + 300 + k)``
-    with the preset ``preset`` (:data:`~edgetrain.insitu.world.NODE_CAMERAS`)
+    with the preset ``preset`` (:data:`~edgetrain.insitu.world.NODE_CAMERAS`; a folder without
+    truth.json is taken to be seen from that mount)
     (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
     ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
     order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]),
@@ -116,14 +120,14 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
         raise EdgetrainError(f"--camera {camera!r} is neither a seed nor a folder of frame_*.png"
                              + (" with truth.json (from `edgetrain insitu world`; --detector motion needs none)"
                                 if truth else ""))
-    yield from _folder_chunks(folder, paths, chunk_frames, start)
+    yield from _folder_chunks(folder, paths, chunk_frames, start, node_camera(preset))
 
 
-def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int) -> Iterator[Video]:
+def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int, mount: Camera) -> Iterator[Video]:
     from PIL import Image
 
     truth: list[ObjectTruth] = []
-    cam = POLE  # the camera's geometry is read by nothing downstream; truth.json's, where there is one
+    cam = mount  # the node's mount (the posterior rule reads it); truth.json's camera, where there is one
     if (folder / "truth.json").exists():
         meta = json.loads((folder / "truth.json").read_text())
         cam = Camera(**meta["camera"])
@@ -166,16 +170,19 @@ class Serving:
         return True
 
 
-def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving,
-                 config: ServiceConfig) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
-    """The inference path over one chunk: labelled crops to store, per-frame latencies, detections."""
+def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, config: ServiceConfig,
+                 recent: deque[tuple[np.ndarray, np.ndarray]]) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
+    """The inference path over one chunk: labelled crops to store, per-frame latencies, detections.
+
+    ``recent`` holds the teacher's probabilities and the boxes' elevations of the last chunks (this
+    one appended here): the posterior rule's alignment is fitted on them (NOTE [ Track posteriors ... ]).
+    """
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}
     for i, d in enumerate(detections):
         by_frame.setdefault(d.frame, []).append(i)
     crops: list[np.ndarray] = []
     outputs: list[Outputs] = []
-    trusted: list[np.ndarray] = []
     latencies_s = []
     for f in range(len(video.frames)):
         members = by_frame.get(f, [])
@@ -183,17 +190,19 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving,
         if members:
             x = np.array([crop(video.frames[f], detections[i].box) for i in members])
             predict(serving.model, x)  # the node's answer (reported to the application; not used for labels)
-            out = predict(teacher.model, x)
-            trusted.append(accepted(out, np.array([detections[i].box for i in members]), teacher.calibration,
-                                    config.gate))
             crops += list(x)
-            outputs.append(out)
+            outputs.append(predict(teacher.model, x))  # what the labelling rule reads at the chunk's end
             latencies_s.append(time.perf_counter() - started)  # frames with detections: the path's real work
     if not detections:
         return [], latencies_s, 0
     ids = track(detections, TrackerConfig(seed=config.seed + chunk))
-    labels = np.concatenate([o.labels for o in outputs])
-    pseudo = pseudo_labels(ids, labels, np.concatenate(trusted), config.gate, config.propagation)
+    chunk_outputs = Outputs(np.concatenate([o.probs for o in outputs]), np.concatenate([o.features for o in outputs]))
+    chunk_boxes = np.array([d.box for d in detections])
+    recent.append((chunk_outputs.probs, elevation_deg(chunk_boxes, video.camera)))
+    alignment = fit_alignment(np.concatenate([p for p, _ in recent]), np.concatenate([e for _, e in recent]),
+                              teacher.calibration.prior, config.gate.elevation_bands)
+    pseudo, _ = label_detections(ids, chunk_outputs, chunk_boxes, teacher.calibration, video.camera, config.gate,
+                                 config.propagation, alignment)
     items = [(encode_png(crops[i]), label, chunk * TRACKS_PER_CHUNK + ids[i])
              for i, label in enumerate(pseudo) if label is not None]
     return items, latencies_s, len(detections)
@@ -247,6 +256,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     student: subprocess.Popen[bytes] | None = None
     baseline_s: list[float] = []
     beside_s: list[float] = []
+    recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=ALIGNMENT_CHUNKS)  # empty again after a resume
     try:
         for video in camera_chunks(config.camera, config.chunk_frames, store.cursor,
                                    truth=config.detector == "standin", preset=config.node_camera):
@@ -260,7 +270,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
             paused = student is not None and chunk % config.probe_every == 0
             student_cpu_s = _cpu_s(student)
             with _paused(student if paused else None):
-                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config)
+                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config, recent)
             student_cpu_s = _cpu_s(student) - student_cpu_s
             evicted = store.add(items, cursor=first + len(video.frames))
             alone = student is None or paused
@@ -394,7 +404,7 @@ def latency_beside_student(videos: list[Video], teacher: Teacher, serving_model:
             paused = k % 2 == 0
             cpu0_s, wall0_s = _cpu_s(student), time.perf_counter()
             with _paused(student if paused else None):
-                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config)
+                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config, deque(maxlen=ALIGNMENT_CHUNKS))
             if not paused:
                 cpu_s += _cpu_s(student) - cpu0_s
                 wall_s += time.perf_counter() - wall0_s

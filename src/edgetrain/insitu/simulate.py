@@ -17,14 +17,24 @@ import numpy as np
 import torch
 
 from .detect import crop
-from .labels import PROPAGATION, Calibration, GateConfig, accepted, pseudo_labels
-from .model import FitConfig, fit, predict
+from .labels import (
+    PROPAGATION,
+    RULES,
+    Alignment,
+    Calibration,
+    GateConfig,
+    elevation_deg,
+    fit_alignment,
+    label_detections,
+    relabel_tracks,
+)
+from .model import FitConfig, Outputs, fit, predict
 from .motion import DETECTORS, run_detector, score_boxes
-from .service import ServiceConfig, latency_beside_student
+from .service import TRACKS_PER_CHUNK, ServiceConfig, latency_beside_student
 from .store import FrameStore, encode_png
-from .teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
+from .teacher import Teacher, TeacherConfig, crops_with_truth, render_clips, train_teacher
 from .tracker import TrackerConfig, track
-from .world import CLASSES, EYE_LEVEL, Video, node_camera
+from .world import CLASSES, EYE_LEVEL, Camera, Video, node_camera
 
 __all__ = ["SimulateConfig", "simulate", "ELEVATION_BANDS_DEG", "PROPAGATION", "QUICK"]
 
@@ -49,7 +59,9 @@ class SimulateConfig:
     eye_test_videos: int = 10  # held-out eye-level clips (forgetting)
     teacher_epochs: int = 10
     student_epochs: int = 8
-    replay_crops: int = 800  # eye-level crops shipped with the teacher, replayed by the student
+    replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
+    replay_weight: float = 2.0  # a replayed crop's loss weight against a stored one's (against forgetting)
+    rounds: int = 1  # self-training rounds: the student relabels the stored tracks and a new student trains on them
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
     node_camera: str = "steep"  # the deployed node's camera preset: "steep" (8 m, 60°) or "pole" (6 m, 45°)
@@ -74,6 +86,11 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     if config.propagation not in PROPAGATION:
         raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {config.propagation!r}")
     camera = node_camera(config.node_camera)
+    if config.gate.rule not in RULES:
+        raise ValueError(f"the labelling rule must be one of {', '.join(RULES)}, got {config.gate.rule!r}")
+    if config.rounds and config.propagation != "track":
+        raise ValueError("self-training rounds relabel whole tracks: use --rounds 0 with --propagation "
+                         f"{config.propagation}")
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     say = progress or (lambda message: log.info(message))
@@ -89,18 +106,25 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     store = FrameStore(store_dir, config.quota_bytes)
     labelled = _pseudo_label(stream, teacher, calibration, store, config)
 
-    replay_x, replay_y = shipped.replay_crops, shipped.replay_labels
+    test_clips = render_clips((camera,), config.test_videos, config.node_frames, base + 500, rate=0.08)
+    test = crops_with_truth(test_clips)  # scoring only (ground truth)
+    test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
     store_x, store_y = store.load()
-    say(f"training the student on {len(store_x)} stored crops + {len(replay_x)} replayed")
-    student = _student(teacher, np.concatenate([store_x, replay_x]), np.concatenate([store_y, replay_y]), config)
+    say(f"training the student on {len(store_x)} stored crops + {len(shipped.replay_crops)} replayed")
+    student = _student(teacher, store_x, store_y, shipped, config)
+    rounds = [{**{key: float(labelled.report[key]) for key in ("pseudo_label_precision", "pseudo_label_coverage")},
+               "student_accuracy": float((predict(student, test_x).labels == test_y).mean())}]  # scoring
+    for round_ in range(1, config.rounds + 1):
+        changed = store.relabel(relabel_tracks([f.track for f in store.frames], predict(student, store_x).probs))
+        store_x, store_y = store.load()
+        say(f"self-training round {round_}: the student relabelled {changed} stored frames; training a new one")
+        student = _student(teacher, store_x, store_y, shipped, config)
+        rounds.append({**labelled.score({f.track: f.label for f in store.frames}),  # scoring (ground truth)
+                       "student_accuracy": float((predict(student, test_x).labels == test_y).mean())})
     say("training the oracle student (true labels on every detected crop)")
-    oracle = _student(teacher, np.concatenate([labelled.oracle_crops, replay_x]),
-                      np.concatenate([labelled.oracle_labels, replay_y]), config)
+    oracle = _student(teacher, labelled.oracle_crops, labelled.oracle_labels, shipped, config)
 
     say("scoring on held-out clips (ground truth)")
-    test_clips = render_clips((camera,), config.test_videos, config.node_frames, base + 500, rate=0.08)
-    test = crops_with_truth(test_clips)
-    test_x, test_y, test_el = test.crops, test.labels, test.elevations_deg
     eye_test = crops_with_truth(render_clips(EYE_LEVEL, config.eye_test_videos, config.teacher_frames, base + 700,
                                              rate=0.25))
     eye_x, eye_y = eye_test.crops, eye_test.labels
@@ -114,6 +138,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
             for lo, hi in ELEVATION_BANDS_DEG[config.node_camera] if ((test_el >= lo) & (test_el < hi)).any()}
         report[f"{name}_accuracy_eye_level"] = float((predict(model, eye_x).labels == eye_y).mean())
     report.update(labelled.report)
+    report.update(pseudo_label_precision=rounds[-1]["pseudo_label_precision"],  # the final labels'
+                  pseudo_label_coverage=rounds[-1]["pseudo_label_coverage"], self_training=rounds)
     report.update(store_bytes=store.bytes_used, store_quota_bytes=store.quota_bytes,
                   stored_frames=len(store.frames), test_crops=len(test_x), eye_level_test_crops=len(eye_x),
                   teacher_training_crops=len(train.crops))
@@ -128,11 +154,14 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     return report
 
 
-def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray,
+def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, shipped: Teacher,
              config: SimulateConfig) -> torch.nn.Sequential:
-    """The teacher's copy fine-tuned on ``crops`` through Checkpointed's planned schedule within ``student_memory``."""
-    return fit(copy.deepcopy(teacher), crops, labels,
-               FitConfig(epochs=config.student_epochs, lr=1e-3, seed=config.seed + 1, memory=config.student_memory))
+    """The teacher's copy fine-tuned on ``crops`` and the replayed ones through Checkpointed's planned schedule."""
+    weights = np.concatenate([np.ones(len(crops)), np.full(len(shipped.replay_crops), config.replay_weight)])
+    return fit(copy.deepcopy(teacher), np.concatenate([crops, shipped.replay_crops]),
+               np.concatenate([labels, shipped.replay_labels]),
+               FitConfig(epochs=config.student_epochs, lr=1e-3, seed=config.seed + 1, memory=config.student_memory),
+               weights)
 
 
 @dataclass(frozen=True)
@@ -140,15 +169,39 @@ class _StreamOutcome:
     report: dict[str, float | int]  # scored with ground truth
     oracle_crops: np.ndarray  # every crop of a true object in the stream, with its true label: the oracle's data
     oracle_labels: np.ndarray
+    labelled_tracks: np.ndarray  # (n,) the track of each pseudo-labelled detection ...
+    labelled_truth: np.ndarray  # (n,) ... and its true class (-1: a false positive), for scoring only
+    objects: int  # detections of real objects
+
+    def score(self, labels_by_track: dict[int, int]) -> dict[str, float]:
+        """Precision and coverage of the pseudo-labels after a relabelling (scoring: reads ground truth)."""
+        labels = np.array([labels_by_track.get(int(t), -2) for t in self.labelled_tracks])
+        kept = labels != -2  # a track the store evicted whole keeps no label
+        real = kept & (self.labelled_truth >= 0)
+        return {"pseudo_label_precision": float((labels[kept] == self.labelled_truth[kept]).mean()) if kept.any()
+                else 0.0, "pseudo_label_coverage": int(real.sum()) / max(self.objects, 1)}
+
+
+def _alignment(clips: list[tuple[Outputs, np.ndarray, Camera]], calibration: Calibration,
+               config: SimulateConfig) -> Alignment | None:
+    """The posterior rule's alignment to the class prior, fitted on the whole stream's teacher outputs."""
+    if config.gate.rule != "posterior" or not clips:
+        return None
+    elevations = np.concatenate([elevation_deg(boxes, camera) for _, boxes, camera in clips])
+    probs = np.concatenate([outputs.probs for outputs, _, _ in clips])
+    return fit_alignment(probs, elevations, calibration.prior, config.gate.elevation_bands)
 
 
 def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration: Calibration, store: FrameStore,
                   config: SimulateConfig) -> _StreamOutcome:
     """The node's pipeline over ``stream``; returns the scored outcome and the oracle's training set."""
-    n_labelled = n_right = n_true = n_trusted = n_tracks_labelled = 0
+    n_labelled = n_labelled_objects = n_right = n_true = n_trusted = n_tracks_labelled = 0
     teacher_right = n_switches = 0
     oracle_x, oracle_y = [], []
+    labelled_tracks: list[int] = []
+    labelled_truth: list[int] = []
     boxes: dict[str, int] = {}
+    seen = []
     for k, video in enumerate(stream):
         # --- the pipeline: no ground truth below until the marked scoring lines ---
         detections, sources = run_detector(video, config.detector, config.seed * 7919 + k,
@@ -157,15 +210,17 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         box_score = score_boxes(detections, sources, video)  # scoring (ground truth)
         for key, value in box_score.items():
             boxes[key] = boxes.get(key, 0) + value
-        if not detections:
-            continue
-        ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
-        crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
-        outputs = predict(teacher, crops)
-        trusted = accepted(outputs, np.array([d.box for d in detections]), calibration, config.gate)
-        pseudo = pseudo_labels(ids, outputs.labels, trusted, config.gate, config.propagation)
+        if detections:
+            ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
+            crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
+            seen.append((k, video, sources, ids, crops, predict(teacher, crops), np.array([d.box for d in detections])))
+    alignment = _alignment([(out, box, video.camera) for _, video, _, _, _, out, box in seen], calibration, config)
+    for k, video, sources, ids, crops, outputs, clip_boxes in seen:
+        pseudo, trusted = label_detections(ids, outputs, clip_boxes, calibration, video.camera, config.gate,
+                                           config.propagation, alignment)
         n_tracks_labelled += len({ids[i] for i, label in enumerate(pseudo) if label is not None})
-        store.add([(encode_png(crops[i]), label, ids[i]) for i, label in enumerate(pseudo) if label is not None])
+        tracks = [k * TRACKS_PER_CHUNK + tid for tid in ids]  # unique over the stream, as the service's
+        store.add([(encode_png(crops[i]), label, tracks[i]) for i, label in enumerate(pseudo) if label is not None])
         # --- scoring (ground truth) ---
         truth = {t.track_id: t.label for t in video.truth}
         last_id: dict[int, int] = {}
@@ -181,10 +236,13 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
             n_trusted += bool(trusted[i])
             if pseudo[i] is not None:
                 n_labelled += 1
+                n_labelled_objects += true_label is not None
                 n_right += pseudo[i] == true_label
+                labelled_tracks.append(tracks[i])
+                labelled_truth.append(-1 if true_label is None else true_label)
     report: dict[str, float | int] = {
         "pseudo_label_precision": n_right / max(n_labelled, 1),
-        "pseudo_label_coverage": n_labelled / max(n_true, 1),
+        "pseudo_label_coverage": n_labelled_objects / max(n_true, 1),  # false positives count against precision only
         "pseudo_labelled_frames": n_labelled,
         "stream_detections_of_objects": n_true,
         "teacher_accuracy_on_stream": teacher_right / max(n_true, 1),
@@ -197,4 +255,5 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         "detector_precision": boxes.get("true_positives", 0) / max(boxes.get("detections", 0), 1),
         "detector_recall": boxes.get("detectable_found", 0) / max(boxes.get("detectable_objects", 0), 1),
     }
-    return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y))
+    return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y), np.array(labelled_tracks),
+                          np.array(labelled_truth), n_true)

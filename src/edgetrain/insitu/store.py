@@ -32,8 +32,8 @@ import contextlib
 import io
 import json
 import os
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +170,20 @@ class FrameStore:
             self._cursor = cursor
         self._write_manifest()
         return evicted
+
+    def relabel(self, labels_by_track: Mapping[int, int]) -> int:
+        """Give every listed frame of a track in ``labels_by_track`` that label (one atomic manifest write).
+
+        A self-training round's new votes; frames and bytes are unchanged, so the quota still
+        holds. Returns how many frames changed label.
+        """
+        changed = [replace(f, label=labels_by_track[f.track]) if f.track in labels_by_track else f
+                   for f in self._frames]
+        count = sum(a.label != b.label for a, b in zip(changed, self._frames, strict=True))
+        if count:
+            self._frames = changed
+            self._write_manifest()
+        return count
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """All listed crops (n, h, w, 3) uint8 and their labels (n,); an empty store gives empty arrays."""

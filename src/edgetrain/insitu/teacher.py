@@ -95,6 +95,7 @@ def save_teacher(teacher: Teacher, path: Path) -> Path:
     payload = {"model": teacher.model.state_dict(), "class_means": torch.from_numpy(c.class_means),
                "feature_std": torch.from_numpy(c.feature_std), "max_distance": float(c.max_distance),
                "aspect_bounds": torch.from_numpy(c.aspect_bounds),
+               "class_prior": torch.from_numpy(c.prior),
                "replay_crops": torch.from_numpy(teacher.replay_crops),
                "replay_labels": torch.from_numpy(teacher.replay_labels.astype(np.int64))}
     buffer = io.BytesIO()
@@ -109,7 +110,8 @@ def load_teacher(path: Path) -> Teacher:
         model = classifier(len(CLASSES), 0)
         model.load_state_dict(payload["model"])
         calibration = Calibration(payload["class_means"].numpy(), payload["feature_std"].numpy(),
-                                  float(payload["max_distance"]), payload["aspect_bounds"].numpy())
+                                  float(payload["max_distance"]), payload["aspect_bounds"].numpy(),
+                                  payload["class_prior"].numpy())
         teacher = Teacher(model.eval(), calibration, payload["replay_crops"].numpy(),
                           payload["replay_labels"].numpy())
     except (OSError, RuntimeError, KeyError, TypeError) as exc:
