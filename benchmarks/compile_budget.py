@@ -200,6 +200,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         cpu_times.append(time.thread_time() - start_cpu)
     step_peak = read_process_memory().peak_rss_bytes - rest
     print(json.dumps({"median_step_s": statistics.median(times), "median_step_cpu_s": statistics.median(cpu_times),
+                      "step_cpu_s": cpu_times,
                       "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
                       "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
 
@@ -244,6 +245,9 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
             row[f"step{clock}_time_ratio"] = statistics.median(ratios)
             row[f"step{clock}_time_ratio_range"] = [min(ratios), max(ratios)]
             row[f"eager_step{clock}_s"] = statistics.median(r["eager"][f"median_step{clock}_s"] for r in ok)
+        cpu_steps = [t for r in ok for t in r[setting].get("step_cpu_s", [])]
+        if len(cpu_steps) > 1:   # the timed steps of every round: how steady one setting's step was
+            row["step_cpu_cov_pct"] = 100 * statistics.stdev(cpu_steps) / statistics.mean(cpu_steps)
         for key in ("step_tensor_peak_bytes", "step_peak_bytes", "rest_rss_bytes"):
             values = [r[setting][key] / MiB for r in ok]
             row[key.replace("_bytes", "_mib")] = statistics.median(values)
@@ -317,14 +321,15 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result.get('load_average', 'not recorded')}. One round per setting unless ``--rounds`` says more;"
              " the CPU clock's ratio is the time verdict.", "",
              "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
-             "wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|"]
+             "step CPU CoV % | wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | |")
+            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | | |")
             continue
         lines.append(f"| {row['model']} | {row['setting']} | {mib(row['step_tensor_peak_mib'])} | "
                      f"{mib(row['step_peak_mib'])} | {mib(row['rest_rss_mib'])} | "
-                     f"{ratio(row['step_cpu_time_ratio'])} | {ratio(row['step_time_ratio'])} | "
+                     f"{ratio(row['step_cpu_time_ratio'])} | {mib(row.get('step_cpu_cov_pct'))} | "
+                     f"{ratio(row['step_time_ratio'])} | "
                      f"{ratio(row.get('recompute_factor'))} |")
     lines += ["", "| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
               "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
