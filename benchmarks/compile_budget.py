@@ -132,10 +132,8 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     value = setting.partition(":")[2]
     compiled = setting.startswith("edgetrain+compile")
     blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
-    stages_list = training_stages(model)
-    if compiled:
-        stages_list = compiled_stages(stages_list)
-    chain = profile(nn.Sequential(*stages_list[:-1]), x, y)
+    # the compiled stages profiled as Checkpointed(compile_stages=True) will run them; else the model itself
+    chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y)
     least, twins = three_budgets(chain)[0], None
     if blocks:
         stages = segmented_stages(stages_of(model), x)
