@@ -146,6 +146,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
         return wrapped, full_step(lambda: wrapped.step_loss(x, y), optimizer)
 
     fits: list[int] = []
+    budget: int | None = None   # the memory request planned at, where the setting asks for memory
     if match_step_bytes is not None:
         budget = max(least, chain.resident_bytes + match_step_bytes)
         for _ in range(4):
@@ -156,11 +157,12 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
                 break
             budget = max(least, budget - (fits[-1] - match_step_bytes))
     elif value == "least":
-        wrapped, step = planned(memory=least)
+        budget = least
+        wrapped, step = planned(memory=budget)
     else:
         wrapped, step = planned(recompute=float(value))
     return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
-                  "budget_bytes": wrapped.plan.predicted_peak_bytes if fits or value == "least" else None,
+                  "budget_bytes": budget,
                   "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
                   "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
                   "fit_step_peaks_bytes": fits}
