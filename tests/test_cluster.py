@@ -301,7 +301,7 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> No
              {"time_s": 3.0, "sync_s": 3.0}]
     runs = [{"step_s": s, "sync_share": share, "restarts": 0, "steps_timed": 3, "emulation": "e"}
             for s, share in ((3.0, 0.5), (1.0, 0.25), (2.0, 1.0))]
-    failed = [{"detection_s": d, "stall_s": s, "heartbeat_max_gap_s": 1.0, "after_step": 4, "restarts": 1,
+    failed = [{"injected": True, "detection_s": d, "stall_s": s, "heartbeat_max_gap_s": 1.0, "after_step": 4, "restarts": 1,
                "steps_lost": 0, "steps_repeated": 0, "samples_repeated": 0, "finished_steps": 31, "contiguous": True,
                "emulation": "e"} for d, s in ((0.5, 4.0), (None, 6.0), (1.5, 2.0))]
     # Execute
@@ -317,5 +317,5 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> No
     assert row["sync_share"] == 0.5 and row["sync_share_spread"]["n"] == 3
     assert failure["detection_s"]["n"] == 2 and failure["detection_s"]["median"] == 1.0
     assert failure["stall_s"]["median"] == 4.0 and failure["restarts"] == [1, 1, 1]
-    assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table and "| stop | 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
+    assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table and "| stop | 3 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
     assert bench._spread([None, None]) is None
