@@ -532,7 +532,7 @@ def markdown(result: dict[str, Any]) -> str:
         sw = r["switch"]
         counts = f"{sw['forwarded']:.0f}, {sw['lost']:.0f}, {sw['queue_full']:.0f}" if sw else "- (veth + tc tbf)"
         out.append(f"| {r['link']} | {r['rate_bps'] / 1e6:g} | {r['delay_s'] * 1e3:g} | {r['loss']:.1%} | "
-                   f"{r['repeats']} | {_spread_text(_scaled(r['rtt_s'], 1e3), '{:.2f}')} | "
+                   f"{r['repeats']} | {_spread_text(_scaled(r['rtt_s'], 1e3))} | "
                    f"{r['rtt_min_s'] * 1e3:.2f} | "
                    f"{_spread_text(_scaled(r['throughput_bps'], 1e-6), '{:.1f}')} | {counts} | "
                    f"{_spread_text(r['switch_cpu_s'], '{:.2f}')} |")
@@ -661,7 +661,7 @@ def main() -> None:
         "command": "python benchmarks/cluster.py " + " ".join(
             f"--{k.replace('_', '-')}" if v is True else
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md") and v is not False),
+            for k, v in vars(args).items() if k not in ("out", "md") and v is not False and v is not None),
         "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
                      "same at every node count; the time-to-target table: cores / --ttt-nodes)."
                      if can_emulate() is None and args.presets != ["none"] else
