@@ -295,15 +295,16 @@ def _cluster_benchmark() -> Any:
 
 def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> None:
     # Prepare: three runs of one scaling point (the warm-up step is left out of each run's median), and three
-    # failure runs of which one has no detection time.
+    # failure runs of which one never had its fault injected (no detection, no stall).
     bench = _cluster_benchmark()
     steps = [{"time_s": 9.0, "sync_s": 9.0}, {"time_s": 2.0, "sync_s": 1.0}, {"time_s": 4.0, "sync_s": 1.0},
              {"time_s": 3.0, "sync_s": 3.0}]
     runs = [{"step_s": s, "sync_share": share, "restarts": 0, "steps_timed": 3, "emulation": "e"}
             for s, share in ((3.0, 0.5), (1.0, 0.25), (2.0, 1.0))]
-    failed = [{"injected": True, "detection_s": d, "stall_s": s, "heartbeat_max_gap_s": 1.0, "after_step": 4, "restarts": 1,
-               "steps_lost": 0, "steps_repeated": 0, "samples_repeated": 0, "finished_steps": 31, "contiguous": True,
-               "emulation": "e"} for d, s in ((0.5, 4.0), (None, 6.0), (1.5, 2.0))]
+    failed = [{"injected": d is not None, "detection_s": d, "stall_s": s, "heartbeat_max_gap_s": 1.0,
+               "after_step": 4, "restarts": 1, "steps_lost": 0, "steps_repeated": 0, "samples_repeated": 0,
+               "finished_steps": 31, "contiguous": True, "emulation": "e"}
+              for d, s in ((0.5, 4.0), (None, None), (1.5, 2.0))]
     # Execute
     medians = bench._step_medians(steps)
     row = bench._scaling_row("gigabit", 8, 2, runs)
@@ -316,6 +317,7 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> No
     assert row["step_spread_s"] == {"n": 3, "median": 2.0, "q1": 1.5, "q3": 2.5, "iqr": 1.0, "cov_pct": 50.0}
     assert row["sync_share"] == 0.5 and row["sync_share_spread"]["n"] == 3
     assert failure["detection_s"]["n"] == 2 and failure["detection_s"]["median"] == 1.0
-    assert failure["stall_s"]["median"] == 4.0 and failure["restarts"] == [1, 1, 1]
-    assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table and "| stop | 3 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
+    assert failure["stall_s"]["median"] == 3.0 and failure["injected"] == 2 and failure["restarts"] == [1, 1, 1]
+    assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table
+    assert "| stop | 2 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
     assert bench._spread([None, None]) is None
