@@ -1,33 +1,44 @@
 """Data-parallel training across emulated edge nodes: scaling, periodic averaging for slow links, failures survived.
 
-Three tables, each from ``edgetrain cluster local`` runs on this machine (issue #14):
+Tables from ``edgetrain cluster local`` runs on this machine (issue #14); every time they print is the
+median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats.spread`, issue #16):
 
+* **link**: what an emulated link delivers between two nodes: one-byte TCP round trips (spread over
+  every ping of every probe) and bulk TCP throughput (spread over the probes), the switch's counters.
 * **scaling**: throughput of ResNet-18 with the CIFAR stem on CIFAR-10-shaped synthetic data
   (32 px, 10 classes) per number of nodes x network preset x global batch, with the share of
   each step spent in the all-reduces (``sync_s / time_s``, which includes waiting for the
   slowest node). Every node gets the same CPU quota whatever the node count (``cores / max
-  nodes``), so a node is a fixed-size board and N nodes have N times the compute.
+  nodes``), so a node is a fixed-size board and N nodes have N times the compute. Each run gives
+  its median step (the warm-up left out); the table gives the spread of those over the runs.
+* **ttt**: time to a target training loss, one node against N (exact, PowerSGD, periodic
+  averaging), once per seed, each seed's target from its own single-node run.
 * **compression**: single-node training (the reference), then exact data parallelism (gradients
   summed every step), PowerSGD rank R with error feedback (NOTE [ PowerSGD on plain all-reduces ])
   and periodic weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link:
   throughput, training loss of the last three steps and validation loss after a fixed number of
-  steps (against the reference's), and crashes over repeated runs.
+  steps (against the reference's), and crashes over repeated runs (one seed each).
 * **failures**: a node killed (SIGKILL), stopped (SIGSTOP) and, as root, cut off (its link
-  taken down) on 3 nodes at step 4 or later, once the warm spares are ready (NOTE [ Warm spares
-  ]): detection time, restarts, steps lost and repeated, stall, and the longest heartbeat gap
-  of a healthy node (the margin of the heartbeat timeout against a false alarm).
+  taken down, ``--failure-preset``) on 3 nodes at step 4 or later, once the warm spares are ready
+  (NOTE [ Warm spares ]): detection time, restarts, steps lost and repeated, stall, and the longest
+  heartbeat gap of a healthy node (the margin of the heartbeat timeout against a false alarm).
 * **crashes**: ``--crash-runs`` runs of 2 local processes training a tiny CNN with PowerSGD
   through the cluster step (a crash: any exception, or the nodes' weights differing).
+* **save**: ``--saves`` durable saves of the model's training state (what rank 0 pays every
+  ``--save-every`` steps).
 
-Spares are off in the scaling and compression runs (no failure is expected there).
+Repeats go in rounds over a table's points (all points once, then again), so a change in the
+machine's load spreads over every point. Spares are off in the scaling and compression runs (no
+failure is expected there).
 
 As root, nodes run in network namespaces with tc-shaped links and cgroup CPU quotas (NOTE [ What
-the emulation is ]: latency and loss are not emulated); otherwise as plain processes, which the
-output says. Writes JSON (``--out``) and a markdown table (``--md``), and prints the markdown.
+the emulation is ]); otherwise as plain processes, which the output says. Writes JSON (``--out``,
+every run's figures too) and a markdown table (``--md``), and prints the markdown.
 
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
 [--steps N] [--average-every K] [--compress-rank R] [--compress-steps N] [--repeats R] [--failures kill,stop,cut]
-[--crash-runs N] [--tables scaling,compression,failures,crashes] [--out PATH] [--md PATH]``.
+[--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N]
+[--tables link,scaling,ttt,compression,failures,crashes,save] [--out PATH] [--md PATH]``.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgetrain.benchstats import Spread, spread
 from edgetrain.distributed.local import Fault, LocalOptions, run_local
 from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
@@ -70,26 +82,60 @@ def _run(config: TrainConfig, nodes: int, options: LocalOptions) -> tuple[list[d
     return _steps(config.run_dir), report.to_dict()
 
 
+def _spread(values: list[float | None]) -> dict[str, Any] | None:
+    """:func:`edgetrain.benchstats.spread` of the values that are not None, as a dict; None when none are."""
+    kept = [v for v in values if v is not None]
+    return spread(kept).to_dict() if kept else None
+
+
+def _spread_text(value: dict[str, Any] | None, fmt: str = "{:.3g}") -> str:
+    """'median (IQR x, CoV y%, n=k)' of a :func:`_spread` dict; '-' for None."""
+    if value is None:
+        return "-"
+    return Spread(value["n"], value["median"], value["q1"], value["q3"], value["cov_pct"]).text(fmt)
+
+
+def _step_medians(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """One run's median step time, sync time and sync share, the warm-up steps left out."""
+    timed = steps[WARM_UP_STEPS:]
+    return {"step_s": statistics.median(r["time_s"] for r in timed),
+            "sync_s": statistics.median(r["sync_s"] for r in timed),
+            "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed)}
+
+
 def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    rows = []
-    for preset in args.presets:
-        for batch in args.batches:
-            for nodes in args.nodes:
-                config = _config(scratch / f"scale-{preset}-{batch}-{nodes}", args.model, batch, args.steps, args.image)
-                steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus, spares=False))
-                timed = steps[WARM_UP_STEPS:]
-                step_s = statistics.median(r["time_s"] for r in timed)
-                rows.append({"nodes": nodes, "preset": preset, "batch": batch, "step_s": step_s,
-                             "samples_per_s": batch / step_s, "restarts": report["restarts"],
-                             "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
-                             "steps_timed": len(timed), "emulation": report["emulation"]})
-                log.info("scaling %s", rows[-1])
+    """Per point (preset x batch x nodes), ``--repeats`` runs, each giving its median step time and sync share;
+    the row holds their spread over the runs. The repeats are rounds over all points, so a change of the machine's
+    load during the benchmark spreads over every point instead of biasing some."""
+    points = [(preset, batch, nodes) for preset in args.presets for batch in args.batches for nodes in args.nodes]
+    runs: dict[tuple[str, int, int], list[dict[str, Any]]] = {point: [] for point in points}
+    for repeat in range(args.repeats):
+        for preset, batch, nodes in points:
+            config = _config(scratch / f"scale-{preset}-{batch}-{nodes}-{repeat}", args.model, batch, args.steps,
+                             args.image)
+            steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus, spares=False))
+            runs[(preset, batch, nodes)].append({**_step_medians(steps), "restarts": report["restarts"],
+                                                 "steps_timed": len(steps) - WARM_UP_STEPS, "load": _load(),
+                                                 "emulation": report["emulation"]})
+            log.info("scaling %s %s %s round %d: %s", preset, batch, nodes, repeat, runs[(preset, batch, nodes)][-1])
+    rows = [_scaling_row(preset, batch, nodes, runs[(preset, batch, nodes)]) for preset, batch, nodes in points]
     for row in rows:
         single = next((r for r in rows if r["nodes"] == 1 and r["preset"] == row["preset"]
                        and r["batch"] == row["batch"]), None)
         row["speedup"] = None if single is None else row["samples_per_s"] / single["samples_per_s"]
         row["efficiency"] = None if row["speedup"] is None else row["speedup"] / row["nodes"]
     return rows
+
+
+def _scaling_row(preset: str, batch: int, nodes: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scaling point from its runs: throughput from the median over the runs of their median step."""
+    step = _spread([r["step_s"] for r in runs])
+    assert step is not None
+    return {"nodes": nodes, "preset": preset, "batch": batch, "step_s": step["median"], "step_spread_s": step,
+            "samples_per_s": batch / step["median"], "sync_share": statistics.median(r["sync_share"] for r in runs),
+            "sync_share_spread": _spread([r["sync_share"] for r in runs]), "restarts": sum(r["restarts"] for r in runs),
+            "steps_timed": runs[0]["steps_timed"], "repeats": len(runs), "runs": runs,
+            "emulation": runs[0]["emulation"]}
 
 
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
@@ -119,10 +165,8 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
                 crashed += 1
                 runs.append(None)
                 continue
-            timed = steps[WARM_UP_STEPS:]
             summary = json.loads((config.run_dir / "summary.json").read_text())
-            runs.append({"step_s": statistics.median(r["time_s"] for r in timed), "restarts": report["restarts"],
-                         "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed),
+            runs.append({**_step_medians(steps), "restarts": report["restarts"],
                          "final_loss": statistics.mean(r["loss"] for r in steps[-args.ttt_window:]),
                          "val_loss": summary["val_loss"], "emulation": report["emulation"]})
         done = [r for r in runs if r is not None]
@@ -131,6 +175,7 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
                      "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
                      "samples_per_s": None if not done else batch / statistics.median(r["step_s"] for r in done),
                      "sync_share": None if not done else statistics.median(r["sync_share"] for r in done),
+                     "step_spread_s": _spread([r["step_s"] for r in done]),
                      "final_losses": [None if r is None else r["final_loss"] for r in runs],
                      "final_loss": None if not done else statistics.mean(r["final_loss"] for r in done),
                      "val_loss": None if not done else statistics.mean(r["val_loss"] for r in done),
@@ -168,76 +213,116 @@ def _time_to(steps: list[dict[str, Any]], target: float, window: int) -> tuple[f
 
 def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
-    whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota."""
-    nodes, batch, steps, window = args.ttt_nodes, args.ttt_batch, args.ttt_steps, args.ttt_window
-    quota = (os.cpu_count() or 1) / nodes
+    whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
+    per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run."""
+    nodes = args.ttt_nodes
     modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
              (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
-    runs = []
+    seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat) for repeat in range(args.repeats)]
+    return [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
+
+
+def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[tuple[str, int, int, int]],
+                   seed: int) -> list[dict[str, Any]]:
+    """Every mode's run with one seed, with its time and steps to the seed's target and its efficiency."""
+    batch, steps, window = args.ttt_batch, args.ttt_steps, args.ttt_window
+    quota = (os.cpu_count() or 1) / args.ttt_nodes
+    runs: list[dict[str, Any]] = []
+    target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
     for mode, count, every, rank in modes:
         # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
         # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
         scale = count if args.ttt_weak else 1
-        config = _config(scratch / f"ttt-{count}-{every}-{rank}", args.model, batch * scale, steps, args.image)
-        config = replace(config, seed=args.ttt_seed, lr=config.learning_rate() * scale)
+        config = _config(scratch / f"ttt-{count}-{every}-{rank}-{seed}", args.model, batch * scale, steps, args.image)
+        config = replace(config, seed=seed, lr=config.learning_rate() * scale)
         load = _load()
         trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
                                                            average_every=every, compress_rank=rank, spares=False))
-        runs.append({"mode": mode, "nodes": count, "average_every": every, "compress_rank": rank, "steps": trained,
-                     "report": report, "load": load})
-        log.info("time to target: %s, %d steps, restarts %d", mode, len(trained), report["restarts"])
-    single = [r["loss"] for r in runs[0]["steps"]]
-    target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
-    target = _smoothed(single, window)[target_step - 1]
-    rows = []
-    for run in runs:
-        trained = run["steps"]
-        seconds, step = _time_to(trained, target, window)
-        rows.append({"mode": run["mode"], "nodes": run["nodes"], "preset": args.ttt_preset,
-                     "batch": batch * (run["nodes"] if args.ttt_weak else 1), "weak": args.ttt_weak,
-                     "cpus_per_node": quota, "target_loss": target, "window": window, "time_to_target_s": seconds,
-                     "steps_to_target": step, "steps": len(trained), "final_loss": _smoothed(
-                         [r["loss"] for r in trained], window)[-1],
-                     "step_s": statistics.median(r["time_s"] for r in trained[WARM_UP_STEPS:]),
-                     "sync_s": statistics.median(r["sync_s"] for r in trained[WARM_UP_STEPS:]),
-                     "restarts": run["report"]["restarts"], "load_before": run["load"], "target_at": args.ttt_target_at,
+        runs.append({"mode": mode, "nodes": count, "seed": seed, "batch": batch * scale, "cpus_per_node": quota,
+                     "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
+                     **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
                      "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
-                     "emulation": run["report"]["emulation"]})
-    reference = rows[0]["time_to_target_s"]
-    for row in rows:
-        t = row["time_to_target_s"]
-        row["efficiency"] = None if t is None or reference is None else reference / (row["nodes"] * t)
-    return rows
+                     "emulation": report["emulation"]})
+        target = _smoothed(runs[0]["losses"], window)[target_step - 1]  # the single node's run comes first
+        runs[-1]["target_loss"] = target
+        runs[-1]["time_to_target_s"], runs[-1]["steps_to_target"] = _time_to(trained, target, window)
+        log.info("time to target: %s, seed %d, %d steps, restarts %d", mode, seed, len(trained), report["restarts"])
+    reference = runs[0]["time_to_target_s"]
+    for run in runs:
+        t = run["time_to_target_s"]
+        run["efficiency"] = None if t is None or reference is None else reference / (run["nodes"] * t)
+    return runs
+
+
+def _ttt_row(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode over the seeds: time to target and efficiency over the seeds that reached it, step and sync time
+    (each run's median) over all seeds."""
+    first = runs[0]
+    return {"mode": first["mode"], "nodes": first["nodes"], "preset": args.ttt_preset, "batch": first["batch"],
+            "weak": args.ttt_weak, "cpus_per_node": first["cpus_per_node"], "window": args.ttt_window,
+            "target_at": args.ttt_target_at, "seeds": [r["seed"] for r in runs],
+            "target_losses": [r["target_loss"] for r in runs], "reached": sum(r["time_to_target_s"] is not None
+                                                                              for r in runs),
+            "time_to_target_s": _spread([r["time_to_target_s"] for r in runs]),
+            "efficiency": _spread([r["efficiency"] for r in runs]),
+            "steps_to_target": [r["steps_to_target"] for r in runs],
+            "step_s": _spread([r["step_s"] for r in runs]), "sync_s": _spread([r["sync_s"] for r in runs]),
+            "final_loss": statistics.mean(r["final_loss"] for r in runs), "steps": first["steps"],
+            "restarts": sum(r["restarts"] for r in runs), "load_before": [r["load_before"] for r in runs],
+            "runs": runs, "emulation": first["emulation"]}
 
 
 def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """3 nodes of the small token model (seconds per run), one failure each; plain processes except for a cut."""
-    rows = []
-    for kind in args.failures:
-        if kind == "cut" and can_emulate() is not None:
-            rows.append({"kind": kind, "skipped": f"needs the network emulation: {can_emulate()}"})
-            continue
-        # 31 steps: the fault comes at step 4 or later, once the warm spares are ready (NOTE [ Warm spares ])
-        config = TrainConfig(model="transformer_small", samples=240, batch=6, image=16, epochs=1, save_every=1,
-                             run_dir=scratch / f"failure-{kind}")
-        started = time.time()
-        options = LocalOptions(faults=(Fault(1, 4, kind),), preset="gigabit" if kind == "cut" else None,
-                               cpus_per_node=cpus)
-        report = run_local(config, [NodeSpec()] * 3, options).to_dict()
-        steps = _steps(config.run_dir)
-        (failure,) = report["failures"]
-        repeated = failure["steps_repeated"]
-        rows.append({"kind": kind, "detection_s": failure["detection_s"], "restarts": report["restarts"],
-                     "after_step": failure["last_step_before"], "steps_lost": failure["steps_lost"],
-                     "steps_repeated": repeated, "stall_s": failure["stall_s"],
-                     "samples_repeated": None if repeated is None else repeated * config.batch,
-                     "heartbeat_max_gap_s": report["heartbeat_max_gap_s"],
-                     "finished_steps": len(steps), "contiguous": [r["step"] for r in steps] == list(
-                         range(1, len(steps) + 1)), "wall_s": time.time() - started,
-                     "emulation": report["emulation"]})
-        log.info("failure %s", rows[-1])
-    return rows
+    """3 nodes of the small token model (seconds per run), one failure each, ``--repeats`` rounds over the kinds;
+    plain processes except for a cut (``--failure-preset``: gigabit veth links, or wifi20 through the switch)."""
+    skipped = {kind: f"needs the network emulation: {can_emulate()}" for kind in args.failures
+               if kind == "cut" and can_emulate() is not None}
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in args.failures if kind not in skipped}
+    for repeat in range(args.repeats):
+        for kind in runs:
+            runs[kind].append(_failure_run(args, scratch / f"failure-{kind}-{repeat}", kind, cpus))
+            log.info("failure %s round %d: %s", kind, repeat, runs[kind][-1])
+    return [{"kind": kind, "skipped": reason} if (reason := skipped.get(kind)) else _failure_row(kind, runs[kind])
+            for kind in args.failures]
+
+
+def _failure_run(args: argparse.Namespace, run_dir: Path, kind: str, cpus: float) -> dict[str, Any]:
+    """One run of 3 nodes with a fault on node 1 at step 4 or later, once the warm spares are ready (NOTE [ Warm
+    spares ]); on a saturated machine the idle-priority spares may not be ready before the run ends: then no fault
+    is injected and the run says so (``injected``)."""
+    config = TrainConfig(model="transformer_small", samples=args.failure_samples, batch=6, image=16, epochs=1,
+                         save_every=1, run_dir=run_dir)
+    started, load = time.time(), _load()
+    options = LocalOptions(faults=(Fault(1, 4, kind),), preset=args.failure_preset if kind == "cut" else None,
+                           cpus_per_node=cpus)
+    report = run_local(config, [NodeSpec()] * 3, options).to_dict()
+    steps = _steps(config.run_dir)
+    (failure,) = report["failures"] or [dict.fromkeys(("detection_s", "last_step_before", "steps_lost",
+                                                         "steps_repeated", "stall_s"))]
+    repeated = failure["steps_repeated"]
+    return {"injected": bool(report["failures"]), "detection_s": failure["detection_s"], "restarts": report["restarts"],
+            "after_step": failure["last_step_before"], "steps_lost": failure["steps_lost"],
+            "steps_repeated": repeated, "stall_s": failure["stall_s"],
+            "samples_repeated": None if repeated is None else repeated * config.batch,
+            "heartbeat_max_gap_s": report["heartbeat_max_gap_s"], "finished_steps": len(steps), **_step_medians(steps),
+            "contiguous": [r["step"] for r in steps] == list(range(1, len(steps) + 1)), "wall_s": time.time() - started,
+            "load": load, "emulation": report["emulation"]}
+
+
+def _failure_row(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One failure kind over its runs: detection, stall and the healthy nodes' heartbeat gap with their spread;
+    restarts, steps lost and repeated per run (each should be the same every time)."""
+    return {"kind": kind, "repeats": len(runs), "injected": sum(r["injected"] for r in runs),
+            "after_step": [r["after_step"] for r in runs],
+            "detection_s": _spread([r["detection_s"] for r in runs]), "stall_s": _spread([r["stall_s"] for r in runs]),
+            "heartbeat_max_gap_s": _spread([r["heartbeat_max_gap_s"] for r in runs]),
+            "step_s": _spread([r.get("step_s") for r in runs]), "sync_s": _spread([r.get("sync_s") for r in runs]),
+            "restarts": [r["restarts"] for r in runs], "steps_lost": [r["steps_lost"] for r in runs],
+            "steps_repeated": [r["steps_repeated"] for r in runs],
+            "samples_repeated": [r["samples_repeated"] for r in runs],
+            "finished_steps": [r["finished_steps"] for r in runs], "contiguous": all(r["contiguous"] for r in runs),
+            "runs": runs, "emulation": runs[0]["emulation"]}
 
 
 # The link probe: node 1 echoes single bytes (round trips), then counts a bulk transfer's bytes; node 0 times both.
@@ -281,34 +366,46 @@ def _link_presets(names: list[str]) -> list[LinkPreset]:
 
 
 def link(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """What the emulated link delivers between two nodes: TCP round trip of one byte (median and min of
-    ``--pings``), bulk TCP throughput over about 2 s of the preset's rate, and the switch's counters and CPU."""
-    import sys
-
+    """What the emulated link delivers between two nodes, ``--repeats`` probes per link in one emulation: TCP round
+    trips of one byte (``--pings`` per probe, their spread pooled over the probes, and the minimum), bulk TCP
+    throughput over about 2 s of the preset's rate (its spread over the probes), the switch's counters (summed) and
+    its CPU seconds per probe."""
     rows = []
     for preset in _link_presets(args.links):
         with NetworkEmulation(2, preset, cpus_per_node=cpus) as net:
-            echo = subprocess.Popen(net.wrap(1, [sys.executable, "-c", _ECHO, net.address(1)]), stdout=subprocess.PIPE,
-                                    text=True)
-            try:
-                assert echo.stdout is not None
-                echo.stdout.readline()
-                before = net.switch_counts() if preset.switched else {}
-                bulk_bytes = max(1 << 20, int(preset.rate_bps * 2 / 8))
-                probe = subprocess.run(net.wrap(0, [sys.executable, "-c", _PROBE, net.address(1), str(bulk_bytes),
-                                                    str(args.pings)]), capture_output=True, text=True, check=True)
-                after = net.switch_counts() if preset.switched else {}
-            finally:
-                echo.kill()
-                echo.wait()
-        measured = json.loads(probe.stdout)
+            probes = [_link_probe(net, preset, args.pings) for _ in range(args.repeats)]
+        rtts_s = [t for p in probes for t in p["rtts_s"]]
+        counts = [p["switch"] for p in probes if p["switch"]]
         rows.append({"link": preset.name, "rate_bps": preset.rate_bps, "delay_s": preset.delay_s, "loss": preset.loss,
-                     "switched": preset.switched, "rtt_median_s": statistics.median(measured["rtts_s"]),
-                     "rtt_min_s": min(measured["rtts_s"]),
-                     "throughput_bps": measured["bulk_bytes"] * 8 / measured["bulk_s"],
-                     "switch": {k: after[k] - before[k] for k in after}, "emulation": net.describe()})
+                     "switched": preset.switched, "repeats": args.repeats, "rtt_s": _spread(rtts_s),
+                     "rtt_min_s": min(rtts_s), "throughput_bps": _spread([p["throughput_bps"] for p in probes]),
+                     "switch": {k: sum(c[k] for c in counts) for k in counts[0] if k != "cpu_s"} if counts else {},
+                     "switch_cpu_s": _spread([c["cpu_s"] for c in counts if "cpu_s" in c]),
+                     "probes": probes, "emulation": net.describe()})
         log.info("link %s", rows[-1])
     return rows
+
+
+def _link_probe(net: NetworkEmulation, preset: LinkPreset, pings: int) -> dict[str, Any]:
+    """One probe: node 1 echoes, node 0 times ``pings`` round trips and one bulk transfer."""
+    import sys
+
+    echo = subprocess.Popen(net.wrap(1, [sys.executable, "-c", _ECHO, net.address(1)]), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert echo.stdout is not None
+        echo.stdout.readline()
+        before = net.switch_counts() if preset.switched else {}
+        bulk_bytes = max(1 << 20, int(preset.rate_bps * 2 / 8))
+        probe = subprocess.run(net.wrap(0, [sys.executable, "-c", _PROBE, net.address(1), str(bulk_bytes),
+                                            str(pings)]), capture_output=True, text=True, check=True)
+        after = net.switch_counts() if preset.switched else {}
+    finally:
+        echo.kill()
+        echo.wait()
+    measured = json.loads(probe.stdout)
+    return {"rtts_s": measured["rtts_s"], "throughput_bps": measured["bulk_bytes"] * 8 / measured["bulk_s"],
+            "switch": {k: after[k] - before[k] for k in after}}
 
 
 def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
@@ -375,8 +472,48 @@ def crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
     return rows
 
 
+def state_saves(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """What rank 0 pays every ``--save-every`` steps: ``--saves`` durable saves of the model's training state with
+    SGD momentum (``StateStore.save(TrainingState.capture(...))``, as a node saves), one torch thread."""
+    import torch
+
+    from edgetrain.models.registry import get_model_spec
+    from edgetrain.optim import make_optimizer
+    from edgetrain.train.state import StateStore, TrainingState
+
+    torch.set_num_threads(1)
+    spec = get_model_spec(args.model)
+    model = spec.builder(spec.default_num_classes)
+    optimizer = make_optimizer("sgd", model.parameters())
+    for parameter in model.parameters():  # one step, so the momentum buffers exist
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    store, times_s = StateStore(scratch / "saves"), []
+    for step in range(1, args.saves + 1):
+        started = time.perf_counter()
+        path = store.save(TrainingState.capture(step=step, epoch=0, model=model, optimizer=optimizer))
+        times_s.append(time.perf_counter() - started)
+    rows = [{"model": args.model, "saves": args.saves, "state_bytes": path.stat().st_size, "save_s": _spread(times_s),
+             "times_s": times_s}]
+    log.info("state saves %s", rows[-1])
+    return rows
+
+
 def _fmt(value: Any, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
+
+
+def _each(values: list[Any]) -> str:
+    """The runs' values: one when all are equal, else each in run order ('-': none)."""
+    shown = ["-" if v is None else str(v) for v in values]
+    return shown[0] if len(set(shown)) == 1 else ", ".join(shown)
+
+
+def _scaled(value: dict[str, Any] | None, factor: float) -> dict[str, Any] | None:
+    """A :func:`_spread` dict in other units (the CoV is unchanged)."""
+    if value is None:
+        return None
+    return {**value, **{k: value[k] * factor for k in ("median", "q1", "q3", "iqr")}}
 
 
 def _load() -> str:
@@ -388,41 +525,50 @@ def markdown(result: dict[str, Any]) -> str:
     out = [f"Machine shared with other work (load average {result['load_before']} before, {result['load_after']} "
            f"after); rerun with `{result['command']}`. {result['cpu_note']}", ""]
     if "link" in result:
-        out += ["| link | rate Mbit/s | one-way delay ms | frame loss | TCP round trip ms (median, min) | "
-                "bulk TCP Mbit/s | switch: forwarded, lost, queue full | switch CPU s |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        out += ["| link | rate Mbit/s | one-way delay ms | frame loss | probes | TCP round trip ms, all pings "
+                "(median, IQR, CoV) | min ms | bulk TCP Mbit/s over probes | switch: forwarded, lost, queue full | "
+                "switch CPU s per probe |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result.get("link", []):
         sw = r["switch"]
         counts = f"{sw['forwarded']:.0f}, {sw['lost']:.0f}, {sw['queue_full']:.0f}" if sw else "- (veth + tc tbf)"
         out.append(f"| {r['link']} | {r['rate_bps'] / 1e6:g} | {r['delay_s'] * 1e3:g} | {r['loss']:.1%} | "
-                   f"{r['rtt_median_s'] * 1e3:.2f}, {r['rtt_min_s'] * 1e3:.2f} | {r['throughput_bps'] / 1e6:.1f} | "
-                   f"{counts} | {_fmt(sw.get('cpu_s'), '.2f')} |")
+                   f"{r['repeats']} | {_spread_text(_scaled(r['rtt_s'], 1e3))} | "
+                   f"{r['rtt_min_s'] * 1e3:.2f} | "
+                   f"{_spread_text(_scaled(r['throughput_bps'], 1e-6), '{:.1f}')} | {counts} | "
+                   f"{_spread_text(r['switch_cpu_s'], '{:.2f}')} |")
     if "scaling" in result:
-        out += ["| nodes | preset | batch | step s | samples/s | speedup | efficiency | sync share | restarts |",
-                "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | {_fmt(r['sync_share'], '.0%')} | {r['restarts']} |"
+        out += ["| nodes | preset | batch | runs | step s (median of runs' medians, IQR, CoV) | samples/s | speedup | "
+                "efficiency | sync share (median, IQR, CoV) | restarts |",
+                "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {r['nodes']} | {r['preset']} | {r['batch']} | {r['repeats']} | {_spread_text(r['step_spread_s'])} | "
+            f"{_fmt(r['samples_per_s'])} | {_fmt(r['speedup'])} | {_fmt(r['efficiency'])} | "
+            f"{_spread_text(r['sync_share_spread'], '{:.2f}')} | {r['restarts']} |"
             for r in result.get("scaling", [])]
     if "ttt" in result:
         first = result["ttt"][0]
-        out += ["", f"Time to a training loss of {first['target_loss']:.4f} (the single node's mean of "
-                f"{first['window']} steps at {first['target_at']:.0%} of its run), every node "
+        targets = ", ".join(f"{t:.4f}" for t in first["target_losses"])
+        out += ["", f"Time to a training loss of the single node's mean of {first['window']} steps at "
+                f"{first['target_at']:.0%} of its run (seeds {_each(first['seeds'])}: {targets}), every node "
                 f"{first['cpus_per_node']:.2f} core, {first['preset']}"
                 f", global batch {first['batch']}{' x nodes, learning rate x nodes' if first['weak'] else ''}; "
-                "efficiency = T(1 node) / (nodes x T(nodes)):", "",
-                "| mode | nodes | time to target s | steps to target | efficiency | step s (median) | sync s (median) "
-                "| final loss (last " + str(first["window"]) + ") | steps | restarts | load before |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    out += [f"| {r['mode']} | {r['nodes']} | {_fmt(r['time_to_target_s'])} | {_fmt(r['steps_to_target'])} | "
-            f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['step_s'])} | {_fmt(r['sync_s'])} | "
-            f"{_fmt(r['final_loss'], '.4f')} | {r['steps']} | {r['restarts']} | {r['load_before']} |"
+                "efficiency = T(1 node) / (nodes x T(nodes)), seed by seed; times over the seeds that reached the "
+                "target, step and sync s: each run's median, then over the seeds:", "",
+                "| mode | nodes | reached / seeds | time to target s (median, IQR, CoV) | steps to target | efficiency "
+                "| step s | sync s | final loss (last " + str(first["window"]) + ", mean of seeds) | steps | "
+                "restarts | load before |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+                "---: | --- |"]
+    out += [f"| {r['mode']} | {r['nodes']} | {r['reached']} / {len(r['seeds'])} | "
+            f"{_spread_text(r['time_to_target_s'])} | {_each(r['steps_to_target'])} | "
+            f"{_spread_text(r['efficiency'], '{:.2f}')} | {_spread_text(r['step_s'])} | {_spread_text(r['sync_s'])} | "
+            f"{r['final_loss']:.4f} | {r['steps']} | {r['restarts']} | {'; '.join(r['load_before'])} |"
             for r in result.get("ttt", [])]
     if "compression" in result:
         window = result["compression"][0]["window"]
         out += ["", f"| mode | nodes | preset | steps | seeds | samples/s | sync share | train loss (last {window} "
                 "steps, mean of seeds) | vs single node (mean, largest) | vs exact all-reduce, seed by seed "
-                "(mean, largest) | val loss | crashes / runs | restarts |",
-                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "(mean, largest) | val loss | crashes / runs | restarts "
+                "| step s (median of seeds' medians, IQR, CoV) |",
+                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
     def _versus(value: dict[str, float] | None) -> str:
         return "-" if value is None else f"{value['mean']:+.2%}, {value['largest']:+.2%}"
@@ -430,19 +576,25 @@ def markdown(result: dict[str, Any]) -> str:
     out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {r['runs']} | {_fmt(r['samples_per_s'])} | "
             f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_versus(r['vs_single'])} | "
             f"{_versus(r['vs_exact'])} | {_fmt(r['val_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
-            f"{r['restarts']} |" for r in result.get("compression", [])]
+            f"{r['restarts']} | {_spread_text(r.get('step_spread_s'))} |" for r in result.get("compression", [])]
     if "failures" in result:
-        out += ["", "| failure | after step | detection s | restarts | steps lost | steps (samples) repeated | "
-                "stall s | finished, in order | longest healthy heartbeat gap s |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+        out += ["", "| failure | injected / runs | after step | detection s (median, IQR, CoV) | restarts | steps "
+                "lost | steps (samples) repeated | stall s (median, IQR, CoV) | finished, in order | longest healthy "
+                "heartbeat gap s (median, IQR, CoV) |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in result.get("failures", []):
         if "skipped" in r:
-            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | | | |")
+            out.append(f"| {r['kind']} | skipped: {r['skipped']} | | | | | | | | |")
             continue
-        out.append(f"| {r['kind']} | {r['after_step']} | {_fmt(r['detection_s'])} | {r['restarts']} | "
-                   f"{r['steps_lost']} | {r['steps_repeated']} ({r['samples_repeated']}) | {_fmt(r['stall_s'])} | "
-                   f"{r['finished_steps']} steps, {'yes' if r['contiguous'] else 'NO'} | "
-                   f"{_fmt(r['heartbeat_max_gap_s'])} |")
+        out.append(f"| {r['kind']} | {r['injected']} / {r['repeats']} | {_each(r['after_step'])} | "
+                   f"{_spread_text(r['detection_s'])} | "
+                   f"{_each(r['restarts'])} | {_each(r['steps_lost'])} | {_each(r['steps_repeated'])} "
+                   f"({_each(r['samples_repeated'])}) | {_spread_text(r['stall_s'])} | "
+                   f"{_each(r['finished_steps'])} steps, {'yes' if r['contiguous'] else 'NO'} | "
+                   f"{_spread_text(r['heartbeat_max_gap_s'])} |")
+    for r in result.get("save", []):
+        out += ["", f"Saving a {r['model']} training state with momentum ({r['state_bytes'] / 1e6:.1f} MB, durable, "
+                f"one torch thread), {r['saves']} saves: {_spread_text(r['save_s'])} s"]
     for r in result.get("crashes", []):
         errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
@@ -468,8 +620,19 @@ def main() -> None:
     parser.add_argument("--compress-rank", type=int, default=2)
     parser.add_argument("--compress-modes", type=lambda s: s.split(","), default=["powersgd", "average"],
                         help="compression table: which of powersgd, average run beside the single node and exact")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per compression mode, seeds 0 .. R-1")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per point, each table's times given as median, IQR and CoV over them: scaling "
+                        "points, failure kinds, link probes; compression and time to target: seeds 0 .. R-1 "
+                        "(time to target: from --ttt-seed)")
     parser.add_argument("--failures", type=lambda s: s.split(","), default=["kill", "stop", "cut"])
+    parser.add_argument("--failure-samples", type=int, default=240,
+                        help="samples of every failure run (batch 6, 80%% for training: 240 gives 31 steps); more "
+                        "give a loaded machine's idle-priority spares time to get ready before the fault")
+    parser.add_argument("--failure-preset", default="gigabit",
+                        help="the links of the cut failure: gigabit (veth) or wifi20 (through the delaying switch)")
+    parser.add_argument("--cpus-per-node", type=float, default=None,
+                        help="each node's CPU quota in cores (default: cores / the largest of --nodes)")
+    parser.add_argument("--saves", type=int, default=10, help="state saves timed by the save table")
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
     parser.add_argument("--links", type=lambda s: s.split(","),
@@ -487,18 +650,18 @@ def main() -> None:
     parser.add_argument("--ttt-target-at", type=float, default=0.75,
                         help="the target: the single node's smoothed loss at this fraction of its steps")
     parser.add_argument("--tables", type=lambda s: s.split(","),
-                        default=["link", "scaling", "ttt", "compression", "failures", "crashes"])
+                        default=["link", "scaling", "ttt", "compression", "failures", "crashes", "save"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    cpus = (os.cpu_count() or 1) / max(args.nodes)
+    cpus = args.cpus_per_node or (os.cpu_count() or 1) / max(args.nodes)
     result: dict[str, Any] = {"load_before": _load(),
         "command": "python benchmarks/cluster.py " + " ".join(
             f"--{k.replace('_', '-')}" if v is True else
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md") and v is not False),
+            for k, v in vars(args).items() if k not in ("out", "md") and v is not False and v is not None),
         "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
                      "same at every node count; the time-to-target table: cores / --ttt-nodes)."
                      if can_emulate() is None and args.presets != ["none"] else
@@ -506,7 +669,8 @@ def main() -> None:
                      "cores.")}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
         for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target),
-                             ("compression", compression), ("failures", failures), ("crashes", crashes)):
+                             ("compression", compression), ("failures", failures), ("crashes", crashes),
+                             ("save", state_saves)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
     result["load_after"] = _load()

@@ -6,6 +6,7 @@ Processes talk over gloo on 127.0.0.1 on ports picked free (bound to 0), so para
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -279,3 +281,43 @@ def test_a_node_reads_a_profile_it_measured_before_at_the_same_share(tmp_path: P
     assert again == measured and (tmp_path / "chain-4.json").exists()
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         node.profile_share(model, x[:2], y[:2], replace(config, batch=2), tmp_path)
+
+
+def _cluster_benchmark() -> Any:
+    """benchmarks/cluster.py as a module (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cluster.py"
+    spec = importlib.util.spec_from_file_location("bench_cluster", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> None:
+    # Prepare: three runs of one scaling point (the warm-up step is left out of each run's median), and three
+    # failure runs of which one never had its fault injected (no detection, no stall).
+    bench = _cluster_benchmark()
+    steps = [{"time_s": 9.0, "sync_s": 9.0}, {"time_s": 2.0, "sync_s": 1.0}, {"time_s": 4.0, "sync_s": 1.0},
+             {"time_s": 3.0, "sync_s": 3.0}]
+    runs = [{"step_s": s, "sync_share": share, "restarts": 0, "steps_timed": 3, "emulation": "e"}
+            for s, share in ((3.0, 0.5), (1.0, 0.25), (2.0, 1.0))]
+    failed = [{"injected": d is not None, "detection_s": d, "stall_s": s, "heartbeat_max_gap_s": 1.0,
+               "after_step": 4, "restarts": 1, "steps_lost": 0, "steps_repeated": 0, "samples_repeated": 0,
+               "finished_steps": 31, "contiguous": True, "emulation": "e"}
+              for d, s in ((0.5, 4.0), (None, None), (1.5, 2.0))]
+    # Execute
+    medians = bench._step_medians(steps)
+    row = bench._scaling_row("gigabit", 8, 2, runs)
+    failure = bench._failure_row("stop", failed)
+    table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
+                            "scaling": [{**row, "speedup": 1.0, "efficiency": 0.5}], "failures": [failure]})
+    # Assert: by hand, inclusive quartiles of (1, 2, 3) are 1.5 and 2.5; CoV = stdev 1 / mean 2.
+    assert medians == {"step_s": 3.0, "sync_s": 1.0, "sync_share": 0.5}
+    assert (row["step_s"], row["samples_per_s"], row["repeats"]) == (2.0, 4.0, 3)
+    assert row["step_spread_s"] == {"n": 3, "median": 2.0, "q1": 1.5, "q3": 2.5, "iqr": 1.0, "cov_pct": 50.0}
+    assert row["sync_share"] == 0.5 and row["sync_share_spread"]["n"] == 3
+    assert failure["detection_s"]["n"] == 2 and failure["detection_s"]["median"] == 1.0
+    assert failure["stall_s"]["median"] == 3.0 and failure["injected"] == 2 and failure["restarts"] == [1, 1, 1]
+    assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table
+    assert "| stop | 2 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
+    assert bench._spread([None, None]) is None
