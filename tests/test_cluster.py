@@ -6,13 +6,16 @@ Processes talk over gloo on 127.0.0.1 on ports picked free (bound to 0), so para
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -253,6 +256,56 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
 
     state = StateStore(tmp_path / "state").load_latest()
     assert state is not None and (state.step, state.epoch) == (25, 1)
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_to_the_supervisor_ends_its_nodes(tmp_path: Path) -> None:
+    # Prepare: a supervised 2-node cluster of plain processes (no network emulation), long enough to be mid-run.
+    # Its nodes run in sessions of their own, so a SIGTERM to the supervisor does not reach them by itself.
+    command = [sys.executable, "-m", "edgetrain", "cluster", "local", "--nodes", "2", "-m", "transformer_small",
+               "--samples", "100000", "--batch", "4", "--image", "8", "--save-every", "1000", "--run-dir",
+               str(tmp_path / "run")]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        nodes = _children(proc.pid)
+        assert len(nodes) >= 2, "the nodes did not start"
+        # Execute
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Assert: the supervisor ended with SIGTERM's status, its nodes (and any spare) with it.
+    assert proc.returncode == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(map(_running, nodes)):
+        time.sleep(0.1)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in nodes
+            if _running(pid)}
+    for pid in left:  # never leave them behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert left == {}
 
 
 def test_torchrun_starts_a_cluster_of_edgetrain_nodes(tmp_path: Path) -> None:

@@ -24,6 +24,12 @@ from the last saved state (``--resume``), so steps after that state are repeated
 One failure costs one restart. A lost node comes back (``rejoin_after_steps``) at a re-form
 made for it once the smaller group has trained that many steps.
 
+The nodes and spares run in sessions of their own (a signal meant for one reaches its whole
+process group), so a signal to the supervisor does not reach them: SIGTERM, like SIGINT, unwinds
+the supervisor through its ``finally`` blocks, which kill and reap every node and spare
+(``_termination_unwinds``); its default action would end the supervisor at once and leave them
+training on.
+
 NOTE [ Warm spares ]
 Most of a re-form's time went into starting fresh processes: importing torch and the first
 profile, whose first call imports torch's dispatch and compile machinery (2-4 s of import and
@@ -60,8 +66,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,6 +208,7 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
     config, rated = prepare(config, nodes)
     report = LocalReport(nodes=len(rated))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_termination_unwinds())
         network = None
         if options.preset is not None:
             network, report.emulation = _network(stack, config, rated, options)
@@ -210,6 +218,24 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
     report.wall_time_s = time.time() - started
     _write_report(config.run_dir, report)
     return report
+
+
+@contextlib.contextmanager
+def _termination_unwinds() -> Iterator[None]:
+    """While inside (in the main thread), SIGTERM raises SystemExit, so the supervisor's ``finally`` blocks kill
+    its nodes and spares (NOTE [ Supervision ])."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _network(stack: contextlib.ExitStack, config: TrainConfig, nodes: Sequence[NodeSpec],
@@ -299,11 +325,11 @@ class _Spares:
             proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=log_file,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_idle if self.privileged else None)
+        self.waiting[node], self.started = (proc, log_path), self.started + 1  # before anything that can raise
+        self.ready_files[node] = ready
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(prepare) + "\n").encode())
         proc.stdin.flush()
-        self.waiting[node], self.started = (proc, log_path), self.started + 1
-        self.ready_files[node] = ready
 
     def ready(self) -> bool:
         """Whether every spare has warmed up and profiled ahead (always, with spares off)."""
@@ -377,30 +403,35 @@ class _Group:
         self.spec_files: dict[int, Path] = {}
         self.started = time.time()
         self.seen_step, self.seen_time = _last_step(self.metrics) if attempt else (0, None)
-        for rank, (node_id, spec) in enumerate(members):
-            beat = scratch / f"heartbeat-{attempt}-{node_id}"
-            cluster_options = ClusterOptions(connect_timeout_s=options.connect_timeout_s, timeout_s=options.timeout_s,
-                                             heartbeat=beat, average_every=options.average_every,
-                                             compress_rank=options.compress_rank,
-                                             profile_dir=scratch / f"profiles-{node_id}")
-            spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
-            self.spec_files[node_id] = spec_file
-            place = {"RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
-                     "MASTER_PORT": str(port)}
-            self.heartbeats[node_id] = beat
-            warm = spares.take(node_id, spec_file, place)
-            if warm is not None:
-                self.procs[node_id], self.logs[node_id] = warm
-                continue
-            env = {**os.environ, **place, **({} if network is None else network.env(node_id))}
-            command = [sys.executable, "-m", "edgetrain.distributed.worker", str(spec_file)]
-            if network is not None:
-                command = network.wrap(node_id, command)
-            self.logs[node_id] = config.run_dir / LOG_DIR / f"attempt-{attempt}-node-{node_id}.log"
-            self.logs[node_id].parent.mkdir(parents=True, exist_ok=True)
-            with self.logs[node_id].open("wb") as log_file:
-                self.procs[node_id] = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                                       start_new_session=True)
+        try:  # a signal while starting them (SIGTERM unwinds: NOTE [ Supervision ]) kills those started
+            for rank, (node_id, spec) in enumerate(members):
+                beat = scratch / f"heartbeat-{attempt}-{node_id}"
+                cluster_options = ClusterOptions(connect_timeout_s=options.connect_timeout_s,
+                                                 timeout_s=options.timeout_s, heartbeat=beat,
+                                                 average_every=options.average_every,
+                                                 compress_rank=options.compress_rank,
+                                                 profile_dir=scratch / f"profiles-{node_id}")
+                spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
+                self.spec_files[node_id] = spec_file
+                place = {"RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
+                         "MASTER_PORT": str(port)}
+                self.heartbeats[node_id] = beat
+                warm = spares.take(node_id, spec_file, place)
+                if warm is not None:
+                    self.procs[node_id], self.logs[node_id] = warm
+                    continue
+                env = {**os.environ, **place, **({} if network is None else network.env(node_id))}
+                command = [sys.executable, "-m", "edgetrain.distributed.worker", str(spec_file)]
+                if network is not None:
+                    command = network.wrap(node_id, command)
+                self.logs[node_id] = config.run_dir / LOG_DIR / f"attempt-{attempt}-node-{node_id}.log"
+                self.logs[node_id].parent.mkdir(parents=True, exist_ok=True)
+                with self.logs[node_id].open("wb") as log_file:
+                    self.procs[node_id] = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                                           start_new_session=True)
+        except BaseException:
+            self.stop()
+            raise
 
     def watch(self, pending: list[Fault], report: LocalReport, down: list[int]) -> _Outcome:
         """Poll the nodes until all finish, one fails, or a lost node may rejoin."""
