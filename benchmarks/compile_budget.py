@@ -310,7 +310,8 @@ def run_header(run: dict[str, Any], models: list[str]) -> list[str]:
     software = run.get("software", {})
     return [f"Written by `{command}` (its docstring says what each column is), {run.get('date', 'date not recorded')}.",
             f"torch {software.get('torch', '?')}, {software.get('cpu', '?')}; load average over the run: "
-            f"{run.get('load_average', 'not recorded')}; {run['rounds']} round(s) per setting."]
+            f"{run.get('load_average', 'not recorded')}; {run['rounds']} round(s) per setting.",
+            *([run["note"]] if run.get("note") else [])]   # what the run's JSON says by hand (a run cut short)
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
