@@ -303,33 +303,68 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def run_header(run: dict[str, Any], models: list[str]) -> list[str]:
+    """Markdown lines saying how one run was made: its command, date, software and load."""
+    command = " ".join(["python benchmarks/compile_budget.py", "--models", ",".join(models), "--rounds",
+                        str(run["rounds"]), "--steps", str(run["steps"]), "--settings", run["settings"]])
+    software = run.get("software", {})
+    return [f"Written by `{command}` (its docstring says what each column is), {run.get('date', 'date not recorded')}.",
+            f"torch {software.get('torch', '?')}, {software.get('cpu', '?')}; load average over the run: "
+            f"{run.get('load_average', 'not recorded')}; {run['rounds']} round(s) per setting.",
+            *([run["note"]] if run.get("note") else [])]   # what the run's JSON says by hand (a run cut short)
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' JSONs as one: each row tagged with the index of its run under ``runs`` (that run's
+    command, date and load), a later run's rows replacing an earlier one's for a model both ran."""
+    pairs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []   # (a run's settings, its rows)
+    for result in results:
+        for index, run in enumerate(result.get("runs", [result])):   # a merged result keeps its runs apart
+            rows = [row for row in result["rows"] if row.get("run", 0) == index]
+            pairs.append(({k: v for k, v in run.items() if k not in ("rows", "models_given")}, rows))
+    latest = {row["model"]: number for number, (_, rows) in enumerate(pairs) for row in rows}
+    runs: list[dict[str, Any]] = []
+    merged: list[dict[str, Any]] = []
+    for number, (run, rows) in enumerate(pairs):
+        kept = [row for row in rows if latest[row["model"]] == number]
+        if kept:
+            merged += [{**row, "run": len(runs)} for row in kept]
+            runs.append({**run, "models_given": list(dict.fromkeys(row["model"] for row in kept))})
+    return {"runs": runs, "rows": merged}
+
+
+def spread(row: dict[str, Any], key: str, digits: int) -> str:
+    """The median over rounds, with the least and most of them where the rounds differ."""
+    low, high = row.get(f"{key}_range", (row[key], row[key]))
+    text = f"{row[key]:.{digits}f}"
+    return text if f"{low:.{digits}f}" == f"{high:.{digits}f}" else f"{text} ({low:.{digits}f}-{high:.{digits}f})"
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """The run as markdown: every setting's row, then the verdict per inductor level."""
+    """The run (or merged runs) as markdown: every setting's row, then the verdict per inductor level."""
     def mib(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
     def ratio(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    command = " ".join(["python benchmarks/compile_budget.py", "--models", ",".join(
-        dict.fromkeys(row["model"] for row in result["rows"])), "--rounds", str(result["rounds"]), "--steps",
-        str(result["steps"]), "--settings", result["settings"]])
-    software = result.get("software", {})
-    lines = ["# torch.compile's activation memory budget against edgetrain, per model", "",
-             f"Written by `{command}` (its docstring says what each column is).",
-             f"torch {software.get('torch', '?')}, {software.get('cpu', '?')}; load average over the run: "
-             f"{result.get('load_average', 'not recorded')}. One round per setting unless ``--rounds`` says more;"
-             " the CPU clock's ratio is the time verdict.", "",
-             "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
-             "step CPU CoV % | wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|---|"]
+    runs = result.get("runs") or merge([result])["runs"]
+    lines = ["# torch.compile's activation memory budget against edgetrain, per model", ""]
+    for number, run in enumerate(runs, 1):
+        lines += ([f"Run {number} of {len(runs)}: {', '.join(run['models_given'])}."] if len(runs) > 1 else [])
+        lines += [*run_header(run, run["models_given"]), ""]
+    lines += ["The CPU clock's ratio is the time verdict. With several rounds a figure is their median, with the "
+              "least and most in parentheses where they differ.", "",
+              "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
+              "step CPU CoV % | wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         if "error" in row:
             lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | | |")
             continue
-        lines.append(f"| {row['model']} | {row['setting']} | {mib(row['step_tensor_peak_mib'])} | "
-                     f"{mib(row['step_peak_mib'])} | {mib(row['rest_rss_mib'])} | "
-                     f"{ratio(row['step_cpu_time_ratio'])} | {mib(row.get('step_cpu_cov_pct'))} | "
-                     f"{ratio(row['step_time_ratio'])} | "
+        lines.append(f"| {row['model']} | {row['setting']} | {spread(row, 'step_tensor_peak_mib', 1)} | "
+                     f"{spread(row, 'step_peak_mib', 1)} | {mib(row['rest_rss_mib'])} | "
+                     f"{spread(row, 'step_cpu_time_ratio', 2)} | {mib(row.get('step_cpu_cov_pct'))} | "
+                     f"{spread(row, 'step_time_ratio', 2)} | "
                      f"{ratio(row.get('recompute_factor'))} |")
     lines += ["", "| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
               "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
@@ -358,6 +393,8 @@ def main() -> None:
     parser.add_argument("--out", default="out/compile_budget.json")
     parser.add_argument("--md", help="also write the tables as markdown here")
     parser.add_argument("--render", help="only write --md from this earlier run's JSON")
+    parser.add_argument("--merge", help="comma-separated earlier runs' JSONs: write them as one to --out "
+                                        "(a later run's rows replace an earlier's for the same model), and --md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--match-step-bytes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -367,6 +404,12 @@ def main() -> None:
     if args.render:
         Path(args.md).write_text(markdown(json.loads(Path(args.render).read_text())))
         return
+    if args.merge:
+        merged = merge([json.loads(Path(name).read_text()) for name in args.merge.split(",")])
+        Path(args.out).write_text(json.dumps(merged, indent=1))
+        if args.md:
+            Path(args.md).write_text(markdown(merged))
+        return
     from edgetrain.benchstats import software_setup
     names = all_models() if args.models == "all" else args.models.split(",")
     settings = args.settings.split(",")
@@ -374,6 +417,7 @@ def main() -> None:
         settings.insert(0, "eager")
     rows: list[dict[str, Any]] = []
     loads = [os.getloadavg()[0]]
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     for name in names:
         rounds = []
         for number in range(args.rounds):
@@ -383,8 +427,9 @@ def main() -> None:
         print_rows(model_rows)
         rows += model_rows
         loads.append(os.getloadavg()[0])
-        result = {**{k: v for k, v in vars(args).items() if k not in ("child", "match_step_bytes", "render")},
+        result = {**{k: v for k, v in vars(args).items() if k not in ("child", "match_step_bytes", "render", "merge")},
                   "software": software_setup(), "rows": rows,
+                  "date": f"{started} - {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC",
                   "load_average": f"{min(loads):.1f}-{max(loads):.1f} (1-minute, at the start and after each model)"}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

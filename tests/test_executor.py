@@ -316,8 +316,8 @@ def test_checkpointed_user_loop_step_stays_within_the_predicted_peak() -> None:
              wrapped.plan.predicted_peak_bytes)
     # The user's loss.backward() holds the model output's gradient (batch x 10 float32) while the
     # scheduled backward runs inside _ScheduledForward.backward: the one tensor the plan, which
-    # hands that gradient over at the loss stage's Backward, does not count (measured: +328 bytes,
-    # that gradient's 320 and two scalars).
+    # hands that gradient over at the loss stage's Backward, does not count (measured: +320 bytes,
+    # that gradient's; +328 before the chain counted the loss and its seed, Chain.loss_held_bytes).
     output_grad_bytes = len(c.y) * 10 * 4
     assert peak_tracks(tracker.peak_bytes, wrapped.plan.predicted_peak_bytes, extra_bytes=output_grad_bytes)
 

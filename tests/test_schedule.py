@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edgetrain import Backward, Chain, Discard, Forward, Keep, Schedule, ScheduleError, StageCost, keep_all, simulate
-from edgetrain.schedule import PageIn, PageInRecord, PageOut, PageOutRecord
+from edgetrain.schedule import PageIn, PageInRecord, PageOut, PageOutRecord, memory_timeline
 
 
 def ops(*items: Forward | Backward | Discard) -> tuple[Forward | Backward | Discard, ...]:
@@ -46,6 +48,26 @@ def test_gradients_and_optimizer_state_are_counted() -> None:
     assert chain.resident_bytes == 61
     assert stats.peak_bytes == 61 + 1 + 1 + 30
     assert stats.peak_grad_bytes == 30
+
+
+def test_the_loss_held_to_the_step_end_adds_its_bytes_at_every_op_and_to_the_optimizer_step() -> None:
+    """``loss_held_bytes`` (the loss a step returns and its seed gradient) sits with the resident state:
+    every op's memory, and the optimizer step's, is exactly that much more."""
+    schedule = Schedule(ops(
+        Forward(0, Keep.INPUT), Forward(1), Forward(2, Keep.INPUT), Forward(3, Keep.ALL), Forward(4, Keep.ALL),
+        Backward(4), Backward(3), Forward(2, Keep.ALL), Backward(2),
+        Forward(0, Keep.ALL), Forward(1, Keep.ALL), Backward(1), Backward(0)), 5)
+    plain = Chain.uniform(5, param_bytes=10).with_optimizer("sgd")
+    held = replace(plain, loss_held_bytes=8)
+    assert held.resident_bytes == plain.resident_bytes + 8
+    for chosen in (schedule, keep_all(5)):
+        before, after = memory_timeline(plain, chosen), memory_timeline(held, chosen)
+        assert [m.transient_bytes + 8 for m in before] == [m.transient_bytes for m in after]
+        assert [m.after_bytes + 8 for m in before] == [m.after_bytes for m in after]
+        assert simulate(held, chosen).peak_bytes == simulate(plain, chosen).peak_bytes + 8
+    # the optimizer step's peak (weights, momentum, x_0, every gradient) as the step's peak
+    weighty = replace(plain, optimizer_workspace_bytes=1000)
+    assert simulate(replace(weighty, loss_held_bytes=8), keep_all(5)).peak_bytes == 50 + 50 + 1 + 50 + 1000 + 8
 
 
 def test_unsaved_values_die_with_the_next_forward() -> None:

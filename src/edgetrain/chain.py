@@ -22,6 +22,14 @@ measures:
 
 Resident for the whole step: weights (parameters and buffers), optimizer state and the input
 batch with its targets. The whole peak of a step is what a device's RAM has to hold.
+
+``loss_held_bytes`` -- the loss value the step returns and its seed gradient ``δ_L`` (ones of
+the loss's shape). The caller holds the loss to the step's end (through the optimizer step), and
+``loss.backward()`` (a user loop, or plain backprop) holds the seed until the whole backward
+returns: both outlive the loss stage's own ops, where ``out_bytes`` and the workspaces count
+them. They are counted with the resident state, from the step's start: before the loss's
+forward that over-counts them (a few bytes for a scalar loss), and everywhere after it is what
+runs. The profiler measures them; a hand-made chain leaves them at 0.
 """
 
 from __future__ import annotations
@@ -104,6 +112,7 @@ class Chain:
     n_param_tensors: int = 0
     name: str = ""
     meta: dict[str, object] = field(default_factory=dict, compare=False)
+    loss_held_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -116,7 +125,8 @@ class Chain:
 
     @property
     def weights_bytes(self) -> int:
-        """Parameters and buffers (e.g. BatchNorm running statistics)."""
+        """Parameters and buffers (e.g. BatchNorm running statistics); ``buffer_bytes`` also holds the
+        parameters no stage uses in training (YOLOv8's fixed DFL convolution, used at inference)."""
         return sum(s.param_bytes for s in self.stages) + self.buffer_bytes
 
     @property
@@ -125,8 +135,9 @@ class Chain:
 
     @property
     def resident_bytes(self) -> int:
-        """Held for the whole step whatever the schedule: weights, optimizer state, input batch."""
-        return self.weights_bytes + self.optimizer_state_bytes + self.input_bytes
+        """Held for the whole step whatever the schedule: weights, optimizer state, input batch, and the
+        loss with its seed gradient (``loss_held_bytes``; NOTE [ The chain memory model ])."""
+        return self.weights_bytes + self.optimizer_state_bytes + self.input_bytes + self.loss_held_bytes
 
     @property
     def value_bytes(self) -> tuple[int, ...]:

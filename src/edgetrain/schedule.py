@@ -383,9 +383,10 @@ class SimState:
         return sum(self.values[k] for k in self.on_disk) + sum(self.internals(i) for i in self.paged_records)
 
     def memory(self) -> int:
-        """RAM of the state: resident state, gradients, records' own tensors, live values in RAM, δ."""
+        """RAM of the state: resident state (the loss held to the step's end included), gradients,
+        records' own tensors, live values in RAM, δ."""
         chain = self.chain
-        mem = chain.weights_bytes + chain.optimizer_state_bytes + self.grads
+        mem = chain.weights_bytes + chain.optimizer_state_bytes + chain.loss_held_bytes + self.grads
         for i in self.recorded - self.paged_records:   # a record's own tensors; its input and output are values
             mem += self.internals(i)
         candidates = self.held | self.recorded | {i + 1 for i in self.recorded}
@@ -567,8 +568,7 @@ def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
     if state.done != set(range(chain.length)):
         missing = min(set(range(chain.length)) - state.done)
         raise ScheduleError(f"schedule ends before the backward of stage {missing}")
-    step_peak = (chain.weights_bytes + chain.optimizer_state_bytes + chain.input_bytes + state.grads
-                 + chain.optimizer_workspace_bytes)
+    step_peak = chain.resident_bytes + state.grads + chain.optimizer_workspace_bytes
     if step_peak > peak:
         peak, peak_op, peak_grads = step_peak, None, state.grads
     return _stats(chain, tally, profile, peak=peak, peak_op=peak_op, peak_grads=peak_grads, peak_disk=peak_disk)

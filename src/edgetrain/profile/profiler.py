@@ -67,17 +67,27 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
     with _preserved_buffers(model):
         measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress)
     params = [p for p in model.parameters() if p.requires_grad]
+    staged = {id(p) for stage in stages for p in stage.parameters()}
     chain = Chain(
         stages=tuple(m.cost for m in measures),
         input_bytes=storage_bytes([x, target]),
-        buffer_bytes=storage_bytes(model.buffers()) if list(model.buffers()) else 0,
+        # parameters no stage runs in training (a detector's decoding head) are weights all the same
+        buffer_bytes=storage_bytes([*model.buffers(), *(p for p in model.parameters() if id(p) not in staged)]),
         largest_param_bytes=max((p.untyped_storage().nbytes() for p in params), default=0),
         n_param_tensors=len(params),
         name=type(model).__name__,
         meta={"input_shape": list(x.shape), "device": x.device.type, "timed": timed,
               "saved_live_bytes": [m.saved_live_bytes for m in measures]},
+        loss_held_bytes=_loss_held_bytes(measures[-1].output) if isinstance(stages[-1], LossStage) else 0,
     )
     return chain.with_optimizer(optimizer)
+
+
+def _loss_held_bytes(loss: torch.Tensor) -> int:
+    """The loss a step returns and the seed gradient its backward starts from (``torch.ones`` of the
+    loss's shape, as ``Tensor.backward`` and :class:`~edgetrain.seeded_backward.HandOver` make it):
+    both live past the loss stage's own ops (``Chain.loss_held_bytes``)."""
+    return loss.untyped_storage().nbytes() + loss.numel() * loss.element_size()
 
 
 def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor | None, timed: bool,
@@ -202,7 +212,7 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker
     for p in params:
         p.grad = None
 
-    weight_bytes = storage_bytes(p for p in module.parameters() if id(p) in counted.weights) if params else 0
+    weight_bytes = storage_bytes(p for p in module.parameters() if id(p) in counted.weights)  # frozen ones too
     fwd_flops, bwd_flops = _count_flops(module, x, input_grad)
     cost = StageCost(name=name, fwd_time_s=fwd_flops / flops_per_s, bwd_time_s=bwd_flops / flops_per_s,
                      out_bytes=out_bytes,
@@ -220,7 +230,8 @@ def _count_flops(module: nn.Module, x: torch.Tensor, input_grad: bool) -> tuple[
         y = module(x_rec)
     grad_out = None if y.dim() == 0 else torch.ones_like(y)
     with FlopCounterMode(display=False) as bwd_counter:
-        torch.autograd.backward(y, grad_out)
+        if y.requires_grad:   # not a frozen first stage, whose backward is empty
+            torch.autograd.backward(y, grad_out)
     _clear_grads(module)
     return float(fwd_counter.get_total_flops()), float(bwd_counter.get_total_flops())
 
@@ -232,7 +243,8 @@ def _time_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, repeats: i
         start = time.perf_counter()
         y = module(x_rec)
         middle = time.perf_counter()
-        torch.autograd.backward(y, None if y.dim() == 0 else torch.ones_like(y))
+        if y.requires_grad:
+            torch.autograd.backward(y, None if y.dim() == 0 else torch.ones_like(y))
         end = time.perf_counter()
         fwd_times.append(middle - start)
         bwd_times.append(end - middle)
