@@ -71,18 +71,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import EdgetrainError
 from ..train.config import TrainConfig
 from ..train.rundir import METRICS_FILE
 from .group import ClusterError
+from .netns import NOT_EMULATED, NetworkEmulation, can_emulate, exit_on_signal
 from .node import ClusterOptions, NodeSpec, node_speed
 from .split import split_batch
 from .worker import EXIT_REFUSED, SPARE_FLAG, write_spec
-
-if TYPE_CHECKING:
-    from .netns import NetworkEmulation
 
 __all__ = ["Fault", "FailureRecord", "LocalOptions", "LocalReport", "run_local", "free_port"]
 
@@ -227,22 +225,16 @@ def _termination_unwinds() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    previous = signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _network(stack: contextlib.ExitStack, config: TrainConfig, nodes: Sequence[NodeSpec],
              options: LocalOptions) -> tuple[NetworkEmulation | None, str]:
     """The emulated network, entered on ``stack``, and what it emulates; None and why not without root."""
-    from .netns import NOT_EMULATED, NetworkEmulation, can_emulate
-
     reason = can_emulate()
     if reason is not None:
         log.warning("network emulation unavailable (%s)", reason)

@@ -110,6 +110,12 @@ def _run(*command: str) -> None:
         raise ClusterError(f"{' '.join(command)}: {done.stderr.strip() or f'exit {done.returncode}'}")
 
 
+def exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """A handler for SIGTERM/SIGINT that raises SystemExit, so the signal unwinds through every ``finally``
+    (and context manager exit) that removes a network or kills nodes, instead of ending the process at once."""
+    raise SystemExit(128 + signum)
+
+
 class NetworkEmulation:
     """The namespaces, bridge, veths, qdiscs and cgroups of ``nodes`` emulated nodes (NOTE [ What the emulation is ]).
 
@@ -164,7 +170,7 @@ class NetworkEmulation:
 
     def __enter__(self) -> NetworkEmulation:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._previous[sig] = signal.signal(sig, exit_on_signal)
         atexit.register(self.close)
         try:
             self._build()
@@ -176,9 +182,6 @@ class NetworkEmulation:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # unwinds through every finally, then __exit__ removes the network
 
     def _made(self, undo: Callable[[], None]) -> None:
         self._undo.append(undo)
