@@ -56,16 +56,17 @@ def check_tracks(check: StepCheck) -> bool:
 
 
 def assert_trains_at_three_budgets(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                                   chain: Chain | None = None) -> list[StepCheck]:
+                                   chain: Chain | None = None, loop: str = "step") -> list[StepCheck]:
     """``check_step`` at :func:`three_budgets` (one profile: ``Checkpointed(chain=)`` plans each
     budget on it): each within its budget, gradients as plain autograd's, peak as predicted; the
-    least budget recomputes and keep-all does not."""
+    least budget recomputes and keep-all does not. ``loop``: ``check_step``'s (``"user"``: the
+    steps are ``cross_entropy(wrapped(x), y).backward()``)."""
     from edgetrain.profile import profile
 
     chain = chain if chain is not None else profile(model, x, y, measure_time=False)
     budgets = three_budgets(chain)
     assert budgets[0] < budgets[2]  # there is memory to plan
-    checks = [check_step(model, x, y, budget, chain) for budget in budgets]
+    checks = [check_step(model, x, y, budget, chain, loop=loop) for budget in budgets]
     for check in checks:
         assert check.predicted_peak_bytes <= check.budget_bytes
         assert check.worst_grad_error <= 1e-6, check
