@@ -4,6 +4,7 @@ segments checkpointed, and the two-level plan trained for real against plain aut
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -114,6 +115,25 @@ def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense: Dense) -> Non
     for rho in (1.1, 1.5):
         within = plan_blocks(chain, twins, segmented, recompute=rho)
         assert within.recompute_factor <= rho + 1e-9
+
+
+def test_a_plan_that_only_adds_recomputation_is_never_planned_faster_than_the_plain_step() -> None:
+    """NOTE [ A segmented stage is never faster than its whole stage ]: a twin profiled in another pass
+    was timed faster than its whole stage (the 0.83 and 0.71 "planned rho" of compile_budget.py under load)."""
+    plain = Chain.uniform(4, fwd_time_s=1.0, bwd_time_s=2.0, act_bytes=100, saved_bytes=100)
+    whole = replace(plain, stages=(plain.stages[0], replace(plain.stages[1], saved_bytes=5000), *plain.stages[2:]))
+    noisy = replace(whole.stages[1], saved_bytes=200, fwd_time_s=0.6, bwd_time_s=1.5)   # measured < 1 + 2 + 1
+    twins = replace(whole, stages=(whole.stages[0], noisy, *whole.stages[2:]))
+    segmented = [False, True, False, False]
+    tight = plan_blocks(whole, twins, segmented, memory=least_block_bytes(whole, twins, segmented))
+    assert tight.inside == (False, True, False, False)
+    # the twin costs what it runs at least: the whole stage's forward, then its backward and one more forward
+    assert (tight.chain.stages[1].fwd_time_s, tight.chain.stages[1].bwd_time_s) == (1.0, 2.0 + 1.0)
+    assert tight.recompute_factor >= 1 + 1 / whole.compute_time_s   # the one recomputed forward, at least
+    slower = replace(noisy, fwd_time_s=1.5, bwd_time_s=4.0)             # above the floor: kept as measured
+    twins = replace(whole, stages=(whole.stages[0], slower, *whole.stages[2:]))
+    kept = plan_blocks(whole, twins, segmented, memory=least_block_bytes(whole, twins, segmented))
+    assert (kept.chain.stages[1].fwd_time_s, kept.chain.stages[1].bwd_time_s) == (1.5, 4.0)
 
 
 def test_dense_blocks_planned_inside_train_as_plain_autograd(dense: Dense) -> None:

@@ -9,6 +9,17 @@ this tries ``m + 1`` of them, segmenting the stages in order of the saved bytes 
 frees (largest first), and keeps the fastest within the budget (or, under a recompute factor,
 the least peak within the factor, the factor taken against the plain step of the chain without
 twins). Like every planner it is a pure function of cost models and a request.
+
+NOTE [ A segmented stage is never faster than its whole stage ]
+A segmented twin runs every op of its whole stage forward, and in its backward every segment's
+forward again and the same backward: it costs at least the whole stage's forward, and its
+backward at least the whole stage's backward plus one more forward. The two chains' times come
+from two profiles (two passes, minutes apart in a benchmark on a shared machine), so a twin can be
+*measured* faster than its whole stage, and a plan that only adds recomputation was then planned
+below the plain step (ρ 0.83 and 0.71 in ``benchmarks/compile_budget.py`` under load). So each
+twin's times are taken as at least that floor, computed from the whole stage's: the measured part
+above it (``torch.utils.checkpoint``'s own overhead) is kept, noise below it is not. Every variant
+then costs at least the plain chain, and a two-level plan's factor is at least 1.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ..chain import Chain
+from ..chain import Chain, StageCost
 from ..errors import InfeasibleBudgetError
 from ..units import parse_bytes
 from .plan import Plan, least_step_bytes, plan
@@ -53,10 +64,18 @@ def block_variants(whole: Chain, twins: Chain, segmented: Sequence[bool]) -> Ite
                    key=lambda i: twins.stages[i].saved_bytes - whole.stages[i].saved_bytes)
     inside = [False] * whole.length
     yield whole, tuple(inside)
+    floored = [_segmented_cost(w, t) for w, t in zip(whole.stages, twins.stages, strict=True)]
     for i in order:
         inside[i] = True
-        stages = tuple(t if use else w for w, t, use in zip(whole.stages, twins.stages, inside, strict=True))
+        stages = tuple(t if use else w for w, t, use in zip(whole.stages, floored, inside, strict=True))
         yield replace(whole, stages=stages), tuple(inside)
+
+
+def _segmented_cost(whole: StageCost, twin: StageCost) -> StageCost:
+    """``twin`` with its times at least what the segmented stage runs of ``whole``'s: its forward, and in the
+    backward one more forward and the backward (NOTE [ A segmented stage is never faster than its whole stage ])."""
+    return replace(twin, fwd_time_s=max(twin.fwd_time_s, whole.fwd_time_s),
+                   bwd_time_s=max(twin.bwd_time_s, whole.bwd_time_s + whole.fwd_time_s))
 
 
 def plan_blocks(whole: Chain, twins: Chain, segmented: Sequence[bool], memory: int | str | None = None,
