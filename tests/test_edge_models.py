@@ -122,12 +122,23 @@ def tiny_detector() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return TinyDetector("inside"), torch.randn(2, 3, 16, 16), torch.randint(0, 10, (2,))
 
 
-@pytest.mark.parametrize("name", ["densenet121", "gpt2", "yolo_style"])
+def dense_head() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A class per pixel from a 1x1 head whose output outweighs its input (YOLOv8's 144 channels per anchor)."""
+    torch.manual_seed(0)
+    convs = [nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.ReLU()) for c in (3, 8, 8)]
+    return nn.Sequential(*convs, nn.Conv2d(8, 32, 1)), torch.randn(2, 3, 16, 16), torch.randint(0, 32, (2, 16, 16))
+
+
+@pytest.mark.parametrize("name", ["densenet121", "gpt2", "yolo_style", "dense_head"])
 def test_a_user_loop_holds_the_predicted_peak(name: str) -> None:
-    """``cross_entropy(wrapped(x), y).backward()``: the rest of the schedule runs after the engine let go
-    of the output's gradient (NOTE [ Checkpointed in a user loop ]). Run inside the function's backward,
-    it was held throughout: +80 bytes (DenseNet, the detector), +12,412-16,384 (GPT) over the plan."""
-    model, x, y = tiny_detector() if name == "yolo_style" else small(name)
+    """``cross_entropy(wrapped(x), y).backward()`` (NOTE [ Checkpointed in a user loop ]). Two bugs: run
+    inside the function's backward, the rest of the schedule held the output's gradient throughout (+80
+    bytes on DenseNet and the detector, +12,412-16,384 on GPT, over the plan); and the head recomputed after
+    the user's loss kept its output, as if the loss were still to run (+1,148 on the dense head; +1,548,288,
+    the whole output, on YOLOv8n at 2x3x256x256)."""
+    builders = {"yolo_style": tiny_detector, "dense_head": dense_head}
+    model, x, y = builders[name]() if name in builders else small(name)
     checks = assert_trains_at_three_budgets(model, x, y, loop="user")   # measured <= predicted, no slack
-    # the least budget's peak is in the backward: to the byte, the seed held to the end as the plan counts it
-    assert checks[0].measured_peak_bytes == checks[0].predicted_peak_bytes
+    # to the byte at the least budget, or one float32 scalar under where its peak is the loss's own backward
+    # (the dense head's), as on the step path
+    assert checks[0].predicted_peak_bytes - checks[0].measured_peak_bytes in (0, 4)

@@ -853,6 +853,9 @@ class PendingBackward:
             raise RuntimeError("this step was already back-propagated (a checkpointed step cannot retain its graph)")
         try:
             run.delta, grad_output.grad = grad_output.grad, None
+            # The caller's loss has back-propagated: as after the loss stage's own Backward, its input
+            # x_{L-1} is dead, and a recomputation of the stage before it must not keep it (NOTE [ Dead outputs ]).
+            run.done.add(len(run.stages) - 1)
             run.run(self._ops)
             if run.pager is not None:
                 run.pager.finish()
