@@ -8,7 +8,7 @@ against plain autograd from the same weights and RNG state: the worst relative g
 step (momentum buffers by then exist) against the plan's predicted peak. One torch thread.
 
     python benchmarks/any_model.py [--models unet,gpt2] [--out out/any_model.json]
-    python benchmarks/any_model.py --loop user [--out out/any_model_user.json]
+    python benchmarks/any_model.py --loop user [--blocks] [--out out/any_model_user.json]
     python benchmarks/any_model.py --blocks [--models densenet121,unet] [--out out/any_model_blocks.json]
 
 Writes one JSON row per model and budget and prints a table. ``--loop user`` runs each step as
@@ -135,7 +135,7 @@ def run(name: str, build: Callable[[], Case], loop: str) -> list[dict[str, objec
     return rows
 
 
-def run_blocks(name: str, build: Callable[[], Case]) -> list[dict[str, object]]:
+def run_blocks(name: str, build: Callable[[], Case], loop: str) -> list[dict[str, object]]:
     """Chain as traced against the two-level plan: least budgets, peaks at equal ρ, real steps."""
     torch.manual_seed(0)
     model, x, y = build()
@@ -165,10 +165,11 @@ def run_blocks(name: str, build: Callable[[], Case]) -> list[dict[str, object]]:
         budgets.append((f"rho {rho} two-level", two_peak))
     budgets.append(("keep-all", keep_all_peak))
     for label, budget in budgets:
-        check = check_step(model, x, y, budget, chain, twins=twins)
+        check = check_step(model, x, y, budget, chain, twins=twins, loop=loop)
         traced_rho = plan(chain, memory=budget).recompute_factor if budget >= least_whole else None
-        rows.append({"model": name, "mode": "blocks", "label": label, "least_as_traced_bytes": least_whole,
-                     "least_two_level_bytes": least_two, "as_traced_recompute_factor": traced_rho, **_row(check)})
+        rows.append({"model": name, "mode": "blocks", "loop": loop, "label": label,
+                     "least_as_traced_bytes": least_whole, "least_two_level_bytes": least_two,
+                     "as_traced_recompute_factor": traced_rho, **_row(check)})
         print(f"  {label:20s} {budget:>12,d} {check.predicted_peak_bytes:>12,d} {check.measured_peak_bytes:>12,d} "
               f"{check.measured_over_predicted:.5f} {check.recompute_factor:.3f} {check.worst_grad_error:.1e} "
               f"{'-' if traced_rho is None else f'{traced_rho:.3f}'}", flush=True)
@@ -183,13 +184,11 @@ def main() -> None:
     parser.add_argument("--loop", choices=LOOPS, default="step",
                         help="step: Checkpointed.step_loss; user: cross_entropy(wrapped(x), y).backward()")
     parser.add_argument("--out", default=None,
-                        help="JSON rows (default out/any_model.json; _user with --loop user, _blocks with --blocks)")
+                        help="JSON rows (default out/any_model[_blocks][_user].json)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     cases = model_cases()
-    if args.blocks and args.loop != "step":
-        parser.error("--blocks runs step_loss only")
-    suffix = "_blocks" if args.blocks else ("_user" if args.loop == "user" else "")
+    suffix = ("_blocks" if args.blocks else "") + ("_user" if args.loop == "user" else "")
     out = args.out or f"out/any_model{suffix}.json"
     if args.blocks:
         cases = block_model_cases()
@@ -197,7 +196,7 @@ def main() -> None:
     if args.blocks:
         print(f"  {'budget':20s} {'bytes':>12s} {'predicted':>12s} {'measured':>12s} meas/pred   rho  grad err "
               "rho as traced")
-        rows = [row for name in names for row in run_blocks(name, cases[name])]
+        rows = [row for name in names for row in run_blocks(name, cases[name], args.loop)]
     else:
         print(f"{'model':28s} {'parameters':>11s} {'stg':>4s} {'budget':>12s} {'predicted':>12s} {'measured':>12s} "
               f"{'pred-meas':>9s} meas/pred   rho  grad err")
