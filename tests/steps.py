@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 
 from edgetrain.chain import Chain
 from edgetrain.runtime import StepCheck, check_step, three_budgets
+from edgetrain.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule
 
 
 @dataclass
@@ -73,3 +75,16 @@ def assert_trains_at_three_budgets(model: nn.Module, x: torch.Tensor, y: torch.T
         assert check_tracks(check), check
     assert checks[0].forward_advances > 0 and checks[-1].forward_advances == 0
     return checks
+
+
+def with_paged_records(chain: Chain, stages: Sequence[int]) -> Schedule:
+    """Keep-all with each of ``stages``' records paged right after its forward and back right before its backward."""
+    forward: list[Op] = []
+    backward: list[Op] = []
+    for i in range(chain.length):
+        forward.append(Forward(i, Keep.ALL))
+        backward.insert(0, Backward(i))
+        if i in stages:
+            forward.append(PageOutRecord(i))
+            backward.insert(0, PageInRecord(i))
+    return Schedule(tuple(forward + backward), chain.length, strategy="keep_all+record-paging")

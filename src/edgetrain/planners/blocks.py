@@ -9,6 +9,8 @@ this tries ``m + 1`` of them, segmenting the stages in order of the saved bytes 
 frees (largest first), and keeps the fastest within the budget (or, under a recompute factor,
 the least peak within the factor, the factor taken against the plain step of the chain without
 twins). Like every planner it is a pure function of cost models and a request.
+:func:`page_blocks` does the same with the paging DP (``paging.py``) on each variant: recomputation
+inside blocks, and paging of values and of records, a segmented stage's segment inputs included.
 
 NOTE [ A segmented stage is never faster than its whole stage ]
 A segmented twin runs every op of its whole stage forward, and in its backward every segment's
@@ -31,11 +33,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ..chain import Chain, StageCost
+from ..energy import EnergyProfile
 from ..errors import InfeasibleBudgetError
 from ..units import parse_bytes
+from .paging import PagingResult, paging_dp
 from .plan import Plan, least_step_bytes, plan
 
-__all__ = ["BlockPlan", "plan_blocks", "block_variants", "least_block_bytes"]
+__all__ = ["BlockPlan", "PagedBlockPlan", "plan_blocks", "page_blocks", "block_variants", "least_block_bytes"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,42 @@ def plan_blocks(whole: Chain, twins: Chain, segmented: Sequence[bool], memory: i
     if memory is not None:
         return min(found, key=lambda b: (b.plan.predicted_time_s, sum(b.inside)))
     return min(found, key=lambda b: (b.plan.predicted_peak_bytes, b.plan.predicted_time_s))
+
+
+@dataclass(frozen=True)
+class PagedBlockPlan:
+    """A two-level plan that also pages: the outer schedule (recomputation and paging), its chain and stats."""
+
+    result: PagingResult
+    chain: Chain
+    inside: tuple[bool, ...]
+
+
+def page_blocks(whole: Chain, twins: Chain, segmented: Sequence[bool], profile: EnergyProfile, memory: int | str,
+                *, slots: int = 500) -> PagedBlockPlan:
+    """The least-energy two-level plan within ``memory`` with paging: :func:`~edgetrain.planners.paging.paging_dp`
+    on each variant :func:`block_variants` gives, the least energy kept (fewer segmented stages on a tie).
+
+    A segmented stage's record holds its segments' inputs, which ``torch.utils.checkpoint`` saves through
+    autograd's saved-tensor hooks: paging the record (``PageOutRecord``) writes exactly them, and the
+    executor's hooks page them like any stage's internals (NOTE [ Paged records ] in ``runtime/executor.py``).
+
+    Raises:
+        InfeasibleBudgetError: no variant fits; ``minimum_bytes`` is the least any reaches on its grid.
+    """
+    budget = parse_bytes(memory)
+    found: list[PagedBlockPlan] = []
+    minimum: int | None = None
+    for chain, inside in block_variants(whole, twins, segmented):
+        try:
+            found.append(PagedBlockPlan(paging_dp(chain, profile, budget, slots=slots), chain, inside))
+        except InfeasibleBudgetError as exc:
+            if exc.minimum_bytes is not None:
+                minimum = exc.minimum_bytes if minimum is None else min(minimum, exc.minimum_bytes)
+    if not found:
+        raise InfeasibleBudgetError(f"budget {budget} bytes is below the least peak of any two-level paging plan, "
+                                    f"{minimum} bytes", minimum_bytes=minimum, budget_bytes=budget)
+    return min(found, key=lambda b: (b.result.stats.energy_j or 0.0, sum(b.inside)))
 
 
 def least_block_bytes(whole: Chain, twins: Chain, segmented: Sequence[bool]) -> int:
