@@ -11,6 +11,7 @@ gradients equal plain autograd's and the measured peak is what the plan predicts
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +23,7 @@ from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilene
 from edgetrain.models.edge_vision import B0_STAGES, DenseNet, EfficientNet
 from edgetrain.profile import profile
 from edgetrain.profile.tracker import storage_bytes
+from edgetrain.runtime import Checkpointed, three_budgets
 
 
 def unet_paper_count() -> int:
@@ -142,3 +144,21 @@ def test_a_user_loop_holds_the_predicted_peak(name: str) -> None:
     # to the byte at the least budget, or one float32 scalar under where its peak is the loss's own backward
     # (the dense head's), as on the step path
     assert checks[0].predicted_peak_bytes - checks[0].measured_peak_bytes in (0, 4)
+
+
+def test_two_outputs_in_one_loss_both_back_propagate_as_autograd() -> None:
+    """Gradient accumulation in one backward: each output's rest of the schedule is queued on the same
+    backward call (NOTE [ Checkpointed in a user loop ]) and both run, in any order, to autograd's gradients."""
+    model, x, y = tiny_detector()   # BatchNorm: two forwards in one step, statistics as autograd's
+    reference, other = copy.deepcopy(model), torch.randn_like(x)
+    chain = profile(model, x, y, measure_time=False)
+    wrapped = Checkpointed(model, sample=x, target=y, memory=three_budgets(chain)[0], chain=chain)
+    assert wrapped.plan.stats.forward_advances > 0   # it recomputes
+    for net in (reference, wrapped):
+        torch.manual_seed(1)
+        (nn.functional.cross_entropy(net(x), y) + nn.functional.cross_entropy(net(other), y)).backward()
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert (mine.grad is None) == (theirs.grad is None)   # the frozen block's weights get none
+        if mine.grad is not None:
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=1e-6)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(model.buffers(), reference.buffers(), strict=True))
