@@ -8,9 +8,13 @@ against plain autograd from the same weights and RNG state: the worst relative g
 step (momentum buffers by then exist) against the plan's predicted peak. One torch thread.
 
     python benchmarks/any_model.py [--models unet,gpt2] [--out out/any_model.json]
+    python benchmarks/any_model.py --loop user [--blocks] [--out out/any_model_user.json]
     python benchmarks/any_model.py --blocks [--models densenet121,unet] [--out out/any_model_blocks.json]
 
-Writes one JSON row per model and budget and prints a table.
+Writes one JSON row per model and budget and prints a table. ``--loop user`` runs each step as
+a user's training loop does, ``cross_entropy(wrapped(x), y).backward()`` (NOTE [ Checkpointed in
+a user loop ]), instead of ``Checkpointed.step_loss``; the column ``pred-meas`` is the predicted
+peak minus the measured one, in bytes (negative: measured above the prediction).
 
 With ``--blocks``, recomputation inside coarse stages (NOTE [ Blocks planned inside ] in
 ``models/segmented.py``): per model the least feasible budget of the chain as traced and of the
@@ -50,6 +54,7 @@ from edgetrain.planners import plan
 from edgetrain.planners.blocks import least_block_bytes, plan_blocks
 from edgetrain.profile import profile
 from edgetrain.runtime import StepCheck, check_step, three_budgets
+from edgetrain.runtime.verify import LOOPS
 
 RHOS = (1.1, 1.25, 1.5)
 
@@ -110,26 +115,27 @@ def _row(check: StepCheck) -> dict[str, object]:
             "worst_grad_error": check.worst_grad_error}
 
 
-def run(name: str, build: Callable[[], Case]) -> list[dict[str, object]]:
+def run(name: str, build: Callable[[], Case], loop: str) -> list[dict[str, object]]:
     torch.manual_seed(0)
     model, x, y = build()
     start = time.perf_counter()
     chain = profile(model, x, y, measure_time=False)
     rows = []
     for budget in three_budgets(chain):
-        row = {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
-               "stages": len(stages_of(model)), "input_shape": list(x.shape),
-               **_row(check_step(model, x, y, budget, chain))}
+        check = check_step(model, x, y, budget, chain, loop=loop)
+        row = {"model": name, "loop": loop, "parameters": sum(p.numel() for p in model.parameters()),
+               "stages": len(stages_of(model)), "input_shape": list(x.shape), **_row(check)}
         rows.append(row)
         print(f"{name:28s} {row['parameters']:>11,d} {row['stages']:>4d} {budget:>12,d} "
-              f"{row['predicted_peak_bytes']:>12,d} {row['measured_peak_bytes']:>12,d} "
-              f"{row['measured_over_predicted']:.5f} {row['recompute_factor']:.3f} {row['worst_grad_error']:.1e}",
+              f"{check.predicted_peak_bytes:>12,d} {check.measured_peak_bytes:>12,d} "
+              f"{check.predicted_peak_bytes - check.measured_peak_bytes:>9,d} "
+              f"{check.measured_over_predicted:.5f} {check.recompute_factor:.3f} {check.worst_grad_error:.1e}",
               flush=True)
     print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
     return rows
 
 
-def run_blocks(name: str, build: Callable[[], Case]) -> list[dict[str, object]]:
+def run_blocks(name: str, build: Callable[[], Case], loop: str) -> list[dict[str, object]]:
     """Chain as traced against the two-level plan: least budgets, peaks at equal ρ, real steps."""
     torch.manual_seed(0)
     model, x, y = build()
@@ -159,10 +165,11 @@ def run_blocks(name: str, build: Callable[[], Case]) -> list[dict[str, object]]:
         budgets.append((f"rho {rho} two-level", two_peak))
     budgets.append(("keep-all", keep_all_peak))
     for label, budget in budgets:
-        check = check_step(model, x, y, budget, chain, twins=twins)
+        check = check_step(model, x, y, budget, chain, twins=twins, loop=loop)
         traced_rho = plan(chain, memory=budget).recompute_factor if budget >= least_whole else None
-        rows.append({"model": name, "mode": "blocks", "label": label, "least_as_traced_bytes": least_whole,
-                     "least_two_level_bytes": least_two, "as_traced_recompute_factor": traced_rho, **_row(check)})
+        rows.append({"model": name, "mode": "blocks", "loop": loop, "label": label,
+                     "least_as_traced_bytes": least_whole, "least_two_level_bytes": least_two,
+                     "as_traced_recompute_factor": traced_rho, **_row(check)})
         print(f"  {label:20s} {budget:>12,d} {check.predicted_peak_bytes:>12,d} {check.measured_peak_bytes:>12,d} "
               f"{check.measured_over_predicted:.5f} {check.recompute_factor:.3f} {check.worst_grad_error:.1e} "
               f"{'-' if traced_rho is None else f'{traced_rho:.3f}'}", flush=True)
@@ -174,22 +181,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=None, help="comma-separated names (default: all of the mode's)")
     parser.add_argument("--blocks", action="store_true", help="recomputation inside coarse stages, against the chain")
-    parser.add_argument("--out", default=None, help="JSON rows (default out/any_model.json, _blocks with --blocks)")
+    parser.add_argument("--loop", choices=LOOPS, default="step",
+                        help="step: Checkpointed.step_loss; user: cross_entropy(wrapped(x), y).backward()")
+    parser.add_argument("--out", default=None,
+                        help="JSON rows (default out/any_model[_blocks][_user].json)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     cases = model_cases()
-    out = args.out or ("out/any_model_blocks.json" if args.blocks else "out/any_model.json")
+    suffix = ("_blocks" if args.blocks else "") + ("_user" if args.loop == "user" else "")
+    out = args.out or f"out/any_model{suffix}.json"
     if args.blocks:
         cases = block_model_cases()
     names = args.models.split(",") if args.models else list(cases)
     if args.blocks:
         print(f"  {'budget':20s} {'bytes':>12s} {'predicted':>12s} {'measured':>12s} meas/pred   rho  grad err "
               "rho as traced")
-        rows = [row for name in names for row in run_blocks(name, cases[name])]
+        rows = [row for name in names for row in run_blocks(name, cases[name], args.loop)]
     else:
         print(f"{'model':28s} {'parameters':>11s} {'stg':>4s} {'budget':>12s} {'predicted':>12s} {'measured':>12s} "
-              "meas/pred   rho  grad err")
-        rows = [row for name in names for row in run(name, cases[name])]
+              f"{'pred-meas':>9s} meas/pred   rho  grad err")
+        rows = [row for name in names for row in run(name, cases[name], args.loop)]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(rows, indent=1))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 
 from edgetrain.chain import Chain
 from edgetrain.runtime import StepCheck, check_step, three_budgets
+from edgetrain.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule
 
 
 @dataclass
@@ -56,19 +58,33 @@ def check_tracks(check: StepCheck) -> bool:
 
 
 def assert_trains_at_three_budgets(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                                   chain: Chain | None = None) -> list[StepCheck]:
+                                   chain: Chain | None = None, loop: str = "step") -> list[StepCheck]:
     """``check_step`` at :func:`three_budgets` (one profile: ``Checkpointed(chain=)`` plans each
     budget on it): each within its budget, gradients as plain autograd's, peak as predicted; the
-    least budget recomputes and keep-all does not."""
+    least budget recomputes and keep-all does not. ``loop``: ``check_step``'s (``"user"``: the
+    steps are ``cross_entropy(wrapped(x), y).backward()``)."""
     from edgetrain.profile import profile
 
     chain = chain if chain is not None else profile(model, x, y, measure_time=False)
     budgets = three_budgets(chain)
     assert budgets[0] < budgets[2]  # there is memory to plan
-    checks = [check_step(model, x, y, budget, chain) for budget in budgets]
+    checks = [check_step(model, x, y, budget, chain, loop=loop) for budget in budgets]
     for check in checks:
         assert check.predicted_peak_bytes <= check.budget_bytes
         assert check.worst_grad_error <= 1e-6, check
         assert check_tracks(check), check
     assert checks[0].forward_advances > 0 and checks[-1].forward_advances == 0
     return checks
+
+
+def with_paged_records(chain: Chain, stages: Sequence[int]) -> Schedule:
+    """Keep-all with each of ``stages``' records paged right after its forward and back right before its backward."""
+    forward: list[Op] = []
+    backward: list[Op] = []
+    for i in range(chain.length):
+        forward.append(Forward(i, Keep.ALL))
+        backward.insert(0, Backward(i))
+        if i in stages:
+            forward.append(PageOutRecord(i))
+            backward.insert(0, PageInRecord(i))
+    return Schedule(tuple(forward + backward), chain.length, strategy="keep_all+record-paging")

@@ -4,22 +4,28 @@ segments checkpointed, and the two-level plan trained for real against plain aut
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
-from steps import check_tracks
+from steps import check_tracks, peak_tracks, with_paged_records
 from torch import fx, nn
 
 from edgetrain.chain import Chain
+from edgetrain.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import stages_of, transformer_encoder_small
 from edgetrain.models.edge_vision import DenseNet
 from edgetrain.models.segmented import SegmentedStage, _Graph, segmented_stage, segmented_stages
-from edgetrain.planners.blocks import block_variants, least_block_bytes, plan_blocks
+from edgetrain.planners.blocks import block_variants, least_block_bytes, page_blocks, plan_blocks
+from edgetrain.planners.paging import paging_dp, solve_paging
 from edgetrain.planners.plan import least_step_bytes
-from edgetrain.profile import profile
-from edgetrain.runtime import check_step
-from edgetrain.schedule import keep_all, simulate
+from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.runtime import Executor, PagingStats, check_step
+from edgetrain.schedule import PageOut, PageOutRecord, Schedule, keep_all, simulate
+from edgetrain.stages import training_stages
 
 
 class Ladder(nn.Module):
@@ -116,6 +122,25 @@ def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense: Dense) -> Non
         assert within.recompute_factor <= rho + 1e-9
 
 
+def test_a_plan_that_only_adds_recomputation_is_never_planned_faster_than_the_plain_step() -> None:
+    """NOTE [ A segmented stage is never faster than its whole stage ]: a twin profiled in another pass
+    was timed faster than its whole stage (the 0.83 and 0.71 "planned rho" of compile_budget.py under load)."""
+    plain = Chain.uniform(4, fwd_time_s=1.0, bwd_time_s=2.0, act_bytes=100, saved_bytes=100)
+    whole = replace(plain, stages=(plain.stages[0], replace(plain.stages[1], saved_bytes=5000), *plain.stages[2:]))
+    noisy = replace(whole.stages[1], saved_bytes=200, fwd_time_s=0.6, bwd_time_s=1.5)   # measured < 1 + 2 + 1
+    twins = replace(whole, stages=(whole.stages[0], noisy, *whole.stages[2:]))
+    segmented = [False, True, False, False]
+    tight = plan_blocks(whole, twins, segmented, memory=least_block_bytes(whole, twins, segmented))
+    assert tight.inside == (False, True, False, False)
+    # the twin costs what it runs at least: the whole stage's forward, then its backward and one more forward
+    assert (tight.chain.stages[1].fwd_time_s, tight.chain.stages[1].bwd_time_s) == (1.0, 2.0 + 1.0)
+    assert tight.recompute_factor >= 1 + 1 / whole.compute_time_s   # the one recomputed forward, at least
+    slower = replace(noisy, fwd_time_s=1.5, bwd_time_s=4.0)             # above the floor: kept as measured
+    twins = replace(whole, stages=(whole.stages[0], slower, *whole.stages[2:]))
+    kept = plan_blocks(whole, twins, segmented, memory=least_block_bytes(whole, twins, segmented))
+    assert (kept.chain.stages[1].fwd_time_s, kept.chain.stages[1].bwd_time_s) == (1.5, 4.0)
+
+
 def test_dense_blocks_planned_inside_train_as_plain_autograd(dense: Dense) -> None:
     model, x, y, chain, twins, segmented = dense
     least_as_traced = least_step_bytes(chain)
@@ -139,6 +164,62 @@ def trains_below_the_chains_floor(model: nn.Module, x: torch.Tensor, y: torch.Te
     check = check_step(model, x, y, least, chain, twins=twins)
     assert check.worst_grad_error <= 1e-6, check
     assert check_tracks(check), check
+
+
+# Paging as good as free (latency 1 ns, 1 TB/s, 10 mW), so the paging DP pages where it can.
+FREE_STORAGE = EnergyProfile("free", 1e9, 3.0, 1e-9, 1e12, 0.01, 1e-9, 1e12, 0.01)
+
+
+def paged_step(dense: Dense, inside: Sequence[bool], schedule: Schedule, chain: Chain,
+               page_dir: Path) -> tuple[float, int, PagingStats | None]:
+    """Two steps of ``schedule`` on the dense model's stages (segmented where ``inside``): the first's worst
+    relative gradient error against plain autograd, the second's measured peak, and its paging."""
+    model, x, y = copy.deepcopy(dense[0]), dense[1], dense[2]
+    reference = copy.deepcopy(dense[0])
+    nn.functional.cross_entropy(reference(x), y).backward()
+    stages = [t if use else s for s, t, use in zip(stages_of(model), segmented_stages(stages_of(model), x), inside,
+                                                     strict=False)]
+    executor = Executor(training_stages(nn.Sequential(*stages)), schedule, chain, page_dir=page_dir)
+    executor.step(x, y)
+    error = max(((p.grad - r.grad).abs().max() / r.grad.abs().max()).item()
+                for p, r in zip(model.parameters(), reference.parameters(), strict=True) if r.grad is not None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with LiveBytesTracker() as tracker:
+        tracker.register_training_state(model, optimizer, x, y)
+        executor.step(x, y)
+        optimizer.step()
+    return error, tracker.peak_bytes, executor.last_paging
+
+
+def test_a_segmented_stages_record_pages_its_segments_inputs(dense: Dense, tmp_path: Path) -> None:
+    """``torch.utils.checkpoint`` saves a segment's inputs through autograd's saved-tensor hooks, so paging a
+    segmented stage's record writes exactly them (``saved_bytes - out_bytes`` of its twin) and reads them back."""
+    _, _, _, chain, twins, segmented = dense
+    inside = [i for i, s in enumerate(segmented) if s]
+    variant = next(c for c, use in block_variants(chain, twins, segmented) if sum(use) == len(inside))
+    schedule = with_paged_records(variant, inside)
+    error, measured, paging = paged_step(dense, segmented, schedule, variant, tmp_path)
+    internals = sum(twins.stages[i].saved_bytes - twins.stages[i].out_bytes for i in inside)
+    assert paging is not None and paging.bytes_written == paging.bytes_read == internals > 0
+    assert error <= 1e-6
+    assert peak_tracks(measured, simulate(variant, schedule).peak_bytes)
+
+
+def test_paging_inside_blocks_reaches_below_paging_the_chain_as_traced(dense: Dense, tmp_path: Path) -> None:
+    _, _, _, chain, twins, segmented = dense
+    least_as_traced = solve_paging(chain, FREE_STORAGE, simulate(chain, keep_all(chain.length)).peak_bytes)
+    budget = least_block_bytes(chain, twins, segmented) + 10_000
+    assert budget < least_as_traced.min_memory_bytes
+    with pytest.raises(InfeasibleBudgetError):
+        paging_dp(chain, FREE_STORAGE, budget)
+    paged = page_blocks(chain, twins, segmented, FREE_STORAGE, budget)
+    assert any(paged.inside) and paged.result.stats.peak_bytes <= budget
+    assert any(isinstance(op, (PageOut, PageOutRecord)) for op in paged.result.schedule.ops)
+    error, measured, paging = paged_step(dense, paged.inside, paged.result.schedule, paged.chain, tmp_path)
+    assert error <= 1e-6 and paging is not None and paging.pageouts > 0
+    assert peak_tracks(measured, paged.result.stats.peak_bytes)
 
 
 def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor() -> None:

@@ -11,6 +11,7 @@ gradients equal plain autograd's and the measured peak is what the plan predicts
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +23,7 @@ from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilene
 from edgetrain.models.edge_vision import B0_STAGES, DenseNet, EfficientNet
 from edgetrain.profile import profile
 from edgetrain.profile.tracker import storage_bytes
+from edgetrain.runtime import Checkpointed, three_budgets
 
 
 def unet_paper_count() -> int:
@@ -115,3 +117,48 @@ def test_no_step_exceeds_its_predicted_peak_by_a_single_byte(frozen: str) -> Non
     # every parameter and buffer is a weight, the frozen ones' and the unused DFL's too
     assert chain.weights_bytes == storage_bytes([*model.parameters(), *model.buffers()])
     assert chain.loss_held_bytes == 4 + 4   # a float32 loss and its seed gradient
+
+
+def tiny_detector() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return TinyDetector("inside"), torch.randn(2, 3, 16, 16), torch.randint(0, 10, (2,))
+
+
+def dense_head() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A class per pixel from a 1x1 head whose output outweighs its input (YOLOv8's 144 channels per anchor)."""
+    torch.manual_seed(0)
+    convs = [nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.ReLU()) for c in (3, 8, 8)]
+    return nn.Sequential(*convs, nn.Conv2d(8, 32, 1)), torch.randn(2, 3, 16, 16), torch.randint(0, 32, (2, 16, 16))
+
+
+@pytest.mark.parametrize("name", ["densenet121", "gpt2", "yolo_style", "dense_head"])
+def test_a_user_loop_holds_the_predicted_peak(name: str) -> None:
+    """``cross_entropy(wrapped(x), y).backward()`` (NOTE [ Checkpointed in a user loop ]). Two bugs: run
+    inside the function's backward, the rest of the schedule held the output's gradient throughout (+80
+    bytes on DenseNet and the detector, +12,412-16,384 on GPT, over the plan); and the head recomputed after
+    the user's loss kept its output, as if the loss were still to run (+1,148 on the dense head; +1,548,288,
+    the whole output, on YOLOv8n at 2x3x256x256)."""
+    builders = {"yolo_style": tiny_detector, "dense_head": dense_head}
+    model, x, y = builders[name]() if name in builders else small(name)
+    checks = assert_trains_at_three_budgets(model, x, y, loop="user")   # measured <= predicted, no slack
+    # to the byte at the least budget, or one float32 scalar under where its peak is the loss's own backward
+    # (the dense head's), as on the step path
+    assert checks[0].predicted_peak_bytes - checks[0].measured_peak_bytes in (0, 4)
+
+
+def test_two_outputs_in_one_loss_both_back_propagate_as_autograd() -> None:
+    """Gradient accumulation in one backward: each output's rest of the schedule is queued on the same
+    backward call (NOTE [ Checkpointed in a user loop ]) and both run, in any order, to autograd's gradients."""
+    model, x, y = tiny_detector()   # BatchNorm: two forwards in one step, statistics as autograd's
+    reference, other = copy.deepcopy(model), torch.randn_like(x)
+    chain = profile(model, x, y, measure_time=False)
+    wrapped = Checkpointed(model, sample=x, target=y, memory=three_budgets(chain)[0], chain=chain)
+    assert wrapped.plan.stats.forward_advances > 0   # it recomputes
+    for net in (reference, wrapped):
+        torch.manual_seed(1)
+        (nn.functional.cross_entropy(net(x), y) + nn.functional.cross_entropy(net(other), y)).backward()
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert (mine.grad is None) == (theirs.grad is None)   # the frozen block's weights get none
+        if mine.grad is not None:
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=1e-6)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(model.buffers(), reference.buffers(), strict=True))

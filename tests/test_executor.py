@@ -314,12 +314,9 @@ def test_checkpointed_user_loop_step_stays_within_the_predicted_peak() -> None:
             opt.step()
     log.info("Checkpointed user loop: measured %d, predicted %d", tracker.peak_bytes,
              wrapped.plan.predicted_peak_bytes)
-    # The user's loss.backward() holds the model output's gradient (batch x 10 float32) while the
-    # scheduled backward runs inside _ScheduledForward.backward: the one tensor the plan, which
-    # hands that gradient over at the loss stage's Backward, does not count (measured: +320 bytes,
-    # that gradient's; +328 before the chain counted the loss and its seed, Chain.loss_held_bytes).
-    output_grad_bytes = len(c.y) * 10 * 4
-    assert peak_tracks(tracker.peak_bytes, wrapped.plan.predicted_peak_bytes, extra_bytes=output_grad_bytes)
+    # No slack: the rest of the schedule runs once the engine has let go of the model output's gradient
+    # (NOTE [ Checkpointed in a user loop ]); run inside the function's backward it was +320 bytes over.
+    assert peak_tracks(tracker.peak_bytes, wrapped.plan.predicted_peak_bytes)
 
 
 def test_checkpointed_replans_on_a_new_input_shape(caplog: pytest.LogCaptureFixture) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from steps import StepResult, observe, peak_tracks, plain_autograd_step
+from steps import StepResult, observe, peak_tracks, plain_autograd_step, with_paged_records
 from torch import nn
 
 from edgetrain.chain import Chain
@@ -57,6 +57,7 @@ from edgetrain.schedule import (
     memory_timeline,
     simulate,
 )
+from edgetrain.seeded_backward import GradBox
 from edgetrain.stages import training_stages
 
 log = logging.getLogger(__name__)
@@ -146,19 +147,6 @@ def paged_schedules(name: str) -> dict[str, Schedule]:
 def internals(chain: Chain, stage: int) -> int:
     """Bytes of a record besides its stage's input and output, as the simulator counts them."""
     return chain.stages[stage].saved_bytes - chain.stages[stage].out_bytes
-
-
-def with_paged_records(chain: Chain, stages: Sequence[int]) -> Schedule:
-    """Keep-all with each of ``stages``' records paged right after its forward and back right before its backward."""
-    forward: list[Op] = []
-    backward: list[Op] = []
-    for i in range(chain.length):
-        forward.append(Forward(i, Keep.ALL))
-        backward.insert(0, Backward(i))
-        if i in stages:
-            forward.append(PageOutRecord(i))
-            backward.insert(0, PageInRecord(i))
-    return Schedule(tuple(forward + backward), chain.length, strategy="keep_all+record-paging")
 
 
 # Storage as cheap as it gets on a device, so that the planner pages.
@@ -472,7 +460,9 @@ def test_split_step_with_paging_cleans_up(kind: str, tmp_path: Path) -> None:
     assert step_dir.name.startswith(f"edgetrain-pages-{os.getpid()}-")
     output.requires_grad_()
     nn.functional.cross_entropy(output, c.y).backward()
-    pending(output.grad)
+    box = GradBox()
+    box.grad, output.grad = output.grad, None
+    pending(box)
     assert list(tmp_path.iterdir()) == []
     assert executor.last_paging is not None and executor.last_paging.pageins == executor.last_paging.pageouts
     for mine, theirs in zip(model.parameters(), plain_step("resnet18").grads, strict=False):

@@ -137,7 +137,13 @@ class Chain:
     def resident_bytes(self) -> int:
         """Held for the whole step whatever the schedule: weights, optimizer state, input batch, and the
         loss with its seed gradient (``loss_held_bytes``; NOTE [ The chain memory model ])."""
-        return self.weights_bytes + self.optimizer_state_bytes + self.input_bytes + self.loss_held_bytes
+        return self.resident_state_bytes + self.input_bytes
+
+    @property
+    def resident_state_bytes(self) -> int:
+        """``resident_bytes`` but the input batch: what the simulator adds to the values a step holds,
+        among which the batch ``x_0`` is one."""
+        return self.weights_bytes + self.optimizer_state_bytes + self.loss_held_bytes
 
     @property
     def value_bytes(self) -> tuple[int, ...]:

@@ -386,7 +386,7 @@ class SimState:
         """RAM of the state: resident state (the loss held to the step's end included), gradients,
         records' own tensors, live values in RAM, δ."""
         chain = self.chain
-        mem = chain.weights_bytes + chain.optimizer_state_bytes + chain.loss_held_bytes + self.grads
+        mem = chain.resident_state_bytes + self.grads
         for i in self.recorded - self.paged_records:   # a record's own tensors; its input and output are values
             mem += self.internals(i)
         candidates = self.held | self.recorded | {i + 1 for i in self.recorded}

@@ -9,10 +9,33 @@ planners see its memory), but a user loop computes the loss itself::
 So a training-mode ``forward(x)`` runs the schedule's ops up to the loss stage's recorded
 forward inside a custom autograd function and returns the model output; the user's loss
 plays the loss stage, and ``loss.backward()`` reaches that function's backward with the
-output gradient ``δ``, which runs the rest of the schedule (recomputations and stage
-backwards). One chain (profiled *with* ``loss_fn``) and one plan serve both this and
+output gradient ``δ``, from which the rest of the schedule (recomputations and stage
+backwards) runs. One chain (profiled *with* ``loss_fn``) and one plan serve both this and
 :meth:`Checkpointed.step_loss`, which runs the whole schedule, loss included; the plan's
-predicted peak holds for the user loop as long as the loss computed there is ``loss_fn``.
+predicted peak holds for the user loop as long as the loss computed there is ``loss_fn``
+(measured against it with no slack: ``check_step(..., loop="user")``).
+
+The rest of the schedule does not run *inside* that backward: the engine holds a function's
+incoming gradients until its backward returns, so ``δ`` (the model output's gradient: 80 bytes
+on a test-size DenseNet, 1.5 MB on YOLOv8n at 2x256) would stay alive through every stage's
+backward, where the schedule, like plain backprop, frees it once the last stage's backward has
+consumed it. So the backward puts ``δ`` in a box, queues the rest of the schedule as a callback
+of the running backward (``queue_callback``: it runs once the engine's graph task is done and
+the engine has let go of ``δ``) and returns; the callback hands ``δ`` to the executor, which
+then holds the only reference. The other way, a plan that counts ``δ`` for the whole backward
+when it serves a user loop, would predict (and budget) memory the step does not need to hold;
+deferring keeps one prediction for both loops, tight in both, and runs the very same ops, so
+the gradients are bit for bit ``step_loss``'s. Deferring is sound because nothing in the user's
+graph waits for this function's backward: it returns no gradient (the batch may not require one;
+were it allowed to, its gradient would have to be returned, hence computed, inside the backward,
+holding ``δ`` again), so the engine has nothing to run after it. The one visible change is the
+order in which ``.grad`` sums: a parameter that also gets a gradient outside the wrapped model
+(tied to another module of the user's loss) receives the schedule's part last, as float sums go.
+A user who keeps the output (``out = model(x)`` through ``backward()``) holds its bytes on top
+of the plan, as with any tensor a loop keeps. Once the user's loss has back-propagated, the run
+counts the loss stage done, as its own ``Backward`` would: the stage before it, recomputed after
+that point, then keeps no output for a loss still to come (NOTE [ Dead outputs ] in
+``schedule.py``; it kept the whole 1.5 MB head output of YOLOv8n at 2x256 above the plan).
 
 The wrapper is transparent otherwise: in eval mode or under ``torch.no_grad()`` ``forward``
 is the plain model; ``parameters()`` are the model's own and ``state_dict()`` /
@@ -22,6 +45,7 @@ is the plain model; ``parameters()`` are the model's own and ``state_dict()`` /
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -35,6 +59,7 @@ from ..models.traced import training_mode
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profile import profile
+from ..seeded_backward import GradBox
 from ..stages import LossFn, training_stages
 from .executor import Executor, PendingBackward
 
@@ -60,8 +85,11 @@ class _ScheduledForward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[None, None, None]:
+        # NOTE [ Checkpointed in a user loop ]: the rest of the schedule runs once the engine let go of δ.
         pending: PendingBackward = ctx.pending
-        pending(grad_output)
+        box = GradBox()
+        box.grad = grad_output
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(pending, box))
         return None, None, None
 
 

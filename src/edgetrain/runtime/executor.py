@@ -835,7 +835,7 @@ def _touches(op: Op, stage: int) -> bool:
 
 
 class PendingBackward:
-    """The rest of a step started by :meth:`Executor.forward`: call it once with the output's gradient."""
+    """The rest of a step started by :meth:`Executor.forward`: call it once with the output's gradient in a box."""
 
     def __init__(self, run: _Run, ops: list[tuple[int, Op]], executor: Executor | None = None) -> None:
         self._run: _Run | None = run
@@ -845,12 +845,17 @@ class PendingBackward:
         session = run.pager.session if run.pager is not None else None
         self._cleanup = weakref.finalize(self, session.close) if session is not None else None
 
-    def __call__(self, grad_output: torch.Tensor) -> None:
+    def __call__(self, grad_output: GradBox) -> None:
+        """Back-propagate the rest of the step from the gradient in ``grad_output``, which it empties:
+        the step then holds the only reference to it and frees it once consumed, as plain backprop does."""
         run, self._run = self._run, None
         if run is None:
             raise RuntimeError("this step was already back-propagated (a checkpointed step cannot retain its graph)")
         try:
-            run.delta = grad_output
+            run.delta, grad_output.grad = grad_output.grad, None
+            # The caller's loss has back-propagated: as after the loss stage's own Backward, its input
+            # x_{L-1} is dead, and a recomputation of the stage before it must not keep it (NOTE [ Dead outputs ]).
+            run.done.add(len(run.stages) - 1)
             run.run(self._ops)
             if run.pager is not None:
                 run.pager.finish()

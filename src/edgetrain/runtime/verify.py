@@ -16,7 +16,7 @@ from torch import nn
 from ..chain import Chain
 from ..profile import LiveBytesTracker
 
-__all__ = ["StepCheck", "check_step", "three_budgets"]
+__all__ = ["LOOPS", "StepCheck", "check_step", "three_budgets"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,18 @@ class StepCheck:
         return self.measured_peak_bytes / self.predicted_peak_bytes
 
 
+LOOPS = ("step", "user")
+
+
 def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes: int, chain: Chain,
-               seed: int = 0, *, twins: Chain | None = None) -> StepCheck:
+               seed: int = 0, *, twins: Chain | None = None, loop: str = "step") -> StepCheck:
     """Train a copy of ``model`` two steps under ``Checkpointed(memory=budget_bytes, chain=chain)``.
 
     With ``twins`` (the chain of its segmented stages, ``Checkpointed.twin_stages``) the plan is
     two-level (``blocks=True``) and the recompute factor counts the inner recomputation too.
+    ``loop`` is how each step runs: ``"step"`` by :meth:`Checkpointed.step_loss`, ``"user"`` as
+    a user's training loop does, ``cross_entropy(wrapped(x), y).backward()`` (NOTE [ Checkpointed
+    in a user loop ]).
 
     The first step's gradients are compared with plain autograd's (cross-entropy, same weights,
     RNG seeded with ``seed`` before each); the second step's live tensor bytes (SGD momentum
@@ -51,13 +57,22 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     """
     from .checkpointed import Checkpointed
 
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {', '.join(LOOPS)}, not {loop!r}")
     reference, mine = copy.deepcopy(model), copy.deepcopy(model)
     torch.manual_seed(seed)
     nn.functional.cross_entropy(reference(x), y).backward()
     wrapped = Checkpointed(mine, sample=x, target=y, memory=budget_bytes, measure_time=False, chain=chain,
                            blocks=twins is not None, twins=twins)
+
+    def step() -> None:
+        if loop == "user":
+            nn.functional.cross_entropy(wrapped(x), y).backward()
+        else:
+            wrapped.step_loss(x, y)
+
     torch.manual_seed(seed)
-    wrapped.step_loss(x, y)
+    step()
     pairs = list(zip(mine.parameters(), reference.parameters(), strict=True))
     if any((p.grad is None) != (r.grad is None) for p, r in pairs):
         raise AssertionError("the scheduled step and plain autograd give gradients to different parameters")
@@ -69,7 +84,7 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     optimizer.zero_grad(set_to_none=True)
     with LiveBytesTracker() as tracker:
         tracker.register_training_state(mine, optimizer, x, y)
-        wrapped.step_loss(x, y)
+        step()
         optimizer.step()
     block = wrapped.block_plan
     factor = wrapped.plan.recompute_factor if block is None else block.recompute_factor
