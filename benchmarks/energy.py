@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,34 @@ def milp_solve_times(figure: PoetFigure) -> dict[str, object]:
     return found
 
 
-def operator_milp_times(time_limit_s: float, repeats: int = 1) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MilpVariant:
+    """One row of the operator-graph MILP's table: a budget, the graph's cost model and the MILP's options."""
+
+    activation_fraction: float
+    label: str = "paging"
+    memory_bps: float | None = None  # a memory-traffic floor per node (J for every op): no recomputation is free
+    options: tuple[tuple[str, Any], ...] = ()  # keyword arguments of ``milp``
+
+
+BASE_VARIANTS = tuple(MilpVariant(f) for f in (1.0, 0.75, 0.6))
+FLOOR_BPS = 2e9
+#: POET's model size with the variants docs/milp.md compares: paging against none (Checkmate's energy-weighted
+#: MILP), POET's any-stage page-out (``write_once=False``), and an assumed memory-traffic floor.
+ALL_VARIANTS = (
+    *BASE_VARIANTS,
+    MilpVariant(0.6, "no paging", options=(("paging", False),)),
+    MilpVariant(0.6, "POET's any-stage page-out", options=(("write_once", False),)),
+    *(MilpVariant(f, "paging", FLOOR_BPS) for f in (1.0, 0.75, 0.6)),
+    MilpVariant(0.6, "paging, mip_gap 1e-6", FLOOR_BPS, (("mip_gap", 1e-6),)),
+    MilpVariant(0.75, "no paging", FLOOR_BPS, (("paging", False),)),
+    MilpVariant(0.6, "no paging", FLOOR_BPS, (("paging", False),)),
+    MilpVariant(0.6, "POET's any-stage page-out", FLOOR_BPS, (("write_once", False),)),
+)
+
+
+def operator_milp_times(time_limit_s: float, repeats: int = 1,
+                        variants: Sequence[MilpVariant] = BASE_VARIANTS) -> list[dict[str, Any]]:
     """POET's own model size: the MILP on ResNet-18's operator graph (batch 8, 224 px, rpi4), ``repeats`` solves each.
 
     Budgets are the resident part plus a fraction of the activations of keep-all (whole-peak
@@ -109,20 +137,42 @@ def operator_milp_times(time_limit_s: float, repeats: int = 1) -> list[dict[str,
     with torch.device("meta"):
         model = resnet18()
     graph = capture_graph(model, (8, 3, 224, 224), target=torch.zeros(8, dtype=torch.long))
-    tg = training_graph(graph, _rpi4_profile())
-    keep = simulate_graph_schedule(tg, keep_all_schedule(tg)).peak_bytes
+    graphs = {bps: training_graph(graph, _rpi4_profile(), memory_bps=bps) for bps in {v.memory_bps for v in variants}}
     rows = []
-    for fraction in (1.0, 0.75, 0.6):
-        budget = int(tg.resident_bytes + fraction * (keep - tg.resident_bytes))
-        results = [milp(tg, budget, time_limit_s=time_limit_s) for _ in range(repeats)]
+    for variant in variants:
+        tg = graphs[variant.memory_bps]
+        keep = simulate_graph_schedule(tg, keep_all_schedule(tg)).peak_bytes
+        budget = int(tg.resident_bytes + variant.activation_fraction * (keep - tg.resident_bytes))
+        results = [milp(tg, budget, time_limit_s=time_limit_s, **dict(variant.options)) for _ in range(repeats)]
         result = results[0]
-        rows.append({"activation_fraction": fraction, "budget_bytes": budget, "nodes": len(tg.nodes),
-                     "variables": result.n_variables, "constraints": result.n_constraints, "status": result.status,
-                     "energy_j": result.energy_j, "solve_time_s": result.solve_time_s, "mip_gap": result.mip_gap,
+        rows.append({"activation_fraction": variant.activation_fraction, "variant": variant.label,
+                     "memory_bps": variant.memory_bps, "options": dict(variant.options), "budget_bytes": budget,
+                     "nodes": len(tg.nodes), "variables": result.n_variables, "constraints": result.n_constraints,
+                     "status": result.status, "energy_j": result.energy_j,
+                     "one_pass_energy_j": tg.compute_energy_j, "solve_time_s": result.solve_time_s,
+                     "mip_gap": result.mip_gap,
                      "solve_time_spread": spread([r.solve_time_s for r in results]).to_dict(),
                      "statuses": [r.status for r in results], "energies_j": [r.energy_j for r in results],
                      "mip_gaps": [r.mip_gap for r in results]})
     return rows
+
+
+def variants_table(rows: list[dict[str, Any]]) -> str:
+    """docs/milp.md's table: per variant, energy over one pass of compute, solve time with its spread."""
+    lines = ["| memory floor | f | variant | status | energy (J) | extra over one pass (J) | mip gap | "
+             "solve s (median, IQR, CoV, n) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        floor = "none" if row["memory_bps"] is None else f"{row['memory_bps'] / 1e9:g} GB/s"
+        times = row["solve_time_spread"]
+        cov = "-" if times["cov_pct"] is None else f"{times['cov_pct']:.1f}%"
+        statuses = "/".join(sorted(set(row["statuses"])))
+        energies = sorted(set(round(e, 3) for e in row["energies_j"]))
+        energy = f"{energies[0]:.3f}" if len(energies) == 1 else f"{energies[0]:.3f}-{energies[-1]:.3f}"
+        lines.append(f"| {floor} | {row['activation_fraction']:.2f} | {row['variant']} | {statuses} | {energy} | "
+                     f"{round(row['energy_j'] - row['one_pass_energy_j'], 3) + 0.0:.3f} | {max(row['mip_gaps']):.1e} | "
+                     f"{times['median']:.2f} (IQR {times['q3'] - times['q1']:.2f}, CoV {cov}, n={times['n']}) |")
+    return "\n".join(lines)
 
 
 def summary(figure: PoetFigure, timings: dict[str, Spread], milp: dict[str, object],
@@ -139,8 +189,14 @@ def _solve_paging_lines(timings: dict[str, Spread]) -> list[str]:
 
 def _operator_milp_lines(operator_milp: list[dict[str, Any]]) -> list[str]:
     return [f"- milp (ResNet-18 operator graph, {row['nodes']} nodes, {row['variables']} variables), resident + "
-            f"{row['activation_fraction']:.0%} of activations: {row['status']}, {row['energy_j']:.3f} J, "
+            f"{row['activation_fraction']:.0%} of activations{_variant_words(row)}: {row['status']}, "
+            f"{row['energy_j']:.3f} J, "
             f"{_solve_seconds(row)}" for row in operator_milp]
+
+
+def _variant_words(row: dict[str, Any]) -> str:
+    floor = "" if row.get("memory_bps") is None else f", {row['memory_bps'] / 1e9:g} GB/s memory floor"
+    return "" if row.get("variant", "paging") == "paging" and not floor else f" ({row['variant']}{floor})"
 
 
 def _solve_seconds(row: dict[str, Any]) -> str:
@@ -163,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed solves per chain (median, IQR, CoV)")
     parser.add_argument("--milp-repeats", type=int, default=1,
                         help="solves per budget of the operator-graph MILP (median, IQR, CoV; default 1)")
+    parser.add_argument("--milp-variants", action="store_true",
+                        help="with --solve-times-only: the operator-graph MILP's variants of docs/milp.md (no paging, "
+                        "POET's any-stage page-out, a 2 GB/s memory-traffic floor) instead of its three budgets")
     parser.add_argument("--solve-times-only", action="store_true",
                         help="skip the energy sweep (and its chain MILP): time solve_paging and the operator-graph "
                         "MILP only")
@@ -202,13 +261,16 @@ def solve_times_only(args: argparse.Namespace) -> int:
     chains = {"Chain.uniform(152)": Chain.uniform(152),
               "LinearResNet-152 b8 224px": linear_resnet(152, batch=8, image_size=224)}
     timings = time_solve_paging(chains, _rpi4_profile(), args.repeats)
-    operator_milp = operator_milp_times(args.milp_time_limit, args.milp_repeats)
+    variants = ALL_VARIANTS if args.milp_variants else BASE_VARIANTS
+    operator_milp = operator_milp_times(args.milp_time_limit, args.milp_repeats, variants)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "solve_times.json").write_text(json.dumps(
         {"solve_paging_s": {name: t.to_dict() for name, t in timings.items()}, "slots": TIMING_SLOTS,
          "operator_milp": operator_milp, "milp_time_limit_s": args.milp_time_limit,
          "setup": software_setup()}, indent=1))
     print("\n".join([*_solve_paging_lines(timings), *_operator_milp_lines(operator_milp)]))
+    if args.milp_variants:
+        print(variants_table(operator_milp))
     return 0
 
 
