@@ -9,9 +9,13 @@ tiny chains.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 import random
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -462,3 +466,34 @@ def test_resnet18_operator_graph_solves_to_a_checked_schedule() -> None:
         assert result.status in ("optimal", "time_limit")
         check(tg, result, budget)
         assert math.isfinite(result.mip_gap)
+
+
+def _energy_benchmark(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """benchmarks/energy.py as a module (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "energy.py"
+    spec = importlib.util.spec_from_file_location("bench_energy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_energy_benchmark_tables_each_milp_variant_with_the_spread_of_its_solves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: two variants' rows as operator_milp_times writes them, three solves and one.
+    bench = _energy_benchmark(monkeypatch)
+    rows = [{"activation_fraction": 0.6, "variant": "no paging", "memory_bps": 2e9, "status": "time_limit",
+             "energy_j": 18.0650001, "one_pass_energy_j": 17.567, "mip_gaps": [5e-4, 5.6e-4, 1e-4],
+             "statuses": ["time_limit", "optimal", "time_limit"], "energies_j": [18.0650001, 18.065, 18.06],
+             "solve_time_spread": {"n": 3, "median": 60.0, "q1": 59.0, "q3": 61.0, "iqr": 2.0, "cov_pct": 2.5}},
+            {"activation_fraction": 1.0, "variant": "paging", "memory_bps": None, "status": "optimal",
+             "energy_j": 16.3769999999, "one_pass_energy_j": 16.377, "mip_gaps": [0.0],
+             "statuses": ["optimal"], "energies_j": [16.377],
+             "solve_time_spread": {"n": 1, "median": 0.12, "q1": 0.12, "q3": 0.12, "iqr": 0.0, "cov_pct": None}}]
+    # Execute
+    table = bench.variants_table(rows).splitlines()
+    # Assert: every status seen, the energies' range, the largest gap, no negative zero, the spread by hand.
+    assert table[2] == ("| 2 GB/s | 0.60 | no paging | optimal/time_limit | 18.060-18.065 | 0.498 | 5.6e-04 | "
+                        "60.00 (IQR 2.00, CoV 2.5%, n=3) |")
+    assert table[3] == "| none | 1.00 | paging | optimal | 16.377 | 0.000 | 0.0e+00 | 0.12 (IQR 0.00, CoV -, n=1) |"
