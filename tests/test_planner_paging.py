@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from chains import MB, keep_all_peak, random_chain
+from chains import MB, around_least, keep_all_peak, random_chain
 
 from edgetrain import Chain
 from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.optimal import solve
-from edgetrain.planners.paging import paging_dp, solve_paging
+from edgetrain.planners.paging import least_paging_peak, paging_dp, solve_paging
+from edgetrain.profile import linear_resnet
 from edgetrain.schedule import Backward, Forward, PageIn, PageOut, Schedule, simulate
 
 # cheap storage: 100 MB/s in at 1 W, 50 MB/s out at 1.5 W, 1 ms latency; compute at 3 W
@@ -120,6 +122,43 @@ def test_infeasible_budget_reports_a_floor() -> None:
     with pytest.raises(InfeasibleBudgetError) as info:
         solve_paging(chain, CHEAP, 2 * MB)
     assert info.value.minimum_bytes is not None and info.value.minimum_bytes > 2 * MB
+
+
+def odd_sized(chain: Chain, param_bytes: int = 0) -> Chain:
+    """``chain`` with sizes no common divisor rounds (a grid of 500 slots is never exact), plus fixed state."""
+    stages = tuple(replace(stage, out_bytes=stage.out_bytes + 37 * i + 1, saved_bytes=stage.saved_bytes + 53 * i + 3,
+                           param_bytes=param_bytes, grad_bytes=stage.grad_bytes + param_bytes)
+                   for i, stage in enumerate(chain.stages))
+    return replace(chain, stages=stages, input_bytes=chain.input_bytes + 11)
+
+
+# Sizes no grid of 500 slots divides exactly; in one, weights, gradients and optimizer state are 99% of the peak
+AROUND_LEAST = {
+    "uniform": (odd_sized(Chain.uniform(10, act_bytes=MB, saved_bytes=2 * MB)), True),
+    "uniform, paging only": (odd_sized(Chain.uniform(10, act_bytes=MB, saved_bytes=2 * MB)), False),
+    "linear_resnet18": (linear_resnet(18, 8, 224), True),
+    "fixed state dominates": (replace(odd_sized(Chain.uniform(8, act_bytes=MB), 50 * MB),
+                                      optimizer_state_bytes=400 * MB), True),
+    **{f"random {seed}": (odd_sized(random_chain(random.Random(300 + seed), 7)), True) for seed in range(4)},
+}
+
+
+@pytest.mark.parametrize(("chain", "recompute"), AROUND_LEAST.values(), ids=AROUND_LEAST)
+def test_every_budget_from_the_stated_least_gets_a_schedule_within_it(chain: Chain, recompute: bool) -> None:
+    """NOTE [ Paging near the least budget ]: a refusal states the least budget of any schedule, that budget is
+    accepted and reached exactly, and so is every budget above it, where the grid scaled to the budget rounds
+    every schedule away included."""
+    with pytest.raises(InfeasibleBudgetError) as info:
+        paging_dp(chain, CHEAP, 1, recompute=recompute)
+    least = info.value.minimum_bytes
+    assert least == least_paging_peak(chain, CHEAP, recompute=recompute).minimum_bytes
+    with pytest.raises(InfeasibleBudgetError) as below:
+        paging_dp(chain, CHEAP, least - 1, recompute=recompute)
+    assert below.value.minimum_bytes == least
+    for budget in around_least(least, keep_all_peak(chain)):
+        peak = simulate(chain, paging_dp(chain, CHEAP, budget, recompute=recompute).schedule).peak_bytes
+        assert peak <= budget
+        assert budget > least or peak == least
 
 
 def test_paging_dp_schedule_round_trips_through_compact_form() -> None:

@@ -402,7 +402,8 @@ def _schedule_within(chain: Chain, profile: EnergyProfile, budget_bytes: int, we
     everything = keep_all(chain.length)
     top_bytes = simulate(chain, everything).peak_bytes
     if top_bytes <= budget_bytes:
-        return Schedule(everything.ops, chain.length, strategy="paging-dp", params={"paging": False, "recompute": False})
+        return Schedule(everything.ops, chain.length, strategy="paging-dp",
+                        params={"paging": False, "recompute": False})
     least = least_paging_peak(chain, profile, weights=weights, recompute=recompute)
     if budget_bytes < least.minimum_bytes:
         raise _below_least(chain, budget_bytes, least.minimum_bytes, recompute)
