@@ -13,6 +13,7 @@ from edgetrain import Chain
 from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
+from edgetrain.planners.energy_plan import plan_energy
 from edgetrain.planners.optimal import solve
 from edgetrain.planners.paging import least_paging_peak, paging_dp, solve_paging
 from edgetrain.profile import linear_resnet
@@ -159,6 +160,21 @@ def test_every_budget_from_the_stated_least_gets_a_schedule_within_it(chain: Cha
         peak = simulate(chain, paging_dp(chain, CHEAP, budget, recompute=recompute).schedule).peak_bytes
         assert peak <= budget
         assert budget > least or peak == least
+
+
+@pytest.mark.parametrize("strategy", ["recompute", "paging-dp", "paging-only"])
+@pytest.mark.parametrize("name", ["uniform", "random 1"])
+def test_plan_energy_answers_every_budget_from_the_least_it_states(name: str, strategy: str) -> None:
+    """The same of :func:`plan_energy`'s DP strategies, recompute-only included (its 2000-slot grid)."""
+    chain = AROUND_LEAST[name][0]
+    with pytest.raises(InfeasibleBudgetError) as info:
+        plan_energy(chain, CHEAP, 1, strategy=strategy)
+    least = info.value.minimum_bytes
+    assert least is not None
+    with pytest.raises(InfeasibleBudgetError):
+        plan_energy(chain, CHEAP, least - 1, strategy=strategy)
+    for budget in around_least(least, keep_all_peak(chain)):
+        assert plan_energy(chain, CHEAP, budget, strategy=strategy).stats.peak_bytes <= budget
 
 
 def test_paging_dp_schedule_round_trips_through_compact_form() -> None:
