@@ -13,6 +13,7 @@ from edgetrain import Chain
 from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
+from edgetrain.planners.dp_grid import common_unit_bytes
 from edgetrain.planners.energy_plan import plan_energy
 from edgetrain.planners.optimal import solve
 from edgetrain.planners.paging import least_paging_peak, paging_dp, solve_paging
@@ -160,6 +161,19 @@ def test_every_budget_from_the_stated_least_gets_a_schedule_within_it(chain: Cha
         peak = simulate(chain, paging_dp(chain, CHEAP, budget, recompute=recompute).schedule).peak_bytes
         assert peak <= budget
         assert budget > least or peak == least
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_least_paging_peak_is_the_least_budget_of_an_exact_table(seed: int) -> None:
+    """Sizes in whole MB: the table's unit divides every size, so its least budget is exact, and the pass in bytes
+    (a second solver of the recurrence) finds the same, reached exactly by its schedule."""
+    rng = random.Random(200 + seed)
+    chain = random_chain(rng, rng.randint(1, 8))
+    for recompute in (True, False):
+        table = solve_paging(chain, CHEAP, keep_all_peak(chain), recompute=recompute)
+        assert common_unit_bytes(chain) % table.unit_bytes == 0
+        least = least_paging_peak(chain, CHEAP, recompute=recompute)
+        assert least.minimum_bytes == table.min_memory_bytes == simulate(chain, least.schedule).peak_bytes
 
 
 @pytest.mark.parametrize("strategy", ["recompute", "paging-dp", "paging-only"])
