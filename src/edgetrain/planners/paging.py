@@ -36,6 +36,9 @@ the deadline; the ``milp`` planner is exact there.
 
 A record's output is paged by the child that reads it (as its ``e = 0`` input); ``x_0`` (the
 caller's batch) never moves. The schedules are persistent and in order, like ``optimal``'s.
+Near its least budget a grid can round every schedule away: :func:`least_paging_peak` solves the
+recurrence in bytes for the least budget, and :func:`paging_dp` answers every budget from it
+(NOTE [ Paging near the least budget ]).
 """
 
 from __future__ import annotations
@@ -249,7 +252,8 @@ def _below_least(chain: Chain, budget_bytes: int, least_bytes: int, recompute: b
 
 @dataclass(frozen=True)
 class LeastPeak:
-    """The least budget of any schedule the paging DP builds, and the cheapest schedule of that peak it reaches."""
+    """The least budget of any schedule the paging DP builds, and a schedule of that peak (ties in peak broken by
+    cost move by move, so not always the cheapest of that peak), with its cost."""
 
     minimum_bytes: int
     schedule: Schedule
