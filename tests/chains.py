@@ -35,3 +35,9 @@ def chain_with_output_records(rng: random.Random, max_length: int = 5) -> Chain:
         stages.append(StageCost(f"s{i}", rng.choice([0.5, 1.0, 2.0]), rng.choice([1.0, 2.0]), out, out,
                                 input_saved=False, output_saved=True))
     return Chain(tuple(stages), input_bytes=1, name="toy")
+
+
+def around_least(least_bytes: int, top_bytes: int) -> list[int]:
+    """The least budget, a few bytes above it, and six steps up to ``top_bytes`` (keep-all's peak)."""
+    steps = (least_bytes + (top_bytes - least_bytes) * i // 6 for i in range(7))
+    return sorted({least_bytes, least_bytes + 1, least_bytes + 2, least_bytes + 7, least_bytes + 61, *steps})

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from chains import around_least
 from steps import check_tracks, peak_tracks, with_paged_records
 from torch import fx, nn
 
@@ -20,7 +21,7 @@ from edgetrain.models import stages_of, transformer_encoder_small
 from edgetrain.models.edge_vision import DenseNet
 from edgetrain.models.segmented import SegmentedStage, _Graph, segmented_stage, segmented_stages
 from edgetrain.planners.blocks import block_variants, least_block_bytes, page_blocks, plan_blocks
-from edgetrain.planners.paging import paging_dp, solve_paging
+from edgetrain.planners.paging import least_paging_peak, paging_dp
 from edgetrain.planners.plan import least_step_bytes
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import Executor, PagingStats, check_step
@@ -209,9 +210,9 @@ def test_a_segmented_stages_record_pages_its_segments_inputs(dense: Dense, tmp_p
 
 def test_paging_inside_blocks_reaches_below_paging_the_chain_as_traced(dense: Dense, tmp_path: Path) -> None:
     _, _, _, chain, twins, segmented = dense
-    least_as_traced = solve_paging(chain, FREE_STORAGE, simulate(chain, keep_all(chain.length)).peak_bytes)
+    least_as_traced = least_paging_peak(chain, FREE_STORAGE).minimum_bytes
     budget = least_block_bytes(chain, twins, segmented) + 10_000
-    assert budget < least_as_traced.min_memory_bytes
+    assert budget < least_as_traced
     with pytest.raises(InfeasibleBudgetError):
         paging_dp(chain, FREE_STORAGE, budget)
     paged = page_blocks(chain, twins, segmented, FREE_STORAGE, budget)
@@ -220,6 +221,21 @@ def test_paging_inside_blocks_reaches_below_paging_the_chain_as_traced(dense: De
     error, measured, paging = paged_step(dense, paged.inside, paged.result.schedule, paged.chain, tmp_path)
     assert error <= 1e-6 and paging is not None and paging.pageouts > 0
     assert peak_tracks(measured, paged.result.stats.peak_bytes)
+
+
+def test_every_budget_from_the_stated_least_gets_a_two_level_paging_plan_within_it(dense: Dense) -> None:
+    """A refusal states the least budget of any variant's paging schedule (NOTE [ Paging near the least budget ]),
+    and that budget and every one above it get a plan within it: 381,000 bytes was refused with 380,877 bytes
+    stated as the least, each variant's grid scaled to the budget rounding every schedule away."""
+    _, _, _, chain, twins, segmented = dense
+    with pytest.raises(InfeasibleBudgetError) as info:
+        page_blocks(chain, twins, segmented, FREE_STORAGE, 1)
+    least = info.value.minimum_bytes
+    assert least == min(least_paging_peak(c, FREE_STORAGE).minimum_bytes
+                        for c, _ in block_variants(chain, twins, segmented))
+    for budget in [*around_least(least, simulate(chain, keep_all(chain.length)).peak_bytes), 381_000]:
+        paged = page_blocks(chain, twins, segmented, FREE_STORAGE, budget)
+        assert simulate(paged.chain, paged.result.schedule).peak_bytes <= budget
 
 
 def test_multi_tensor_boundaries_train_as_plain_autograd_below_the_chains_floor() -> None:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from chains import MB, keep_all_peak, random_chain
+from chains import MB, around_least, keep_all_peak, random_chain
 
 from edgetrain import Chain
 from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
+from edgetrain.planners.dp_grid import common_unit_bytes
+from edgetrain.planners.energy_plan import plan_energy
 from edgetrain.planners.optimal import solve
-from edgetrain.planners.paging import paging_dp, solve_paging
+from edgetrain.planners.paging import least_paging_peak, paging_dp, solve_paging
+from edgetrain.profile import linear_resnet
 from edgetrain.schedule import Backward, Forward, PageIn, PageOut, Schedule, simulate
 
 # cheap storage: 100 MB/s in at 1 W, 50 MB/s out at 1.5 W, 1 ms latency; compute at 3 W
@@ -120,6 +124,71 @@ def test_infeasible_budget_reports_a_floor() -> None:
     with pytest.raises(InfeasibleBudgetError) as info:
         solve_paging(chain, CHEAP, 2 * MB)
     assert info.value.minimum_bytes is not None and info.value.minimum_bytes > 2 * MB
+
+
+def odd_sized(chain: Chain, param_bytes: int = 0) -> Chain:
+    """``chain`` with sizes no common divisor rounds (a grid of 500 slots is never exact), plus fixed state."""
+    stages = tuple(replace(stage, out_bytes=stage.out_bytes + 37 * i + 1, saved_bytes=stage.saved_bytes + 53 * i + 3,
+                           param_bytes=param_bytes, grad_bytes=stage.grad_bytes + param_bytes)
+                   for i, stage in enumerate(chain.stages))
+    return replace(chain, stages=stages, input_bytes=chain.input_bytes + 11)
+
+
+# Sizes no grid of 500 slots divides exactly; in one, weights, gradients and optimizer state are 99% of the peak
+AROUND_LEAST = {
+    "uniform": (odd_sized(Chain.uniform(10, act_bytes=MB, saved_bytes=2 * MB)), True),
+    "uniform, paging only": (odd_sized(Chain.uniform(10, act_bytes=MB, saved_bytes=2 * MB)), False),
+    "linear_resnet18": (linear_resnet(18, 8, 224), True),
+    "fixed state dominates": (replace(odd_sized(Chain.uniform(8, act_bytes=MB), 50 * MB),
+                                      optimizer_state_bytes=400 * MB), True),
+    **{f"random {seed}": (odd_sized(random_chain(random.Random(300 + seed), 7)), True) for seed in range(4)},
+}
+
+
+@pytest.mark.parametrize(("chain", "recompute"), AROUND_LEAST.values(), ids=AROUND_LEAST)
+def test_every_budget_from_the_stated_least_gets_a_schedule_within_it(chain: Chain, recompute: bool) -> None:
+    """NOTE [ Paging near the least budget ]: a refusal states the least budget of any schedule, that budget is
+    accepted and reached exactly, and so is every budget above it, where the grid scaled to the budget rounds
+    every schedule away included."""
+    with pytest.raises(InfeasibleBudgetError) as info:
+        paging_dp(chain, CHEAP, 1, recompute=recompute)
+    least = info.value.minimum_bytes
+    assert least == least_paging_peak(chain, CHEAP, recompute=recompute).minimum_bytes
+    with pytest.raises(InfeasibleBudgetError) as below:
+        paging_dp(chain, CHEAP, least - 1, recompute=recompute)
+    assert below.value.minimum_bytes == least
+    for budget in around_least(least, keep_all_peak(chain)):
+        peak = simulate(chain, paging_dp(chain, CHEAP, budget, recompute=recompute).schedule).peak_bytes
+        assert peak <= budget
+        assert budget > least or peak == least
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_least_paging_peak_is_the_least_budget_of_an_exact_table(seed: int) -> None:
+    """Sizes in whole MB: the table's unit divides every size, so its least budget is exact, and the pass in bytes
+    (a second solver of the recurrence) finds the same, reached exactly by its schedule."""
+    rng = random.Random(200 + seed)
+    chain = random_chain(rng, rng.randint(1, 8))
+    for recompute in (True, False):
+        table = solve_paging(chain, CHEAP, keep_all_peak(chain), recompute=recompute)
+        assert common_unit_bytes(chain) % table.unit_bytes == 0
+        least = least_paging_peak(chain, CHEAP, recompute=recompute)
+        assert least.minimum_bytes == table.min_memory_bytes == simulate(chain, least.schedule).peak_bytes
+
+
+@pytest.mark.parametrize("strategy", ["recompute", "paging-dp", "paging-only"])
+@pytest.mark.parametrize("name", ["uniform", "random 1"])
+def test_plan_energy_answers_every_budget_from_the_least_it_states(name: str, strategy: str) -> None:
+    """The same of :func:`plan_energy`'s DP strategies, recompute-only included (its 2000-slot grid)."""
+    chain = AROUND_LEAST[name][0]
+    with pytest.raises(InfeasibleBudgetError) as info:
+        plan_energy(chain, CHEAP, 1, strategy=strategy)
+    least = info.value.minimum_bytes
+    assert least is not None
+    with pytest.raises(InfeasibleBudgetError):
+        plan_energy(chain, CHEAP, least - 1, strategy=strategy)
+    for budget in around_least(least, keep_all_peak(chain)):
+        assert plan_energy(chain, CHEAP, budget, strategy=strategy).stats.peak_bytes <= budget
 
 
 def test_paging_dp_schedule_round_trips_through_compact_form() -> None:

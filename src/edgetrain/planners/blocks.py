@@ -141,7 +141,9 @@ def page_blocks(whole: Chain, twins: Chain, segmented: Sequence[bool], profile: 
     executor's hooks page them like any stage's internals (NOTE [ Paged records ] in ``runtime/executor.py``).
 
     Raises:
-        InfeasibleBudgetError: no variant fits; ``minimum_bytes`` is the least any reaches on its grid.
+        InfeasibleBudgetError: no variant fits; ``minimum_bytes`` is the least budget of any variant's paging
+            schedule, in bytes without a grid (NOTE [ Paging near the least budget ] in ``paging.py``): it and every
+            budget above it get a plan.
     """
     budget = parse_bytes(memory)
     found: list[PagedBlockPlan] = []

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, reduce
 from typing import Literal
@@ -77,7 +78,7 @@ from ..schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOu
 
 __all__ = ["Solver", "Costs", "Grid", "MovesGrid", "BudgetTable", "RECORD_VARIANTS", "ceil_div", "row",
            "needed_subproblems", "sweep_time_s", "common_unit_bytes", "discretise", "without_paging", "solve_reference",
-           "solve_fast", "solve_grid", "rebuild", "check_options", "check_length", "step_bytes"]
+           "solve_fast", "solve_grid", "rebuild", "replay", "check_options", "check_length", "step_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -233,9 +234,10 @@ class Grid:
         return int(self.turn_time_s.shape[0])
 
 
-def discretise(chain: Chain, activation_budget_bytes: int, slots: int) -> Grid:
+def discretise(chain: Chain, activation_budget_bytes: int, slots: int, unit_bytes: int | None = None) -> Grid:
+    """The recurrence in units of ``unit_bytes`` (default :func:`_unit_bytes`'s); 1 gives it in bytes, exact."""
     length, costs = chain.length, Costs.of(chain)
-    unit = _unit_bytes(chain, activation_budget_bytes, slots)
+    unit = unit_bytes or _unit_bytes(chain, activation_budget_bytes, slots)
     record_need = np.zeros((2, length, length), np.int64)
     grad_units = np.zeros((length + 1, length), np.int64)
     for s in range(length):
@@ -384,7 +386,13 @@ def solve_fast(grid: MovesGrid) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rebuild(grid: MovesGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
-    """Replay the choices from ``P(0, L-1, 0)`` (explicit stack: chains outgrow Python's recursion)."""
+    """Replay the table's choices from ``P(0, L-1, 0)`` in ``units``."""
+    return replay(grid, lambda s, t, m, e: int(choice[e, row(s, t), m]), units)
+
+
+def replay(grid: MovesGrid, choose: Callable[[int, int, int, int], int], units: int) -> tuple[Op, ...]:
+    """The ops of the moves ``choose(s, t, m, e)`` picks, from ``P(0, L-1, 0)`` in ``units`` (explicit stack:
+    chains outgrow Python's recursion). Choice codes as in :func:`solve_reference`."""
     g = grid.base
     length = g.length
     ops: list[Op] = []
@@ -395,7 +403,7 @@ def rebuild(grid: MovesGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
             ops.append(task)
             continue
         s, t, m, e = task
-        code = int(choice[e, row(s, t), m])
+        code = choose(s, t, m, e)
         if code < 0:
             raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
         kind, k = divmod(code, length)

@@ -22,7 +22,7 @@ from ..timemodel import HostCalibration, training_rate
 from ..units import format_bytes, parse_bytes
 from .optimal import solve
 from .paging import paging_dp
-from .plan import sequential_baseline
+from .plan import plan, sequential_baseline
 
 if TYPE_CHECKING:
     from ..devices import Device
@@ -69,7 +69,10 @@ def _recompute_only(chain: Chain, profile: EnergyProfile, budget: int, slots: in
     everything = keep_all(chain.length)
     if simulate(chain, everything).peak_bytes <= budget:
         return Schedule(everything.ops, chain.length, strategy="recompute", params={"recompute": False})
-    schedule = solve(chain, budget, slots=slots).schedule(budget)
+    try:
+        schedule = solve(chain, budget, slots=slots).schedule(budget)
+    except InfeasibleBudgetError:   # the grid can round every schedule away near the least: plan() answers from it
+        schedule = plan(chain, memory=budget, strategy="optimal").schedule
     return Schedule(schedule.ops, chain.length, strategy="recompute", params=schedule.params)
 
 

@@ -36,6 +36,9 @@ the deadline; the ``milp`` planner is exact there.
 
 A record's output is paged by the child that reads it (as its ``e = 0`` input); ``x_0`` (the
 caller's batch) never moves. The schedules are persistent and in order, like ``optimal``'s.
+Near its least budget a grid can round every schedule away: :func:`least_paging_peak` solves the
+recurrence in bytes for the least budget, and :func:`paging_dp` answers every budget from it
+(NOTE [ Paging near the least budget ]).
 """
 
 from __future__ import annotations
@@ -58,10 +61,12 @@ from .dp_grid import (
     check_options,
     discretise,
     rebuild,
+    replay,
     solve_grid,
+    step_bytes,
 )
 
-__all__ = ["CostWeights", "PagingTable", "solve_paging", "paging_dp"]
+__all__ = ["CostWeights", "PagingTable", "LeastPeak", "solve_paging", "least_paging_peak", "paging_dp"]
 
 
 @dataclass(frozen=True)
@@ -104,13 +109,13 @@ def _transfers_cost(n_bytes: int, weights: CostWeights, profile: EnergyProfile) 
 
 
 def _discretise_paging(chain: Chain, activation_budget_bytes: int, slots: int, weights: CostWeights,
-                       profile: EnergyProfile, recompute: bool) -> MovesGrid:
+                       profile: EnergyProfile, recompute: bool, unit_bytes: int | None = None) -> MovesGrid:
     """The arrays of NOTE [ The paging DP ]; sizes rounded so that what fits in units fits in bytes.
 
     Memory a move *frees* for a child (``x_s`` counted by the parent's record, ``e = 0``) is
-    rounded down, memory it holds rounded up.
+    rounded down, memory it holds rounded up. ``unit_bytes=1`` gives them in bytes, unrounded.
     """
-    base = discretise(chain, activation_budget_bytes, slots)
+    base = discretise(chain, activation_budget_bytes, slots, unit_bytes)
     costs, length, unit, values = Costs.of(chain), chain.length, base.unit_bytes, chain.value_bytes
     value_cost = np.array([_transfers_cost(values[s] if s > 0 else 0, weights, profile) for s in range(length)])
     value_can = np.zeros((2, length), np.bool_)
@@ -202,37 +207,125 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
             only, inputs paged): the paging-only baseline.
 
     Raises:
-        InfeasibleBudgetError: nothing fits; ``minimum_bytes`` is the least budget of a
-            table solved up to keep-all's peak on the same grid.
+        InfeasibleBudgetError: nothing fits on the grid. Below the least peak of any schedule
+            (:func:`least_paging_peak`), ``minimum_bytes`` is that least peak; at or above it the
+            grid's rounding alone refused (NOTE [ Paging near the least budget ]), ``minimum_bytes``
+            is None, and :func:`paging_dp` answers such a budget.
     """
-    check_options(slots, solver)
     weights = weights or CostWeights.energy(profile)
+    table = _solve_table(chain, profile, max_memory_bytes, weights, slots, solver, recompute)
+    if table is None:
+        least = least_paging_peak(chain, profile, weights=weights, recompute=recompute).minimum_bytes
+        if max_memory_bytes < least:
+            raise _below_least(chain, max_memory_bytes, least, recompute)
+        raise InfeasibleBudgetError(
+            f"no {_kind(recompute)} schedule of {chain.name or 'this chain'} fits in {max_memory_bytes} bytes on a "
+            f"grid of {slots} slots, which rounds each local peak up; paging_dp answers any budget from the least, "
+            f"{least} bytes", budget_bytes=max_memory_bytes)
+    return table
+
+
+def _solve_table(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, weights: CostWeights, slots: int,
+                 solver: str, recompute: bool) -> PagingTable | None:
+    """The table of :func:`solve_paging`; None where its grid has no schedule within ``max_memory_bytes``."""
+    check_options(slots, solver)
     activation_bytes = max_memory_bytes - chain.resident_bytes
     if activation_bytes < 0:
-        raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
+        return None
     check_length(chain)
     grid = _discretise_paging(chain, activation_bytes, slots, weights, profile, recompute)
     table = PagingTable(chain, profile, weights, max_memory_bytes, slots, grid, *solve_grid(grid, solver))
     if not np.isfinite(table.top_cost[-1]) or table.step_bytes > max_memory_bytes:
-        raise _infeasible(chain, profile, weights, max_memory_bytes, slots, recompute)
+        return None
     return table
 
 
-def _infeasible(chain: Chain, profile: EnergyProfile, weights: CostWeights, budget_bytes: int, slots: int,
-                recompute: bool) -> InfeasibleBudgetError:
-    """The error for a budget nothing fits in, with the least budget of a table solved up to keep-all's peak."""
-    top = simulate(chain, keep_all(chain.length)).peak_bytes
-    minimum = top
-    if budget_bytes < top:
-        try:
-            table = solve_paging(chain, profile, top, weights=weights, slots=slots, recompute=recompute)
-            minimum = table.min_memory_bytes
-        except InfeasibleBudgetError:   # the optimizer step alone needs more than keep-all's peak
-            minimum = chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes
-    kind = "paging" if recompute else "paging-only"
+def _kind(recompute: bool) -> str:
+    return "paging" if recompute else "paging-only"
+
+
+def _below_least(chain: Chain, budget_bytes: int, least_bytes: int, recompute: bool) -> InfeasibleBudgetError:
     return InfeasibleBudgetError(
-        f"no {kind} schedule of {chain.name or 'this chain'} fits in {budget_bytes} bytes: the least budget on a "
-        f"grid of {slots} slots is {minimum} bytes", minimum_bytes=minimum, budget_bytes=budget_bytes)
+        f"no {_kind(recompute)} schedule of {chain.name or 'this chain'} fits in {budget_bytes} bytes: the least "
+        f"budget of any is {least_bytes} bytes", minimum_bytes=least_bytes, budget_bytes=budget_bytes)
+
+
+@dataclass(frozen=True)
+class LeastPeak:
+    """The least budget of any schedule the paging DP builds, and a schedule of that peak (ties in peak broken by
+    cost move by move, so not always the cheapest of that peak), with its cost."""
+
+    minimum_bytes: int
+    schedule: Schedule
+    cost: float   # weighted as the table's: J for energy weights
+
+
+def least_paging_peak(chain: Chain, profile: EnergyProfile, *, weights: CostWeights | None = None,
+                      recompute: bool = True) -> LeastPeak:
+    """The paging DP's least budget in bytes, without a grid, and its schedule (NOTE [ Paging near the least budget ]).
+
+    Args: as :func:`solve_paging`'s; ``weights`` only break ties between schedules of the least peak.
+    """
+    weights = weights or CostWeights.energy(profile)
+    check_length(chain)
+    grid = _discretise_paging(chain, 0, 1, weights, profile, recompute, unit_bytes=1)
+    peak, cost, code = _least_peaks(grid)
+    last = chain.length - 1
+    ops = replay(grid, lambda s, t, m, e: int(code[e, s, t]), 0)
+    schedule = Schedule(ops, chain.length, strategy="paging-dp",
+                        params={"least_peak": True, "weights": [weights.compute, weights.pagein, weights.pageout]})
+    return LeastPeak(max(chain.resident_bytes + int(peak[0, 0, last]), step_bytes(chain)), schedule,
+                     float(cost[0, 0, last]))
+
+
+def _least_peaks(grid: MovesGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[e, s, t]``: the least peak of ``P(s, t, e)`` on a grid of 1-byte units, the least cost at it, its move.
+
+    :func:`~edgetrain.planners.dp_grid.solve_reference`'s moves, with ``max`` for memory in place of
+    ``+`` for cost; ties in memory go to the least cost, then to the smallest choice code.
+    """
+    g, length = grid.base, grid.base.length
+    peak = np.zeros((2, length, length), np.int64)
+    cost = np.zeros((2, length, length))
+    code = np.full((2, length, length), -1, np.int64)
+    for span in range(length):          # bottom-up: every child is solved before its parent
+        for s in range(length - span):
+            for e in (0, 1):
+                if g.needed[e, s]:
+                    peaks, costs, codes = _moves(grid, peak, cost, s, s + span, e)
+                    best = np.lexsort((codes, costs, peaks))[0]
+                    peak[e, s, s + span], cost[e, s, s + span], code[e, s, s + span] = (
+                        peaks[best], costs[best], codes[best])
+    return peak, cost, code
+
+
+def _moves(grid: MovesGrid, peak: np.ndarray, cost: np.ndarray, s: int, t: int,
+           e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Peak, cost and choice code of every move of ``P(s, t, e)``, its children's least peaks read from ``peak``."""
+    g, length = grid.base, grid.base.length
+    child = int(g.child_entry[s])
+    records = [(int(g.record_need_units[e, s, t]), int(g.record_hold_units[e, s]), float(grid.turn_cost[s]), s)]
+    for v in range(3):                                                                     # (a')
+        alone = s == t and v == 0 and bool(grid.late[e, s])
+        if grid.record_can_page[v, e, s] and (s < t or alone):
+            records.append((int(grid.record_need_units[v, e, s, t]), int(grid.record_hold_units[v, e, s]),
+                            float(grid.turn_cost[s] + grid.record_paging_cost[v, s]), (v + 1) * length + s))
+    peaks = [max(need, hold + int(peak[child, s + 1, t])) if s < t else need for need, hold, _, _ in records]
+    costs = [own + float(cost[child, s + 1, t]) if s < t else own for _, _, own, _ in records]
+    found = [(np.array(peaks, np.int64), np.array(costs), np.array([r[3] for r in records], np.int64))]
+    if grid.recompute and s < t:
+        ks = np.arange(s + 1, t + 1)
+        upper, lower = peak[1, ks, t], peak[e, s, ks - 1] + g.grad_units[ks, t]   # P(k, t, 1), P(s, k-1, e)
+        advances = g.delta_bytes[t + 1] + g.entry_bytes[e, s] + g.sweep_bytes[s, ks]                # (b)
+        found.append((np.maximum(advances, np.maximum(upper + g.checkpoint_hold_units[e, s], lower)),
+                      grid.sweep_cost[s, ks] + cost[1, ks, t] + cost[e, s, ks - 1], ks))
+        if grid.value_can_page[e, s]:                                                      # (b')
+            advances = g.delta_bytes[t + 1] + grid.paged_sweep_bytes[e, s, ks]
+            found.append((np.maximum(advances, np.maximum(upper + grid.checkpoint_hold_units[e, s], lower)),
+                          grid.sweep_cost[s, ks] + grid.value_paging_cost[s] + cost[1, ks, t] + cost[e, s, ks - 1],
+                          4 * length + ks))
+    return (np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found]),
+            np.concatenate([f[2] for f in found]))
 
 
 @dataclass(frozen=True)
@@ -254,13 +347,15 @@ def paging_dp(chain: Chain, profile: EnergyProfile, memory_bytes: int, *, deadli
     the schedule meets the deadline (NOTE [ The paging DP ]); if even the fastest schedule
     (time-only weights) misses it, that one is returned with ``deadline_met=False``.
 
+    Every budget from the least peak of any schedule (:func:`least_paging_peak`) gets one, the
+    grid's rounding notwithstanding (NOTE [ Paging near the least budget ]).
+
     Raises:
-        InfeasibleBudgetError: nothing fits in the budget.
+        InfeasibleBudgetError: the budget is below that least peak, which ``minimum_bytes`` carries.
     """
     def at(weight: float | None) -> PagingResult:
         weights = CostWeights.time() if weight is None else CostWeights.energy(profile, weight)
-        table = solve_paging(chain, profile, memory_bytes, weights=weights, slots=slots, recompute=recompute)
-        schedule = table.schedule(memory_bytes)
+        schedule = _schedule_within(chain, profile, memory_bytes, weights, slots, recompute)
         stats = simulate(chain, schedule, profile)
         met = deadline_s is None or stats.time_s <= deadline_s * (1 + 1e-12)
         return PagingResult(replace(schedule, params={**schedule.params, "time_weight": weight}), stats,
@@ -285,3 +380,39 @@ def paging_dp(chain: Chain, profile: EnergyProfile, memory_bytes: int, *, deadli
         else:
             low = middle
     return found
+
+
+def _schedule_within(chain: Chain, profile: EnergyProfile, budget_bytes: int, weights: CostWeights, slots: int,
+                     recompute: bool) -> Schedule:
+    """The table's schedule at the budget; where its grid has none, the cheapest of those that fit.
+
+    NOTE [ Paging near the least budget ]
+    A table of ``slots`` units rounds each local peak up, so near its least budget its grid can
+    miss every schedule that fits, and a table solved at another budget has another grid: its
+    least budget can lie below a budget this one refused. The test DenseNet's two-level variants
+    had 381,000 bytes refused with 380,877 stated as the least. The recurrence on a grid of 1-byte
+    units rounds nothing: its least peak (:func:`least_paging_peak`, ``max`` for memory in place of
+    ``+`` for cost, as ``optimal_exact.exact_minimum_bytes`` for the recompute-only DP) is the least
+    budget of any schedule the DP builds, and its schedule of that peak fits every budget from
+    there. So where the grid at the budget has nothing, :func:`paging_dp` takes keep-all if it fits
+    (no recomputation and no paging: the least cost), else the cheaper of the table solved up to
+    keep-all's peak (another grid, when it has a schedule at the budget) and the least-peak
+    schedule, and it refuses only budgets below the least peak, stating it. Where the grid at the
+    budget answers, its answer stands, so every figure solved on a grid stays as it was.
+    """
+    table = _solve_table(chain, profile, budget_bytes, weights, slots, "fast", recompute)
+    if table is not None:
+        return table.schedule(budget_bytes)
+    everything = keep_all(chain.length)
+    top_bytes = simulate(chain, everything).peak_bytes
+    if top_bytes <= budget_bytes:
+        return Schedule(everything.ops, chain.length, strategy="paging-dp",
+                        params={"paging": False, "recompute": False})
+    least = least_paging_peak(chain, profile, weights=weights, recompute=recompute)
+    if budget_bytes < least.minimum_bytes:
+        raise _below_least(chain, budget_bytes, least.minimum_bytes, recompute)
+    found = [(least.cost, least.schedule)]
+    top = _solve_table(chain, profile, top_bytes, weights, slots, "fast", recompute)
+    if top is not None and budget_bytes >= top.min_memory_bytes:
+        found.append((top.cost(budget_bytes), top.schedule(budget_bytes)))
+    return min(found, key=lambda f: f[0])[1]
