@@ -26,7 +26,7 @@ On the steep camera (8 m, 60° down) none of the cues above tells the teacher's 
 mistakes from its right answers (benchmarks/insitu_gate.py: no setting of them reaches 95%
 precision above 5% coverage): from above, the shared grey roofs make the teacher call most
 crates and barrels "dome", with confidence. Two cues a node *can* compute help, and the rule
-``GateConfig.rule = "posterior"`` (the default) uses them instead of a gate:
+``GateConfig.rule = "posterior"`` (GateConfig's default: the service's rule) uses them instead of a gate:
 
 1. *the view from the node's own mount*: the camera's elevation above a box's ground contact
    (the bottom edge's row, the camera's height, tilt and focal length; :func:`elevation_deg`).
