@@ -121,10 +121,11 @@ def _curve(clips: list, calibration: Calibration, camera: Camera, gate: GateConf
     fit = fit_stream(tracks, probs, boxes, camera, calibration.prior, gate)
     elevations = elevation_deg(boxes, camera)
     votes = fit.alignment.apply(probs, elevations) * competence_weights(elevations, gate)[:, None]
-    ids, posteriors, log_sizes = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
-    scores = np.log(np.maximum(posteriors, 1e-12))
+    evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
+    ids = evidence.ids
+    scores = np.log(np.maximum(evidence.posteriors, 1e-12))
     if fit.sizes is not None:
-        scores = scores + fit.sizes.log_likelihood(log_sizes)
+        scores = scores + fit.sizes.log_likelihood(evidence.log_sizes)
     scores = np.exp(scores - scores.max(axis=1, keepdims=True))
     scores /= scores.sum(axis=1, keepdims=True)
     top = np.sort(scores, axis=1)

@@ -242,13 +242,14 @@ def test_the_size_rule_corrects_tracks_the_teacher_leans_wrong_on_by_their_size(
     log_sizes = np.log(np.where(truth == 0, 0.5, 2.0))[ids, None] + rng.normal(0.0, 0.05, (48, 2))
 
     # Execute: the tracks' evidence; labels by the posterior alone, by the size rule, by its self-training round.
-    tracks, posteriors, medians = track_evidence(ids, probs, log_sizes)
-    by_size = size_labels(posteriors, medians)
-    by_round = relabel_tracks(ids.tolist(), probs, dict(zip(tracks, medians, strict=True)))
+    tracks = track_evidence(ids, probs, log_sizes)
+    by_size = size_labels(tracks)
+    by_round = relabel_tracks(ids.tolist(), probs, dict(zip(tracks.ids, tracks.log_sizes, strict=True)))
 
     # Assert: the posterior is wrong on the four tracks it leans wrong on; their size puts every track right.
-    assert tracks == list(range(16)) and np.allclose(posteriors, track_probs)
-    assert (posteriors.argmax(axis=1) != truth).nonzero()[0].tolist() == [0, 1, 8, 9]
+    assert tracks.ids == list(range(16)) and np.allclose(tracks.posteriors, track_probs)
+    assert tracks.frames.tolist() == [3] * 16
+    assert (tracks.posteriors.argmax(axis=1) != truth).nonzero()[0].tolist() == [0, 1, 8, 9]
     assert by_size == truth.tolist()
     assert by_round == dict(enumerate(truth.tolist()))
 

@@ -48,27 +48,29 @@ stored track with its own probabilities.
 
 NOTE [ Object size from the mount: the size rule ]
 The steep camera's worst confusions (crates and barrels called "dome", docs/insitu.md) are between
-objects of different physical size, and the node can measure size without the teacher: the
-ground contact's depth follows from the mount (as its elevation does), so a box's width and height
-in pixels become metres at that depth (:func:`box_size_m`; the height mixes the object's height
-and footprint seen from above, which is fine: it is compared only with other boxes of this camera).
-No size is known per class in advance, so the rule ``GateConfig.rule = "size"`` learns one from
-the stream (:func:`fit_size_model`): each track's posterior from the posterior rule (normalised) is
-a soft class assignment; a Gaussian of log width and log height per class is fitted to the
-tracks' median log sizes under those weights; each track's assignment becomes its posterior times
-the classes' size likelihoods, and the fit repeats (EM with the teacher's posterior as a fixed
-prior per track, 20 rounds). A track's label is the arg-max of posterior times size likelihood
-(:func:`size_labels`): size overrules the teacher on a track only where the track's size is far
-likelier under another class than the teacher's posterior is sure. The self-training round
-combines the student's track probabilities with the same cue (:func:`relabel_tracks` with
-``log_sizes``). Tracks only: a frame's size is noisy (occlusion, the frame's edge), a track's
-median much less.
+objects of different physical size, and the node can measure size without the teacher: the ground
+contact's depth follows from the mount (as its elevation does), so a box's width and height in
+pixels become metres at that depth (:func:`box_size_m`; the height mixes the object's height and
+footprint seen from above, which is fine: it is compared only with other boxes of this camera). No
+size is known per class in advance, so the rule ``GateConfig.rule = "size"`` learns one from the
+stream (:func:`fit_size_model`): each track's posterior from the posterior rule (normalised) is a
+soft class assignment; a Gaussian of log width and log height per class is fitted to the tracks'
+median log sizes under those weights, each track weighing its number of detections and tracks of
+fewer than 3 left out of the fit (with ``--false-positives 0.5`` most tracks are one false box
+long: unweighted, they drew the Gaussians to random sizes, and label precision fell to 0.36); each
+track's assignment becomes its posterior times the classes' size likelihoods, and the fit repeats
+(EM with the teacher's posterior as a fixed prior per track, 20 rounds). A track's label is the
+arg-max of posterior times size likelihood (:func:`size_labels`): size overrules the teacher on a
+track only where the track's size is far likelier under another class than the teacher's posterior
+is sure. The self-training round combines the student's track probabilities with the same cue
+(:func:`relabel_tracks` with ``log_sizes``). Tracks only: a frame's size is noisy (occlusion, the
+frame's edge), a track's median much less.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -78,7 +80,7 @@ from .world import Camera
 __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "vote", "propagate", "pseudo_labels",
            "PROPAGATION", "RULES", "elevation_deg", "competence_weights", "Alignment", "fit_alignment",
            "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
-           "track_evidence", "size_labels", "StreamFit", "fit_stream"]
+           "TrackEvidence", "track_evidence", "size_labels", "StreamFit", "fit_stream"]
 
 PROPAGATION = ("track", "forward", "none")
 # NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
@@ -303,9 +305,9 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
         return labels, weights >= 1.0
     if propagation != "track":
         raise ValueError(f"the size rule labels whole tracks: use the posterior rule with propagation {propagation}")
-    tracks, posteriors, log_sizes = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
-    by_track = size_labels(posteriors, log_sizes, sizes)
-    return [by_track[tracks.index(tid)] for tid in ids], weights >= 1.0
+    tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
+    by_track = dict(zip(tracks.ids, size_labels(tracks, sizes), strict=True))
+    return [by_track[int(tid)] for tid in ids], weights >= 1.0
 
 
 def relabel_tracks(tracks: Sequence[int], probs: np.ndarray,
@@ -316,11 +318,11 @@ def relabel_tracks(tracks: Sequence[int], probs: np.ndarray,
     round: the summed probabilities, normalised, times the size likelihoods of a :class:`SizeModel`
     fitted to them (NOTE [ Object size from the mount ... ]).
     """
-    ids, posteriors, _ = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
+    evidence = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
     if log_sizes is None:
-        return {tid: int(label) for tid, label in zip(ids, posteriors.argmax(axis=1), strict=True)}
-    labels = size_labels(posteriors, np.array([log_sizes[tid] for tid in ids]))
-    return dict(zip(ids, labels, strict=True))
+        return {tid: int(label) for tid, label in zip(evidence.ids, evidence.posteriors.argmax(axis=1), strict=True)}
+    evidence = replace(evidence, log_sizes=np.array([log_sizes[tid] for tid in evidence.ids]))
+    return dict(zip(evidence.ids, size_labels(evidence), strict=True))
 
 
 def box_size_m(boxes: np.ndarray, camera: Camera) -> np.ndarray:
@@ -336,16 +338,25 @@ def box_size_m(boxes: np.ndarray, camera: Camera) -> np.ndarray:
     return (boxes[:, 2:] - boxes[:, :2]) * (depth_m / camera.focal_px)[:, None]
 
 
-def track_evidence(ids: Sequence[int] | np.ndarray, votes: np.ndarray,
-                   log_sizes: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """Per track (in order of first appearance): its id, its summed ``votes`` (n, classes) normalised, and its
-    median of ``log_sizes`` (n, 2)."""
+@dataclass(frozen=True)
+class TrackEvidence:
+    """Per track (in order of first appearance), what the size rule reads."""
+
+    ids: list[int]
+    posteriors: np.ndarray  # (m, classes): the summed votes of its frames, normalised
+    log_sizes: np.ndarray  # (m, 2): the median of its frames' log box sizes
+    frames: np.ndarray  # (m,): its number of detections
+
+
+def track_evidence(ids: Sequence[int] | np.ndarray, votes: np.ndarray, log_sizes: np.ndarray) -> TrackEvidence:
+    """The :class:`TrackEvidence` of detections: track ``ids`` (n,), ``votes`` (n, classes), ``log_sizes`` (n, 2)."""
     members: dict[int, list[int]] = {}
     for i, tid in enumerate(ids):
         members.setdefault(int(tid), []).append(i)
     sums = np.stack([votes[rows].sum(axis=0) for rows in members.values()])
-    posteriors = sums / np.maximum(sums.sum(axis=1, keepdims=True), 1e-12)
-    return list(members), posteriors, np.stack([np.median(log_sizes[rows], axis=0) for rows in members.values()])
+    return TrackEvidence(list(members), sums / np.maximum(sums.sum(axis=1, keepdims=True), 1e-12),
+                         np.stack([np.median(log_sizes[rows], axis=0) for rows in members.values()]),
+                         np.array([len(rows) for rows in members.values()], dtype=float))
 
 
 @dataclass(frozen=True)
@@ -363,19 +374,23 @@ class SizeModel:
         return -0.5 * (mahalanobis + np.log(np.linalg.det(self.covariances)) + 2 * np.log(2 * np.pi))
 
 
-def fit_size_model(posteriors: np.ndarray, log_sizes: np.ndarray, iterations: int = 20,
-                   ridge: float = 1e-3) -> SizeModel:
-    """The :class:`SizeModel` of tracks with class ``posteriors`` (m, classes) and ``log_sizes`` (m, 2), by EM.
+def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1e-3,
+                   min_frames: int = 3) -> SizeModel:
+    """The :class:`SizeModel` of ``tracks``, by EM.
 
     Each round fits every class's weighted mean and covariance (plus ``ridge`` on the diagonal) under
-    the tracks' current assignments, then sets each assignment to the track's posterior times the
-    classes' likelihoods of its size (NOTE [ Object size from the mount ... ]). A class no track leans
-    to keeps the pooled fit.
+    the tracks' current assignments, each track weighing its number of detections, then sets each
+    assignment to the track's posterior times the classes' likelihoods of its size (NOTE [ Object
+    size from the mount ... ]). Tracks of fewer than ``min_frames`` detections (mostly false
+    positives and fragments, whose median size is noisy) are labelled but not fitted, unless no
+    track is longer.
     """
+    posteriors, log_sizes = tracks.posteriors, tracks.log_sizes
+    fitted = tracks.frames * (tracks.frames >= min_frames) if (tracks.frames >= min_frames).any() else tracks.frames
     assignment = posteriors
     model = SizeModel(np.zeros((posteriors.shape[1], 2)), np.tile(np.eye(2), (posteriors.shape[1], 1, 1)))
     for _ in range(iterations):
-        model = _weighted_gaussians(assignment, log_sizes, ridge)
+        model = _weighted_gaussians(assignment * fitted[:, None], log_sizes, ridge)
         joint = np.log(np.maximum(posteriors, 1e-12)) + model.log_likelihood(log_sizes)
         assignment = np.exp(joint - joint.max(axis=1, keepdims=True))
         assignment /= assignment.sum(axis=1, keepdims=True)
@@ -399,13 +414,13 @@ def _weighted_gaussians(weights: np.ndarray, points: np.ndarray, ridge: float) -
     return SizeModel(np.array(means), np.array(covariances))
 
 
-def size_labels(posteriors: np.ndarray, log_sizes: np.ndarray, model: SizeModel | None = None) -> list[int]:
-    """Each track's label: the arg-max of its posterior (m, classes) times the size likelihood of its ``log_sizes``.
+def size_labels(tracks: TrackEvidence, model: SizeModel | None = None) -> list[int]:
+    """Each track's label: the arg-max of its posterior times the size likelihood of its median log size.
 
     ``model`` fitted on these tracks (:func:`fit_size_model`) when None.
     """
-    model = fit_size_model(posteriors, log_sizes) if model is None else model
-    joint = np.log(np.maximum(posteriors, 1e-12)) + model.log_likelihood(log_sizes)
+    model = fit_size_model(tracks) if model is None else model
+    joint = np.log(np.maximum(tracks.posteriors, 1e-12)) + model.log_likelihood(tracks.log_sizes)
     return [int(label) for label in joint.argmax(axis=1)]
 
 
@@ -429,5 +444,5 @@ def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera:
     if config.rule != "size" or len(probs) == 0:
         return StreamFit(alignment, None, {})
     votes = alignment.apply(probs, elevations) * competence_weights(elevations, config)[:, None]
-    ids, posteriors, log_sizes = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
-    return StreamFit(alignment, fit_size_model(posteriors, log_sizes), dict(zip(ids, log_sizes, strict=True)))
+    evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
+    return StreamFit(alignment, fit_size_model(evidence), dict(zip(evidence.ids, evidence.log_sizes, strict=True)))
