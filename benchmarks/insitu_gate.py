@@ -2,16 +2,18 @@
 
 Usage::
 
-    python benchmarks/insitu_gate.py --seed 0 [--node-camera steep|pole] [--rule gate|posterior]
+    python benchmarks/insitu_gate.py --seed 0 [--node-camera steep|pole] [--rule gate|posterior|size]
 
 Trains the seed's teacher as ``insitu simulate`` does, runs the stand-in detector, the tracker and
 the teacher over the node's stream once, then applies every rule of the grid and scores the
 pseudo-labels with the truth: ``--rule gate`` (the default) the first increment's competence gate
 (calibration, trusted frames, track vote, propagation backward and forward), ``--rule posterior``
 the track posterior (NOTE [ Track posteriors ... ] in insitu/labels.py) over its elevation weights
-and alignment bands. Prints one JSON line per rule, for the gate the best coverage at precision
->= 0.95 last. Choose on one seed and score the others with ``insitu simulate``: the grid reads
-ground truth.
+and alignment bands, ``--rule size`` the size rule (NOTE [ Object size from the mount ... ])
+against the posterior rule: precision at full coverage and, keeping the tracks with the largest
+margin between their best two classes' scores first, at 0.8, 0.5 and 0.3 of the detections.
+Prints one JSON line per rule, for the gate the best coverage at precision >= 0.95 last. Choose
+on one seed and score the others with ``insitu simulate``: the grid reads ground truth.
 """
 
 from __future__ import annotations
@@ -24,7 +26,18 @@ import numpy as np
 import torch
 
 from edgetrain.insitu.detect import crop, detect
-from edgetrain.insitu.labels import Calibration, GateConfig, calibrate, elevation_deg, fit_alignment, label_detections
+from edgetrain.insitu.labels import (
+    Calibration,
+    GateConfig,
+    box_size_m,
+    calibrate,
+    competence_weights,
+    elevation_deg,
+    fit_alignment,
+    fit_stream,
+    label_detections,
+    track_evidence,
+)
 from edgetrain.insitu.model import predict
 from edgetrain.insitu.teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from edgetrain.insitu.tracker import TrackerConfig, track
@@ -35,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--node-camera", choices=list(NODE_CAMERAS), default="steep")
-    parser.add_argument("--rule", choices=("gate", "posterior"), default="gate")
+    parser.add_argument("--rule", choices=("gate", "posterior", "size"), default="gate")
     args = parser.parse_args()
     torch.set_num_threads(1)
     config = TeacherConfig(seed=args.seed)
@@ -53,6 +66,10 @@ def main() -> None:
         clips.append((ids, out, np.array([d.box for d in detections]), [truth.get(s) for s in sources]))
     camera = NODE_CAMERAS[args.node_camera]
     print(json.dumps(_teacher_by_view(clips, camera)))
+    if args.rule == "size":
+        for rule in ("posterior", "size"):
+            print(json.dumps({"rule": rule, **_curve(clips, teacher.calibration, camera, GateConfig(rule=rule))}))
+        return
     if args.rule == "posterior":
         for bands, (full_deg, none_deg) in itertools.product((1, 3, 5), ((40, 60), (45, 75), (50, 70), (90, 91))):
             gate = GateConfig(elevation_bands=bands, full_weight_below_deg=full_deg, no_weight_above_deg=none_deg)
@@ -89,6 +106,37 @@ def _teacher_by_view(clips: list, camera: Camera) -> dict[str, object]:
     confusion = np.zeros((len(CLASSES), len(CLASSES)), dtype=int)
     np.add.at(confusion, (labels[real], predicted[real]), 1)
     return {"teacher_accuracy_by_estimated_elevation": by_view, "teacher_confusion": confusion.tolist()}
+
+
+def _curve(clips: list, calibration: Calibration, camera: Camera, gate: GateConfig) -> dict[str, float]:
+    """Label precision of the tracks with the largest score margins covering 1.0, 0.8, 0.5, 0.3 of the detections.
+
+    A track's scores: its posterior (normalised weighted aligned probabilities), times its size
+    likelihoods under the stream's size model for the size rule. Reads the truth (scoring).
+    """
+    tracks = np.concatenate([np.asarray(ids) + 100000 * k for k, (ids, _, _, _) in enumerate(clips)])
+    probs = np.concatenate([out.probs for _, out, _, _ in clips])
+    boxes = np.concatenate([b for _, _, b, _ in clips])
+    truth = np.array([-1 if label is None else label for _, _, _, labels in clips for label in labels])
+    fit = fit_stream(tracks, probs, boxes, camera, calibration.prior, gate)
+    elevations = elevation_deg(boxes, camera)
+    votes = fit.alignment.apply(probs, elevations) * competence_weights(elevations, gate)[:, None]
+    evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
+    ids = evidence.ids
+    scores = np.log(np.maximum(evidence.posteriors, 1e-12))
+    if fit.sizes is not None:
+        scores = scores + fit.sizes.log_likelihood(evidence.log_sizes)
+    scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+    scores /= scores.sum(axis=1, keepdims=True)
+    top = np.sort(scores, axis=1)
+    order = np.argsort(-(top[:, -1] - top[:, -2]), kind="stable")
+    row = {tid: i for i, tid in enumerate(ids)}
+    members = [np.flatnonzero(tracks == ids[i]) for i in order]
+    right = np.cumsum([(truth[m] == scores[row[ids[i]]].argmax()).sum() for i, m in zip(order, members, strict=True)])
+    counts = np.cumsum([len(m) for m in members])
+    at = {f"precision_at_{c:g}": round(float(right[k] / counts[k]), 4)
+          for c in (1.0, 0.8, 0.5, 0.3) for k in [min(int(np.searchsorted(counts / counts[-1], c)), len(counts) - 1)]}
+    return {"tracks": len(ids), **at}
 
 
 def _score(clips: list, calibration: Calibration, camera: Camera, gate: GateConfig) -> dict[str, float]:

@@ -18,6 +18,7 @@ from edgetrain.insitu.labels import (
     Calibration,
     GateConfig,
     accepted,
+    box_size_m,
     calibrate,
     competence_weights,
     elevation_deg,
@@ -27,6 +28,8 @@ from edgetrain.insitu.labels import (
     posterior_labels,
     propagate,
     relabel_tracks,
+    size_labels,
+    track_evidence,
     vote,
 )
 from edgetrain.insitu.model import Outputs
@@ -218,6 +221,39 @@ def test_alignment_to_the_class_prior_undoes_a_bands_bias_and_leaves_an_unbiased
         assert band.argmax(axis=1).tolist() == [0, 1, 2]
 
 
+def test_a_box_size_in_metres_comes_from_the_mount_alone() -> None:
+    # A box whose bottom row is the middle row is seen along the optical axis, 60 degrees down from 8 m: its
+    # contact is 8 / sin(60) m deep, and a box f pixels wide and f / 2 high is that many metres wide and half high.
+    f = STEEP.focal_px
+    depth_m = 8.0 / np.sin(np.radians(60.0))
+
+    assert np.allclose(box_size_m(np.array([[10.0, 96 - f / 2, 10 + f, 96.0]]), STEEP), [[depth_m, depth_m / 2]])
+
+
+def test_the_size_rule_corrects_tracks_the_teacher_leans_wrong_on_by_their_size() -> None:
+    # Prepare: eight small tracks (0.5 m, class 0) and eight large ones (2 m, class 1), three frames each with a
+    # little size noise. The teacher's posterior is right (0.8) on six of each, and leans wrong (0.4 : 0.6) on two.
+    rng = np.random.default_rng(0)
+    truth = np.repeat([0, 1], 8)
+    lean = np.where(np.isin(np.arange(16), [0, 1, 8, 9]), 0.4, 0.8)
+    track_probs = np.where(truth[:, None] == np.arange(2), lean[:, None], 1 - lean[:, None])  # (16, 2)
+    ids = np.repeat(np.arange(16), 3)
+    probs = np.repeat(track_probs, 3, axis=0) / 3
+    log_sizes = np.log(np.where(truth == 0, 0.5, 2.0))[ids, None] + rng.normal(0.0, 0.05, (48, 2))
+
+    # Execute: the tracks' evidence; labels by the posterior alone, by the size rule, by its self-training round.
+    tracks = track_evidence(ids, probs, log_sizes)
+    by_size = size_labels(tracks)
+    by_round = relabel_tracks(ids.tolist(), probs, dict(zip(tracks.ids, tracks.log_sizes, strict=True)))
+
+    # Assert: the posterior is wrong on the four tracks it leans wrong on; their size puts every track right.
+    assert tracks.ids == list(range(16)) and np.allclose(tracks.posteriors, track_probs)
+    assert tracks.frames.tolist() == [3] * 16
+    assert (tracks.posteriors.argmax(axis=1) != truth).nonzero()[0].tolist() == [0, 1, 8, 9]
+    assert by_size == truth.tolist()
+    assert by_round == dict(enumerate(truth.tolist()))
+
+
 def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path) -> None:
     # The student's summed probabilities per track: track 5 is class 1 (0.9 + 0.4 > 0.1 + 0.6), track 6 class 0.
     probs = np.array([[0.1, 0.9], [0.6, 0.4], [0.8, 0.2]])
@@ -372,6 +408,12 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: self-training rounds relabel whole tracks: use --rounds 0 with "
                                      "--propagation none")
+    result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"),
+                                      "--propagation", "forward", "--rounds", "0"])
+
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: the size rule labels whole tracks: use --labels posterior with "
+                                     "--propagation forward")
 
 
 def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
@@ -394,6 +436,6 @@ def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
         return label_detections(ids, outputs, boxes, calibration, video.camera, GateConfig(rule=rule), "track")[0]
 
     # Assert: the pseudo-labels are the same: the true classes never reach them.
-    for rule in ("posterior", "gate"):
+    for rule in ("size", "posterior", "gate"):
         assert labels(pole_clip, rule) == labels(relabelled, rule)
     assert any(label is not None for label in labels(pole_clip, "posterior"))

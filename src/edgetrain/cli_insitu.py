@@ -63,10 +63,12 @@ def simulate_command(
                                      "do not apply)."),
         node_camera: str = typer.Option("steep", "--node-camera", help="The node's camera: 'steep' (8 m up, 60° "
                                         "down) or 'pole' (6 m, 45°: the first increment's)."),
-        labels: str = typer.Option("posterior", "--labels", help="'posterior' (each track's teacher probabilities "
-                                   "weighted by the view from the node's mount and aligned to the class prior; "
-                                   "every track labelled) or 'gate' (the first increment's competence gate and "
-                                   "vote)."),
+        labels: str = typer.Option("size", "--labels", help="'size' (the posterior rule's track posteriors "
+                                   "times the likelihood of the track's size in metres, from the node's mount, "
+                                   "under class size models learnt from the stream; with --propagation track), "
+                                   "'posterior' (each track's teacher probabilities weighted by the view from the "
+                                   "node's mount and aligned to the class prior; every track labelled) or 'gate' "
+                                   "(the first increment's competence gate and vote)."),
         rounds: int = typer.Option(1, "--rounds", min=0, help="Self-training rounds: the student relabels the "
                                    "stored tracks and a new student trains on them (0 with --propagation "
                                    "forward|none)."),

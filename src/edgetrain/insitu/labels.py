@@ -26,7 +26,7 @@ On the steep camera (8 m, 60° down) none of the cues above tells the teacher's 
 mistakes from its right answers (benchmarks/insitu_gate.py: no setting of them reaches 95%
 precision above 5% coverage): from above, the shared grey roofs make the teacher call most
 crates and barrels "dome", with confidence. Two cues a node *can* compute help, and the rule
-``GateConfig.rule = "posterior"`` (the default) uses them instead of a gate:
+``GateConfig.rule = "posterior"`` (GateConfig's default: the service's rule) uses them instead of a gate:
 
 1. *the view from the node's own mount*: the camera's elevation above a box's ground contact
    (the bottom edge's row, the camera's height, tilt and focal length; :func:`elevation_deg`).
@@ -45,12 +45,32 @@ Each track's label is the arg-max of its frames' weighted, aligned probabilities
 track at ~75% precision than from 40% of them at ~90% (docs/insitu.md). A self-training round
 (:func:`relabel_tracks`) then lets the student, once trained on those labels, vote again on each
 stored track with its own probabilities.
+
+NOTE [ Object size from the mount: the size rule ]
+The steep camera's worst confusions (crates and barrels called "dome", docs/insitu.md) are between
+objects of different physical size, and the node can measure size without the teacher: the ground
+contact's depth follows from the mount (as its elevation does), so a box's width and height in
+pixels become metres at that depth (:func:`box_size_m`; the height mixes the object's height and
+footprint seen from above, which is fine: it is compared only with other boxes of this camera). No
+size is known per class in advance, so the rule ``GateConfig.rule = "size"`` learns one from the
+stream (:func:`fit_size_model`): each track's posterior from the posterior rule (normalised) is a
+soft class assignment; a Gaussian of log width and log height per class is fitted to the tracks'
+median log sizes under those weights, each track weighing its number of detections and tracks of
+fewer than 3 left out of the fit (with ``--false-positives 0.5`` most tracks are one false box
+long: unweighted, they drew the Gaussians to random sizes, and label precision fell to 0.36); each
+track's assignment becomes its posterior times the classes' size likelihoods, and the fit repeats
+(EM with the teacher's posterior as a fixed prior per track, 20 rounds). A track's label is the
+arg-max of posterior times size likelihood (:func:`size_labels`): size overrules the teacher on a
+track only where the track's size is far likelier under another class than the teacher's posterior
+is sure. The self-training round combines the student's track probabilities with the same cue
+(:func:`relabel_tracks` with ``log_sizes``). Tracks only: a frame's size is noisy (occlusion, the
+frame's edge), a track's median much less.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -59,15 +79,18 @@ from .world import Camera
 
 __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "vote", "propagate", "pseudo_labels",
            "PROPAGATION", "RULES", "elevation_deg", "competence_weights", "Alignment", "fit_alignment",
-           "posterior_labels", "label_detections", "relabel_tracks"]
+           "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
+           "TrackEvidence", "track_evidence", "size_labels", "StreamFit", "fit_stream"]
 
 PROPAGATION = ("track", "forward", "none")
-RULES = ("posterior", "gate")  # NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE [ Estimating ... ]
+# NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
+# [ Estimating the teacher's competence ]
+RULES = ("size", "posterior", "gate")
 
 
 @dataclass(frozen=True)
 class GateConfig:
-    rule: str = "posterior"  # one of RULES
+    rule: str = "posterior"  # one of RULES (simulate's default is "size"; the service's "posterior")
     elevation_bands: int = 3  # posterior rule: quantile bands of elevation aligned to the class prior separately
     full_weight_below_deg: float = 40.0  # posterior rule: a frame's vote weighs 1 up to this elevation ...
     no_weight_above_deg: float = 60.0  # ... falling linearly to floor_weight here
@@ -257,12 +280,14 @@ def posterior_labels(ids: Sequence[int], probs: np.ndarray, weights: np.ndarray,
 
 
 def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, calibration: Calibration,
-                     camera: Camera, config: GateConfig, propagation: str,
-                     alignment: Alignment | None = None) -> tuple[list[int | None], np.ndarray]:
+                     camera: Camera, config: GateConfig, propagation: str, alignment: Alignment | None = None,
+                     sizes: SizeModel | None = None) -> tuple[list[int | None], np.ndarray]:
     """Pseudo-labels of one clip's detections (None: not stored) and the frames the rule trusts fully.
 
-    ``config.rule`` picks NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight views;
-    ``alignment`` fitted on a longer stretch of the stream, else on this clip alone) or NOTE
+    ``config.rule`` picks NOTE [ Object size from the mount ... ] ("size": the posterior rule's track
+    posteriors times ``sizes``' likelihoods, fitted on a longer stretch of the stream, else on this
+    clip alone; whole tracks only), NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight
+    views; ``alignment`` fitted on a longer stretch of the stream, else on this clip alone) or NOTE
     [ Estimating the teacher's competence ] ("gate": trusted = gate-accepted frames).
     """
     if config.rule not in RULES:
@@ -275,14 +300,149 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
     if alignment is None:
         alignment = fit_alignment(outputs.probs, elevations, calibration.prior, config.elevation_bands)
     aligned = alignment.apply(outputs.probs, elevations)
-    labels: list[int | None] = list(posterior_labels(ids, aligned, weights, propagation))
-    return labels, weights >= 1.0
+    if config.rule == "posterior":
+        labels: list[int | None] = list(posterior_labels(ids, aligned, weights, propagation))
+        return labels, weights >= 1.0
+    if propagation != "track":
+        raise ValueError(f"the size rule labels whole tracks: use the posterior rule with propagation {propagation}")
+    tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
+    by_track = dict(zip(tracks.ids, size_labels(tracks, sizes), strict=True))
+    return [by_track[int(tid)] for tid in ids], weights >= 1.0
 
 
-def relabel_tracks(tracks: Sequence[int], probs: np.ndarray) -> dict[int, int]:
-    """A self-training round's labels: each track's arg-max of the summed probabilities (n, classes) of its frames."""
-    sums: dict[int, np.ndarray] = {}
-    for tid, p in zip(tracks, probs, strict=True):
-        sums[tid] = sums.get(tid, 0.0) + p
-    return {tid: int(np.argmax(total)) for tid, total in sums.items()}
+def relabel_tracks(tracks: Sequence[int], probs: np.ndarray,
+                   log_sizes: dict[int, np.ndarray] | None = None) -> dict[int, int]:
+    """A self-training round's labels: each track's arg-max of the summed probabilities (n, classes) of its frames.
 
+    With ``log_sizes`` (each track's median log box size, :func:`track_evidence`), the size rule's
+    round: the summed probabilities, normalised, times the size likelihoods of a :class:`SizeModel`
+    fitted to them (NOTE [ Object size from the mount ... ]).
+    """
+    evidence = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
+    if log_sizes is None:
+        return {tid: int(label) for tid, label in zip(evidence.ids, evidence.posteriors.argmax(axis=1), strict=True)}
+    evidence = replace(evidence, log_sizes=np.array([log_sizes[tid] for tid in evidence.ids]))
+    return dict(zip(evidence.ids, size_labels(evidence), strict=True))
+
+
+def box_size_m(boxes: np.ndarray, camera: Camera) -> np.ndarray:
+    """Each box's width and height (n, 2) in metres at the depth of its ground contact, from the mount alone.
+
+    The ray through the bottom row leaves the camera at :func:`elevation_deg` below the horizon (at
+    least 1°) and meets the ground ``height_m / sin`` of it away; its depth along the optical axis
+    scales pixels to metres (pinhole: metres = pixels x depth / focal length).
+    """
+    boxes = np.asarray(boxes, dtype=float).reshape(-1, 4)
+    below_rad = np.radians(np.maximum(elevation_deg(boxes, camera), 1.0))
+    depth_m = camera.height_m / np.sin(below_rad) * np.cos(below_rad - np.radians(camera.tilt_deg))
+    return (boxes[:, 2:] - boxes[:, :2]) * (depth_m / camera.focal_px)[:, None]
+
+
+@dataclass(frozen=True)
+class TrackEvidence:
+    """Per track (in order of first appearance), what the size rule reads."""
+
+    ids: list[int]
+    posteriors: np.ndarray  # (m, classes): the summed votes of its frames, normalised
+    log_sizes: np.ndarray  # (m, 2): the median of its frames' log box sizes
+    frames: np.ndarray  # (m,): its number of detections
+
+
+def track_evidence(ids: Sequence[int] | np.ndarray, votes: np.ndarray, log_sizes: np.ndarray) -> TrackEvidence:
+    """The :class:`TrackEvidence` of detections: track ``ids`` (n,), ``votes`` (n, classes), ``log_sizes`` (n, 2)."""
+    members: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        members.setdefault(int(tid), []).append(i)
+    sums = np.stack([votes[rows].sum(axis=0) for rows in members.values()])
+    return TrackEvidence(list(members), sums / np.maximum(sums.sum(axis=1, keepdims=True), 1e-12),
+                         np.stack([np.median(log_sizes[rows], axis=0) for rows in members.values()]),
+                         np.array([len(rows) for rows in members.values()], dtype=float))
+
+
+@dataclass(frozen=True)
+class SizeModel:
+    """Per class, a Gaussian of a track's log box size (log metres of width and height: :func:`box_size_m`)."""
+
+    means: np.ndarray  # (classes, 2)
+    covariances: np.ndarray  # (classes, 2, 2)
+
+    def log_likelihood(self, log_sizes: np.ndarray) -> np.ndarray:
+        """log N(log_sizes | class) for each row of ``log_sizes`` (m, 2) and class: (m, classes)."""
+        diff = log_sizes[:, None, :] - self.means[None]  # (m, classes, 2)
+        inverse = np.linalg.inv(self.covariances)
+        mahalanobis = np.einsum("mci,cij,mcj->mc", diff, inverse, diff)
+        return -0.5 * (mahalanobis + np.log(np.linalg.det(self.covariances)) + 2 * np.log(2 * np.pi))
+
+
+def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1e-3,
+                   min_frames: int = 3) -> SizeModel:
+    """The :class:`SizeModel` of ``tracks``, by EM.
+
+    Each round fits every class's weighted mean and covariance (plus ``ridge`` on the diagonal) under
+    the tracks' current assignments, each track weighing its number of detections, then sets each
+    assignment to the track's posterior times the classes' likelihoods of its size (NOTE [ Object
+    size from the mount ... ]). Tracks of fewer than ``min_frames`` detections (mostly false
+    positives and fragments, whose median size is noisy) are labelled but not fitted, unless no
+    track is longer.
+    """
+    posteriors, log_sizes = tracks.posteriors, tracks.log_sizes
+    fitted = tracks.frames * (tracks.frames >= min_frames) if (tracks.frames >= min_frames).any() else tracks.frames
+    assignment = posteriors
+    model = SizeModel(np.zeros((posteriors.shape[1], 2)), np.tile(np.eye(2), (posteriors.shape[1], 1, 1)))
+    for _ in range(iterations):
+        model = _weighted_gaussians(assignment * fitted[:, None], log_sizes, ridge)
+        joint = np.log(np.maximum(posteriors, 1e-12)) + model.log_likelihood(log_sizes)
+        assignment = np.exp(joint - joint.max(axis=1, keepdims=True))
+        assignment /= assignment.sum(axis=1, keepdims=True)
+    return model
+
+
+def _weighted_gaussians(weights: np.ndarray, points: np.ndarray, ridge: float) -> SizeModel:
+    """One Gaussian of ``points`` (m, d) per column of ``weights`` (m, classes).
+
+    The covariance is the unbiased one for reliability weights (``np.cov(..., aweights=w)``): a class
+    that few tracks lean to gets a wider Gaussian, not a falsely sharp one.
+    """
+    means, covariances = [], []
+    for w in weights.T + 1e-6:  # no class without weight
+        mean = w @ points / w.sum()
+        diff = points - mean
+        scatter = (w[:, None] * diff).T @ diff
+        dof = max(w.sum() - (w**2).sum() / w.sum(), 1e-12)  # 0 for one track alone
+        covariances.append(scatter / dof + ridge * np.eye(points.shape[1]))
+        means.append(mean)
+    return SizeModel(np.array(means), np.array(covariances))
+
+
+def size_labels(tracks: TrackEvidence, model: SizeModel | None = None) -> list[int]:
+    """Each track's label: the arg-max of its posterior times the size likelihood of its median log size.
+
+    ``model`` fitted on these tracks (:func:`fit_size_model`) when None.
+    """
+    model = fit_size_model(tracks) if model is None else model
+    joint = np.log(np.maximum(tracks.posteriors, 1e-12)) + model.log_likelihood(tracks.log_sizes)
+    return [int(label) for label in joint.argmax(axis=1)]
+
+
+@dataclass(frozen=True)
+class StreamFit:
+    """What the posterior and size rules fit on a long stretch of the stream, to label its clips or chunks."""
+
+    alignment: Alignment
+    sizes: SizeModel | None  # the size rule's
+    track_log_sizes: dict[int, np.ndarray]  # each track's median log box size (the size rule's; its round reads it)
+
+
+def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera: Camera, prior: np.ndarray,
+               config: GateConfig) -> StreamFit:
+    """The :class:`StreamFit` of detections with ``tracks`` (n,) unique over the stretch, teacher ``probs``
+    (n, classes) and ``boxes`` (n, 4): the alignment to ``prior`` (NOTE [ Track posteriors ... ]) and, for
+    the size rule, the size model of the tracks' aligned, view-weighted posteriors (NOTE [ Object size
+    from the mount ... ])."""
+    elevations = elevation_deg(boxes, camera)
+    alignment = fit_alignment(probs, elevations, prior, config.elevation_bands)
+    if config.rule != "size" or len(probs) == 0:
+        return StreamFit(alignment, None, {})
+    votes = alignment.apply(probs, elevations) * competence_weights(elevations, config)[:, None]
+    evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
+    return StreamFit(alignment, fit_size_model(evidence), dict(zip(evidence.ids, evidence.log_sizes, strict=True)))

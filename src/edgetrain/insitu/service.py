@@ -57,7 +57,7 @@ from torch import nn
 from ..errors import EdgetrainError
 from ..profile.process import read_process_memory, reset_peak
 from .detect import crop
-from .labels import GateConfig, elevation_deg, fit_alignment, label_detections
+from .labels import GateConfig, fit_stream, label_detections
 from .model import Outputs, predict
 from .motion import DETECTORS, run_detector
 from .store import FrameStore, encode_png
@@ -71,7 +71,7 @@ __all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "
 log = logging.getLogger(__name__)
 
 TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: unique over the stream
-ALIGNMENT_CHUNKS = 6  # the posterior rule aligns the teacher over the last 6 chunks (simulate's stream at 200 frames)
+ALIGNMENT_CHUNKS = 6  # the posterior and size rules fit over the last 6 chunks (simulate's stream at 200 frames)
 
 
 @dataclass(frozen=True)
@@ -171,11 +171,13 @@ class Serving:
 
 
 def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, config: ServiceConfig,
-                 recent: deque[tuple[np.ndarray, np.ndarray]]) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
+                 recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                 ) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
     """The inference path over one chunk: labelled crops to store, per-frame latencies, detections.
 
-    ``recent`` holds the teacher's probabilities and the boxes' elevations of the last chunks (this
-    one appended here): the posterior rule's alignment is fitted on them (NOTE [ Track posteriors ... ]).
+    ``recent`` holds the track ids (unique over the stream), teacher probabilities and boxes of the
+    last chunks (this one appended here): the posterior rule's alignment and the size rule's size
+    model are fitted on them (NOTE [ Track posteriors ... ], NOTE [ Object size from the mount ... ]).
     """
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}
@@ -198,11 +200,11 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
     ids = track(detections, TrackerConfig(seed=config.seed + chunk))
     chunk_outputs = Outputs(np.concatenate([o.probs for o in outputs]), np.concatenate([o.features for o in outputs]))
     chunk_boxes = np.array([d.box for d in detections])
-    recent.append((chunk_outputs.probs, elevation_deg(chunk_boxes, video.camera)))
-    alignment = fit_alignment(np.concatenate([p for p, _ in recent]), np.concatenate([e for _, e in recent]),
-                              teacher.calibration.prior, config.gate.elevation_bands)
+    recent.append((chunk * TRACKS_PER_CHUNK + np.asarray(ids), chunk_outputs.probs, chunk_boxes))
+    tracks, probs, boxes = (np.concatenate(column) for column in zip(*recent, strict=True))
+    fit = fit_stream(tracks, probs, boxes, video.camera, teacher.calibration.prior, config.gate)
     pseudo, _ = label_detections(ids, chunk_outputs, chunk_boxes, teacher.calibration, video.camera, config.gate,
-                                 config.propagation, alignment)
+                                 config.propagation, fit.alignment, fit.sizes)
     items = [(encode_png(crops[i]), label, chunk * TRACKS_PER_CHUNK + ids[i])
              for i, label in enumerate(pseudo) if label is not None]
     return items, latencies_s, len(detections)
@@ -256,7 +258,8 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     student: subprocess.Popen[bytes] | None = None
     baseline_s: list[float] = []
     beside_s: list[float] = []
-    recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=ALIGNMENT_CHUNKS)  # empty again after a resume
+    # the last chunks' track ids, teacher probabilities and boxes; empty again after a resume
+    recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=ALIGNMENT_CHUNKS)
     try:
         for video in camera_chunks(config.camera, config.chunk_frames, store.cursor,
                                    truth=config.detector == "standin", preset=config.node_camera):

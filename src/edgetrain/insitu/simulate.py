@@ -20,11 +20,10 @@ from .detect import crop
 from .labels import (
     PROPAGATION,
     RULES,
-    Alignment,
     Calibration,
     GateConfig,
-    elevation_deg,
-    fit_alignment,
+    StreamFit,
+    fit_stream,
     label_detections,
     relabel_tracks,
 )
@@ -73,7 +72,7 @@ class SimulateConfig:
     latency_probe: bool = True  # measure inference_p95_ratio (a student process beside the inference path)
     service_memory_bytes: int = 2**30  # the probe's service budget (half for its student process)
     threads: int = 1  # torch's intra-op threads: one thread is the node's background share (and, on a busy CPU, faster)
-    gate: GateConfig = field(default_factory=GateConfig)
+    gate: GateConfig = field(default_factory=lambda: GateConfig(rule="size"))
 
 
 # `simulate --quick`: a world small enough for a smoke test (its numbers mean little).
@@ -90,6 +89,9 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
         raise ValueError(f"the labelling rule must be one of {', '.join(RULES)}, got {config.gate.rule!r}")
     if config.rounds and config.propagation != "track":
         raise ValueError("self-training rounds relabel whole tracks: use --rounds 0 with --propagation "
+                         f"{config.propagation}")
+    if config.gate.rule == "size" and config.propagation != "track":
+        raise ValueError(f"the size rule labels whole tracks: use --labels posterior with --propagation "
                          f"{config.propagation}")
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
@@ -115,7 +117,9 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     rounds = [{**{key: float(labelled.report[key]) for key in ("pseudo_label_precision", "pseudo_label_coverage")},
                "student_accuracy": float((predict(student, test_x).labels == test_y).mean())}]  # scoring
     for round_ in range(1, config.rounds + 1):
-        changed = store.relabel(relabel_tracks([f.track for f in store.frames], predict(student, store_x).probs))
+        sizes = labelled.track_log_sizes if config.gate.rule == "size" else None
+        changed = store.relabel(relabel_tracks([f.track for f in store.frames], predict(student, store_x).probs,
+                                               sizes))
         store_x, store_y = store.load()
         say(f"self-training round {round_}: the student relabelled {changed} stored frames; training a new one")
         student = _student(teacher, store_x, store_y, shipped, config)
@@ -172,6 +176,7 @@ class _StreamOutcome:
     labelled_tracks: np.ndarray  # (n,) the track of each pseudo-labelled detection ...
     labelled_truth: np.ndarray  # (n,) ... and its true class (-1: a false positive), for scoring only
     objects: int  # detections of real objects
+    track_log_sizes: dict[int, np.ndarray]  # each stream track's median log box size (the size rule's round reads it)
 
     def score(self, labels_by_track: dict[int, int]) -> dict[str, float]:
         """Precision and coverage of the pseudo-labels after a relabelling (scoring: reads ground truth)."""
@@ -182,14 +187,14 @@ class _StreamOutcome:
                 else 0.0, "pseudo_label_coverage": int(real.sum()) / max(self.objects, 1)}
 
 
-def _alignment(clips: list[tuple[Outputs, np.ndarray, Camera]], calibration: Calibration,
-               config: SimulateConfig) -> Alignment | None:
-    """The posterior rule's alignment to the class prior, fitted on the whole stream's teacher outputs."""
-    if config.gate.rule != "posterior" or not clips:
+def _stream_fit(clips: list[tuple[np.ndarray, Outputs, np.ndarray, Camera]], calibration: Calibration,
+                config: SimulateConfig) -> StreamFit | None:
+    """The posterior and size rules' fit on the whole stream (clips of track ids unique over it, outputs, boxes)."""
+    if config.gate.rule == "gate" or not clips:
         return None
-    elevations = np.concatenate([elevation_deg(boxes, camera) for _, boxes, camera in clips])
-    probs = np.concatenate([outputs.probs for outputs, _, _ in clips])
-    return fit_alignment(probs, elevations, calibration.prior, config.gate.elevation_bands)
+    return fit_stream(np.concatenate([tracks for tracks, _, _, _ in clips]),
+                      np.concatenate([outputs.probs for _, outputs, _, _ in clips]),
+                      np.concatenate([boxes for _, _, boxes, _ in clips]), clips[0][3], calibration.prior, config.gate)
 
 
 def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration: Calibration, store: FrameStore,
@@ -214,10 +219,12 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
             ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
             crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
             seen.append((k, video, sources, ids, crops, predict(teacher, crops), np.array([d.box for d in detections])))
-    alignment = _alignment([(out, box, video.camera) for _, video, _, _, _, out, box in seen], calibration, config)
+    fit = _stream_fit([(np.array([k * TRACKS_PER_CHUNK + tid for tid in ids]), out, box, video.camera)
+                       for k, video, _, ids, _, out, box in seen], calibration, config)
+    alignment, sizes = (None, None) if fit is None else (fit.alignment, fit.sizes)
     for k, video, sources, ids, crops, outputs, clip_boxes in seen:
         pseudo, trusted = label_detections(ids, outputs, clip_boxes, calibration, video.camera, config.gate,
-                                           config.propagation, alignment)
+                                           config.propagation, alignment, sizes)
         n_tracks_labelled += len({ids[i] for i, label in enumerate(pseudo) if label is not None})
         tracks = [k * TRACKS_PER_CHUNK + tid for tid in ids]  # unique over the stream, as the service's
         store.add([(encode_png(crops[i]), label, tracks[i]) for i, label in enumerate(pseudo) if label is not None])
@@ -256,4 +263,4 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         "detector_recall": boxes.get("detectable_found", 0) / max(boxes.get("detectable_objects", 0), 1),
     }
     return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y), np.array(labelled_tracks),
-                          np.array(labelled_truth), n_true)
+                          np.array(labelled_truth), n_true, {} if fit is None else fit.track_log_sizes)
