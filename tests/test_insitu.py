@@ -15,8 +15,10 @@ import pytest
 
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
 from edgetrain.insitu.labels import (
+    Alignment,
     Calibration,
     GateConfig,
+    SizeModel,
     accepted,
     box_size_m,
     calibrate,
@@ -25,6 +27,7 @@ from edgetrain.insitu.labels import (
     fit_alignment,
     label_detections,
     log_aspect,
+    min_margin,
     posterior_labels,
     propagate,
     relabel_tracks,
@@ -252,6 +255,40 @@ def test_the_size_rule_corrects_tracks_the_teacher_leans_wrong_on_by_their_size(
     assert (tracks.posteriors.argmax(axis=1) != truth).nonzero()[0].tolist() == [0, 1, 8, 9]
     assert by_size == truth.tolist()
     assert by_round == dict(enumerate(truth.tolist()))
+
+
+def test_the_labelled_share_keeps_the_surest_tracks_holding_that_share_of_detections() -> None:
+    # Four tracks with score margins 3, 2, 1, 0.5 (two classes) and 10, 1, 1, 8 detections.
+    scores = np.array([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+    frames = np.array([10.0, 1.0, 1.0, 8.0])
+
+    assert min_margin(scores, frames, 1.0) == float("-inf")
+    assert min_margin(scores, frames, 0.5) == 3.0  # the surest track holds 10 of 20 detections
+    assert min_margin(scores, frames, 0.55) == 2.0  # 11 of 20
+    assert min_margin(scores, frames, 0.6) == 1.0  # 12 of 20
+    assert min_margin(scores, frames, 0.61) == 0.5
+    with pytest.raises(ValueError, match="labelled share"):
+        min_margin(scores, frames, 0.0)
+
+
+def test_the_size_rule_leaves_its_least_sure_tracks_unlabelled() -> None:
+    # Four tracks of two same-sized boxes each, under a size model that cannot tell the two classes apart:
+    # the margins are the teacher's log odds alone, |log 9|, |log 4|, |log 1.5| and |log 1.22|.
+    probs = np.repeat([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.45, 0.55]], 2, axis=0)
+    ids = [1, 1, 2, 2, 3, 3, 4, 4]
+    boxes = np.tile([100.0, 80.0, 120.0, 100.0], (8, 1))
+    calibration = Calibration(np.zeros((2, 4)), np.ones(4), 1.0, np.zeros((2, 2)), np.array([0.5, 0.5]))
+    flat = Alignment(np.array([0.0, 90.0]), np.ones((1, 2)))
+    same = SizeModel(np.zeros((2, 2)), np.tile(np.eye(2), (2, 1, 1)))
+
+    def labels(coverage: float, margin: float | None = None) -> list[int | None]:
+        return label_detections(ids, Outputs(probs, np.zeros((8, 4))), boxes, calibration, STEEP,
+                                GateConfig(rule="size", coverage=coverage), "track", flat, same, margin)[0]
+
+    assert labels(1.0) == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert labels(0.5) == [0, 0, 1, 1, None, None, None, None]  # the margin from this clip's own tracks
+    assert labels(0.75) == [0, 0, 1, 1, 0, 0, None, None]
+    assert labels(0.5, margin=0.3) == [0, 0, 1, 1, 0, 0, None, None]  # a margin fitted on a longer stretch
 
 
 def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path) -> None:

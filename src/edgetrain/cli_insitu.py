@@ -69,6 +69,10 @@ def simulate_command(
                                    "'posterior' (each track's teacher probabilities weighted by the view from the "
                                    "node's mount and aligned to the class prior; every track labelled) or 'gate' "
                                    "(the first increment's competence gate and vote)."),
+        label_coverage: float = typer.Option(1.0, "--label-coverage", min=0.0, max=1.0, help="With --labels size: "
+                                             "the share of the stream's detections labelled, the tracks the rule "
+                                             "is surest of first (the margin of their two best scores); the rest "
+                                             "are not stored."),
         rounds: int = typer.Option(1, "--rounds", min=0, help="Self-training rounds: the student relabels the "
                                    "stored tracks and a new student trains on them (0 with --propagation "
                                    "forward|none)."),
@@ -89,7 +93,7 @@ def simulate_command(
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
-                            replay_weight=replay_weight, gate=GateConfig(rule=labels), **overrides)
+                            replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage), **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))

@@ -65,6 +65,10 @@ track only where the track's size is far likelier under another class than the t
 is sure. The self-training round combines the student's track probabilities with the same cue
 (:func:`relabel_tracks` with ``log_sizes``). Tracks only: a frame's size is noisy (occlusion, the
 frame's edge), a track's median much less.
+
+With ``GateConfig.coverage`` below 1 the rule labels only the tracks it is surest of: tracks ranked
+by the margin of their two best scores (log posterior plus log size likelihood), the surest holding
+``coverage`` of the stream's detections are labelled and the rest are not stored (:func:`min_margin`).
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ from .world import Camera
 __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "vote", "propagate", "pseudo_labels",
            "PROPAGATION", "RULES", "elevation_deg", "competence_weights", "Alignment", "fit_alignment",
            "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
-           "TrackEvidence", "track_evidence", "size_labels", "StreamFit", "fit_stream"]
+           "TrackEvidence", "track_evidence", "size_scores", "size_labels", "min_margin", "StreamFit",
+           "fit_stream"]
 
 PROPAGATION = ("track", "forward", "none")
 # NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
@@ -100,6 +105,7 @@ class GateConfig:
     aspect_quantiles: tuple[float, float] = (0.2, 0.8)  # of the training boxes' aspects, per class
     min_votes: int = 3
     min_agreement: float = 0.8
+    coverage: float = 1.0  # size rule: the share of the stream's detections labelled, surest tracks first
 
 
 @dataclass(frozen=True)
@@ -281,12 +287,14 @@ def posterior_labels(ids: Sequence[int], probs: np.ndarray, weights: np.ndarray,
 
 def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, calibration: Calibration,
                      camera: Camera, config: GateConfig, propagation: str, alignment: Alignment | None = None,
-                     sizes: SizeModel | None = None) -> tuple[list[int | None], np.ndarray]:
+                     sizes: SizeModel | None = None,
+                     margin: float | None = None) -> tuple[list[int | None], np.ndarray]:
     """Pseudo-labels of one clip's detections (None: not stored) and the frames the rule trusts fully.
 
     ``config.rule`` picks NOTE [ Object size from the mount ... ] ("size": the posterior rule's track
     posteriors times ``sizes``' likelihoods, fitted on a longer stretch of the stream, else on this
-    clip alone; whole tracks only), NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight
+    clip alone; whole tracks only; a track whose two best scores differ by less than ``margin``, fitted on
+    the same stretch, else on this clip by ``config.coverage``, is not labelled), NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight
     views; ``alignment`` fitted on a longer stretch of the stream, else on this clip alone) or NOTE
     [ Estimating the teacher's competence ] ("gate": trusted = gate-accepted frames).
     """
@@ -306,7 +314,10 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
     if propagation != "track":
         raise ValueError(f"the size rule labels whole tracks: use the posterior rule with propagation {propagation}")
     tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
-    by_track = dict(zip(tracks.ids, size_labels(tracks, sizes), strict=True))
+    scores = size_scores(tracks, sizes)
+    margin = min_margin(scores, tracks.frames, config.coverage) if margin is None else margin
+    by_track = {tid: int(label) if gap >= margin else None
+                for tid, label, gap in zip(tracks.ids, scores.argmax(axis=1), _margins(scores), strict=True)}
     return [by_track[int(tid)] for tid in ids], weights >= 1.0
 
 
@@ -414,14 +425,41 @@ def _weighted_gaussians(weights: np.ndarray, points: np.ndarray, ridge: float) -
     return SizeModel(np.array(means), np.array(covariances))
 
 
-def size_labels(tracks: TrackEvidence, model: SizeModel | None = None) -> list[int]:
-    """Each track's label: the arg-max of its posterior times the size likelihood of its median log size.
+def size_scores(tracks: TrackEvidence, model: SizeModel | None = None) -> np.ndarray:
+    """Each track's log posterior plus the log size likelihood of its median log size, per class (m, classes).
 
     ``model`` fitted on these tracks (:func:`fit_size_model`) when None.
     """
     model = fit_size_model(tracks) if model is None else model
-    joint = np.log(np.maximum(tracks.posteriors, 1e-12)) + model.log_likelihood(tracks.log_sizes)
-    return [int(label) for label in joint.argmax(axis=1)]
+    return np.log(np.maximum(tracks.posteriors, 1e-12)) + model.log_likelihood(tracks.log_sizes)
+
+
+def size_labels(tracks: TrackEvidence, model: SizeModel | None = None) -> list[int]:
+    """Each track's label: the arg-max of :func:`size_scores`."""
+    return [int(label) for label in size_scores(tracks, model).argmax(axis=1)]
+
+
+def _margins(scores: np.ndarray) -> np.ndarray:
+    """Each row's best score minus its second best (m,)."""
+    top = np.sort(scores, axis=1)
+    return top[:, -1] - top[:, -2]
+
+
+def min_margin(scores: np.ndarray, frames: np.ndarray, coverage: float) -> float:
+    """The smallest score margin a labelled track needs so that the surest tracks hold ``coverage`` of the detections.
+
+    Tracks (rows of ``scores``, with ``frames`` detections each) are ranked by the margin of their two
+    best scores; the labelled ones are the fewest surest that hold at least ``coverage`` of the detections
+    (ties at the threshold labelled too). ``coverage`` 1 labels every track (-inf).
+    """
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"the labelled share of detections must be in (0, 1], got {coverage}")
+    if coverage >= 1.0 or len(scores) == 0:
+        return float("-inf")
+    margins = _margins(scores)
+    order = np.argsort(-margins, kind="stable")
+    held = np.cumsum(frames[order]) / frames.sum()
+    return float(margins[order[int(np.searchsorted(held, coverage - 1e-12))]])
 
 
 @dataclass(frozen=True)
@@ -431,18 +469,21 @@ class StreamFit:
     alignment: Alignment
     sizes: SizeModel | None  # the size rule's
     track_log_sizes: dict[int, np.ndarray]  # each track's median log box size (the size rule's; its round reads it)
+    margin: float = float("-inf")  # the size rule's: the least score margin of a labelled track (min_margin)
 
 
 def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera: Camera, prior: np.ndarray,
                config: GateConfig) -> StreamFit:
     """The :class:`StreamFit` of detections with ``tracks`` (n,) unique over the stretch, teacher ``probs``
     (n, classes) and ``boxes`` (n, 4): the alignment to ``prior`` (NOTE [ Track posteriors ... ]) and, for
-    the size rule, the size model of the tracks' aligned, view-weighted posteriors (NOTE [ Object size
-    from the mount ... ])."""
+    the size rule, the size model of the tracks' aligned, view-weighted posteriors and the margin that
+    labels ``config.coverage`` of the detections (NOTE [ Object size from the mount ... ])."""
     elevations = elevation_deg(boxes, camera)
     alignment = fit_alignment(probs, elevations, prior, config.elevation_bands)
     if config.rule != "size" or len(probs) == 0:
         return StreamFit(alignment, None, {})
     votes = alignment.apply(probs, elevations) * competence_weights(elevations, config)[:, None]
     evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
-    return StreamFit(alignment, fit_size_model(evidence), dict(zip(evidence.ids, evidence.log_sizes, strict=True)))
+    sizes = fit_size_model(evidence)
+    return StreamFit(alignment, sizes, dict(zip(evidence.ids, evidence.log_sizes, strict=True)),
+                     min_margin(size_scores(evidence, sizes), evidence.frames, config.coverage))

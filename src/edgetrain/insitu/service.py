@@ -204,7 +204,7 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
     tracks, probs, boxes = (np.concatenate(column) for column in zip(*recent, strict=True))
     fit = fit_stream(tracks, probs, boxes, video.camera, teacher.calibration.prior, config.gate)
     pseudo, _ = label_detections(ids, chunk_outputs, chunk_boxes, teacher.calibration, video.camera, config.gate,
-                                 config.propagation, fit.alignment, fit.sizes)
+                                 config.propagation, fit.alignment, fit.sizes, fit.margin)
     items = [(encode_png(crops[i]), label, chunk * TRACKS_PER_CHUNK + ids[i])
              for i, label in enumerate(pseudo) if label is not None]
     return items, latencies_s, len(detections)

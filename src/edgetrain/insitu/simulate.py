@@ -221,10 +221,10 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
             seen.append((k, video, sources, ids, crops, predict(teacher, crops), np.array([d.box for d in detections])))
     fit = _stream_fit([(np.array([k * TRACKS_PER_CHUNK + tid for tid in ids]), out, box, video.camera)
                        for k, video, _, ids, _, out, box in seen], calibration, config)
-    alignment, sizes = (None, None) if fit is None else (fit.alignment, fit.sizes)
+    alignment, sizes, margin = (None, None, None) if fit is None else (fit.alignment, fit.sizes, fit.margin)
     for k, video, sources, ids, crops, outputs, clip_boxes in seen:
         pseudo, trusted = label_detections(ids, outputs, clip_boxes, calibration, video.camera, config.gate,
-                                           config.propagation, alignment, sizes)
+                                           config.propagation, alignment, sizes, margin)
         n_tracks_labelled += len({ids[i] for i, label in enumerate(pseudo) if label is not None})
         tracks = [k * TRACKS_PER_CHUNK + tid for tid in ids]  # unique over the stream, as the service's
         store.add([(encode_png(crops[i]), label, tracks[i]) for i, label in enumerate(pseudo) if label is not None])
