@@ -271,24 +271,26 @@ def test_the_labelled_share_keeps_the_surest_tracks_holding_that_share_of_detect
         min_margin(scores, frames, 0.0)
 
 
-def test_the_size_rule_leaves_its_least_sure_tracks_unlabelled() -> None:
-    # Four tracks of two same-sized boxes each, under a size model that cannot tell the two classes apart:
-    # the margins are the teacher's log odds alone, |log 9|, |log 4|, |log 1.5| and |log 1.22|.
-    probs = np.repeat([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.45, 0.55]], 2, axis=0)
-    ids = [1, 1, 2, 2, 3, 3, 4, 4]
-    boxes = np.tile([100.0, 80.0, 120.0, 100.0], (8, 1))
+def test_the_size_rule_leaves_its_least_sure_and_its_shortest_tracks_unlabelled() -> None:
+    # Four tracks of three same-sized boxes each, under a size model that cannot tell the two classes apart:
+    # the margins are the teacher's log odds alone, |log 9|, |log 4|, |log 1.5| and |log 1.22|; a fifth track
+    # is one box long, the surest of all (log 99).
+    probs = np.repeat([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.45, 0.55], [0.99, 0.01]], [3, 3, 3, 3, 1], axis=0)
+    ids = [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5]
+    boxes = np.tile([100.0, 80.0, 120.0, 100.0], (13, 1))
     calibration = Calibration(np.zeros((2, 4)), np.ones(4), 1.0, np.zeros((2, 2)), np.array([0.5, 0.5]))
     flat = Alignment(np.array([0.0, 90.0]), np.ones((1, 2)))
     same = SizeModel(np.zeros((2, 2)), np.tile(np.eye(2), (2, 1, 1)))
 
     def labels(coverage: float, margin: float | None = None) -> list[int | None]:
-        return label_detections(ids, Outputs(probs, np.zeros((8, 4))), boxes, calibration, STEEP,
+        return label_detections(ids, Outputs(probs, np.zeros((13, 4))), boxes, calibration, STEEP,
                                 GateConfig(rule="size", coverage=coverage), "track", flat, same, margin)[0]
 
-    assert labels(1.0) == [0, 0, 1, 1, 0, 0, 1, 1]
-    assert labels(0.5) == [0, 0, 1, 1, None, None, None, None]  # the margin from this clip's own tracks
-    assert labels(0.75) == [0, 0, 1, 1, 0, 0, None, None]
-    assert labels(0.5, margin=0.3) == [0, 0, 1, 1, 0, 0, None, None]  # a margin fitted on a longer stretch
+    assert labels(1.0) == [0] * 3 + [1] * 3 + [0] * 3 + [1] * 3 + [None]  # under 3 boxes: not labelled
+    # The margin from this clip's own tracks: the surest tracks (5, 1, 2) hold 7 of 13 detections.
+    assert labels(0.5) == [0] * 3 + [1] * 3 + [None] * 7
+    assert labels(0.75) == [0] * 3 + [1] * 3 + [0] * 3 + [None] * 4
+    assert labels(0.5, margin=0.3) == [0] * 3 + [1] * 3 + [0] * 3 + [None] * 4  # a margin fitted elsewhere
 
 
 def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path) -> None:

@@ -69,6 +69,10 @@ frame's edge), a track's median much less.
 With ``GateConfig.coverage`` below 1 the rule labels only the tracks it is surest of: tracks ranked
 by the margin of their two best scores (log posterior plus log size likelihood), the surest holding
 ``coverage`` of the stream's detections are labelled and the rest are not stored (:func:`min_margin`).
+Tracks of fewer than ``GateConfig.min_track_frames`` detections are not labelled either: with
+``--false-positives 0.5`` a fifth of the detections are false boxes, nearly all in one-box tracks, and
+labelling them cost 15 points of label precision (seed 0: 0.66 against 0.81); without false
+positives such tracks hold 0.2% of the detections.
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ class GateConfig:
     min_votes: int = 3
     min_agreement: float = 0.8
     coverage: float = 1.0  # size rule: the share of the stream's detections labelled, surest tracks first
+    min_track_frames: int = 3  # size rule: shorter tracks are neither fitted nor labelled (mostly false boxes)
 
 
 @dataclass(frozen=True)
@@ -293,8 +298,9 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
 
     ``config.rule`` picks NOTE [ Object size from the mount ... ] ("size": the posterior rule's track
     posteriors times ``sizes``' likelihoods, fitted on a longer stretch of the stream, else on this
-    clip alone; whole tracks only; a track whose two best scores differ by less than ``margin``, fitted on
-    the same stretch, else on this clip by ``config.coverage``, is not labelled), NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight
+    clip alone; whole tracks only; a track shorter than ``config.min_track_frames`` or whose two best scores
+    differ by less than ``margin``, fitted on the same stretch, else on this clip by ``config.coverage``, is
+    not labelled), NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight
     views; ``alignment`` fitted on a longer stretch of the stream, else on this clip alone) or NOTE
     [ Estimating the teacher's competence ] ("gate": trusted = gate-accepted frames).
     """
@@ -316,8 +322,9 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
     tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
     scores = size_scores(tracks, sizes)
     margin = min_margin(scores, tracks.frames, config.coverage) if margin is None else margin
-    by_track = {tid: int(label) if gap >= margin else None
-                for tid, label, gap in zip(tracks.ids, scores.argmax(axis=1), _margins(scores), strict=True)}
+    sure = (_margins(scores) >= margin) & (tracks.frames >= config.min_track_frames)
+    by_track = {tid: int(label) if ok else None for tid, label, ok in zip(tracks.ids, scores.argmax(axis=1), sure,
+                                                                           strict=True)}
     return [by_track[int(tid)] for tid in ids], weights >= 1.0
 
 
@@ -484,6 +491,6 @@ def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera:
         return StreamFit(alignment, None, {})
     votes = alignment.apply(probs, elevations) * competence_weights(elevations, config)[:, None]
     evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
-    sizes = fit_size_model(evidence)
+    sizes = fit_size_model(evidence, min_frames=config.min_track_frames)
     return StreamFit(alignment, sizes, dict(zip(evidence.ids, evidence.log_sizes, strict=True)),
                      min_margin(size_scores(evidence, sizes), evidence.frames, config.coverage))
