@@ -93,7 +93,8 @@ def simulate_command(
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
-                            replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage), **overrides)
+                            replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage),
+                            **overrides)
     if store.exists():
         shutil.rmtree(store)
     report = simulate(config, store, progress=lambda message: print(message, file=sys.stderr, flush=True))
