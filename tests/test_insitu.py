@@ -453,6 +453,12 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: the size rule labels whole tracks: use --labels posterior with "
                                      "--propagation forward")
+    result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"),
+                                      "--labels", "posterior", "--label-coverage", "0.8"])
+
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: the labelled share of detections must be in (0, 1], below 1 with "
+                                     "--labels size only, got 0.8 with --labels posterior")
 
 
 def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:

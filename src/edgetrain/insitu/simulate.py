@@ -93,6 +93,9 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     if config.gate.rule == "size" and config.propagation != "track":
         raise ValueError(f"the size rule labels whole tracks: use --labels posterior with --propagation "
                          f"{config.propagation}")
+    if not 0.0 < config.gate.coverage <= 1.0 or (config.gate.coverage < 1.0 and config.gate.rule != "size"):
+        raise ValueError(f"the labelled share of detections must be in (0, 1], below 1 with --labels size only, got "
+                         f"{config.gate.coverage} with --labels {config.gate.rule}")
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     say = progress or (lambda message: log.info(message))
