@@ -320,7 +320,7 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
     if propagation != "track":
         raise ValueError(f"the size rule labels whole tracks: use the posterior rule with propagation {propagation}")
     tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
-    scores = size_scores(tracks, sizes)
+    scores = size_scores(tracks, fit_size_model(tracks, min_frames=config.min_track_frames) if sizes is None else sizes)
     margin = min_margin(scores, tracks.frames, config.coverage) if margin is None else margin
     sure = (_margins(scores) >= margin) & (tracks.frames >= config.min_track_frames)
     by_track = {tid: int(label) if ok else None for tid, label, ok in zip(tracks.ids, scores.argmax(axis=1), sure,
