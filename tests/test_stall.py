@@ -93,7 +93,9 @@ def test_shares_match_injected_fetch_prep_and_compute_costs(images: Path) -> Non
     for stage, share in truth.items():
         assert measured[stage] == pytest.approx(share, abs=SHARE_TOLERANCE), stage
     assert sum(measured.values()) == pytest.approx(1.0)
-    assert row.compute_s == pytest.approx(COMPUTE_PER_BATCH_S, rel=0.25)
+    # the step busy-waits its 20 ms of wall time, so no less; a load that preempts the loop around it adds time,
+    # but not as much as the batch's pre-processing, which a compute run that still transformed would add
+    assert COMPUTE_PER_BATCH_S <= row.compute_s < COMPUTE_PER_BATCH_S + prep_s
 
 
 def test_workers_hide_a_slow_card(images: Path) -> None:
