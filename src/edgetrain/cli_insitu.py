@@ -78,7 +78,7 @@ def simulate_command(
                                    "forward|none)."),
         replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
-        replay_weight: float = typer.Option(2.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
+        replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
                                             "against a stored one's."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:

@@ -59,7 +59,7 @@ class SimulateConfig:
     teacher_epochs: int = 10
     student_epochs: int = 8
     replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
-    replay_weight: float = 2.0  # a replayed crop's loss weight against a stored one's (against forgetting)
+    replay_weight: float = 4.0  # a replayed crop's loss weight against a stored one's (against forgetting)
     rounds: int = 1  # self-training rounds: the student relabels the stored tracks and a new student trains on them
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
