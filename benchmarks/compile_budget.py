@@ -30,7 +30,11 @@ weights, optimizer state and batch the chain holds anyway) is the tensor step pe
 ``edgetrain+compile:R`` and ``edgetrain+compile=inductor:B`` the same with every stage compiled by
 inductor before it is profiled and planned (``Checkpointed(compile_stages=True)``, NOTE [ Compiled
 stages ]). edgetrain plans with measured stage times and, for the traced models without
-compilation, recomputation inside coarse stages (``blocks=True``).
+compilation, recomputation inside coarse stages (``blocks=True``). ``edgetrain+regions=inductor:B``
+(not among the defaults: an experiment) plans one level of recomputation for the same matched
+budget (``planners/single_level.py``), runs its regions in ``torch.utils.checkpoint`` and compiles
+the whole model once, so that inductor fuses inside the regions and recomputes them in the
+backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/regions.py``).
 
     python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
         [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
@@ -57,10 +61,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from edgetrain.chain import Chain
-from edgetrain.planners.uniform import record_and_reverse
-from edgetrain.schedule import Backward, Forward, Keep, Op, Schedule, simulate
 
 DEFAULT_SETTINGS = ("eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,"
                     "edgetrain=inductor:0.5,edgetrain=inductor:0.0,edgetrain+compile=inductor:1.0,"
@@ -172,84 +172,6 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
                   "fit_step_peaks_bytes": fits}
 
 
-KEPT, STARTS, GOES_ON = 0, 1, 2   # a stage of a single-level plan: recorded once, or recomputed, opening a region or not
-
-
-def single_level(kinds: list[int]) -> Schedule:
-    """The schedule of one level of recomputation: each region of recomputed stages (``STARTS``, then
-    ``GOES_ON``) saves only its input in the forward and is recorded again, once, just before its backward."""
-    ops: list[Op] = [Forward(i, (Keep.ALL, Keep.INPUT, Keep.NONE)[kind]) for i, kind in enumerate(kinds)]
-    for i in reversed(range(len(kinds))):
-        if kinds[i] == KEPT:
-            ops.append(Backward(i))
-        elif kinds[i] == STARTS:
-            end = next((j for j in range(i + 1, len(kinds)) if kinds[j] != GOES_ON), len(kinds))
-            ops += record_and_reverse(i, end)
-    return Schedule(tuple(ops), len(kinds), strategy="single-level")
-
-
-def single_level_plan(chain: Chain, budget_bytes: int) -> list[int]:
-    """The kinds of a fast single-level plan within ``budget_bytes``, by local search on the simulator.
-
-    From every ``checkpoint_sequential`` segmentation, and from keeping every stage, one stage's kind
-    changes at a time while that lowers (bytes over the budget, time); the best end point wins. The
-    loss stage (the last) is always kept.
-    """
-    def cost(kinds: list[int]) -> tuple[int, float]:
-        stats = simulate(chain, single_level(kinds))
-        return max(stats.peak_bytes - budget_bytes, 0), stats.time_s
-
-    length = chain.length
-    starts = [[KEPT] * length]
-    for segments in range(2, length):
-        size = (length - 1) // segments
-        if size:
-            starts.append([KEPT if i >= size * (segments - 1) else STARTS if i % size == 0 else GOES_ON
-                           for i in range(length)])
-    best: tuple[tuple[int, float], list[int]] | None = None
-    for kinds in starts:
-        current = cost(kinds)
-        while True:
-            moves = [[*kinds[:i], kind, *kinds[i + 1:]] for i in range(length - 1) for kind in (KEPT, STARTS, GOES_ON)
-                     if kind != kinds[i] and (kind != GOES_ON or (i > 0 and kinds[i - 1] != KEPT))
-                     and not (kind == KEPT and kinds[i + 1] == GOES_ON)]
-            trial = min(((cost(m), m) for m in moves), default=None)
-            if trial is None or trial[0] >= current:
-                break
-            current, kinds = trial
-        if best is None or current < best[0]:
-            best = (current, kinds)
-    assert best is not None
-    if best[0][0] > 0:
-        raise SystemExit(f"no single-level plan found within {budget_bytes} bytes")
-    return best[1]
-
-
-class Regions(nn.Module):
-    """The stages in order, each run of recomputed ones inside one non-reentrant ``torch.utils.checkpoint``."""
-
-    def __init__(self, stages: list[nn.Module], kinds: list[int]) -> None:
-        super().__init__()
-        self.stages = nn.ModuleList(stages)
-        self.ranges: list[tuple[int, int, bool]] = []   # (first stage, end, recomputed)
-        for i, kind in enumerate(kinds):
-            if kind == GOES_ON or (kind == KEPT and self.ranges and not self.ranges[-1][2]):
-                self.ranges[-1] = (self.ranges[-1][0], i + 1, self.ranges[-1][2])
-            else:
-                self.ranges.append((i, i + 1, kind == STARTS))
-
-    def run(self, start: int, end: int, h: Any) -> Any:
-        for stage in self.stages[start:end]:
-            h = stage(h)
-        return h
-
-    def forward(self, h: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint
-        for start, end, dropped in self.ranges:
-            h = checkpoint(self.run, start, end, h, use_reentrant=False) if dropped else self.run(start, end, h)
-        return h
-
-
 def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
                  match_step_bytes: int) -> tuple[Callable[[], None], dict[str, Any]]:
     """The whole model compiled once, with edgetrain's single-level plan as checkpoint regions inside it.
@@ -257,15 +179,24 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
     Planned on the eager chain at its resident bytes plus inductor's measured step peak, then, as
     :func:`edgetrain_step` does, the budget lowered by what the compiled step overshoots, up to four times.
     """
+    from edgetrain.errors import InfeasibleBudgetError
     from edgetrain.models import stages_of
+    from edgetrain.planners.single_level import single_level, single_level_plan
     from edgetrain.profile import profile
     from edgetrain.runtime import three_budgets
+    from edgetrain.runtime.regions import Regions
+    from edgetrain.schedule import simulate
     chain = profile(model, x, y)
     least = three_budgets(chain)[0]   # edgetrain's least; a single level may not get that low
     budget = max(least, chain.resident_bytes + match_step_bytes)
     fits: list[int] = []
     for _ in range(4):
-        kinds = single_level_plan(chain, budget)
+        try:
+            kinds = single_level_plan(chain, budget)
+        except InfeasibleBudgetError:   # below what a single level reaches: keep the last plan that ran
+            if not fits:
+                raise
+            break
         compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
         step = full_step(lambda c=compiled: nn.functional.cross_entropy(c(x), y).backward(), optimizer)
         step()
