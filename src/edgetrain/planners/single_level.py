@@ -33,14 +33,14 @@ def single_level(kinds: list[int]) -> Schedule:
     return Schedule(tuple(ops), len(kinds), strategy="single-level")
 
 
-def _moves(kinds: list[int]) -> list[list[int]]:
+def _moves(kinds: list[int], opens: list[bool]) -> list[list[int]]:
     """Every valid plan that differs from ``kinds`` in one stage's kind (the loss stage, the last, stays kept)."""
     moves = []
     for i in range(len(kinds) - 1):
         for kind in (KEPT, STARTS, GOES_ON):
             opens_nothing = kind == GOES_ON and (i == 0 or kinds[i - 1] == KEPT)
             orphans_next = kind == KEPT and kinds[i + 1] == GOES_ON
-            if kind != kinds[i] and not opens_nothing and not orphans_next:
+            if kind != kinds[i] and not opens_nothing and not orphans_next and (kind != STARTS or opens[i]):
                 moves.append([*kinds[:i], kind, *kinds[i + 1:]])
     return moves
 
@@ -53,6 +53,10 @@ def single_level_plan(chain: Chain, budget_bytes: int) -> list[int]:
     heuristic (the optimal DP's nested plans are not single-level): cheap, on a chain of ~20 stages
     a few hundred simulations.
 
+    A region opens only at a stage that saves its input: ``torch.utils.checkpoint`` holds a region's
+    input until the region's backward is done, which the schedule (and edgetrain's executor) frees as
+    soon as the first stage is recorded again when that stage does not save it (a ReLU saves its output).
+
     Raises:
         InfeasibleBudgetError: no plan it finds fits ``budget_bytes``.
     """
@@ -61,17 +65,18 @@ def single_level_plan(chain: Chain, budget_bytes: int) -> list[int]:
         return max(stats.peak_bytes - budget_bytes, 0), stats.time_s
 
     length = chain.length
+    opens = [stage.input_saved for stage in chain.stages]
     starts = [[KEPT] * length]
     for segments in range(2, length):
         size = (length - 1) // segments
-        if size:
-            starts.append([KEPT if i >= size * (segments - 1) else STARTS if i % size == 0 else GOES_ON
-                           for i in range(length)])
+        uniform = [KEPT if i >= size * (segments - 1) else STARTS if i % size == 0 else GOES_ON for i in range(length)]
+        if size and all(opens[i] for i, kind in enumerate(uniform) if kind == STARTS):
+            starts.append(uniform)
     ends = []
     for kinds in starts:
         current = cost(kinds)
         while True:
-            trial = min(((cost(move), move) for move in _moves(kinds)), default=None)
+            trial = min(((cost(move), move) for move in _moves(kinds, opens)), default=None)
             if trial is None or trial[0] >= current:
                 break
             current, kinds = trial
