@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -25,14 +27,33 @@ def tiny_cnn() -> nn.Sequential:
                          nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
 
 
-def case(dtype: torch.dtype = torch.float32) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor, list[int], int]:
-    """The model, a batch, and a plan at the middle budget with a region that recomputes, and its predicted peak."""
+def tiny_mlp() -> nn.Sequential:
+    """Compiles in seconds where the CNN takes a minute on a cold inductor cache."""
+    def block(width: int) -> nn.Sequential:
+        return nn.Sequential(nn.Linear(width, width, bias=False), nn.BatchNorm1d(width), nn.Tanh())
+    return nn.Sequential(block(32), block(32), block(32), block(32), nn.Linear(32, 10))
+
+
+def case(model_fn: Callable[[], nn.Sequential] = tiny_cnn, input_shape: tuple[int, ...] = (4, 3, 16, 16),
+         dtype: torch.dtype = torch.float32) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor, list[int], int]:
+    """A fresh model, a batch, and a plan at the middle budget with a region that recomputes, and its predicted peak."""
     torch.manual_seed(0)
-    model, x, y = tiny_cnn().to(dtype), torch.randn(4, 3, 16, 16, dtype=dtype), torch.randint(0, 10, (4,))
-    chain = profile(model, x, y, measure_time=False)
+    model, x = model_fn().to(dtype), torch.randn(*input_shape, dtype=dtype)
+    y = torch.randint(0, 10, (input_shape[0],))
+    kinds, predicted_bytes = planned(model_fn, input_shape, dtype)
+    return model, x, y, list(kinds), predicted_bytes
+
+
+@functools.cache
+def planned(model_fn: Callable[[], nn.Sequential], input_shape: tuple[int, ...],
+            dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
+    """The plan of :func:`case`, made once per model (profiling and the search take seconds)."""
+    torch.manual_seed(0)
+    model, x = model_fn().to(dtype), torch.randn(*input_shape, dtype=dtype)
+    chain = profile(model, x, torch.randint(0, 10, (input_shape[0],)), measure_time=False)
     kinds = single_level_plan(chain, three_budgets(chain)[1])
     assert STARTS in kinds
-    return model, x, y, kinds, simulate(chain, single_level(kinds)).peak_bytes
+    return tuple(kinds), simulate(chain, single_level(kinds)).peak_bytes
 
 
 def gradient_error(model: nn.Module, regions: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -69,9 +90,10 @@ def test_uncompiled_regions_give_plain_autograd_gradients() -> None:
     assert gradient_error(model, Regions(stages_of(model), kinds[:-1]), x, y) == 0.0   # the very same ops
 
 
+@pytest.mark.slow   # ~30 s on a cold inductor cache; the default run checks the same regions uncompiled
 @pytest.mark.filterwarnings("ignore")
 def test_regions_compiled_whole_give_plain_autograd_gradients() -> None:
     """In float64: inductor's fused float32 reductions round differently from eager's, ~1e-6 relative on their own."""
-    model, x, y, kinds, _ = case(torch.float64)
+    model, x, y, kinds, _ = case(tiny_mlp, (16, 32), torch.float64)
     compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
     assert gradient_error(model, compiled, x, y) <= 1e-6
