@@ -299,7 +299,7 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
             row[key.replace("_bytes", "_mib")] = statistics.median(values)
             row[key.replace("_bytes", "_mib_range")] = [min(values), max(values)]
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes"):
+                    "fit_step_peaks_bytes", "single_level_kinds"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)
