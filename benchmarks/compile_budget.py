@@ -30,7 +30,11 @@ weights, optimizer state and batch the chain holds anyway) is the tensor step pe
 ``edgetrain+compile:R`` and ``edgetrain+compile=inductor:B`` the same with every stage compiled by
 inductor before it is profiled and planned (``Checkpointed(compile_stages=True)``, NOTE [ Compiled
 stages ]). edgetrain plans with measured stage times and, for the traced models without
-compilation, recomputation inside coarse stages (``blocks=True``).
+compilation, recomputation inside coarse stages (``blocks=True``). ``edgetrain+regions=inductor:B``
+(not among the defaults: an experiment) plans one level of recomputation for the same matched
+budget (``planners/single_level.py``), runs its regions in ``torch.utils.checkpoint`` and compiles
+the whole model once, so that inductor fuses inside the regions and recomputes them in the
+backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/regions.py``).
 
     python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
         [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
@@ -168,6 +172,45 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
                   "fit_step_peaks_bytes": fits}
 
 
+def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
+                 match_step_bytes: int) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The whole model compiled once, with edgetrain's single-level plan as checkpoint regions inside it.
+
+    Planned on the eager chain at its resident bytes plus inductor's measured step peak, then, as
+    :func:`edgetrain_step` does, the budget lowered by what the compiled step overshoots, up to four times.
+    """
+    from edgetrain.errors import InfeasibleBudgetError
+    from edgetrain.models import stages_of
+    from edgetrain.planners.single_level import single_level, single_level_plan
+    from edgetrain.profile import profile
+    from edgetrain.runtime import three_budgets
+    from edgetrain.runtime.regions import Regions
+    from edgetrain.schedule import simulate
+    chain = profile(model, x, y)
+    least = three_budgets(chain)[0]   # edgetrain's least; a single level may not get that low
+    budget = max(least, chain.resident_bytes + match_step_bytes)
+    fits: list[int] = []
+    for _ in range(4):
+        try:
+            kinds = single_level_plan(chain, budget)
+        except InfeasibleBudgetError:   # below what a single level reaches: keep the last plan that ran
+            if not fits:
+                raise
+            break
+        compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
+        step = full_step(lambda c=compiled: nn.functional.cross_entropy(c(x), y).backward(), optimizer)
+        step()
+        fits.append(step_tensor_peak_bytes(step))
+        if fits[-1] <= match_step_bytes or budget <= least:
+            break
+        budget = max(least, budget - (fits[-1] - match_step_bytes))
+    stats = simulate(chain, single_level(kinds))
+    return step, {"resident_bytes": chain.resident_bytes, "least_bytes": least, "budget_bytes": budget,
+                  "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
+                  "recompute_factor": stats.recompute_factor, "fit_step_peaks_bytes": fits,
+                  "single_level_kinds": "".join(".SR"[kind] for kind in kinds)}
+
+
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
     """One setting in this process: print its JSON line (the parent reads the last line)."""
     from edgetrain.optim import make_optimizer
@@ -184,6 +227,9 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         functorch_config.activation_memory_budget = float(value)
         compiled = torch.compile(model)
         step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
+    elif kind.startswith("edgetrain+regions"):
+        assert match_step_bytes is not None, "edgetrain+regions is matched to an inductor setting"
+        step, info = regions_step(model, x, y, optimizer, match_step_bytes)
     elif kind.startswith("edgetrain"):
         step, info = edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
     else:
@@ -253,7 +299,7 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
             row[key.replace("_bytes", "_mib")] = statistics.median(values)
             row[key.replace("_bytes", "_mib_range")] = [min(values), max(values)]
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes"):
+                    "fit_step_peaks_bytes", "single_level_kinds"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)

@@ -1,0 +1,99 @@
+"""Single-level plans run as ``torch.utils.checkpoint`` regions (runtime/regions.py), compiled whole or not."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from edgetrain.models import stages_of
+from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan
+from edgetrain.profile import profile
+from edgetrain.profile.tracker import LiveBytesTracker
+from edgetrain.runtime import three_budgets
+from edgetrain.runtime.regions import Regions
+from edgetrain.schedule import simulate
+
+
+def tiny_cnn() -> nn.Sequential:
+    """Convolutions without bias: a bias before batch norm has a zero gradient, all rounding, in any relative check."""
+    def block(c_in: int, c_out: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+    return nn.Sequential(block(3, 8), block(8, 8), block(8, 8), block(8, 8),
+                         nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+
+
+def tiny_mlp() -> nn.Sequential:
+    """Compiles in seconds where the CNN takes a minute on a cold inductor cache."""
+    def block(width: int) -> nn.Sequential:
+        return nn.Sequential(nn.Linear(width, width, bias=False), nn.BatchNorm1d(width), nn.Tanh())
+    return nn.Sequential(block(32), block(32), block(32), block(32), nn.Linear(32, 10))
+
+
+def case(model_fn: Callable[[], nn.Sequential] = tiny_cnn, input_shape: tuple[int, ...] = (4, 3, 16, 16),
+         dtype: torch.dtype = torch.float32) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor, list[int], int]:
+    """A fresh model, a batch, and a plan at the middle budget with a region that recomputes, and its predicted peak."""
+    torch.manual_seed(0)
+    model, x = model_fn().to(dtype), torch.randn(*input_shape, dtype=dtype)
+    y = torch.randint(0, 10, (input_shape[0],))
+    kinds, predicted_bytes = planned(model_fn, input_shape, dtype)
+    return model, x, y, list(kinds), predicted_bytes
+
+
+@functools.cache
+def planned(model_fn: Callable[[], nn.Sequential], input_shape: tuple[int, ...],
+            dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
+    """The plan of :func:`case`, made once per model (profiling and the search take seconds)."""
+    torch.manual_seed(0)
+    model, x = model_fn().to(dtype), torch.randn(*input_shape, dtype=dtype)
+    chain = profile(model, x, torch.randint(0, 10, (input_shape[0],)), measure_time=False)
+    kinds = single_level_plan(chain, three_budgets(chain)[1])
+    assert STARTS in kinds
+    return tuple(kinds), simulate(chain, single_level(kinds)).peak_bytes
+
+
+def gradient_error(model: nn.Module, regions: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    reference = copy.deepcopy(model)
+    nn.functional.cross_entropy(reference(x), y).backward()
+    nn.functional.cross_entropy(regions(x), y).backward()
+    return max(((p.grad - r.grad).abs().max() / r.grad.abs().max()).item()   # type: ignore[operator,union-attr]
+               for p, r in zip(model.parameters(), reference.parameters(), strict=True))
+
+
+def test_regions_group_a_plan_into_checkpointed_and_plain_runs() -> None:
+    regions = Regions([nn.Identity()] * 6, [KEPT, KEPT, STARTS, GOES_ON, STARTS, KEPT])
+    assert regions.ranges == [(0, 2, False), (2, 4, True), (4, 5, True), (5, 6, False)]
+
+
+def test_uncompiled_regions_hold_at_most_the_predicted_peak() -> None:
+    """Here a region opening at a ReLU (which saves only its output) would hold one activation more than
+    predicted: torch's checkpoint keeps the region's input through its backward. Regions open elsewhere."""
+    model, x, y, kinds, predicted_bytes = case()
+    regions = Regions(stages_of(model), kinds[:-1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    nn.functional.cross_entropy(regions(x), y).backward()
+    optimizer.step()   # momentum buffers exist from here, as the chain's resident bytes count them
+    optimizer.zero_grad(set_to_none=True)
+    with LiveBytesTracker() as tracker:
+        tracker.register_training_state(model, optimizer, x, y)
+        nn.functional.cross_entropy(regions(x), y).backward()
+        optimizer.step()
+    assert tracker.peak_bytes <= predicted_bytes
+
+
+def test_uncompiled_regions_give_plain_autograd_gradients() -> None:
+    model, x, y, kinds, _ = case()
+    assert gradient_error(model, Regions(stages_of(model), kinds[:-1]), x, y) == 0.0   # the very same ops
+
+
+@pytest.mark.slow   # ~30 s on a cold inductor cache; the default run checks the same regions uncompiled
+@pytest.mark.filterwarnings("ignore")
+def test_regions_compiled_whole_give_plain_autograd_gradients() -> None:
+    """In float64: inductor's fused float32 reductions round differently from eager's, ~1e-6 relative on their own."""
+    model, x, y, kinds, _ = case(tiny_mlp, (16, 32), torch.float64)
+    compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
+    assert gradient_error(model, compiled, x, y) <= 1e-6
