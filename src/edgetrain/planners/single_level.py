@@ -13,7 +13,7 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, Schedule, simulate
 from ..units import format_bytes
-from .uniform import record_and_reverse
+from .uniform import record_and_reverse, segment_bounds
 
 __all__ = ["KEPT", "STARTS", "GOES_ON", "single_level", "single_level_plan"]
 
@@ -67,10 +67,11 @@ def single_level_plan(chain: Chain, budget_bytes: int) -> list[int]:
     length = chain.length
     opens = [stage.input_saved for stage in chain.stages]
     starts = [[KEPT] * length]
-    for segments in range(2, length):
-        size = (length - 1) // segments
-        uniform = [KEPT if i >= size * (segments - 1) else STARTS if i % size == 0 else GOES_ON for i in range(length)]
-        if size and all(opens[i] for i, kind in enumerate(uniform) if kind == STARTS):
+    for segments in range(2, length):   # checkpoint_sequential's segments of the model's stages, the last kept
+        uniform = [KEPT] * length
+        for start, end in segment_bounds(length - 1, segments)[:-1]:
+            uniform[start:end] = [STARTS] + [GOES_ON] * (end - start - 1)
+        if all(opens[i] for i, kind in enumerate(uniform) if kind == STARTS):
             starts.append(uniform)
     ends = []
     for kinds in starts:
