@@ -37,7 +37,7 @@ every run's figures too) and a markdown table (``--md``), and prints the markdow
 
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
 [--steps N] [--average-every K] [--compress-rank R] [--compress-steps N] [--repeats R] [--failures kill,stop,cut]
-[--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N]
+[--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
 [--tables link,scaling,ttt,compression,failures,crashes,save] [--out PATH] [--md PATH]``.
 """
 
@@ -113,7 +113,8 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
         for preset, batch, nodes in points:
             config = _config(scratch / f"scale-{preset}-{batch}-{nodes}-{repeat}", args.model, batch, args.steps,
                              args.image)
-            steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus, spares=False))
+            steps, report = _run(config, nodes, LocalOptions(preset=preset, cpus_per_node=cpus, spares=False,
+                                                             local_batch_norm=args.local_batch_norm))
             runs[(preset, batch, nodes)].append({**_step_medians(steps), "restarts": report["restarts"],
                                                  "steps_timed": len(steps) - WARM_UP_STEPS, "load": _load(),
                                                  "emulation": report["emulation"]})
@@ -157,7 +158,8 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
             config = replace(_config(scratch / f"compress-{count}-{every}-{rank}-{seed}", args.model, batch,
                                      args.compress_steps, args.image), seed=seed)
             options = LocalOptions(preset=None if preset == "none" else preset, cpus_per_node=cpus,
-                                   average_every=every, compress_rank=rank, max_restarts=0, spares=False)
+                                   average_every=every, compress_rank=rank, max_restarts=0, spares=False,
+                                   local_batch_norm=args.local_batch_norm)
             try:
                 steps, report = _run(config, count, options)
             except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
@@ -238,7 +240,8 @@ def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[tuple[st
         config = replace(config, seed=seed, lr=config.learning_rate() * scale)
         load = _load()
         trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
-                                                           average_every=every, compress_rank=rank, spares=False))
+                                                           average_every=every, compress_rank=rank, spares=False,
+                                                           local_batch_norm=args.local_batch_norm))
         runs.append({"mode": mode, "nodes": count, "seed": seed, "batch": batch * scale, "cpus_per_node": quota,
                      "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
                      **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
@@ -603,6 +606,11 @@ def markdown(result: dict[str, Any]) -> str:
     emulations = sorted({r["emulation"] for t in tables for r in result.get(t, [])
                          if r.get("emulation")})
     out += ["", "Emulation: " + " / ".join(emulations)] if emulations else []
+    if any(result.get(t) for t in ("scaling", "ttt", "compression")):
+        local = result.get("local_batch_norm")
+        out += ["", "BatchNorm: " + ("each node over its own slice (--local-batch-norm)" if local
+                                     else "over the global batch (NOTE [ Cross-node BatchNorm ]; periodic averaging: "
+                                     "each node over its own slice)")]
     return "\n".join(out) + "\n"
 
 
@@ -633,6 +641,9 @@ def main() -> None:
     parser.add_argument("--cpus-per-node", type=float, default=None,
                         help="each node's CPU quota in cores (default: cores / the largest of --nodes)")
     parser.add_argument("--saves", type=int, default=10, help="state saves timed by the save table")
+    parser.add_argument("--local-batch-norm", action="store_true",
+                        help="scaling, time to target, compression: each node's BatchNorm over its own slice (no "
+                        "collective), as before cross-node BatchNorm (NOTE [ Cross-node BatchNorm ])")
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
     parser.add_argument("--links", type=lambda s: s.split(","),
@@ -657,7 +668,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     cpus = args.cpus_per_node or (os.cpu_count() or 1) / max(args.nodes)
-    result: dict[str, Any] = {"load_before": _load(),
+    result: dict[str, Any] = {"load_before": _load(), "local_batch_norm": args.local_batch_norm,
         "command": "python benchmarks/cluster.py " + " ".join(
             f"--{k.replace('_', '-')}" if v is True else
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"

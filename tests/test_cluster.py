@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ STEPS = 20
 GLOBAL_BATCH = 8
 SHARES = (5, 3)  # unequal on purpose: a plain 1/N average would be wrong
 REL_TOL = 1e-5   # float32 sums in another order: measured differences are ~1e-7 relative
+NORM_STEPS = 6
+NORM_REL_TOL = 1e-10   # float64; in float32 ResNet-18's cross-node gradients differ by up to 6e-3 relative
+# from one process's where a channel's sum of gradients cancels (both are rounding: in float64 they agree to 3e-14)
 
 
 def _free_port() -> int:
@@ -169,6 +173,94 @@ def test_two_gloo_nodes_give_the_single_process_losses_and_gradients(tmp_path: P
         assert not torch.allclose(c0, exact, atol=1e-3)
         errors = ranks[0]["errors"][index] + ranks[1]["errors"][index]
         torch.testing.assert_close(c0 + errors.view(c0.shape), exact, rtol=REL_TOL, atol=1e-6)
+
+
+def _norm_model() -> nn.Sequential:
+    """BatchNorm over channels (2-D, with momentum) and over features (1-D, the cumulative average), recomputed;
+    in float64, where the cross-node sums must agree with one process's to rounding (NORM_REL_TOL). No bias
+    before a BatchNorm: its gradient is zero up to rounding, which no relative tolerance can compare."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 8, bias=False),
+                         nn.BatchNorm1d(8, momentum=None), nn.Tanh(), nn.Linear(8, 4)).double()
+
+
+def _norm_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two global batches, alternating, of images far from normalised."""
+    generator = torch.Generator().manual_seed(2)
+    x = 3.0 + 2.0 * torch.randn(2, GLOBAL_BATCH, 3, 5, 5, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 4, (2, GLOBAL_BATCH), generator=generator)
+    return x.repeat(NORM_STEPS // 2, 1, 1, 1, 1), y.repeat(NORM_STEPS // 2, 1)
+
+
+def _norm_trace(model: nn.Module, losses: Iterator[float]) -> dict[str, Any]:
+    """Each step's loss and gradients (``losses`` runs the steps), then the running statistics."""
+    trace: dict[str, Any] = {"losses": [], "grads": []}
+    for loss in losses:
+        trace["losses"].append(loss)
+        trace["grads"].append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+    return {**trace, "buffers": [b.clone() for b in model.buffers()]}
+
+
+def _norm_single_process() -> dict[str, Any]:
+    model, (xs, ys) = _norm_model(), _norm_data()
+    executor = _executor(model)
+    optimizer = make_optimizer("sgd", model.parameters(), 0.1)
+
+    def steps() -> Iterator[float]:
+        for x, y in zip(xs, ys, strict=True):
+            optimizer.zero_grad(set_to_none=True)
+            loss = float(executor.step(x, y))
+            yield loss
+            optimizer.step()
+
+    return _norm_trace(model, steps())
+
+
+def _norm_rank(rank: int, port: int, out: str, shares: tuple[int, int]) -> None:
+    """Node ``rank`` with cross-node BatchNorm, its slice of each global batch (possibly none) through cluster_step."""
+    import torch.distributed as dist
+
+    from edgetrain.distributed.batch_norm import synchronise_batch_norm
+    from edgetrain.distributed.node import cluster_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model, (xs, ys) = _norm_model(), _norm_data()
+    assert synchronise_batch_norm(model) == 3
+    executor = _executor(model)
+    optimizer = make_optimizer("sgd", model.parameters(), 0.1)
+    offset, share = sum(shares[:rank]), shares[rank]
+
+    def steps() -> Iterator[float]:   # the optimizer steps inside cluster_step: gradients are read after it
+        for x, y in zip(xs, ys, strict=True):
+            yield cluster_step(executor, model, optimizer, (x[offset:offset + share], y[offset:offset + share])).loss
+
+    trace = _norm_trace(model, steps())
+    torch.save(trace, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shares", [(5, 3), (8, 0)], ids=["unequal", "one-node-without-samples"])
+def test_cross_node_batch_norm_gives_single_process_training(tmp_path: Path, shares: tuple[int, int]) -> None:
+    # Prepare: a BatchNorm CNN whose schedule recomputes, split 5 + 3 (or 8 + none), and the single-process run.
+    nodes = mp.start_processes(_norm_rank, args=(_free_port(), str(tmp_path), shares), nprocs=2, join=False,
+                               start_method="fork")
+    want = _norm_single_process()
+    # Execute
+    while not nodes.join():
+        pass
+    # Assert: each step's loss and gradients, and the running statistics after, as one process on the global batch.
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["losses"] == pytest.approx(want["losses"], rel=NORM_REL_TOL)
+        for step_got, step_want in zip(got["grads"], want["grads"], strict=True):
+            for g, w in zip(step_got, step_want, strict=True):
+                torch.testing.assert_close(g, w, rtol=NORM_REL_TOL, atol=1e-13)
+        for b, w in zip(got["buffers"], want["buffers"], strict=True):
+            torch.testing.assert_close(b, w, rtol=NORM_REL_TOL, atol=1e-13)
+    assert want["losses"][-2] < want["losses"][0]  # it trains (the same batch, 4 steps later)
 
 
 def test_the_global_batch_is_split_in_proportion_to_speed() -> None:

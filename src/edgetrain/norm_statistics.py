@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 from torch import nn
 
-__all__ = ["running_norms", "frozen_statistics"]
+__all__ = ["running_norms", "frozen_statistics", "recomputing"]
+
+_RECOMPUTING: ContextVar[bool] = ContextVar("edgetrain_recomputing", default=False)
+
+
+def recomputing() -> bool:
+    """Whether the forward running now repeats one of this step (inside :func:`frozen_statistics`).
+
+    A norm whose batch statistics are not its input's alone (``distributed.batch_norm``: summed over
+    nodes) reuses the first forward's, so a recomputation gives the same output and joins no collective.
+    """
+    return _RECOMPUTING.get()
 
 
 def running_norms(stage: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
@@ -32,9 +44,11 @@ def frozen_statistics(stage: nn.Module) -> Iterator[None]:
              for norm in norms]
     for norm in norms:
         norm.momentum = 0.0
+    token = _RECOMPUTING.set(True)
     try:
         yield
     finally:
+        _RECOMPUTING.reset(token)
         for norm, (momentum, count) in zip(norms, saved, strict=True):
             norm.momentum = momentum
             if count is not None and norm.num_batches_tracked is not None:

@@ -127,6 +127,7 @@ class LocalOptions:
     cpus_per_node: float | None = None
     average_every: int = 1
     compress_rank: int = 0
+    local_batch_norm: bool = False
     spares: bool = True
 
 
@@ -402,6 +403,7 @@ class _Group:
                                                  timeout_s=options.timeout_s, heartbeat=beat,
                                                  average_every=options.average_every,
                                                  compress_rank=options.compress_rank,
+                                                 local_batch_norm=options.local_batch_norm,
                                                  profile_dir=scratch / f"profiles-{node_id}")
                 spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
                 self.spec_files[node_id] = spec_file

@@ -9,7 +9,10 @@ in proportion to each node's predicted speed) through its own :class:`~edgetrain
 whose schedule was planned for *its* device and memory budget at *its* share. Then one small
 all-reduce gives the samples and the loss sum of the step, every gradient is scaled by
 ``b_r / B`` and summed (NOTE [ Weighted averaging ]), and every node takes the same optimizer
-step. Rank 0 alone writes the run directory: metrics, crash-safe state, summary. Because the
+step. BatchNorm layers take the global batch's statistics (NOTE [ Cross-node BatchNorm ]), so a
+step's gradient is single-process training's, BatchNorm included; a node whose whole slice is
+unreadable still runs its step on no sample, to join their all-reduces. Rank 0 alone writes the
+run directory: metrics, crash-safe state, summary. Because the
 state holds the position in the global order, not in a node's slice, a run stopped at any world
 size resumes at any other: the shares are split again and the next global batch is the same.
 
@@ -20,7 +23,8 @@ slice's gradient (local SGD; Stich, ICLR 2019; DiLoCo, Douillard et al. 2023, wi
 averaging as the outer step) and every ``K`` steps the weights are replaced by their average
 weighted by share: K times fewer bytes, and only plain all-reduces of the parameters (no
 compression hook, so no bucket-size mismatch of the kind that crashed PowerSGD on gloo).
-Optimizer state (momentum) stays local. The loss is still summed every step. This is not
+Optimizer state (momentum) stays local, and so do BatchNorm's statistics (each node normalises
+over its own slice: no collective between averagings). The loss is still summed every step. This is not
 single-process training any more: the loss after a fixed number of steps is what the benchmark
 compares. Rank 0 saves *its* weights; a resume restarts every node from them.
 """
@@ -66,6 +70,7 @@ from ..train.loop import (
 from ..train.rundir import METRICS_FILE, PLAN_FILE, STATE_DIR, SUMMARY_FILE, RunDirectory
 from ..train.state import ResumableSampler, StateStore, TrainingState
 from ..units import format_bytes
+from .batch_norm import cross_node_statistics, synchronise_batch_norm
 from .compress import PowerSGD
 from .group import (
     ClusterEnv,
@@ -122,6 +127,9 @@ class ClusterOptions:
             error feedback (NOTE [ PowerSGD on plain all-reduces ]).
         profile_dir: this node's profiles by share (``chain-<share>.json``): a profile at a share
             this node has profiled before is read, not measured again (NOTE [ Warm spares ]).
+        local_batch_norm: each node's BatchNorm normalises over its own slice (ghost batches, no
+            collective) instead of the global batch (NOTE [ Cross-node BatchNorm ]); periodic
+            averaging always does.
     """
 
     connect_timeout_s: float = 60.0
@@ -131,6 +139,7 @@ class ClusterOptions:
     average_every: int = 1
     compress_rank: int = 0
     profile_dir: Path | None = None
+    local_batch_norm: bool = False
 
 
 def cluster_settings(config: TrainConfig) -> dict[str, Any]:
@@ -258,13 +267,17 @@ def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Op
 
     ``average=False`` is a local step of periodic averaging (NOTE [ Periodic averaging ]): the
     node steps on its own gradient and only the loss is summed. ``batch`` None: this node has no
-    sample this step (all corrupt); it still joins the all-reduces. ``sync_s`` counts the network
-    and the wait for slower nodes.
+    sample this step (all corrupt); it still joins the all-reduces (a model with cross-node
+    BatchNorm needs a batch of no sample instead, to join its layers'). ``sync_s`` counts the
+    network and the wait for slower nodes.
     """
     optimizer.zero_grad(set_to_none=True)
     count, loss = 0, 0.0
     if batch is not None:
-        count, loss = len(batch[1]), float(executor.step(*batch))
+        with cross_node_statistics(model) if average else contextlib.nullcontext():
+            value = executor.step(*batch)
+        count = len(batch[1])
+        loss = float(value) if count else 0.0   # the mean over no sample is NaN
     computed = time.perf_counter()
     total, loss_sum = all_reduce_sum([count, loss * count])
     if total > 0 and average:
@@ -292,7 +305,7 @@ def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list
     except EdgetrainError as exc:
         speed, speed_error = None, str(exc)
     settings = {**cluster_settings(config), "average_every": options.average_every,
-                "compress_rank": options.compress_rank}
+                "compress_rank": options.compress_rank, "local_batch_norm": options.local_batch_norm}
     mine = {"edgetrain": __version__, "torch": torch.__version__, "config": config_hash(settings),
             "speed": speed, "speed_error": speed_error, "device": node.device}
     verdicts = gather_verdicts(mine)
@@ -367,8 +380,11 @@ class _NodeRun:
         torch.manual_seed(config.seed)
         self.model = spec.build(self.num_classes)
         has_batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules())
+        # NOTE [ Cross-node BatchNorm ]; with periodic averaging each node keeps its own statistics
+        self.cross_node_norms = options.average_every == 1 and env.world_size > 1 and \
+            not options.local_batch_norm and synchronise_batch_norm(self.model) > 0
         self.shares = split_batch(config.batch, [1.0 if s is None else s for s in speeds],
-                                  least=2 if has_batch_norm else 1)
+                                  least=2 if has_batch_norm and not self.cross_node_norms else 1)
         self.share = self.shares[env.rank]
         self.offset = sum(self.shares[:env.rank])
         if len(self.train_set) < config.batch:
@@ -377,6 +393,8 @@ class _NodeRun:
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr)
         self.sampler = ResumableSampler(len(self.train_set), config.seed)
         self.chosen, self.budget = self._plan(replace(local, batch=self.share))
+        x, y = first_batch(self.train_set, 1)
+        self.no_sample = (x[:0], y[:0])  # a node's step when none of its slice is readable (cross-node norms)
         self.executor = Executor(training_stages(self.model), self.chosen.schedule, None)
         self.compressor = None if options.compress_rank == 0 else PowerSGD(self.model.parameters(),
                                                                            options.compress_rank, seed=config.seed)
@@ -454,7 +472,10 @@ class _NodeRun:
     def _train_step(self, indices: list[int]) -> dict[str, Any]:
         started = time.perf_counter()
         batch = collate_skip_corrupt([self.train_set[i] for i in indices[self.offset:self.offset + self.share]])
-        if batch is not None and len(batch[1]) < 2 <= self.share:  # BatchNorm cannot train on one sample
+        if self.cross_node_norms and batch is None:  # its layers' all-reduces need this node too
+            batch = self.no_sample
+        elif not self.cross_node_norms and batch is not None and len(batch[1]) < 2 <= self.share:
+            # a BatchNorm over this node's slice cannot train on one sample
             batch = None
         exact = self.average_every == 1
         result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact,
