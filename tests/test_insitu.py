@@ -504,7 +504,8 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
     for flags, message in ((["--round-folds", "1"], "needs at least 2 folds and --labels size, got 1 fold(s) with "
                                                     "--labels size"),
                            (["--round-folds", "2", "--labels", "posterior"], "got 2 fold(s) with --labels posterior"),
-                           (["--round-coverage", "0.8"], "below 1 with --round-folds only, got 0.8")):
+                           (["--round-folds", "0", "--round-coverage", "0.8"], "below 1 with --round-folds only, "
+                                                                                 "got 0.8")):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"), *flags])
 
         assert result.exit_code == 2 and result.stderr.strip().startswith("error: ")

@@ -73,6 +73,20 @@ Tracks of fewer than ``GateConfig.min_track_frames`` detections are not labelled
 ``--false-positives 0.5`` a fifth of the detections are false boxes, nearly all in one-box tracks, and
 labelling them cost 15 points of label precision (seed 0: 0.66 against 0.81); without false
 positives such tracks hold 0.2% of the detections.
+
+NOTE [ Cross-fitted self-training ]
+The self-training round's student votes on the very crops it was trained on, so its track votes
+mostly echo the labels it was given, wrong ones included (docs/insitu.md). The
+cross-fitted round (``insitu simulate --round-folds K``) deals the stored tracks into K folds
+(:func:`fold_of_tracks`: whole tracks, so a student never sees any crop of a track it votes on)
+and trains one student per fold on the other folds' tracks; each votes on its fold's crops. Three
+cues that err for different reasons then meet per track (:func:`cross_fitted_scores`): the
+students' summed votes (appearance from the node's own viewpoint, learnt from other tracks), the
+teacher's view-weighted, aligned posterior (appearance from eye level) and the track's size under
+the stream's size model (geometry from the mount); their product, normalised, is the track's
+posterior, its arg-max the new label. Tracks ranked by the difference of their two best posteriors
+give the confidence (:func:`cross_fitted_labels`: the surest holding ``coverage`` of the detections
+keep their labels, the rest leave the store when ``coverage`` < 1).
 """
 
 from __future__ import annotations

@@ -65,8 +65,9 @@ class SimulateConfig:
     replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
     replay_weight: float = 4.0  # a replayed crop's loss weight against a stored one's (against forgetting)
     rounds: int = 1  # self-training rounds: the student relabels the stored tracks and a new student trains on them
-    round_folds: int = 0  # >= 2: a round's votes come from students trained on the other folds' tracks (size rule)
-    round_coverage: float = 1.0  # with round_folds: the share of stored detections a round keeps, surest tracks first
+    round_folds: int = 2  # >= 2: a round's votes come from students trained on the other folds' tracks (size rule);
+    # 0: from the round's one student, on its own training tracks (the posterior and gate rules need 0)
+    round_coverage: float = 0.8  # with round_folds: the share of stored detections a round keeps, surest tracks first
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
     node_camera: str = "steep"  # the deployed node's camera preset: "steep" (8 m, 60°) or "pole" (6 m, 45°)
