@@ -19,12 +19,16 @@ from edgetrain.insitu.labels import (
     Calibration,
     GateConfig,
     SizeModel,
+    StreamFit,
     accepted,
     box_size_m,
     calibrate,
     competence_weights,
+    cross_fitted_labels,
+    cross_fitted_scores,
     elevation_deg,
     fit_alignment,
+    fold_of_tracks,
     label_detections,
     log_aspect,
     min_margin,
@@ -293,6 +297,39 @@ def test_the_size_rule_leaves_its_least_sure_and_its_shortest_tracks_unlabelled(
     assert labels(0.5, margin=0.3) == [0] * 3 + [1] * 3 + [0] * 3 + [None] * 4  # a margin fitted elsewhere
 
 
+def test_folds_take_whole_tracks_dealt_in_order_of_first_appearance() -> None:
+    assert fold_of_tracks([7, 7, 3, 9, 3, 5, 7], 2).tolist() == [0, 0, 1, 0, 1, 1, 0]
+    assert fold_of_tracks([7, 3, 9, 5], 3).tolist() == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="at least 2 folds"):
+        fold_of_tracks([1, 2], 1)
+
+
+def test_the_cross_fitted_round_multiplies_students_teacher_and_size_and_keeps_the_surest_share() -> None:
+    # Prepare: two classes whose log sizes centre on (0, 0) and (1, 1), unit covariance. Track 1 (3 detections):
+    # the students say 0.9 : 0.1, the teacher 0.5 : 0.5, its size halfway (no say). Track 2 (2): the students
+    # 0.3 : 0.7, the teacher 0.8 : 0.2 -> 0.24 : 0.14. Track 3 (5): students and teacher undecided, its size on
+    # class 1's mean, a likelihood ratio of e.
+    sizes = SizeModel(np.array([[0.0, 0.0], [1.0, 1.0]]), np.tile(np.eye(2), (2, 1, 1)))
+    fit = StreamFit(Alignment(np.array([0.0, 90.0]), np.ones((1, 2))), sizes,
+                    {1: np.array([0.5, 0.5]), 2: np.array([0.5, 0.5]), 3: np.array([1.0, 1.0])},
+                    track_posteriors={1: np.array([0.5, 0.5]), 2: np.array([0.8, 0.2]), 3: np.array([0.5, 0.5])})
+    tracks = [1, 1, 2, 3, 1, 2, 3, 3, 3, 3]
+    probs = np.array([{1: [0.9, 0.1], 2: [0.3, 0.7], 3: [0.5, 0.5]}[t] for t in tracks])
+
+    # Execute
+    evidence = cross_fitted_scores(tracks, probs, fit)
+
+    # Assert: the posteriors are the normalised products; the surest tracks (margins 0.8, 0.46, 0.26) are kept.
+    one = 1 / (1 + np.exp(-1.0))
+    assert evidence.ids == [1, 2, 3] and evidence.frames.tolist() == [3, 2, 5]
+    assert np.allclose(evidence.posteriors, [[0.9, 0.1], [0.24 / 0.38, 0.14 / 0.38], [1 - one, one]])
+    assert cross_fitted_labels(evidence, 1.0) == {1: 0, 2: 0, 3: 1}
+    assert cross_fitted_labels(evidence, 0.8) == {1: 0, 3: 1}  # 8 of 10 detections
+    assert cross_fitted_labels(evidence, 0.3) == {1: 0}
+    with pytest.raises(ValueError, match="size rule"):
+        cross_fitted_scores(tracks, probs, StreamFit(fit.alignment, None, {}))
+
+
 def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path) -> None:
     # The student's summed probabilities per track: track 5 is class 1 (0.9 + 0.4 > 0.1 + 0.6), track 6 class 0.
     probs = np.array([[0.1, 0.9], [0.6, 0.4], [0.8, 0.2]])
@@ -305,6 +342,11 @@ def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path
     reopened = FrameStore(tmp_path / "s", 10_000)
     assert [(f.track, f.label) for f in reopened.frames] == [(5, 1), (5, 1), (6, 0), (9, 1)]
     assert reopened.charged_bytes == used and store.relabel({5: 1}) == 0
+
+    # A cross-fitted round keeps only its surest tracks: the others leave the manifest and the disk.
+    assert store.keep_tracks({5, 9}) == 1 and store.keep_tracks({5, 9}) == 0
+    reopened = FrameStore(tmp_path / "s", 10_000)
+    assert [f.track for f in reopened.frames] == [5, 5, 9] and len(list((tmp_path / "s").glob("*.png"))) == 3
 
 
 # --- the frame store -------------------------------------------------------------------------------
@@ -459,6 +501,15 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: the labelled share of detections must be in (0, 1], below 1 with "
                                      "--labels size only, got 0.8 with --labels posterior")
+    for flags, message in ((["--round-folds", "1"], "needs at least 2 folds and --labels size, got 1 fold(s) with "
+                                                    "--labels size"),
+                           (["--round-folds", "2", "--labels", "posterior"], "got 2 fold(s) with --labels posterior"),
+                           (["--round-folds", "0", "--round-coverage", "0.8"], "below 1 with --round-folds only, "
+                                                                                 "got 0.8")):
+        result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"), *flags])
+
+        assert result.exit_code == 2 and result.stderr.strip().startswith("error: ")
+        assert result.stderr.strip().endswith(message) and "\n" not in result.stderr.strip()
 
 
 def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:

@@ -73,12 +73,26 @@ Tracks of fewer than ``GateConfig.min_track_frames`` detections are not labelled
 ``--false-positives 0.5`` a fifth of the detections are false boxes, nearly all in one-box tracks, and
 labelling them cost 15 points of label precision (seed 0: 0.66 against 0.81); without false
 positives such tracks hold 0.2% of the detections.
+
+NOTE [ Cross-fitted self-training ]
+The self-training round's student votes on the very crops it was trained on, so its track votes
+mostly echo the labels it was given, wrong ones included (docs/insitu.md). The
+cross-fitted round (``insitu simulate --round-folds K``) deals the stored tracks into K folds
+(:func:`fold_of_tracks`: whole tracks, so a student never sees any crop of a track it votes on)
+and trains one student per fold on the other folds' tracks; each votes on its fold's crops. Three
+cues that err for different reasons then meet per track (:func:`cross_fitted_scores`): the
+students' summed votes (appearance from the node's own viewpoint, learnt from other tracks), the
+teacher's view-weighted, aligned posterior (appearance from eye level) and the track's size under
+the stream's size model (geometry from the mount); their product, normalised, is the track's
+posterior, its arg-max the new label. Tracks ranked by the difference of their two best posteriors
+give the confidence (:func:`cross_fitted_labels`: the surest holding ``coverage`` of the detections
+keep their labels, the rest leave the store when ``coverage`` < 1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -89,7 +103,7 @@ __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "
            "PROPAGATION", "RULES", "elevation_deg", "competence_weights", "Alignment", "fit_alignment",
            "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
            "TrackEvidence", "track_evidence", "size_scores", "size_labels", "min_margin", "StreamFit",
-           "fit_stream"]
+           "fit_stream", "fold_of_tracks", "cross_fitted_scores", "cross_fitted_labels"]
 
 PROPAGATION = ("track", "forward", "none")
 # NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
@@ -477,6 +491,9 @@ class StreamFit:
     sizes: SizeModel | None  # the size rule's
     track_log_sizes: dict[int, np.ndarray]  # each track's median log box size (the size rule's; its round reads it)
     margin: float = float("-inf")  # the size rule's: the least score margin of a labelled track (min_margin)
+    # the size rule's: each track's posterior (aligned, view-weighted teacher votes, normalised; the
+    # cross-fitted round reads it)
+    track_posteriors: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera: Camera, prior: np.ndarray,
@@ -493,4 +510,49 @@ def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera:
     evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
     sizes = fit_size_model(evidence, min_frames=config.min_track_frames)
     return StreamFit(alignment, sizes, dict(zip(evidence.ids, evidence.log_sizes, strict=True)),
-                     min_margin(size_scores(evidence, sizes), evidence.frames, config.coverage))
+                     min_margin(size_scores(evidence, sizes), evidence.frames, config.coverage),
+                     dict(zip(evidence.ids, evidence.posteriors, strict=True)))
+
+
+def fold_of_tracks(tracks: Sequence[int], folds: int) -> np.ndarray:
+    """Each detection's fold (n,) for ``tracks`` (n,): tracks dealt round-robin in order of first appearance.
+
+    A track lies in one fold whole, so a student trained on the other folds has seen none of its crops.
+    """
+    if folds < 2:
+        raise ValueError(f"cross-fitting needs at least 2 folds, got {folds}")
+    order: dict[int, int] = {}
+    for tid in tracks:
+        order.setdefault(int(tid), len(order))
+    return np.array([order[int(tid)] % folds for tid in tracks], dtype=int)
+
+
+def cross_fitted_scores(tracks: Sequence[int], probs: np.ndarray, fit: StreamFit) -> TrackEvidence:
+    """The cross-fitted round's evidence: per track, three cues that err apart, multiplied and normalised.
+
+    ``probs`` (n, classes) are each detection's probabilities from a student that never trained on its
+    track (:func:`fold_of_tracks`). A track's posterior is the product of the students' summed votes
+    (normalised), the stream fit's teacher posterior and the likelihoods of the track's size under the
+    stream fit's size model, normalised (NOTE [ Cross-fitted self-training ]).
+    """
+    if fit.sizes is None:
+        raise ValueError("the cross-fitted round needs the size rule's stream fit")
+    student = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
+    log_sizes = np.array([fit.track_log_sizes[tid] for tid in student.ids])
+    teacher = np.array([fit.track_posteriors[tid] for tid in student.ids])
+    joint = (np.log(np.maximum(student.posteriors, 1e-12)) + np.log(np.maximum(teacher, 1e-12))
+             + fit.sizes.log_likelihood(log_sizes))
+    posteriors = np.exp(joint - joint.max(axis=1, keepdims=True))
+    return replace(student, posteriors=posteriors / posteriors.sum(axis=1, keepdims=True), log_sizes=log_sizes)
+
+
+def cross_fitted_labels(evidence: TrackEvidence, coverage: float) -> dict[int, int]:
+    """The labels of the surest tracks of :func:`cross_fitted_scores` holding ``coverage`` of their detections.
+
+    Tracks are ranked by the difference of their two best posteriors (ties at the threshold kept); the
+    others get no label (NOTE [ Cross-fitted self-training ]).
+    """
+    least = min_margin(evidence.posteriors, evidence.frames, coverage)
+    sure = _margins(evidence.posteriors) >= least
+    return {tid: int(label) for tid, label, ok in zip(evidence.ids, evidence.posteriors.argmax(axis=1), sure,
+                                                       strict=True) if ok}

@@ -23,7 +23,11 @@ from .labels import (
     Calibration,
     GateConfig,
     StreamFit,
+    TrackEvidence,
+    cross_fitted_labels,
+    cross_fitted_scores,
     fit_stream,
+    fold_of_tracks,
     label_detections,
     relabel_tracks,
 )
@@ -61,6 +65,9 @@ class SimulateConfig:
     replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
     replay_weight: float = 4.0  # a replayed crop's loss weight against a stored one's (against forgetting)
     rounds: int = 1  # self-training rounds: the student relabels the stored tracks and a new student trains on them
+    round_folds: int = 2  # >= 2: a round's votes come from students trained on the other folds' tracks (size rule);
+    # 0: from the round's one student, on its own training tracks (the posterior and gate rules need 0)
+    round_coverage: float = 0.8  # with round_folds: the share of stored detections a round keeps, surest tracks first
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
     node_camera: str = "steep"  # the deployed node's camera preset: "steep" (8 m, 60°) or "pole" (6 m, 45°)
@@ -96,6 +103,12 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     if not 0.0 < config.gate.coverage <= 1.0 or (config.gate.coverage < 1.0 and config.gate.rule != "size"):
         raise ValueError(f"the labelled share of detections must be in (0, 1], below 1 with --labels size only, got "
                          f"{config.gate.coverage} with --labels {config.gate.rule}")
+    if config.round_folds == 1 or config.round_folds < 0 or (config.round_folds and config.gate.rule != "size"):
+        raise ValueError(f"a cross-fitted round needs at least 2 folds and --labels size, got {config.round_folds} "
+                         f"fold(s) with --labels {config.gate.rule}")
+    if not 0.0 < config.round_coverage <= 1.0 or (config.round_coverage < 1.0 and not config.round_folds):
+        raise ValueError(f"a round's kept share of detections must be in (0, 1], below 1 with --round-folds only, "
+                         f"got {config.round_coverage}")
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     say = progress or (lambda message: log.info(message))
@@ -120,13 +133,24 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     rounds = [{**{key: float(labelled.report[key]) for key in ("pseudo_label_precision", "pseudo_label_coverage")},
                "student_accuracy": float((predict(student, test_x).labels == test_y).mean())}]  # scoring
     for round_ in range(1, config.rounds + 1):
-        sizes = labelled.track_log_sizes if config.gate.rule == "size" else None
-        changed = store.relabel(relabel_tracks([f.track for f in store.frames], predict(student, store_x).probs,
-                                               sizes))
+        tracks = [f.track for f in store.frames]
+        ranked: dict[str, float] = {}
+        if config.round_folds and labelled.fit is not None:
+            say(f"self-training round {round_}: {config.round_folds} students, each voting on the tracks it never saw")
+            evidence = cross_fitted_scores(tracks, _cross_fitted_probs(teacher, store_x, store_y, tracks, shipped,
+                                                                       config), labelled.fit)
+            new_labels = cross_fitted_labels(evidence, config.round_coverage)
+            ranked = labelled.ranked(evidence)  # scoring (ground truth)
+            say(f"self-training round {round_}: {store.keep_tracks(new_labels)} stored frames of the least sure "
+                f"tracks removed")
+        else:
+            sizes = labelled.fit.track_log_sizes if config.gate.rule == "size" and labelled.fit is not None else None
+            new_labels = relabel_tracks(tracks, predict(student, store_x).probs, sizes)
+        changed = store.relabel(new_labels)
         store_x, store_y = store.load()
-        say(f"self-training round {round_}: the student relabelled {changed} stored frames; training a new one")
+        say(f"self-training round {round_}: the students relabelled {changed} stored frames; training a new one")
         student = _student(teacher, store_x, store_y, shipped, config)
-        rounds.append({**labelled.score({f.track: f.label for f in store.frames}),  # scoring (ground truth)
+        rounds.append({**labelled.score({f.track: f.label for f in store.frames}), **ranked,  # scoring
                        "student_accuracy": float((predict(student, test_x).labels == test_y).mean())})
     say("training the oracle student (true labels on every detected crop)")
     oracle = _student(teacher, labelled.oracle_crops, labelled.oracle_labels, shipped, config)
@@ -171,6 +195,17 @@ def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray
                weights)
 
 
+def _cross_fitted_probs(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, tracks: list[int],
+                        shipped: Teacher, config: SimulateConfig) -> np.ndarray:
+    """Each stored crop's probabilities (n, classes) from a student trained on the other folds' tracks."""
+    fold = fold_of_tracks(tracks, config.round_folds)
+    probs = np.zeros((len(crops), len(CLASSES)))
+    for k in range(config.round_folds):
+        held = fold == k
+        probs[held] = predict(_student(teacher, crops[~held], labels[~held], shipped, config), crops[held]).probs
+    return probs
+
+
 @dataclass(frozen=True)
 class _StreamOutcome:
     report: dict[str, float | int]  # scored with ground truth
@@ -179,7 +214,7 @@ class _StreamOutcome:
     labelled_tracks: np.ndarray  # (n,) the track of each pseudo-labelled detection ...
     labelled_truth: np.ndarray  # (n,) ... and its true class (-1: a false positive), for scoring only
     objects: int  # detections of real objects
-    track_log_sizes: dict[int, np.ndarray]  # each stream track's median log box size (the size rule's round reads it)
+    fit: StreamFit | None  # the posterior and size rules' fit on the whole stream (the rounds read it)
 
     def score(self, labels_by_track: dict[int, int]) -> dict[str, float]:
         """Precision and coverage of the pseudo-labels after a relabelling (scoring: reads ground truth)."""
@@ -188,6 +223,27 @@ class _StreamOutcome:
         real = kept & (self.labelled_truth >= 0)
         return {"pseudo_label_precision": float((labels[kept] == self.labelled_truth[kept]).mean()) if kept.any()
                 else 0.0, "pseudo_label_coverage": int(real.sum()) / max(self.objects, 1)}
+
+    def ranked(self, evidence: TrackEvidence, shares: tuple[float, ...] = (1.0, 0.8, 0.5)) -> dict[str, float]:
+        """Precision of a round's labels on the surest tracks holding each share of their detections (scoring).
+
+        Tracks ranked as :func:`cross_fitted_labels` ranks them (the difference of their two best posteriors).
+        """
+        top = np.sort(evidence.posteriors, axis=1)
+        order = np.argsort(-(top[:, -1] - top[:, -2]), kind="stable")
+        right = held = 0
+        rows: list[tuple[float, float]] = []
+        for i in order:
+            rows_of_track = self.labelled_tracks == evidence.ids[i]
+            right += int((self.labelled_truth[rows_of_track] == evidence.posteriors[i].argmax()).sum())
+            held += int(rows_of_track.sum())
+            rows.append((held, right))
+        total = max(rows[-1][0], 1) if rows else 1
+        out = {}
+        for share in shares:
+            k = next((j for j, (n, _) in enumerate(rows) if n >= share * total - 1e-9), len(rows) - 1)
+            out[f"precision_at_{share:g}"] = rows[k][1] / max(rows[k][0], 1) if rows else 0.0
+        return out
 
 
 def _stream_fit(clips: list[tuple[np.ndarray, Outputs, np.ndarray, Camera]], calibration: Calibration,
@@ -266,4 +322,4 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         "detector_recall": boxes.get("detectable_found", 0) / max(boxes.get("detectable_objects", 0), 1),
     }
     return _StreamOutcome(report, np.array(oracle_x), np.array(oracle_y), np.array(labelled_tracks),
-                          np.array(labelled_truth), n_true, {} if fit is None else fit.track_log_sizes)
+                          np.array(labelled_truth), n_true, fit)

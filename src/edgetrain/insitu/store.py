@@ -32,7 +32,7 @@ import contextlib
 import io
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -184,6 +184,19 @@ class FrameStore:
             self._frames = changed
             self._write_manifest()
         return count
+
+    def keep_tracks(self, tracks: Collection[int]) -> int:
+        """Remove every listed frame of a track not in ``tracks`` (unlisted first, then deleted); returns how many.
+
+        A cross-fitted self-training round keeps only the tracks it is surest of.
+        """
+        gone = [f for f in self._frames if f.track not in tracks]
+        if gone:
+            self._frames = [f for f in self._frames if f.track in tracks]
+            self._write_manifest()
+            for f in gone:
+                (self.root / f.name).unlink()
+        return len(gone)
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """All listed crops (n, h, w, 3) uint8 and their labels (n,); an empty store gives empty arrays."""
