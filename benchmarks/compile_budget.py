@@ -173,12 +173,20 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
 
 
 def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
-                 match_step_bytes: int) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The whole model compiled once, with edgetrain's single-level plan as checkpoint regions inside it.
+                 match_step_bytes: int, partitioner_budget: float) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The whole model compiled once at ``activation_memory_budget = partitioner_budget``, with edgetrain's
+    single-level plan as checkpoint regions inside it: inductor's min-cut decides what to save outside the
+    regions, edgetrain's regions recompute whole stages (NOTE [ Checkpoint regions in one compiled graph ]).
 
-    Planned on the eager chain at its resident bytes plus inductor's measured step peak, then, as
-    :func:`edgetrain_step` does, the budget lowered by what the compiled step overshoots, up to four times.
+    The plan is fitted to the measured step: first planned on the eager chain at its resident bytes plus
+    inductor's measured step peak, then the budget is moved by what the compiled step over- or undershoots
+    (down by an overshoot, up by an undershoot, halfway once both a fitting and an overshooting budget are
+    known), up to four compilations. The plan kept is the fitting one planned at the largest budget (the
+    least recomputation), else the one with the least peak. Where that plan keeps every stage, the step is
+    inductor's own graph at ``partitioner_budget``.
     """
+    import torch._functorch.config as functorch_config
+
     from edgetrain.errors import InfeasibleBudgetError
     from edgetrain.models import stages_of
     from edgetrain.planners.single_level import single_level, single_level_plan
@@ -186,28 +194,46 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
     from edgetrain.runtime import three_budgets
     from edgetrain.runtime.regions import Regions
     from edgetrain.schedule import simulate
+    functorch_config.activation_memory_budget = partitioner_budget
     chain = profile(model, x, y)
-    least = three_budgets(chain)[0]   # edgetrain's least; a single level may not get that low
-    budget = max(least, chain.resident_bytes + match_step_bytes)
+    least, _, keep_all_bytes = three_budgets(chain)   # edgetrain's least; a single level may not get that low
+    budget = min(max(least, chain.resident_bytes + match_step_bytes), keep_all_bytes)
+    tried: dict[tuple[int, ...], tuple[int, int, Callable[[], None]]] = {}   # kinds: (budget, peak, step)
+    fitting: list[int] = []   # budgets whose plan fitted, and (below) those whose plan overshot
+    over: list[int] = []
     fits: list[int] = []
     for _ in range(4):
         try:
-            kinds = single_level_plan(chain, budget)
-        except InfeasibleBudgetError:   # below what a single level reaches: keep the last plan that ran
-            if not fits:
+            kinds = tuple(single_level_plan(chain, budget))
+        except InfeasibleBudgetError:   # below what a single level reaches: keep what ran
+            if not tried:
                 raise
             break
-        compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
-        step = full_step(lambda c=compiled: nn.functional.cross_entropy(c(x), y).backward(), optimizer)
-        step()
-        fits.append(step_tensor_peak_bytes(step))
-        if fits[-1] <= match_step_bytes or budget <= least:
+        if kinds not in tried:
+            compiled = torch.compile(Regions(stages_of(model), list(kinds[:-1])))
+            step = full_step(lambda c=compiled: nn.functional.cross_entropy(c(x), y).backward(), optimizer)
+            step()
+            tried[kinds] = (budget, step_tensor_peak_bytes(step), step)
+        peak = tried[kinds][1]
+        fits.append(peak)
+        (fitting if peak <= match_step_bytes else over).append(budget)
+        if fitting and over:
+            following = (max(fitting) + min(over)) // 2
+        elif fitting:
+            following = min(budget + match_step_bytes - peak, keep_all_bytes)
+        else:
+            following = max(least, budget - (peak - match_step_bytes))
+        if following in (*fitting, *over) or abs(following - budget) < 2**16:   # no budget left to try
             break
-        budget = max(least, budget - (fits[-1] - match_step_bytes))
-    stats = simulate(chain, single_level(kinds))
+        budget = following
+    fitted = [(plan_budget, kinds) for kinds, (plan_budget, peak, _) in tried.items() if peak <= match_step_bytes]
+    kinds = max(fitted)[1] if fitted else min(tried, key=lambda kinds: tried[kinds][1])
+    budget, _, step = tried[kinds]
+    stats = simulate(chain, single_level(list(kinds)))
     return step, {"resident_bytes": chain.resident_bytes, "least_bytes": least, "budget_bytes": budget,
                   "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
                   "recompute_factor": stats.recompute_factor, "fit_step_peaks_bytes": fits,
+                  "partitioner_budget": partitioner_budget,
                   "single_level_kinds": "".join(".SR"[kind] for kind in kinds)}
 
 
@@ -229,7 +255,8 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
     elif kind.startswith("edgetrain+regions"):
         assert match_step_bytes is not None, "edgetrain+regions is matched to an inductor setting"
-        step, info = regions_step(model, x, y, optimizer, match_step_bytes)
+        partitioner_budget = float(kind.partition("@")[2].partition("=")[0] or 1.0)
+        step, info = regions_step(model, x, y, optimizer, match_step_bytes, partitioner_budget)
     elif kind.startswith("edgetrain"):
         step, info = edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
     else:
@@ -320,29 +347,52 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
               f"{row['step_cpu_time_ratio']:9.2f} {low:5.2f}-{high:4.2f}  {rho}", flush=True)
 
 
-def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def configuration(row: dict[str, Any]) -> str:
+    """What a regions row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
+    continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``."""
+    if "+regions" not in row["setting"]:
+        return row["setting"]
+    budget = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
+    kinds = row.get("single_level_kinds", "")
+    return f"b={budget}, regions {kinds}" if "S" in kinds else f"b={budget}, no regions (inductor:{budget}'s graph)"
+
+
+def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
+    """Whether ``row`` ran the very graph of inductor ``level``: regions that keep every stage, at its budget."""
+    return ("+regions" in row["setting"] and "S" not in row.get("single_level_kinds", "S")
+            and f"inductor:{row.get('partitioner_budget', 1.0)}" == level["setting"])
+
+
+def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict[str, Any]]:
     """Per model and inductor level: edgetrain's fastest setting whose tensor step peak is not above it.
 
     Time by the CPU clock (the ratio to eager in the same round). ``below_floor``: edgetrain's
-    least-memory step against the least tensor peak any inductor setting reached.
+    least-memory step against the least tensor peak any inductor setting reached. ``with_regions=False``
+    leaves the ``edgetrain+regions`` rows out (edgetrain's own plans, eager or per-stage compiled, alone);
+    ``same_graph``: the fastest is inductor's own graph at that level (no regions, the same budget), a tie
+    by construction whatever the clocks say.
     """
     out = []
     for name in dict.fromkeys(row["model"] for row in rows):
         ran = [row for row in rows if row["model"] == name and "error" not in row]
         inductor = [row for row in ran if row["setting"].startswith("inductor:")]
-        ours = [row for row in ran if row["setting"].startswith("edgetrain")]
+        ours = [row for row in ran if row["setting"].startswith("edgetrain")
+                and (with_regions or "+regions" not in row["setting"])]
         for level in inductor:
             fitting = [row for row in ours if row["step_tensor_peak_mib"] <= level["step_tensor_peak_mib"]]
             best = min(fitting, key=lambda row: row["step_cpu_time_ratio"], default=None)
             out.append({"model": name, "inductor": level["setting"], "inductor_mib": level["step_tensor_peak_mib"],
                         "inductor_cpu_ratio": level["step_cpu_time_ratio"],
-                        "edgetrain": best and best["setting"], "edgetrain_mib": best and best["step_tensor_peak_mib"],
+                        "edgetrain": best and configuration(best),
+                        "edgetrain_mib": best and best["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": best and best["step_cpu_time_ratio"],
+                        "same_graph": best is not None and same_graph(best, level),
                         "no_slower": best is not None and best["step_cpu_time_ratio"] <= level["step_cpu_time_ratio"]})
-        least = next((row for row in ours if row["setting"] == "edgetrain:least"), None)
+        least = min((row for row in ours if row["setting"] == "edgetrain:least" or "+regions" in row["setting"]),
+                    key=lambda row: row["step_tensor_peak_mib"], default=None)
         if inductor and least:
             floor = min(row["step_tensor_peak_mib"] for row in inductor)
-            out.append({"model": name, "inductor": "floor", "inductor_mib": floor, "edgetrain": least["setting"],
+            out.append({"model": name, "inductor": "floor", "inductor_mib": floor, "edgetrain": configuration(least),
                         "edgetrain_mib": least["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": least["step_cpu_time_ratio"],
                         "below_floor": least["step_tensor_peak_mib"] < floor})
@@ -362,21 +412,23 @@ def run_header(run: dict[str, Any], models: list[str]) -> list[str]:
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs' JSONs as one: each row tagged with the index of its run under ``runs`` (that run's
-    command, date and load), a later run's rows replacing an earlier one's for a model both ran."""
+    command, date and load), a later run's row replacing an earlier one's for the same model and setting;
+    a model's rows stay together, in the order they were first run."""
     pairs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []   # (a run's settings, its rows)
     for result in results:
         for index, run in enumerate(result.get("runs", [result])):   # a merged result keeps its runs apart
             rows = [row for row in result["rows"] if row.get("run", 0) == index]
             pairs.append(({k: v for k, v in run.items() if k not in ("rows", "models_given")}, rows))
-    latest = {row["model"]: number for number, (_, rows) in enumerate(pairs) for row in rows}
+    latest = {(row["model"], row["setting"]): number for number, (_, rows) in enumerate(pairs) for row in rows}
     runs: list[dict[str, Any]] = []
     merged: list[dict[str, Any]] = []
     for number, (run, rows) in enumerate(pairs):
-        kept = [row for row in rows if latest[row["model"]] == number]
+        kept = [row for row in rows if latest[row["model"], row["setting"]] == number]
         if kept:
             merged += [{**row, "run": len(runs)} for row in kept]
             runs.append({**run, "models_given": list(dict.fromkeys(row["model"] for row in kept))})
-    return {"runs": runs, "rows": merged}
+    order = list(dict.fromkeys(row["model"] for row in merged))
+    return {"runs": runs, "rows": sorted(merged, key=lambda row: order.index(row["model"]))}
 
 
 def spread(row: dict[str, Any], key: str, digits: int) -> str:
@@ -386,14 +438,34 @@ def spread(row: dict[str, Any], key: str, digits: int) -> str:
     return text if f"{low:.{digits}f}" == f"{high:.{digits}f}" else f"{text} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def verdict_table(rows: list[dict[str, Any]]) -> list[str]:
+    """:func:`verdicts` as markdown lines."""
+    lines = ["| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
+             "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for v in rows:
+        if v["inductor"] == "floor":
+            verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
+            lines.append(f"| {v['model']} | least of any budget | {mib(v['inductor_mib'])} | | {v['edgetrain']} | "
+                         f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
+            continue
+        verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
+        verdict = "the same graph (a tie)" if v["same_graph"] else verdict
+        lines.append(f"| {v['model']} | {v['inductor']} | {mib(v['inductor_mib'])} | "
+                     f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
+                     f"{ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The run (or merged runs) as markdown: every setting's row, then the verdict per inductor level."""
-    def mib(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
-    def ratio(value: float | None) -> str:
-        return "-" if value is None else f"{value:.2f}"
-
     runs = result.get("runs") or merge([result])["runs"]
     lines = ["# torch.compile's activation memory budget against edgetrain, per model", ""]
     for number, run in enumerate(runs, 1):
@@ -402,29 +474,24 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["The CPU clock's ratio is the time verdict. With several rounds a figure is their median, with the "
               "least and most in parentheses where they differ.", "",
               "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
-              "step CPU CoV % | wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|---|"]
+              "step CPU CoV % | wall / eager | planned ρ | run |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | | |")
+            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | | | "
+                         f"{row.get('run', 0) + 1} |")
             continue
         lines.append(f"| {row['model']} | {row['setting']} | {spread(row, 'step_tensor_peak_mib', 1)} | "
                      f"{spread(row, 'step_peak_mib', 1)} | {mib(row['rest_rss_mib'])} | "
                      f"{spread(row, 'step_cpu_time_ratio', 2)} | {mib(row.get('step_cpu_cov_pct'))} | "
                      f"{spread(row, 'step_time_ratio', 2)} | "
-                     f"{ratio(row.get('recompute_factor'))} |")
-    lines += ["", "| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
-              "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
-    for v in verdicts(result["rows"]):
-        if v["inductor"] == "floor":
-            verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
-            lines.append(f"| {v['model']} | least of any budget | {mib(v['inductor_mib'])} | | {v['edgetrain']} | "
-                         f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
-            continue
-        verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
-        lines.append(f"| {v['model']} | {v['inductor']} | {mib(v['inductor_mib'])} | "
-                     f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
-                     f"{ratio(v['edgetrain_cpu_ratio'])} | "
-                     f"{verdict} |")
+                     f"{ratio(row.get('recompute_factor'))} | {row.get('run', 0) + 1} |")
+    regions_models = {row["model"] for row in result["rows"] if "+regions" in row["setting"]}
+    lines += ["", "Verdicts by edgetrain's own plans (eager stages, and stages compiled one by one):", "",
+              *verdict_table(verdicts(result["rows"], with_regions=False))]
+    if regions_models:
+        lines += ["", "Verdicts with the regions rows too (for the models that ran them; `b`: the partitioner's "
+                  "budget the regions graph was compiled at):", "",
+                  *verdict_table([v for v in verdicts(result["rows"]) if v["model"] in regions_models])]
     return "\n".join(lines) + "\n"
 
 
