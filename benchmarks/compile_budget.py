@@ -30,11 +30,15 @@ weights, optimizer state and batch the chain holds anyway) is the tensor step pe
 ``edgetrain+compile:R`` and ``edgetrain+compile=inductor:B`` the same with every stage compiled by
 inductor before it is profiled and planned (``Checkpointed(compile_stages=True)``, NOTE [ Compiled
 stages ]). edgetrain plans with measured stage times and, for the traced models without
-compilation, recomputation inside coarse stages (``blocks=True``). ``edgetrain+regions=inductor:B``
-(not among the defaults: an experiment) plans one level of recomputation for the same matched
-budget (``planners/single_level.py``), runs its regions in ``torch.utils.checkpoint`` and compiles
-the whole model once, so that inductor fuses inside the regions and recomputes them in the
-backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/regions.py``).
+compilation, recomputation inside coarse stages (``blocks=True``). ``edgetrain+regions@b=inductor:B``
+(not among the defaults) plans one level of recomputation for the same matched budget
+(``planners/single_level.py``), runs its regions in ``torch.utils.checkpoint`` and compiles the
+whole model once at ``activation_memory_budget = b`` (1.0 where ``@b`` is left out), so that
+inductor's min-cut decides what to save outside the regions, fuses inside them and recomputes them
+in the backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/regions.py``); its
+row names the plan (``single_level_kinds``) and ``b``. A plan that keeps every stage is inductor's
+own graph at ``b``, and at ``b = B`` the verdict calls it the same graph, not a win. (``b = 0``
+saves only the graph's inputs and recomputes everything, so regions change nothing there.)
 
     python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
         [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
