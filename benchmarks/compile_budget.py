@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -241,6 +242,14 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
                   "single_level_kinds": "".join(".SR"[kind] for kind in kinds)}
 
 
+def thread_counts(usage: Any = None) -> tuple[int, int]:
+    """The stepping thread's minor page faults and involuntary context switches (another process took its
+    core) so far, or in ``usage``: the first is step work the CPU clock counts (the kernel zeroing fresh
+    pages), the second is time the wall clock counts and the CPU clock does not."""
+    usage = usage or resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_minflt, usage.ru_nivcsw
+
+
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
     """One setting in this process: print its JSON line (the parent reads the last line)."""
     from edgetrain.optim import make_optimizer
@@ -269,15 +278,21 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         step()
     rest = read_process_memory().rss_bytes
     reset_peak()
-    times, cpu_times = [], []
+    times, cpu_times, process_cpu_times, usages = [], [], [], []
     for _ in range(steps):
-        start, start_cpu = time.perf_counter(), time.thread_time()
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        start, start_cpu, start_process = time.perf_counter(), time.thread_time(), time.process_time()
         step()
         times.append(time.perf_counter() - start)
         cpu_times.append(time.thread_time() - start_cpu)
+        process_cpu_times.append(time.process_time() - start_process)
+        usages.append([after - before for after, before in zip(thread_counts(), thread_counts(usage), strict=True)])
     step_peak = read_process_memory().peak_rss_bytes - rest
+    faults, switches = (statistics.median(column) for column in zip(*usages, strict=True))
     print(json.dumps({"median_step_s": statistics.median(times), "median_step_cpu_s": statistics.median(cpu_times),
                       "step_cpu_s": cpu_times,
+                      "other_threads_cpu_s": max(p - c for p, c in zip(process_cpu_times, cpu_times, strict=True)),
+                      "step_minor_faults": faults, "step_preemptions": switches,
                       "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
                       "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
 
@@ -329,8 +344,13 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
             values = [r[setting][key] / MiB for r in ok]
             row[key.replace("_bytes", "_mib")] = statistics.median(values)
             row[key.replace("_bytes", "_mib_range")] = [min(values), max(values)]
+        for key in ("step_minor_faults", "step_preemptions"):   # older runs' rows lack them
+            if all(key in r[setting] for r in ok):
+                row[key] = statistics.median(r[setting][key] for r in ok)
+        if all("other_threads_cpu_s" in r[setting] for r in ok):
+            row["other_threads_cpu_s"] = max(r[setting]["other_threads_cpu_s"] for r in ok)
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes", "single_level_kinds"):
+                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)
