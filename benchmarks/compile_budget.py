@@ -183,18 +183,20 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
     single-level plan as checkpoint regions inside it: inductor's min-cut decides what to save outside the
     regions, edgetrain's regions recompute whole stages (NOTE [ Checkpoint regions in one compiled graph ]).
 
-    The plan is fitted to the measured step: first planned on the eager chain at its resident bytes plus
-    inductor's measured step peak, then the budget is moved by what the compiled step over- or undershoots
-    (down by an overshoot, up by an undershoot, halfway once both a fitting and an overshooting budget are
-    known), up to four compilations. The plan kept is the fitting one planned at the largest budget (the
-    least recomputation), else the one with the least peak. Where that plan keeps every stage, the step is
-    inductor's own graph at ``partitioner_budget``.
+    Candidates, each compiled, its tensor step peak measured and 3 steps timed by the CPU clock: first the
+    plan that keeps every stage (inductor's own graph at this budget), then plans fitted to the measured step,
+    up to three: planned on the eager chain at its resident bytes plus inductor's measured step peak, then
+    the budget moved by what the compiled step over- or undershoots (down below the plan's own predicted
+    peak by an overshoot, so that the plan changes; up by an undershoot; halfway once both a fitting and an
+    overshooting budget are known). The eager chain is only a guide: compiled, the partitioner saves more or
+    less than eager around the regions. Kept: the fastest candidate within ``match_step_bytes``, else the one
+    with the least peak.
     """
     import torch._functorch.config as functorch_config
 
     from edgetrain.errors import InfeasibleBudgetError
     from edgetrain.models import stages_of
-    from edgetrain.planners.single_level import single_level, single_level_plan
+    from edgetrain.planners.single_level import KEPT, single_level, single_level_plan
     from edgetrain.profile import profile
     from edgetrain.runtime import three_budgets
     from edgetrain.runtime.regions import Regions
@@ -202,44 +204,62 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
     functorch_config.activation_memory_budget = partitioner_budget
     chain = profile(model, x, y)
     least, _, keep_all_bytes = three_budgets(chain)   # edgetrain's least; a single level may not get that low
-    budget = min(max(least, chain.resident_bytes + match_step_bytes), keep_all_bytes)
-    tried: dict[tuple[int, ...], tuple[int, int, Callable[[], None]]] = {}   # kinds: (budget, peak, step)
-    fitting: list[int] = []   # budgets whose plan fitted, and (below) those whose plan overshot
-    over: list[int] = []
-    fits: list[int] = []
-    for _ in range(4):
-        try:
-            kinds = tuple(single_level_plan(chain, budget))
-        except InfeasibleBudgetError:   # below what a single level reaches: keep what ran
-            if not tried:
-                raise
-            break
+    tried: dict[tuple[int, ...], tuple[int, float, Callable[[], None]]] = {}   # kinds: (peak, CPU s, step)
+
+    def run(kinds: tuple[int, ...]) -> int:
         if kinds not in tried:
             compiled = torch.compile(Regions(stages_of(model), list(kinds[:-1])))
-            step = full_step(lambda c=compiled: nn.functional.cross_entropy(c(x), y).backward(), optimizer)
+            step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
             step()
-            tried[kinds] = (budget, step_tensor_peak_bytes(step), step)
-        peak = tried[kinds][1]
-        fits.append(peak)
+            peak = step_tensor_peak_bytes(step)
+            tried[kinds] = (peak, statistics.median(cpu_seconds(step) for _ in range(3)), step)
+        return tried[kinds][0]
+
+    def predicted_bytes(kinds: tuple[int, ...]) -> int:
+        return simulate(chain, single_level(list(kinds))).peak_bytes
+
+    run((KEPT,) * chain.length)
+    budget = min(max(least, chain.resident_bytes + match_step_bytes), keep_all_bytes - 1)
+    fitting: list[int] = []   # budgets whose plan fitted, and (below) those whose plan overshot
+    over: list[int] = []
+    for _ in range(3):
+        try:
+            kinds = tuple(single_level_plan(chain, budget))
+        except InfeasibleBudgetError:   # below what a single level reaches
+            break
+        peak = run(kinds)
         (fitting if peak <= match_step_bytes else over).append(budget)
         if fitting and over:
-            following = (max(fitting) + min(over)) // 2
+            budget = (max(fitting) + min(over)) // 2
         elif fitting:
-            following = min(budget + match_step_bytes - peak, keep_all_bytes)
+            budget = min(budget + match_step_bytes - peak, keep_all_bytes - 1)
         else:
-            following = max(least, budget - (peak - match_step_bytes))
-        if following in (*fitting, *over) or abs(following - budget) < 2**16:   # no budget left to try
+            budget = max(least, min(budget, predicted_bytes(kinds)) - (peak - match_step_bytes))
+        if budget in (*fitting, *over):   # no budget left to try
             break
-        budget = following
-    fitted = [(plan_budget, kinds) for kinds, (plan_budget, peak, _) in tried.items() if peak <= match_step_bytes]
-    kinds = max(fitted)[1] if fitted else min(tried, key=lambda kinds: tried[kinds][1])
-    budget, _, step = tried[kinds]
+    fitted = [kinds for kinds, (peak, _, _) in tried.items() if peak <= match_step_bytes]
+    kinds = (min(fitted, key=lambda kinds: tried[kinds][1]) if fitted
+             else min(tried, key=lambda kinds: tried[kinds][0]))
     stats = simulate(chain, single_level(list(kinds)))
-    return step, {"resident_bytes": chain.resident_bytes, "least_bytes": least, "budget_bytes": budget,
-                  "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
-                  "recompute_factor": stats.recompute_factor, "fit_step_peaks_bytes": fits,
-                  "partitioner_budget": partitioner_budget,
-                  "single_level_kinds": "".join(".SR"[kind] for kind in kinds)}
+    return tried[kinds][2], {
+        "resident_bytes": chain.resident_bytes, "least_bytes": least,
+        "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
+        "recompute_factor": stats.recompute_factor, "partitioner_budget": partitioner_budget,
+        "single_level_kinds": kind_text(kinds),
+        "candidates": [{"kinds": kind_text(kinds), "step_tensor_peak_bytes": peak, "step_cpu_s": cpu_s}
+                       for kinds, (peak, cpu_s, _) in tried.items()]}
+
+
+def kind_text(kinds: tuple[int, ...]) -> str:
+    """A single-level plan as text: ``.`` a kept stage, ``S`` one that opens a region, ``R`` one that continues it."""
+    return "".join(".SR"[kind] for kind in kinds)
+
+
+def cpu_seconds(step: Callable[[], None]) -> float:
+    """The stepping thread's CPU time for one ``step()``."""
+    start = time.thread_time()
+    step()
+    return time.thread_time() - start
 
 
 def thread_counts(usage: Any = None) -> tuple[int, int]:
@@ -350,7 +370,7 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
         if all("other_threads_cpu_s" in r[setting] for r in ok):
             row["other_threads_cpu_s"] = max(r[setting]["other_threads_cpu_s"] for r in ok)
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget"):
+                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget", "candidates"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)
