@@ -20,7 +20,14 @@ settings alternate:
 * ``step_time_ratio`` and ``step_cpu_time_ratio``: median step time over eager plain training's in
   the same round, by the wall clock and by the stepping thread's CPU time (one torch thread, so
   the two agree on an idle machine; on a shared one the CPU clock leaves out the time other
-  processes took the core).
+  processes took the core). Each child also records, per timed step, the stepping thread's minor
+  page faults (the kernel's work zeroing fresh pages, which the CPU clock counts: with the mmap
+  threshold pinned every large tensor is a fresh mapping), its involuntary context switches
+  (``step_preemptions``: another process took the core, time the wall clock counts and the CPU clock
+  does not), and the CPU time the process's other threads took during a step (``other_threads_cpu_s``,
+  the most of any step: work the thread's clock would miss). Where wall and CPU ratios disagree, these
+  say whether the CPU clock missed work of the step (it would show as other threads' time) or the
+  step waited for the core.
 
 Settings: ``eager``; ``inductor:B`` compiles with ``activation_memory_budget = B``;
 ``edgetrain:R`` trains under ``Checkpointed(recompute=R)``; ``edgetrain:least`` at the least
