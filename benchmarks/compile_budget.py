@@ -25,7 +25,8 @@ settings alternate:
   threshold pinned every large tensor is a fresh mapping), its involuntary context switches
   (``step_preemptions``: another process took the core, time the wall clock counts and the CPU clock
   does not), and the CPU time the process's other threads took during a step (``other_threads_cpu_s``,
-  the most of any step: work the thread's clock would miss). Where wall and CPU ratios disagree, these
+  the most of any step: work the thread's clock would miss) and ``dynamo_events_in_timed_steps`` (a
+  recompilation would count there). Where wall and CPU ratios disagree, these
   say whether the CPU clock missed work of the step (it would show as other threads' time) or the
   step waited for the core.
 
@@ -277,6 +278,13 @@ def thread_counts(usage: Any = None) -> tuple[int, int]:
     return usage.ru_minflt, usage.ru_nivcsw
 
 
+def dynamo_event_count() -> int:
+    """Everything torch._dynamo has counted so far (frames traced, graphs captured, recompilations): unchanged over
+    the timed steps when no step traced or compiled anything again."""
+    from torch._dynamo.utils import counters
+    return sum(sum(counter.values()) for counter in counters.values())
+
+
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
     """One setting in this process: print its JSON line (the parent reads the last line)."""
     from edgetrain.optim import make_optimizer
@@ -305,6 +313,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         step()
     rest = read_process_memory().rss_bytes
     reset_peak()
+    dynamo_events = dynamo_event_count()
     times, cpu_times, process_cpu_times, usages = [], [], [], []
     for _ in range(steps):
         usage = resource.getrusage(resource.RUSAGE_THREAD)
@@ -315,11 +324,13 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         process_cpu_times.append(time.process_time() - start_process)
         usages.append([after - before for after, before in zip(thread_counts(), thread_counts(usage), strict=True)])
     step_peak = read_process_memory().peak_rss_bytes - rest
+    dynamo_events = dynamo_event_count() - dynamo_events
     faults, switches = (statistics.median(column) for column in zip(*usages, strict=True))
     print(json.dumps({"median_step_s": statistics.median(times), "median_step_cpu_s": statistics.median(cpu_times),
                       "step_cpu_s": cpu_times,
                       "other_threads_cpu_s": max(p - c for p, c in zip(process_cpu_times, cpu_times, strict=True)),
                       "step_minor_faults": faults, "step_preemptions": switches,
+                      "dynamo_events_in_timed_steps": dynamo_events,
                       "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
                       "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
 
@@ -374,8 +385,9 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
         for key in ("step_minor_faults", "step_preemptions"):   # older runs' rows lack them
             if all(key in r[setting] for r in ok):
                 row[key] = statistics.median(r[setting][key] for r in ok)
-        if all("other_threads_cpu_s" in r[setting] for r in ok):
-            row["other_threads_cpu_s"] = max(r[setting]["other_threads_cpu_s"] for r in ok)
+        for key in ("other_threads_cpu_s", "dynamo_events_in_timed_steps"):   # the most of any round
+            if all(key in r[setting] for r in ok):
+                row[key] = max(r[setting][key] for r in ok)
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
                     "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget", "candidates"):
             if key in ok[-1][setting]:
