@@ -388,8 +388,11 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
         for key in ("other_threads_cpu_s", "dynamo_events_in_timed_steps"):   # the most of any round
             if all(key in r[setting] for r in ok):
                 row[key] = max(r[setting][key] for r in ok)
+        for key in ("single_level_kinds", "candidates"):   # a regions row's plan may differ between rounds
+            if all(key in r[setting] for r in ok):
+                row[f"{key}_by_round"] = [r[setting][key] for r in ok]
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget", "candidates"):
+                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)
@@ -412,17 +415,21 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 def configuration(row: dict[str, Any]) -> str:
     """What a regions row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
-    continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``."""
+    continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``; round by
+    round where the rounds' fits picked different plans."""
     if "+regions" not in row["setting"]:
         return row["setting"]
     budget = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
-    kinds = row.get("single_level_kinds", "")
-    return f"b={budget}, regions {kinds}" if "S" in kinds else f"b={budget}, no regions (inductor:{budget}'s graph)"
+    plans = list(dict.fromkeys(row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "")])))
+    named = [f"regions {kinds}" if "S" in kinds else f"no regions (inductor:{budget}'s graph)" for kinds in plans]
+    return f"b={budget}, " + (named[0] if len(named) == 1 else "by round: " + "; ".join(named))
 
 
 def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
-    """Whether ``row`` ran the very graph of inductor ``level``: regions that keep every stage, at its budget."""
-    return ("+regions" in row["setting"] and "S" not in row.get("single_level_kinds", "S")
+    """Whether ``row`` ran the very graph of inductor ``level`` in every round: regions that keep every stage,
+    at its budget."""
+    plans = row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "S")])
+    return ("+regions" in row["setting"] and not any("S" in kinds for kinds in plans)
             and f"inductor:{row.get('partitioner_budget', 1.0)}" == level["setting"])
 
 
