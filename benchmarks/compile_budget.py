@@ -436,22 +436,26 @@ def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
 def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict[str, Any]]:
     """Per model and inductor level: edgetrain's fastest setting whose tensor step peak is not above it.
 
-    Time by the CPU clock (the ratio to eager in the same round). ``below_floor``: edgetrain's
+    Rows are compared only with rows of the same run (of a merged result): each ratio is to eager in its own
+    round, and runs differ in load. Time by the CPU clock. ``below_floor``: edgetrain's
     least-memory step against the least tensor peak any inductor setting reached. ``with_regions=False``
     leaves the ``edgetrain+regions`` rows out (edgetrain's own plans, eager or per-stage compiled, alone);
     ``same_graph``: the fastest is inductor's own graph at that level (no regions, the same budget), a tie
     by construction whatever the clocks say.
     """
     out = []
-    for name in dict.fromkeys(row["model"] for row in rows):
-        ran = [row for row in rows if row["model"] == name and "error" not in row]
+    for name, run in dict.fromkeys((row["model"], row.get("run", 0)) for row in rows):
+        ran = [row for row in rows if (row["model"], row.get("run", 0)) == (name, run) and "error" not in row]
         inductor = [row for row in ran if row["setting"].startswith("inductor:")]
         ours = [row for row in ran if row["setting"].startswith("edgetrain")
                 and (with_regions or "+regions" not in row["setting"])]
+        if not ours:   # a run of yardsticks and regions rows only, without them
+            continue
         for level in inductor:
             fitting = [row for row in ours if row["step_tensor_peak_mib"] <= level["step_tensor_peak_mib"]]
             best = min(fitting, key=lambda row: row["step_cpu_time_ratio"], default=None)
-            out.append({"model": name, "inductor": level["setting"], "inductor_mib": level["step_tensor_peak_mib"],
+            out.append({"model": name, "run": run, "inductor": level["setting"],
+                        "inductor_mib": level["step_tensor_peak_mib"],
                         "inductor_cpu_ratio": level["step_cpu_time_ratio"],
                         "edgetrain": best and configuration(best),
                         "edgetrain_mib": best and best["step_tensor_peak_mib"],
@@ -462,7 +466,8 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
                     key=lambda row: row["step_tensor_peak_mib"], default=None)
         if inductor and least:
             floor = min(row["step_tensor_peak_mib"] for row in inductor)
-            out.append({"model": name, "inductor": "floor", "inductor_mib": floor, "edgetrain": configuration(least),
+            out.append({"model": name, "run": run, "inductor": "floor", "inductor_mib": floor,
+                        "edgetrain": configuration(least),
                         "edgetrain_mib": least["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": least["step_cpu_time_ratio"],
                         "below_floor": least["step_tensor_peak_mib"] < floor})
@@ -482,18 +487,23 @@ def run_header(run: dict[str, Any], models: list[str]) -> list[str]:
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs' JSONs as one: each row tagged with the index of its run under ``runs`` (that run's
-    command, date and load), a later run's row replacing an earlier one's for the same model and setting;
-    a model's rows stay together, in the order they were first run."""
+    command, date and load), a later run's edgetrain row replacing an earlier one's for the same model and
+    setting. An eager or inductor row stays while its run keeps an edgetrain row of that model (it is their
+    yardstick: :func:`verdicts` compares rows of one run only), or while it is the latest of its setting.
+    A model's rows stay together, in the order they were first run."""
     pairs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []   # (a run's settings, its rows)
     for result in results:
         for index, run in enumerate(result.get("runs", [result])):   # a merged result keeps its runs apart
             rows = [row for row in result["rows"] if row.get("run", 0) == index]
             pairs.append(({k: v for k, v in run.items() if k not in ("rows", "models_given")}, rows))
     latest = {(row["model"], row["setting"]): number for number, (_, rows) in enumerate(pairs) for row in rows}
+    measured = {(row["model"], number) for number, (_, rows) in enumerate(pairs) for row in rows
+                if row["setting"].startswith("edgetrain") and latest[row["model"], row["setting"]] == number}
     runs: list[dict[str, Any]] = []
     merged: list[dict[str, Any]] = []
     for number, (run, rows) in enumerate(pairs):
-        kept = [row for row in rows if latest[row["model"], row["setting"]] == number]
+        kept = [row for row in rows if latest[row["model"], row["setting"]] == number
+                or (not row["setting"].startswith("edgetrain") and (row["model"], number) in measured)]
         if kept:
             merged += [{**row, "run": len(runs)} for row in kept]
             runs.append({**run, "models_given": list(dict.fromkeys(row["model"] for row in kept))})
@@ -518,17 +528,18 @@ def ratio(value: float | None) -> str:
 
 def verdict_table(rows: list[dict[str, Any]]) -> list[str]:
     """:func:`verdicts` as markdown lines."""
-    lines = ["| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
-             "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | run | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
+             "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for v in rows:
         if v["inductor"] == "floor":
             verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
-            lines.append(f"| {v['model']} | least of any budget | {mib(v['inductor_mib'])} | | {v['edgetrain']} | "
+            lines.append(f"| {v['model']} | {v['run'] + 1} | least of any budget | {mib(v['inductor_mib'])} | | "
+                         f"{v['edgetrain']} | "
                          f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
             continue
         verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
         verdict = "the same graph (a tie)" if v["same_graph"] else verdict
-        lines.append(f"| {v['model']} | {v['inductor']} | {mib(v['inductor_mib'])} | "
+        lines.append(f"| {v['model']} | {v['run'] + 1} | {v['inductor']} | {mib(v['inductor_mib'])} | "
                      f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
                      f"{ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
     return lines

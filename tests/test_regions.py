@@ -145,10 +145,19 @@ def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_g
     assert not without["inductor:0.5"]["same_graph"]
 
 
-def test_merging_runs_replaces_a_row_per_model_and_setting_and_keeps_the_rest() -> None:
+def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks() -> None:
+    # Prepare: an old run with edgetrain:least and regions at 1.0, a new one that reruns the regions and inductor
     bench = _compile_budget_benchmark()
-    old = {"date": "old", "rows": [_row("eager", 9.0, 1.0), _row("edgetrain:least", 5.0, 1.5)]}
-    new = {"date": "new", "rows": [_row("eager", 9.0, 1.0), _row("edgetrain+regions=inductor:1.0", 6.0, 0.9)]}
+    old = {"date": "old", "rows": [_row("inductor:1.0", 9.0, 1.0), _row("edgetrain:least", 5.0, 1.5),
+                                   _row("edgetrain+regions=inductor:1.0", 8.0, 1.2, single_level_kinds="S..")]}
+    new = {"date": "new", "rows": [_row("inductor:1.0", 9.0, 0.9),
+                                   _row("edgetrain+regions=inductor:1.0", 9.0, 0.9, single_level_kinds="...")]}
+    # Execute
     merged = bench.merge([old, new])
+    # Assert: the old inductor row stays as edgetrain:least's yardstick; each verdict compares rows of one run
     assert [(row["setting"], merged["runs"][row["run"]]["date"]) for row in merged["rows"]] == [
-        ("edgetrain:least", "old"), ("eager", "new"), ("edgetrain+regions=inductor:1.0", "new")]
+        ("inductor:1.0", "old"), ("edgetrain:least", "old"), ("inductor:1.0", "new"),
+        ("edgetrain+regions=inductor:1.0", "new")]
+    levels = [(v["run"], v["edgetrain"], v["same_graph"]) for v in bench.verdicts(merged["rows"])
+              if v["inductor"] == "inductor:1.0"]
+    assert levels == [(0, "edgetrain:least", False), (1, "b=1.0, no regions (inductor:1.0's graph)", True)]
