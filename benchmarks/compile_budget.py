@@ -566,13 +566,13 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{spread(row, 'step_cpu_time_ratio', 2)} | {mib(row.get('step_cpu_cov_pct'))} | "
                      f"{spread(row, 'step_time_ratio', 2)} | "
                      f"{ratio(row.get('recompute_factor'))} | {row.get('run', 0) + 1} |")
-    regions_models = {row["model"] for row in result["rows"] if "+regions" in row["setting"]}
+    regions_runs = {(row["model"], row.get("run", 0)) for row in result["rows"] if "+regions" in row["setting"]}
     lines += ["", "Verdicts by edgetrain's own plans (eager stages, and stages compiled one by one):", "",
               *verdict_table(verdicts(result["rows"], with_regions=False))]
-    if regions_models:
-        lines += ["", "Verdicts with the regions rows too (for the models that ran them; `b`: the partitioner's "
-                  "budget the regions graph was compiled at):", "",
-                  *verdict_table([v for v in verdicts(result["rows"]) if v["model"] in regions_models])]
+    if regions_runs:
+        lines += ["", "Verdicts of the runs with regions rows (`b`: the partitioner's budget the regions graph was "
+                  "compiled at):", "",
+                  *verdict_table([v for v in verdicts(result["rows"]) if (v["model"], v["run"]) in regions_runs])]
     return "\n".join(lines) + "\n"
 
 
