@@ -20,7 +20,15 @@ settings alternate:
 * ``step_time_ratio`` and ``step_cpu_time_ratio``: median step time over eager plain training's in
   the same round, by the wall clock and by the stepping thread's CPU time (one torch thread, so
   the two agree on an idle machine; on a shared one the CPU clock leaves out the time other
-  processes took the core).
+  processes took the core). Each child also records, per timed step, the stepping thread's minor
+  page faults (the kernel's work zeroing fresh pages, which the CPU clock counts: with the mmap
+  threshold pinned every large tensor is a fresh mapping), its involuntary context switches
+  (``step_preemptions``: another process took the core, time the wall clock counts and the CPU clock
+  does not), and the CPU time the process's other threads took during a step (``other_threads_cpu_s``,
+  the most of any step: work the thread's clock would miss) and ``dynamo_events_in_timed_steps`` (a
+  recompilation would count there). Where wall and CPU ratios disagree, these
+  say whether the CPU clock missed work of the step (it would show as other threads' time) or the
+  step waited for the core.
 
 Settings: ``eager``; ``inductor:B`` compiles with ``activation_memory_budget = B``;
 ``edgetrain:R`` trains under ``Checkpointed(recompute=R)``; ``edgetrain:least`` at the least
@@ -30,11 +38,15 @@ weights, optimizer state and batch the chain holds anyway) is the tensor step pe
 ``edgetrain+compile:R`` and ``edgetrain+compile=inductor:B`` the same with every stage compiled by
 inductor before it is profiled and planned (``Checkpointed(compile_stages=True)``, NOTE [ Compiled
 stages ]). edgetrain plans with measured stage times and, for the traced models without
-compilation, recomputation inside coarse stages (``blocks=True``). ``edgetrain+regions=inductor:B``
-(not among the defaults: an experiment) plans one level of recomputation for the same matched
-budget (``planners/single_level.py``), runs its regions in ``torch.utils.checkpoint`` and compiles
-the whole model once, so that inductor fuses inside the regions and recomputes them in the
-backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/regions.py``).
+compilation, recomputation inside coarse stages (``blocks=True``). ``edgetrain+regions@b=inductor:B``
+(not among the defaults) plans one level of recomputation for the same matched budget
+(``planners/single_level.py``), runs its regions in ``torch.utils.checkpoint`` and compiles the
+whole model once at ``activation_memory_budget = b`` (1.0 where ``@b`` is left out), so that
+inductor's min-cut decides what to save outside the regions, fuses inside them and recomputes them
+in the backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/regions.py``); its
+row names the plan (``single_level_kinds``) and ``b``. A plan that keeps every stage is inductor's
+own graph at ``b``, and at ``b = B`` the verdict calls it the same graph, not a win. (``b = 0``
+saves only the graph's inputs and recomputes everything, so regions change nothing there.)
 
     python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
         [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
@@ -51,6 +63,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -173,42 +186,103 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
 
 
 def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
-                 match_step_bytes: int) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The whole model compiled once, with edgetrain's single-level plan as checkpoint regions inside it.
+                 match_step_bytes: int, partitioner_budget: float) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The whole model compiled once at ``activation_memory_budget = partitioner_budget``, with edgetrain's
+    single-level plan as checkpoint regions inside it: inductor's min-cut decides what to save outside the
+    regions, edgetrain's regions recompute whole stages (NOTE [ Checkpoint regions in one compiled graph ]).
 
-    Planned on the eager chain at its resident bytes plus inductor's measured step peak, then, as
-    :func:`edgetrain_step` does, the budget lowered by what the compiled step overshoots, up to four times.
+    Candidates, each compiled, its tensor step peak measured and 3 steps timed by the CPU clock: first the
+    plan that keeps every stage (inductor's own graph at this budget), then plans fitted to the measured step,
+    up to three: planned on the eager chain at its resident bytes plus inductor's measured step peak, then
+    the budget moved by what the compiled step over- or undershoots (down below the plan's own predicted
+    peak by an overshoot, so that the plan changes; up by an undershoot; halfway once both a fitting and an
+    overshooting budget are known). The eager chain is only a guide: compiled, the partitioner saves more or
+    less than eager around the regions. Kept: the fastest candidate within ``match_step_bytes``, else the one
+    with the least peak.
     """
+    import torch._functorch.config as functorch_config
+
     from edgetrain.errors import InfeasibleBudgetError
     from edgetrain.models import stages_of
-    from edgetrain.planners.single_level import single_level, single_level_plan
+    from edgetrain.planners.single_level import KEPT, single_level, single_level_plan
     from edgetrain.profile import profile
     from edgetrain.runtime import three_budgets
     from edgetrain.runtime.regions import Regions
     from edgetrain.schedule import simulate
+    functorch_config.activation_memory_budget = partitioner_budget
     chain = profile(model, x, y)
-    least = three_budgets(chain)[0]   # edgetrain's least; a single level may not get that low
-    budget = max(least, chain.resident_bytes + match_step_bytes)
-    fits: list[int] = []
-    for _ in range(4):
+    least, _, keep_all_bytes = three_budgets(chain)   # edgetrain's least; a single level may not get that low
+    tried: dict[tuple[int, ...], tuple[int, float, Callable[[], None]]] = {}   # kinds: (peak, CPU s, step)
+
+    def run(kinds: tuple[int, ...]) -> int:
+        if kinds not in tried:
+            compiled = torch.compile(Regions(stages_of(model), list(kinds[:-1])))
+            step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
+            step()
+            peak = step_tensor_peak_bytes(step)
+            tried[kinds] = (peak, statistics.median(cpu_seconds(step) for _ in range(3)), step)
+        return tried[kinds][0]
+
+    def predicted_bytes(kinds: tuple[int, ...]) -> int:
+        return simulate(chain, single_level(list(kinds))).peak_bytes
+
+    run((KEPT,) * chain.length)
+    budget = min(max(least, chain.resident_bytes + match_step_bytes), keep_all_bytes - 1)
+    fitting: list[int] = []   # budgets whose plan fitted, and (below) those whose plan overshot
+    over: list[int] = []
+    for _ in range(3):
         try:
-            kinds = single_level_plan(chain, budget)
-        except InfeasibleBudgetError:   # below what a single level reaches: keep the last plan that ran
-            if not fits:
-                raise
+            kinds = tuple(single_level_plan(chain, budget))
+        except InfeasibleBudgetError:   # below what a single level reaches
             break
-        compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
-        step = full_step(lambda c=compiled: nn.functional.cross_entropy(c(x), y).backward(), optimizer)
-        step()
-        fits.append(step_tensor_peak_bytes(step))
-        if fits[-1] <= match_step_bytes or budget <= least:
+        peak = run(kinds)
+        (fitting if peak <= match_step_bytes else over).append(budget)
+        if fitting and over:
+            budget = (max(fitting) + min(over)) // 2
+        elif fitting:
+            budget = min(budget + match_step_bytes - peak, keep_all_bytes - 1)
+        else:
+            budget = max(least, min(budget, predicted_bytes(kinds)) - (peak - match_step_bytes))
+        if budget in (*fitting, *over):   # no budget left to try
             break
-        budget = max(least, budget - (fits[-1] - match_step_bytes))
-    stats = simulate(chain, single_level(kinds))
-    return step, {"resident_bytes": chain.resident_bytes, "least_bytes": least, "budget_bytes": budget,
-                  "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
-                  "recompute_factor": stats.recompute_factor, "fit_step_peaks_bytes": fits,
-                  "single_level_kinds": "".join(".SR"[kind] for kind in kinds)}
+    fitted = [kinds for kinds, (peak, _, _) in tried.items() if peak <= match_step_bytes]
+    kinds = (min(fitted, key=lambda kinds: tried[kinds][1]) if fitted
+             else min(tried, key=lambda kinds: tried[kinds][0]))
+    stats = simulate(chain, single_level(list(kinds)))
+    return tried[kinds][2], {
+        "resident_bytes": chain.resident_bytes, "least_bytes": least,
+        "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
+        "recompute_factor": stats.recompute_factor, "partitioner_budget": partitioner_budget,
+        "single_level_kinds": kind_text(kinds),
+        "candidates": [{"kinds": kind_text(kinds), "step_tensor_peak_bytes": peak, "step_cpu_s": cpu_s}
+                       for kinds, (peak, cpu_s, _) in tried.items()]}
+
+
+def kind_text(kinds: tuple[int, ...]) -> str:
+    """A single-level plan as text: ``.`` a kept stage, ``S`` one that opens a region, ``R`` one that continues it."""
+    return "".join(".SR"[kind] for kind in kinds)
+
+
+def cpu_seconds(step: Callable[[], None]) -> float:
+    """The stepping thread's CPU time for one ``step()``."""
+    start = time.thread_time()
+    step()
+    return time.thread_time() - start
+
+
+def thread_counts(usage: Any = None) -> tuple[int, int]:
+    """The stepping thread's minor page faults and involuntary context switches (another process took its
+    core) so far, or in ``usage``: the first is step work the CPU clock counts (the kernel zeroing fresh
+    pages), the second is time the wall clock counts and the CPU clock does not."""
+    usage = usage or resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_minflt, usage.ru_nivcsw
+
+
+def dynamo_event_count() -> int:
+    """Everything torch._dynamo has counted so far (frames traced, graphs captured, recompilations): unchanged over
+    the timed steps when no step traced or compiled anything again."""
+    from torch._dynamo.utils import counters
+    return sum(sum(counter.values()) for counter in counters.values())
 
 
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
@@ -229,7 +303,8 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
     elif kind.startswith("edgetrain+regions"):
         assert match_step_bytes is not None, "edgetrain+regions is matched to an inductor setting"
-        step, info = regions_step(model, x, y, optimizer, match_step_bytes)
+        partitioner_budget = float(kind.partition("@")[2].partition("=")[0] or 1.0)
+        step, info = regions_step(model, x, y, optimizer, match_step_bytes, partitioner_budget)
     elif kind.startswith("edgetrain"):
         step, info = edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
     else:
@@ -238,15 +313,24 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         step()
     rest = read_process_memory().rss_bytes
     reset_peak()
-    times, cpu_times = [], []
+    dynamo_events = dynamo_event_count()
+    times, cpu_times, process_cpu_times, usages = [], [], [], []
     for _ in range(steps):
-        start, start_cpu = time.perf_counter(), time.thread_time()
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        start, start_cpu, start_process = time.perf_counter(), time.thread_time(), time.process_time()
         step()
         times.append(time.perf_counter() - start)
         cpu_times.append(time.thread_time() - start_cpu)
+        process_cpu_times.append(time.process_time() - start_process)
+        usages.append([after - before for after, before in zip(thread_counts(), thread_counts(usage), strict=True)])
     step_peak = read_process_memory().peak_rss_bytes - rest
+    dynamo_events = dynamo_event_count() - dynamo_events
+    faults, switches = (statistics.median(column) for column in zip(*usages, strict=True))
     print(json.dumps({"median_step_s": statistics.median(times), "median_step_cpu_s": statistics.median(cpu_times),
                       "step_cpu_s": cpu_times,
+                      "other_threads_cpu_s": max(p - c for p, c in zip(process_cpu_times, cpu_times, strict=True)),
+                      "step_minor_faults": faults, "step_preemptions": switches,
+                      "dynamo_events_in_timed_steps": dynamo_events,
                       "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
                       "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
 
@@ -298,8 +382,17 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
             values = [r[setting][key] / MiB for r in ok]
             row[key.replace("_bytes", "_mib")] = statistics.median(values)
             row[key.replace("_bytes", "_mib_range")] = [min(values), max(values)]
+        for key in ("step_minor_faults", "step_preemptions"):   # older runs' rows lack them
+            if all(key in r[setting] for r in ok):
+                row[key] = statistics.median(r[setting][key] for r in ok)
+        for key in ("other_threads_cpu_s", "dynamo_events_in_timed_steps"):   # the most of any round
+            if all(key in r[setting] for r in ok):
+                row[key] = max(r[setting][key] for r in ok)
+        for key in ("single_level_kinds", "candidates"):   # a regions row's plan may differ between rounds
+            if all(key in r[setting] for r in ok):
+                row[f"{key}_by_round"] = [r[setting][key] for r in ok]
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes", "single_level_kinds"):
+                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)
@@ -320,29 +413,61 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
               f"{row['step_cpu_time_ratio']:9.2f} {low:5.2f}-{high:4.2f}  {rho}", flush=True)
 
 
-def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def configuration(row: dict[str, Any]) -> str:
+    """What a regions row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
+    continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``; round by
+    round where the rounds' fits picked different plans."""
+    if "+regions" not in row["setting"]:
+        return row["setting"]
+    budget = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
+    plans = list(dict.fromkeys(row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "")])))
+    named = [f"regions {kinds}" if "S" in kinds else f"no regions (inductor:{budget}'s graph)" for kinds in plans]
+    return f"b={budget}, " + (named[0] if len(named) == 1 else "by round: " + "; ".join(named))
+
+
+def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
+    """Whether ``row`` ran the very graph of inductor ``level`` in every round: regions that keep every stage,
+    at its budget."""
+    plans = row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "S")])
+    return ("+regions" in row["setting"] and not any("S" in kinds for kinds in plans)
+            and f"inductor:{row.get('partitioner_budget', 1.0)}" == level["setting"])
+
+
+def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict[str, Any]]:
     """Per model and inductor level: edgetrain's fastest setting whose tensor step peak is not above it.
 
-    Time by the CPU clock (the ratio to eager in the same round). ``below_floor``: edgetrain's
-    least-memory step against the least tensor peak any inductor setting reached.
+    Rows are compared only with rows of the same run (of a merged result): each ratio is to eager in its own
+    round, and runs differ in load. Time by the CPU clock. ``below_floor``: edgetrain's
+    least-memory step against the least tensor peak any inductor setting reached. ``with_regions=False``
+    leaves the ``edgetrain+regions`` rows out (edgetrain's own plans, eager or per-stage compiled, alone);
+    ``same_graph``: the fastest is inductor's own graph at that level (no regions, the same budget), a tie
+    by construction whatever the clocks say.
     """
     out = []
-    for name in dict.fromkeys(row["model"] for row in rows):
-        ran = [row for row in rows if row["model"] == name and "error" not in row]
+    for name, run in dict.fromkeys((row["model"], row.get("run", 0)) for row in rows):
+        ran = [row for row in rows if (row["model"], row.get("run", 0)) == (name, run) and "error" not in row]
         inductor = [row for row in ran if row["setting"].startswith("inductor:")]
-        ours = [row for row in ran if row["setting"].startswith("edgetrain")]
+        ours = [row for row in ran if row["setting"].startswith("edgetrain")
+                and (with_regions or "+regions" not in row["setting"])]
+        if not ours:   # a run of yardsticks and regions rows only, without them
+            continue
         for level in inductor:
             fitting = [row for row in ours if row["step_tensor_peak_mib"] <= level["step_tensor_peak_mib"]]
             best = min(fitting, key=lambda row: row["step_cpu_time_ratio"], default=None)
-            out.append({"model": name, "inductor": level["setting"], "inductor_mib": level["step_tensor_peak_mib"],
+            out.append({"model": name, "run": run, "inductor": level["setting"],
+                        "inductor_mib": level["step_tensor_peak_mib"],
                         "inductor_cpu_ratio": level["step_cpu_time_ratio"],
-                        "edgetrain": best and best["setting"], "edgetrain_mib": best and best["step_tensor_peak_mib"],
+                        "edgetrain": best and configuration(best),
+                        "edgetrain_mib": best and best["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": best and best["step_cpu_time_ratio"],
+                        "same_graph": best is not None and same_graph(best, level),
                         "no_slower": best is not None and best["step_cpu_time_ratio"] <= level["step_cpu_time_ratio"]})
-        least = next((row for row in ours if row["setting"] == "edgetrain:least"), None)
+        least = min((row for row in ours if row["setting"] == "edgetrain:least" or "+regions" in row["setting"]),
+                    key=lambda row: row["step_tensor_peak_mib"], default=None)
         if inductor and least:
             floor = min(row["step_tensor_peak_mib"] for row in inductor)
-            out.append({"model": name, "inductor": "floor", "inductor_mib": floor, "edgetrain": least["setting"],
+            out.append({"model": name, "run": run, "inductor": "floor", "inductor_mib": floor,
+                        "edgetrain": configuration(least),
                         "edgetrain_mib": least["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": least["step_cpu_time_ratio"],
                         "below_floor": least["step_tensor_peak_mib"] < floor})
@@ -362,21 +487,28 @@ def run_header(run: dict[str, Any], models: list[str]) -> list[str]:
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs' JSONs as one: each row tagged with the index of its run under ``runs`` (that run's
-    command, date and load), a later run's rows replacing an earlier one's for a model both ran."""
+    command, date and load), a later run's edgetrain row replacing an earlier one's for the same model and
+    setting. An eager or inductor row stays while its run keeps an edgetrain row of that model (it is their
+    yardstick: :func:`verdicts` compares rows of one run only), or while it is the latest of its setting.
+    A model's rows stay together, in the order they were first run."""
     pairs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []   # (a run's settings, its rows)
     for result in results:
         for index, run in enumerate(result.get("runs", [result])):   # a merged result keeps its runs apart
             rows = [row for row in result["rows"] if row.get("run", 0) == index]
             pairs.append(({k: v for k, v in run.items() if k not in ("rows", "models_given")}, rows))
-    latest = {row["model"]: number for number, (_, rows) in enumerate(pairs) for row in rows}
+    latest = {(row["model"], row["setting"]): number for number, (_, rows) in enumerate(pairs) for row in rows}
+    measured = {(row["model"], number) for number, (_, rows) in enumerate(pairs) for row in rows
+                if row["setting"].startswith("edgetrain") and latest[row["model"], row["setting"]] == number}
     runs: list[dict[str, Any]] = []
     merged: list[dict[str, Any]] = []
     for number, (run, rows) in enumerate(pairs):
-        kept = [row for row in rows if latest[row["model"]] == number]
+        kept = [row for row in rows if latest[row["model"], row["setting"]] == number
+                or (not row["setting"].startswith("edgetrain") and (row["model"], number) in measured)]
         if kept:
             merged += [{**row, "run": len(runs)} for row in kept]
             runs.append({**run, "models_given": list(dict.fromkeys(row["model"] for row in kept))})
-    return {"runs": runs, "rows": merged}
+    order = list(dict.fromkeys(row["model"] for row in merged))
+    return {"runs": runs, "rows": sorted(merged, key=lambda row: order.index(row["model"]))}
 
 
 def spread(row: dict[str, Any], key: str, digits: int) -> str:
@@ -386,14 +518,35 @@ def spread(row: dict[str, Any], key: str, digits: int) -> str:
     return text if f"{low:.{digits}f}" == f"{high:.{digits}f}" else f"{text} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def verdict_table(rows: list[dict[str, Any]]) -> list[str]:
+    """:func:`verdicts` as markdown lines."""
+    lines = ["| model | run | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
+             "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for v in rows:
+        if v["inductor"] == "floor":
+            verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
+            lines.append(f"| {v['model']} | {v['run'] + 1} | least of any budget | {mib(v['inductor_mib'])} | | "
+                         f"{v['edgetrain']} | "
+                         f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
+            continue
+        verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
+        verdict = "the same graph (a tie)" if v["same_graph"] else verdict
+        lines.append(f"| {v['model']} | {v['run'] + 1} | {v['inductor']} | {mib(v['inductor_mib'])} | "
+                     f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
+                     f"{ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The run (or merged runs) as markdown: every setting's row, then the verdict per inductor level."""
-    def mib(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
-    def ratio(value: float | None) -> str:
-        return "-" if value is None else f"{value:.2f}"
-
     runs = result.get("runs") or merge([result])["runs"]
     lines = ["# torch.compile's activation memory budget against edgetrain, per model", ""]
     for number, run in enumerate(runs, 1):
@@ -402,29 +555,24 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["The CPU clock's ratio is the time verdict. With several rounds a figure is their median, with the "
               "least and most in parentheses where they differ.", "",
               "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
-              "step CPU CoV % | wall / eager | planned ρ |", "|---|---|---|---|---|---|---|---|---|"]
+              "step CPU CoV % | wall / eager | planned ρ | run |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | | |")
+            lines.append(f"| {row['model']} | {row['setting']} | {row['error']} | | | | | | | "
+                         f"{row.get('run', 0) + 1} |")
             continue
         lines.append(f"| {row['model']} | {row['setting']} | {spread(row, 'step_tensor_peak_mib', 1)} | "
                      f"{spread(row, 'step_peak_mib', 1)} | {mib(row['rest_rss_mib'])} | "
                      f"{spread(row, 'step_cpu_time_ratio', 2)} | {mib(row.get('step_cpu_cov_pct'))} | "
                      f"{spread(row, 'step_time_ratio', 2)} | "
-                     f"{ratio(row.get('recompute_factor'))} |")
-    lines += ["", "| model | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
-              "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|"]
-    for v in verdicts(result["rows"]):
-        if v["inductor"] == "floor":
-            verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
-            lines.append(f"| {v['model']} | least of any budget | {mib(v['inductor_mib'])} | | {v['edgetrain']} | "
-                         f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
-            continue
-        verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
-        lines.append(f"| {v['model']} | {v['inductor']} | {mib(v['inductor_mib'])} | "
-                     f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
-                     f"{ratio(v['edgetrain_cpu_ratio'])} | "
-                     f"{verdict} |")
+                     f"{ratio(row.get('recompute_factor'))} | {row.get('run', 0) + 1} |")
+    regions_runs = {(row["model"], row.get("run", 0)) for row in result["rows"] if "+regions" in row["setting"]}
+    lines += ["", "Verdicts by edgetrain's own plans (eager stages, and stages compiled one by one):", "",
+              *verdict_table(verdicts(result["rows"], with_regions=False))]
+    if regions_runs:
+        lines += ["", "Verdicts of the runs with regions rows (`b`: the partitioner's budget the regions graph was "
+                  "compiled at):", "",
+                  *verdict_table([v for v in verdicts(result["rows"]) if (v["model"], v["run"]) in regions_runs])]
     return "\n".join(lines) + "\n"
 
 

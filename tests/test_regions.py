@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -92,8 +95,69 @@ def test_uncompiled_regions_give_plain_autograd_gradients() -> None:
 
 @pytest.mark.slow   # ~30 s on a cold inductor cache; the default run checks the same regions uncompiled
 @pytest.mark.filterwarnings("ignore")
-def test_regions_compiled_whole_give_plain_autograd_gradients() -> None:
-    """In float64: inductor's fused float32 reductions round differently from eager's, ~1e-6 relative on their own."""
+@pytest.mark.parametrize("partitioner_budget", [1.0, 0.5])
+def test_regions_compiled_whole_give_plain_autograd_gradients(partitioner_budget: float) -> None:
+    """In float64: inductor's fused float32 reductions round differently from eager's, ~1e-6 relative on their own.
+    At a partitioner budget below 1 inductor also recomputes what lies outside the regions."""
+    import torch._functorch.config as functorch_config
     model, x, y, kinds, _ = case(tiny_mlp, (16, 32), torch.float64)
     compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
-    assert gradient_error(model, compiled, x, y) <= 1e-6
+    with functorch_config.patch(activation_memory_budget=partitioner_budget):
+        assert gradient_error(model, compiled, x, y) <= 1e-6
+
+
+def _compile_budget_benchmark() -> Any:
+    """benchmarks/compile_budget.py as a module (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_budget.py"
+    spec = importlib.util.spec_from_file_location("bench_compile_budget", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(setting: str, mib: float, cpu_ratio: float, **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "setting": setting, "step_tensor_peak_mib": mib, "step_cpu_time_ratio": cpu_ratio, **extra}
+
+
+def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_graph_not_a_win() -> None:
+    # Prepare: inductor at 1.0 and 0.5; regions at b=0.5 that keep every stage (inductor 0.5's own graph, timed a
+    # hair faster), and regions at b=1.0 that recompute two stages, under 1.0's peak.
+    bench = _compile_budget_benchmark()
+    rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8),
+            _row("edgetrain:least", 50.0, 1.5),
+            _row("edgetrain+regions@0.5=inductor:0.5", 70.0, 0.79, partitioner_budget=0.5,
+                 single_level_kinds="....."),
+            _row("edgetrain+regions@1.0=inductor:1.0", 90.0, 0.75, partitioner_budget=1.0,
+                 single_level_kinds="SR..."),
+            _row("edgetrain+regions=inductor:0.5", 60.0, 1.2, single_level_kinds="S.S..")]   # b=1.0 by default
+    # Execute
+    with_regions = {v["inductor"]: v for v in bench.verdicts(rows)}
+    without = {v["inductor"]: v for v in bench.verdicts(rows, with_regions=False)}
+    # Assert: at 0.5 the pick is inductor's graph, a tie; at 1.0 regions at b=1.0 win; the floor is the least peak
+    # of edgetrain:least and the regions rows; without the regions rows only edgetrain:least fits.
+    assert with_regions["inductor:0.5"]["same_graph"]
+    assert with_regions["inductor:0.5"]["edgetrain"] == "b=0.5, no regions (inductor:0.5's graph)"
+    assert with_regions["inductor:1.0"]["edgetrain"] == "b=1.0, regions SR..." and with_regions["inductor:1.0"][
+        "no_slower"] and not with_regions["inductor:1.0"]["same_graph"]
+    assert with_regions["floor"]["edgetrain_mib"] == 50.0 and with_regions["floor"]["below_floor"]
+    assert [without[level]["edgetrain"] for level in ("inductor:1.0", "inductor:0.5")] == ["edgetrain:least"] * 2
+    assert not without["inductor:0.5"]["same_graph"]
+
+
+def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks() -> None:
+    # Prepare: an old run with edgetrain:least and regions at 1.0, a new one that reruns the regions and inductor
+    bench = _compile_budget_benchmark()
+    old = {"date": "old", "rows": [_row("inductor:1.0", 9.0, 1.0), _row("edgetrain:least", 5.0, 1.5),
+                                   _row("edgetrain+regions=inductor:1.0", 8.0, 1.2, single_level_kinds="S..")]}
+    new = {"date": "new", "rows": [_row("inductor:1.0", 9.0, 0.9),
+                                   _row("edgetrain+regions=inductor:1.0", 9.0, 0.9, single_level_kinds="...")]}
+    # Execute
+    merged = bench.merge([old, new])
+    # Assert: the old inductor row stays as edgetrain:least's yardstick; each verdict compares rows of one run
+    assert [(row["setting"], merged["runs"][row["run"]]["date"]) for row in merged["rows"]] == [
+        ("inductor:1.0", "old"), ("edgetrain:least", "old"), ("inductor:1.0", "new"),
+        ("edgetrain+regions=inductor:1.0", "new")]
+    levels = [(v["run"], v["edgetrain"], v["same_graph"]) for v in bench.verdicts(merged["rows"])
+              if v["inductor"] == "inductor:1.0"]
+    assert levels == [(0, "edgetrain:least", False), (1, "b=1.0, no regions (inductor:1.0's graph)", True)]
