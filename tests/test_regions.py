@@ -101,6 +101,7 @@ def test_regions_compiled_whole_give_plain_autograd_gradients(partitioner_budget
     At a partitioner budget below 1 inductor also recomputes what lies outside the regions."""
     import torch._functorch.config as functorch_config
     model, x, y, kinds, _ = case(tiny_mlp, (16, 32), torch.float64)
+    torch._dynamo.reset()  # else the other budget's compiled code is reused: the budget is not in dynamo's guards
     compiled = torch.compile(Regions(stages_of(model), kinds[:-1]))
     with functorch_config.patch(activation_memory_budget=partitioner_budget):
         assert gradient_error(model, compiled, x, y) <= 1e-6
