@@ -7,7 +7,6 @@ Processes talk over gloo on 127.0.0.1 on ports picked free (bound to 0), so para
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from benchmark_scripts import load_benchmark
 from torch import nn
 
 from edgetrain.chain import Chain
@@ -453,20 +453,10 @@ def test_a_node_reads_a_profile_it_measured_before_at_the_same_share(tmp_path: P
         node.profile_share(model, x[:2], y[:2], replace(config, batch=2), tmp_path)
 
 
-def _cluster_benchmark() -> Any:
-    """benchmarks/cluster.py as a module (benchmarks/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cluster.py"
-    spec = importlib.util.spec_from_file_location("bench_cluster", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> None:
+def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: three runs of one scaling point (the warm-up step is left out of each run's median), and three
     # failure runs of which one never had its fault injected (no detection, no stall).
-    bench = _cluster_benchmark()
+    bench = load_benchmark("cluster", monkeypatch)
     steps = [{"time_s": 9.0, "sync_s": 9.0}, {"time_s": 2.0, "sync_s": 1.0}, {"time_s": 4.0, "sync_s": 1.0},
              {"time_s": 3.0, "sync_s": 3.0}]
     runs = [{"step_s": s, "sync_share": share, "restarts": 0, "steps_timed": 3, "emulation": "e"}

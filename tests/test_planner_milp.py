@@ -9,17 +9,14 @@ tiny chains.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import random
-import sys
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from calibration import TEST_HOST
 from torch import nn
 
@@ -468,21 +465,10 @@ def test_resnet18_operator_graph_solves_to_a_checked_schedule() -> None:
         assert math.isfinite(result.mip_gap)
 
 
-def _energy_benchmark(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """benchmarks/energy.py as a module (benchmarks/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "energy.py"
-    spec = importlib.util.spec_from_file_location("bench_energy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_energy_benchmark_tables_each_milp_variant_with_the_spread_of_its_solves(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: two variants' rows as operator_milp_times writes them, three solves and one.
-    bench = _energy_benchmark(monkeypatch)
+    bench = load_benchmark("energy", monkeypatch)
     rows = [{"activation_fraction": 0.6, "variant": "no paging", "memory_bps": 2e9, "status": "time_limit",
              "energy_j": 18.0650001, "one_pass_energy_j": 17.567, "mip_gaps": [5e-4, 5.6e-4, 1e-4],
              "statuses": ["time_limit", "optimal", "time_limit"], "energies_j": [18.0650001, 18.065, 18.06],

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from torch import nn
 
 from edgetrain.models import stages_of
@@ -107,24 +106,15 @@ def test_regions_compiled_whole_give_plain_autograd_gradients(partitioner_budget
         assert gradient_error(model, compiled, x, y) <= 1e-6
 
 
-def _compile_budget_benchmark() -> Any:
-    """benchmarks/compile_budget.py as a module (benchmarks/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_budget.py"
-    spec = importlib.util.spec_from_file_location("bench_compile_budget", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _row(setting: str, mib: float, cpu_ratio: float, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "setting": setting, "step_tensor_peak_mib": mib, "step_cpu_time_ratio": cpu_ratio, **extra}
 
 
-def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_graph_not_a_win() -> None:
+def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_graph_not_a_win(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: inductor at 1.0 and 0.5; regions at b=0.5 that keep every stage (inductor 0.5's own graph, timed a
     # hair faster), and regions at b=1.0 that recompute two stages, under 1.0's peak.
-    bench = _compile_budget_benchmark()
+    bench = load_benchmark("compile_budget", monkeypatch)
     rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8),
             _row("edgetrain:least", 50.0, 1.5),
             _row("edgetrain+regions@0.5=inductor:0.5", 70.0, 0.79, partitioner_budget=0.5,
@@ -146,9 +136,10 @@ def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_g
     assert not without["inductor:0.5"]["same_graph"]
 
 
-def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks() -> None:
+def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: an old run with edgetrain:least and regions at 1.0, a new one that reruns the regions and inductor
-    bench = _compile_budget_benchmark()
+    bench = load_benchmark("compile_budget", monkeypatch)
     old = {"date": "old", "rows": [_row("inductor:1.0", 9.0, 1.0), _row("edgetrain:least", 5.0, 1.5),
                                    _row("edgetrain+regions=inductor:1.0", 8.0, 1.2, single_level_kinds="S..")]}
     new = {"date": "new", "rows": [_row("inductor:1.0", 9.0, 0.9),
