@@ -45,14 +45,15 @@ def main(paths: list[str]) -> None:
         sys.exit("usage: python benchmarks/insitu_table.py REPORT.json ...")
     print("| run | " + " | ".join(name for name, _ in COLUMNS) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
+    reports = [(Path(path).stem, json.loads(Path(path).read_text())) for path in paths]
     rows = []
-    for path in paths:
-        rows.append(_row(json.loads(Path(path).read_text())))
-        print(f"| {Path(path).stem} | " + " | ".join(f"{v:.3f}" if v < 10 else f"{v:.0f}" for v in rows[-1]) + " |")
+    for name, report in reports:
+        rows.append(_row(report))
+        print(f"| {name} | " + " | ".join(f"{v:.3f}" if v < 10 else f"{v:.0f}" for v in rows[-1]) + " |")
     mean = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
     print("| mean | " + " | ".join(f"{v:.3f}" if v < 10 else f"{v:.0f}" for v in mean) + " |")
-    ranked = {Path(path).stem: json.loads(Path(path).read_text())["self_training"][-1] for path in paths}
-    ranked = {name: row for name, row in ranked.items() if "precision_at_0.8" in row}
+    last_rounds = {name: report["self_training"][-1] for name, report in reports}
+    ranked = {name: row for name, row in last_rounds.items() if "precision_at_0.8" in row}
     if ranked:
         print("\n| run | label precision, surest 1.0 | 0.8 | 0.5 |\n|---|---|---|---|")
         for name, row in ranked.items():
