@@ -103,7 +103,7 @@ __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "
            "PROPAGATION", "RULES", "elevation_deg", "competence_weights", "Alignment", "fit_alignment",
            "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
            "TrackEvidence", "track_evidence", "size_scores", "size_labels", "min_margin", "StreamFit",
-           "fit_stream", "fold_of_tracks", "cross_fitted_scores", "cross_fitted_labels"]
+           "fit_stream", "fold_of_tracks", "cross_fitted_scores", "cross_fitted_labels", "score_margins"]
 
 PROPAGATION = ("track", "forward", "none")
 # NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
@@ -336,7 +336,7 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
     tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
     scores = size_scores(tracks, fit_size_model(tracks, min_frames=config.min_track_frames) if sizes is None else sizes)
     margin = min_margin(scores, tracks.frames, config.coverage) if margin is None else margin
-    sure = (_margins(scores) >= margin) & (tracks.frames >= config.min_track_frames)
+    sure = (score_margins(scores) >= margin) & (tracks.frames >= config.min_track_frames)
     by_track = {tid: int(label) if ok else None for tid, label, ok in zip(tracks.ids, scores.argmax(axis=1), sure,
                                                                            strict=True)}
     return [by_track[int(tid)] for tid in ids], weights >= 1.0
@@ -460,7 +460,7 @@ def size_labels(tracks: TrackEvidence, model: SizeModel | None = None) -> list[i
     return [int(label) for label in size_scores(tracks, model).argmax(axis=1)]
 
 
-def _margins(scores: np.ndarray) -> np.ndarray:
+def score_margins(scores: np.ndarray) -> np.ndarray:
     """Each row's best score minus its second best (m,)."""
     top = np.sort(scores, axis=1)
     return top[:, -1] - top[:, -2]
@@ -477,7 +477,7 @@ def min_margin(scores: np.ndarray, frames: np.ndarray, coverage: float) -> float
         raise ValueError(f"the labelled share of detections must be in (0, 1], got {coverage}")
     if coverage >= 1.0 or len(scores) == 0:
         return float("-inf")
-    margins = _margins(scores)
+    margins = score_margins(scores)
     order = np.argsort(-margins, kind="stable")
     held = np.cumsum(frames[order]) / frames.sum()
     return float(margins[order[int(np.searchsorted(held, coverage - 1e-12))]])
@@ -553,6 +553,6 @@ def cross_fitted_labels(evidence: TrackEvidence, coverage: float) -> dict[int, i
     others get no label (NOTE [ Cross-fitted self-training ]).
     """
     least = min_margin(evidence.posteriors, evidence.frames, coverage)
-    sure = _margins(evidence.posteriors) >= least
+    sure = score_margins(evidence.posteriors) >= least
     return {tid: int(label) for tid, label, ok in zip(evidence.ids, evidence.posteriors.argmax(axis=1), sure,
                                                        strict=True) if ok}

@@ -30,6 +30,7 @@ from .labels import (
     fold_of_tracks,
     label_detections,
     relabel_tracks,
+    score_margins,
 )
 from .model import FitConfig, Outputs, fit, predict
 from .motion import DETECTORS, run_detector, score_boxes
@@ -229,8 +230,7 @@ class _StreamOutcome:
 
         Tracks ranked as :func:`cross_fitted_labels` ranks them (the difference of their two best posteriors).
         """
-        top = np.sort(evidence.posteriors, axis=1)
-        order = np.argsort(-(top[:, -1] - top[:, -2]), kind="stable")
+        order = np.argsort(-score_margins(evidence.posteriors), kind="stable")
         right = held = 0
         rows: list[tuple[float, float]] = []
         for i in order:
