@@ -100,12 +100,12 @@ def simulate_command(
     from .units import parse_bytes
 
     overrides: dict[str, Any] = {"replay_crops": replay_crops, **(QUICK if quick else {})}
-    folds = (2 if labels == "size" else 0) if round_folds is None else round_folds
+    folds = (SimulateConfig.round_folds if labels == "size" else 0) if round_folds is None else round_folds
+    kept = (SimulateConfig.round_coverage if folds else 1.0) if round_coverage is None else round_coverage
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
-                            round_folds=folds, round_coverage=(0.8 if folds else 1.0) if round_coverage is None
-                            else round_coverage,
+                            round_folds=folds, round_coverage=kept,
                             replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage),
                             **overrides)
     if store.exists():
