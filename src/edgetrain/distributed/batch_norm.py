@@ -186,10 +186,7 @@ def _cross_node_copy(norm: nn.modules.batchnorm._BatchNorm) -> CrossNodeBatchNor
 @contextlib.contextmanager
 def cross_node_statistics(model: nn.Module) -> Iterator[None]:
     """While inside (one training step), ``model``'s :class:`CrossNodeBatchNorm` layers normalise over the global
-    batch; each starts the step with no statistics."""
-    for module in model.modules():
-        if isinstance(module, CrossNodeBatchNorm):
-            module._step_statistics = None
+    batch; each starts the step with no statistics (it is left with none)."""
     token = _ACTIVE.set(True)
     try:
         yield
