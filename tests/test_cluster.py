@@ -43,8 +43,8 @@ GLOBAL_BATCH = 8
 SHARES = (5, 3)  # unequal on purpose: a plain 1/N average would be wrong
 REL_TOL = 1e-5   # float32 sums in another order: measured differences are ~1e-7 relative
 NORM_STEPS = 6
-NORM_REL_TOL = 1e-10   # float64; in float32 ResNet-18's cross-node gradients differ by up to 6e-3 relative
-# from one process's where a channel's sum of gradients cancels (both are rounding: in float64 they agree to 3e-14)
+NORM_REL_TOL = 1e-10   # float64: in float32 the cross-node sums' other order differs by far more than 1e-5 where a
+# channel's sum of gradients nearly cancels, which no float32 tolerance tells from a bug
 
 
 def _free_port() -> int:
