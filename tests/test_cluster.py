@@ -397,8 +397,10 @@ def test_sigterm_to_the_supervisor_ends_its_nodes(tmp_path: Path) -> None:
     if hung:
         for pid in filter(_running, nodes):
             os.kill(pid, signal.SIGKILL)
-        # Known and open (session 10): in 2 of 2 full CI runs, never in 30 runs alone or beside the cluster tests,
-        # the supervisor did not end within 90 s of SIGTERM. Quarantined to this one symptom, with what it shows.
+        # Seen in about 1 of 4 full suites, never alone. Its report (session 11) showed the cause: SIGTERM's
+        # SystemExit raised inside logging's at-fork hook, which Python ignores; now also recorded and unwound
+        # by the watch loop (test_a_sigterm_whose_exit_is_swallowed_...). Kept as an xfail with its report in
+        # case another cause remains.
         pytest.xfail(f"supervisor still running 90 s after SIGTERM: {hung}")
     # Assert: the supervisor ended with SIGTERM's status, its nodes (and any spare) with it.
     assert proc.returncode == 128 + signal.SIGTERM
@@ -410,6 +412,26 @@ def test_sigterm_to_the_supervisor_ends_its_nodes(tmp_path: Path) -> None:
     for pid in left:  # never leave them behind, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert left == {}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")   # the swallowed exit, on purpose
+def test_a_sigterm_whose_exit_is_swallowed_still_unwinds_the_supervisor() -> None:
+    # Prepare: inside the supervisor's SIGTERM handling, a callback whose exceptions Python prints and ignores
+    # (as it does in logging's at-fork hook, where CI saw the supervisor's SIGTERM lost).
+    from edgetrain.distributed import local
+
+    class SwallowsExceptions:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGTERM)   # the handler runs here: its SystemExit is "ignored"
+
+    with local._termination_unwinds():
+        # Execute
+        callback = SwallowsExceptions()
+        del callback
+        # Assert: the signal was not lost; the watch loop's check unwinds with SIGTERM's status
+        with pytest.raises(SystemExit) as unwound:
+            local._unwind_if_terminated()
+    assert unwound.value.code == 128 + signal.SIGTERM
 
 
 def _hang_report(proc: subprocess.Popen[bytes], stderr: Path) -> str:

@@ -28,7 +28,11 @@ The nodes and spares run in sessions of their own (a signal meant for one reache
 process group), so a signal to the supervisor does not reach them: SIGTERM, like SIGINT, unwinds
 the supervisor through its ``finally`` blocks, which kill and reap every node and spare
 (``_termination_unwinds``); its default action would end the supervisor at once and leave them
-training on.
+training on. The SystemExit the handler raises can be swallowed: a signal that arrives while
+the interpreter runs a callback it cannot propagate from (logging's at-fork hook, run in the
+parent after every ``Popen``'s fork) is printed as "Exception ignored" and the supervisor went
+on watching, its nodes training (CI, 1 run in about 4 full suites). So the handler also records
+the signal, and the watch loop unwinds on it (``_unwind_if_terminated``).
 
 NOTE [ Warm spares ]
 Most of a re-form's time went into starting fresh processes: importing torch and the first
@@ -71,6 +75,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ..errors import EdgetrainError
@@ -219,18 +224,33 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
     return report
 
 
+_TERMINATED: list[int] = []   # signals received inside _termination_unwinds, whether or not their SystemExit got out
+
+
 @contextlib.contextmanager
 def _termination_unwinds() -> Iterator[None]:
     """While inside (in the main thread), SIGTERM raises SystemExit, so the supervisor's ``finally`` blocks kill
-    its nodes and spares (NOTE [ Supervision ])."""
+    its nodes and spares, and is recorded for :func:`_unwind_if_terminated` (NOTE [ Supervision ])."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, exit_on_signal)
+    _TERMINATED.clear()
+    previous = signal.signal(signal.SIGTERM, _record_and_exit)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _record_and_exit(signum: int, frame: FrameType | None) -> None:
+    _TERMINATED.append(signum)
+    exit_on_signal(signum, frame)
+
+
+def _unwind_if_terminated() -> None:
+    """Raise the SystemExit of a SIGTERM whose own was swallowed (NOTE [ Supervision ])."""
+    if _TERMINATED:
+        raise SystemExit(128 + _TERMINATED[-1])
 
 
 def _network(stack: contextlib.ExitStack, config: TrainConfig, nodes: Sequence[NodeSpec],
@@ -432,6 +452,7 @@ class _Group:
         injected: dict[int, float] = {}
         while True:
             time.sleep(0.05)
+            _unwind_if_terminated()
             now = time.time()
             step, step_time = _last_step(self.metrics)
             last = report.failures[-1] if report.failures else None
