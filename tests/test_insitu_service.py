@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from edgetrain.insitu.motion import MotionConfig, detect_motion, match_sources, 
 from edgetrain.insitu.service import Serving, camera_chunks
 from edgetrain.insitu.store import FrameStore, encode_png
 from edgetrain.insitu.student import StudentConfig, held_out, load_promoted, write_config
-from edgetrain.insitu.teacher import Teacher, save_teacher
+from edgetrain.insitu.teacher import Teacher, load_teacher, save_teacher
 from edgetrain.insitu.world import CLASSES, POLE, STEEP, ObjectTruth, Video, render_video, write_video
 
 pytest.importorskip("scipy")
@@ -284,3 +285,110 @@ def test_the_report_plots_teacher_and_student_over_time(tmp_path: Path) -> None:
     assert early.exit_code == 2 and not (tmp_path / "x.png").exists()
     assert early.stderr.strip() == f"error: {tmp_path / 'early.jsonl'} has no student status lines (has the student " \
                                    f"trained a round yet?)"
+
+
+def _state(pid: int) -> str:
+    """The process's scheduler state from /proc (``T``: stopped by a signal)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _state_within(pid: int, wanted: str, timeout_s: float = 2.0) -> str:
+    """The state once it is ``wanted`` or after ``timeout_s``: a signal is delivered asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while (state := _state(pid)) != wanted and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return state
+
+
+@pytest.mark.parametrize("pause_per_frame", [True, False])
+def test_the_student_is_stopped_while_a_frame_is_inferred_and_runs_between(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pause_per_frame: bool) -> None:
+    from collections import deque
+
+    from edgetrain.insitu import service
+
+    teacher = load_teacher(_sure_teacher(tmp_path / "teacher.pt"))
+    video = render_video(STEEP, 12, seed=1, rate=0.3)  # detections on frames 4-11
+    student = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"])
+    states_in_frames: list[str] = []
+    real_predict = service.predict
+
+    def predict_noting_the_student(model: torch.nn.Sequential, crops: np.ndarray) -> Any:
+        states_in_frames.append(_state_within(student.pid, "T") if pause_per_frame else _state(student.pid))
+        return real_predict(model, crops)
+
+    monkeypatch.setattr(service, "predict", predict_noting_the_student)
+    config = service.ServiceConfig(camera="0", memory_bytes=2**30, chunk_frames=12, pause_per_frame=pause_per_frame)
+    try:
+        _, latencies_s, _ = service._infer_chunk(video, 0, teacher, Serving(teacher.model), config, deque(), student)
+        after = _state_within(student.pid, "S")
+    finally:
+        student.kill()
+        student.wait()
+
+    # Two classifications (the serving model's, the teacher's) a frame with detections.
+    assert len(states_in_frames) == 2 * len(latencies_s) > 0
+    if pause_per_frame:
+        assert set(states_in_frames) == {"T"}
+    else:
+        assert "T" not in states_in_frames
+    assert after == "S"  # continued once the frames are answered (it sleeps in its loop)
+
+
+@pytest.mark.parametrize(("rate_hz", "work_s", "arrivals_s"), [
+    (10.0, [0.03] * 4, [0.0, 0.1, 0.2, 0.3]),  # faster than the camera: each frame waits for its time
+    (10.0, [0.15] * 4, [0.0, 0.15, 0.3, 0.45]),  # slower: frames are there at once, none is waited for
+    (10.0, [0.25, 0.01, 0.01, 0.01], [0.0, 0.25, 0.26, 0.3]),  # late once: the queued frames, then on time again
+    (None, [0.03] * 4, [0.0, 0.03, 0.06, 0.09]),  # no rate: as fast as the path goes
+])
+def test_frames_arrive_at_the_cameras_times_or_at_once_when_late(
+        monkeypatch: pytest.MonkeyPatch, rate_hz: float | None, work_s: list[float], arrivals_s: list[float]) -> None:
+    from edgetrain.insitu import service
+
+    now = [0.0]
+
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            return now[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            now[0] += seconds
+
+    monkeypatch.setattr(service, "time", Clock)
+    arrivals = service._arrivals(rate_hz)
+    seen = []
+    for work in work_s:
+        next(arrivals)
+        seen.append(now[0])
+        now[0] += work
+    assert seen == pytest.approx(arrivals_s, abs=1e-12)
+
+
+def test_the_whole_service_stays_inside_its_memory_as_the_kernel_counts_it(tmp_path: Path) -> None:
+    from test_process_budget import memory_cgroup, run_in
+
+    # A cgroup whose limit is --memory holds the inference process and the student it starts (a child
+    # inherits its parent's cgroup); the kernel kills the service if both together go above it.
+    store = tmp_path / "node"
+    store.mkdir()
+    _sure_teacher(store / "teacher.pt")  # a node ships with its teacher: no training inside the budget
+    memory_bytes = 2**30
+    with memory_cgroup(memory_bytes) as cgroup:
+        result = run_in(cgroup, "insitu", "run", "--store", str(store), *RUN)
+        kernel_peak_bytes = int((cgroup / "memory.max_usage_in_bytes").read_text()) \
+            if (cgroup / "memory.max_usage_in_bytes").exists() else None
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    done = _events(result.stdout.splitlines(), "done")[-1]
+    assert done["frames"] == 100 and done["within_memory"]
+    assert done["service_peak_rss_bytes"] <= memory_bytes
+    # The kernel's count (page cache included) stayed under the limit too, or the run would have been killed.
+    assert kernel_peak_bytes is None or kernel_peak_bytes <= memory_bytes
+    # The same service in a cgroup of half what it used is killed: the limit binds.
+    shutil.rmtree(store / "frames")
+    shutil.rmtree(store / "student", ignore_errors=True)
+    with memory_cgroup(done["service_peak_rss_bytes"] // 2) as cgroup:
+        starved = run_in(cgroup, "insitu", "run", "--store", str(store), *RUN)
+    assert starved.returncode == -signal.SIGKILL  # the kernel's OOM killer, not a refusal

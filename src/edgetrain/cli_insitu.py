@@ -144,6 +144,12 @@ def run_command(
                                      "much on the held-out stored frames."),
         probe_every: int = typer.Option(4, "--probe-every", min=2, help="Every Nth chunk runs with the student "
                                         "paused: the inference latency baseline."),
+        frame_rate: float | None = typer.Option(None, "--frame-rate", min=0.1, help="Take frames at this rate "
+                                                "(per second), as a camera gives them (default: each as soon as "
+                                                "the last is done; the student then trains mostly between chunks)."),
+        student_runs_during_frames: bool = typer.Option(
+            False, "--student-runs-during-frames", help="Do not stop the student while a frame is inferred: on a "
+            "multi-core node it then shares caches and memory bandwidth with the frame."),
         node_camera: str = typer.Option("steep", "--node-camera", help="A generated world's camera: 'steep' (8 m, "
                                         "60°) or 'pole' (6 m, 45°)."),
         detector: str = typer.Option("standin", "--detector", help="'standin' (the generator's boxes, stated "
@@ -166,8 +172,8 @@ def run_command(
     config = ServiceConfig(camera=camera, memory_bytes=memory_bytes, frames=frames, chunk_frames=chunk_frames,
                            quota_bytes=parse_bytes(quota), student_share=student_share, student_steps=student_steps,
                            round_steps=round_steps, margin=margin, probe_every=probe_every, detector=detector,
-                           node_camera=node_camera,
-                           seed=seed, teacher=teacher)
+                           node_camera=node_camera, frame_rate_hz=frame_rate,
+                           pause_per_frame=not student_runs_during_frames, seed=seed, teacher=teacher)
     run_service(store, config, say=lambda message: print(message, file=sys.stderr, flush=True))
 
 

@@ -26,6 +26,22 @@ processed before the student starts, and every ``probe_every``-th chunk with the
 the same outside load as the rest, which run beside the training student;
 ``inference_p95_ratio`` is their p95 over the baseline.
 
+NOTE [ Yielding per frame ]
+SCHED_IDLE orders one CPU's run queue: on a one-core node the student runs only when the
+inference path waits. On a multi-core node it runs on another core at the same time, and shares
+the caches and the memory bandwidth with every frame: measured here with the student on a whole
+core, the inference path's p95 rose by a median 9% (runs up to 31%). So by default
+(``pause_per_frame``) the service stops the student (SIGSTOP) when a frame with detections
+arrives and continues it (SIGCONT) once the frame is answered: during a frame the inference path
+has the machine to itself, and the student trains in the time between frames (at 5 frames/s and
+3-4 ms a frame, about 98% of it). The stop is a syscall on the frame's path (timed with it); the
+continue comes after the frame's latency is taken. A stopped student still dies with the service
+(its parent-death signal is SIGKILL, NOTE [ The student process ]).
+
+Frames from a camera arrive at its rate; from a folder or the generator they come as fast as the
+path takes them, so between frames the student would get no time. ``frame_rate_hz`` paces them
+(a frame is taken no earlier than ``1 / frame_rate_hz`` after the one before), as a camera would.
+
 Memory (NOTE [ Process budget ] for the whole service): ``--memory`` is split between the two
 processes, ``student_share`` of it the student's process budget (planned as in ``train
 --memory``), the rest the inference process's, which is not planned (it holds one chunk of
@@ -66,10 +82,12 @@ from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_t
 from .tracker import TrackerConfig, track
 from .world import Camera, ObjectTruth, Video, node_camera, render_video
 
-__all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student"]
+__all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student",
+           "PROBE_FRAME_RATE_HZ"]
 
 log = logging.getLogger(__name__)
 
+PROBE_FRAME_RATE_HZ = 20.0  # latency probes pace frames: the student trains between them (NOTE [ Yielding per frame ])
 TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: unique over the stream
 ALIGNMENT_CHUNKS = 6  # the posterior and size rules fit over the last 6 chunks (simulate's stream at 200 frames)
 
@@ -86,6 +104,8 @@ class ServiceConfig:
     round_steps: int = 25
     margin: float = 0.02
     probe_every: int = 4  # every 4th chunk runs with the student paused: the latency baseline
+    pause_per_frame: bool = True  # the student stopped while a frame is inferred (NOTE [ Yielding per frame ])
+    frame_rate_hz: float | None = None  # frames arrive at this rate (a camera's); None: as soon as the path is free
     propagation: str = "track"
     node_camera: str = "steep"  # a generated world's camera preset (world.NODE_CAMERAS)
     detector: str = "standin"  # or "motion" (NOTE [ The motion detector ]): frames alone, no truth.json needed
@@ -171,13 +191,17 @@ class Serving:
 
 
 def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, config: ServiceConfig,
-                 recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                 recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 student: subprocess.Popen[bytes] | None = None
                  ) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
     """The inference path over one chunk: labelled crops to store, per-frame latencies, detections.
 
-    ``recent`` holds the track ids (unique over the stream), teacher probabilities and boxes of the
-    last chunks (this one appended here): the posterior rule's alignment and the size rule's size
-    model are fitted on them (NOTE [ Track posteriors ... ], NOTE [ Object size from the mount ... ]).
+    ``student``: the running student process, stopped during each frame with detections when
+    ``config.pause_per_frame`` (NOTE [ Yielding per frame ]); None when there is none or the
+    whole chunk runs with it paused. ``recent`` holds the track ids (unique over the stream),
+    teacher probabilities and boxes of the last chunks (this one appended here): the posterior
+    rule's alignment and the size rule's size model are fitted on them (NOTE [ Track posteriors ... ],
+    NOTE [ Object size from the mount ... ]).
     """
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}
@@ -186,10 +210,15 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
     crops: list[np.ndarray] = []
     outputs: list[Outputs] = []
     latencies_s = []
+    yielding = student if config.pause_per_frame else None
+    arrivals = _arrivals(config.frame_rate_hz)
     for f in range(len(video.frames)):
+        next(arrivals)
         members = by_frame.get(f, [])
+        if not members:
+            continue
         started = time.perf_counter()
-        if members:
+        with _paused(yielding):  # the latency is taken inside: the student's SIGCONT follows the answer
             x = np.array([crop(video.frames[f], detections[i].box) for i in members])
             predict(serving.model, x)  # the node's answer (reported to the application; not used for labels)
             crops += list(x)
@@ -273,7 +302,8 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
             paused = student is not None and chunk % config.probe_every == 0
             student_cpu_s = _cpu_s(student)
             with _paused(student if paused else None):
-                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config, recent)
+                items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config, recent,
+                                                                None if paused else student)
             student_cpu_s = _cpu_s(student) - student_cpu_s
             evicted = store.add(items, cursor=first + len(video.frames))
             alone = student is None or paused
@@ -316,8 +346,11 @@ def _check_exit(student: subprocess.Popen[bytes], root: Path) -> None:
 
 @contextlib.contextmanager
 def _paused(student: subprocess.Popen[bytes] | None) -> Iterator[None]:
-    """The student stopped (SIGSTOP) for the block: the inference path's latency alone, same machine, same time."""
-    if student is None:
+    """The student stopped (SIGSTOP) for the block, continued (SIGCONT) after it.
+
+    A student already reaped (it finished its steps) is left alone: its pid may be another process's now.
+    """
+    if student is None or student.returncode is not None:
         yield
         return
     os.kill(student.pid, signal.SIGSTOP)
@@ -325,6 +358,16 @@ def _paused(student: subprocess.Popen[bytes] | None) -> Iterator[None]:
         yield
     finally:
         os.kill(student.pid, signal.SIGCONT)
+
+
+def _arrivals(frame_rate_hz: float | None) -> Iterator[None]:
+    """Yields when each frame is there: at once without a rate, else one every ``1 / frame_rate_hz`` seconds."""
+    due = time.perf_counter()
+    while True:
+        if frame_rate_hz is not None:
+            time.sleep(max(0.0, due - time.perf_counter()))
+            due += 1.0 / frame_rate_hz
+        yield
 
 
 def _student_peak_rss_bytes(status: Path) -> int:
@@ -407,7 +450,8 @@ def latency_beside_student(videos: list[Video], teacher: Teacher, serving_model:
             paused = k % 2 == 0
             cpu0_s, wall0_s = _cpu_s(student), time.perf_counter()
             with _paused(student if paused else None):
-                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config, deque(maxlen=ALIGNMENT_CHUNKS))
+                _, latencies_s, _ = _infer_chunk(video, k, teacher, serving, config, deque(maxlen=ALIGNMENT_CHUNKS),
+                                                 None if paused else student)
             if not paused:
                 cpu_s += _cpu_s(student) - cpu0_s
                 wall_s += time.perf_counter() - wall0_s

@@ -34,7 +34,7 @@ from .labels import (
 )
 from .model import FitConfig, Outputs, fit, predict
 from .motion import DETECTORS, run_detector, score_boxes
-from .service import TRACKS_PER_CHUNK, ServiceConfig, latency_beside_student
+from .service import PROBE_FRAME_RATE_HZ, TRACKS_PER_CHUNK, ServiceConfig, latency_beside_student
 from .store import FrameStore, encode_png
 from .teacher import Teacher, TeacherConfig, crops_with_truth, render_clips, train_teacher
 from .tracker import TrackerConfig, track
@@ -179,7 +179,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
         say("inference latency over the held-out clips, alone and beside a training student process")
         service = ServiceConfig(camera=str(config.seed), node_camera=config.node_camera,
                                 memory_bytes=config.service_memory_bytes, chunk_frames=25,
-                                seed=config.seed, gate=config.gate, propagation=config.propagation)
+                                frame_rate_hz=PROBE_FRAME_RATE_HZ, seed=config.seed, gate=config.gate,
+                                propagation=config.propagation)
         with tempfile.TemporaryDirectory(prefix="edgetrain-insitu-") as work:
             report.update(latency_beside_student(test_clips, shipped, student, store_dir, Path(work) / "node",
                                                  service))
