@@ -36,8 +36,8 @@ the emulation is ]); otherwise as plain processes, which the output says. Writes
 every run's figures too) and a markdown table (``--md``), and prints the markdown.
 
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
-[--steps N] [--average-every K] [--compress-rank R] [--compress-steps N] [--repeats R] [--failures kill,stop,cut]
-[--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
+[--steps N] [--average-every K] [--compress-rank R] [--compress-after N] [--compress-steps N] [--repeats R]
+[--failures kill,stop,cut] [--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
 [--tables link,scaling,ttt,compression,failures,crashes,save] [--out PATH] [--md PATH]``.
 """
 
@@ -149,7 +149,7 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
     rows = []
     nodes, preset, batch = max(args.nodes), args.presets[-1], args.batches[0]
     modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
-             (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
+             (_powersgd_mode(args), nodes, 1, args.compress_rank),
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
     for mode, count, every, rank in modes[:2] + [m for m, name in zip(modes[2:], ("powersgd", "average"), strict=True)
                                                  if name in args.compress_modes]:
@@ -159,6 +159,7 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
                                      args.compress_steps, args.image), seed=seed)
             options = LocalOptions(preset=None if preset == "none" else preset, cpus_per_node=cpus,
                                    average_every=every, compress_rank=rank, max_restarts=0, spares=False,
+                                   compress_after=args.compress_after if rank else 0,
                                    local_batch_norm=args.local_batch_norm)
             try:
                 steps, report = _run(config, count, options)
@@ -172,7 +173,8 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
                          "final_loss": statistics.mean(r["loss"] for r in steps[-args.ttt_window:]),
                          "val_loss": summary["val_loss"], "emulation": report["emulation"]})
         done = [r for r in runs if r is not None]
-        rows.append({"mode": mode, "average_every": every, "compress_rank": rank, "nodes": count, "preset": preset,
+        rows.append({"mode": mode, "average_every": every, "compress_rank": rank,
+                     "compress_after": args.compress_after if rank else 0, "nodes": count, "preset": preset,
                      "batch": batch, "steps": args.compress_steps, "runs": args.repeats, "crashes": crashed,
                      "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
                      "samples_per_s": None if not done else batch / statistics.median(r["step_s"] for r in done),
@@ -213,13 +215,18 @@ def _time_to(steps: list[dict[str, Any]], target: float, window: int) -> tuple[f
     return None, None
 
 
+def _powersgd_mode(args: argparse.Namespace) -> str:
+    after = f" after {args.compress_after} exact steps" if args.compress_after else ""
+    return f"PowerSGD rank {args.compress_rank}{after}"
+
+
 def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
     whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
     per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run."""
     nodes = args.ttt_nodes
     modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
-             (f"PowerSGD rank {args.compress_rank}", nodes, 1, args.compress_rank),
+             (_powersgd_mode(args), nodes, 1, args.compress_rank),
              (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
     seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat) for repeat in range(args.repeats)]
     return [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
@@ -241,6 +248,7 @@ def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[tuple[st
         load = _load()
         trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
                                                            average_every=every, compress_rank=rank, spares=False,
+                                                           compress_after=args.compress_after if rank else 0,
                                                            local_batch_norm=args.local_batch_norm))
         runs.append({"mode": mode, "nodes": count, "seed": seed, "batch": batch * scale, "cpus_per_node": quota,
                      "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
@@ -626,6 +634,8 @@ def main() -> None:
     parser.add_argument("--compress-steps", type=int, default=8)
     parser.add_argument("--average-every", type=int, default=4)
     parser.add_argument("--compress-rank", type=int, default=2)
+    parser.add_argument("--compress-after", type=int, default=0,
+                        help="PowerSGD runs sum whole gradients for their first N steps (--compress-after)")
     parser.add_argument("--compress-modes", type=lambda s: s.split(","), default=["powersgd", "average"],
                         help="compression table: which of powersgd, average run beside the single node and exact")
     parser.add_argument("--repeats", type=int, default=1,

@@ -503,3 +503,20 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeyp
     assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table
     assert "| stop | 2 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
     assert bench._spread([None, None]) is None
+
+
+def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Path) -> None:
+    # 2 nodes, 5 steps of a small token model; PowerSGD rank 1 from step 3 on against whole gradients throughout.
+    def losses(name: str, **compression: int) -> list[float]:
+        config = TrainConfig(model="transformer_small", samples=25, batch=4, image=8, epochs=1, save_every=100,
+                             run_dir=tmp_path / name)
+        run_local(config, [NodeSpec()] * 2, LocalOptions(spares=False, max_restarts=0, **compression))
+        return [float(r["loss"]) for r in _steps(tmp_path / name)]  # type: ignore[arg-type]
+
+    exact = losses("exact")
+    warmed = losses("warmed", compress_rank=1, compress_after=2)
+    # Steps 1 and 2 update with whole gradients: step 3's loss (on the weights after them) is the exact run's;
+    # step 3's update is compressed, so step 4's loss is not.
+    assert len(exact) == len(warmed) == 5
+    assert warmed[:3] == exact[:3]
+    assert warmed[3] != exact[3]

@@ -37,6 +37,8 @@ AverageOpt = typer.Option(1, "--average-every", min=1, help="1: sum gradients ev
                           "steps, weights averaged every K steps (for slow links).")
 CompressOpt = typer.Option(0, "--compress-rank", min=0, help="0: whole gradients. R > 0: PowerSGD rank-R "
                            "approximations with error feedback (for slow links).")
+CompressAfterOpt = typer.Option(0, "--compress-after", min=0, help="With --compress-rank: the first N steps "
+                                "sum whole gradients, PowerSGD from then on (early gradients compress worst).")
 LocalNormOpt = typer.Option(False, "--local-batch-norm", help="Each node's BatchNorm normalises over its own "
                             "slice (no collective; ghost batches) instead of the global batch (the default, as "
                             "one node training on the whole batch would).")
@@ -62,7 +64,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                 lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
                 run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                 connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
-                compress_rank: int = CompressOpt, local_batch_norm: bool = LocalNormOpt,
+                compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
+                local_batch_norm: bool = LocalNormOpt,
                 device: str | None = typer.Option(None, "--device", "-d", help="This node's device (it plans "
                                                      "for its memory and gets a share by its speed)."),
                 memory: str | None = typer.Option(None, "--memory", help="This node's process budget, e.g. "
@@ -82,7 +85,7 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
     summary = train_node(config, NodeSpec(device, memory, rate), env,
                          ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
                                         average_every=average_every, compress_rank=compress_rank,
-                                        local_batch_norm=local_batch_norm))
+                                        compress_after=compress_after, local_batch_norm=local_batch_norm))
     if summary is not None:
         console.print(f"{summary.steps} steps on {env.world_size} nodes in {summary.wall_time_s:.1f} s; "
                       f"metrics: {run_dir / 'metrics.jsonl'}")
@@ -117,7 +120,8 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
                   run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                   connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
-                  compress_rank: int = CompressOpt, local_batch_norm: bool = LocalNormOpt,
+                  compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
+                  local_batch_norm: bool = LocalNormOpt,
                   nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
                   device: list[str] = typer.Option([], "--device", "-d", help="Device of every node, or one "
                                                    "--device per node (e.g. -d rpi4 -d rpi4 -d jetson-nano)."),
@@ -161,7 +165,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                            connect_timeout_s=connect_timeout, rejoin_after_steps=rejoin_after,
                            faults=_faults(kill, stop, cut), preset=preset if netns else None,
                            cpus_per_node=cpus_per_node, average_every=average_every, compress_rank=compress_rank,
-                           local_batch_norm=local_batch_norm)
+                           compress_after=compress_after, local_batch_norm=local_batch_norm)
     report = run_local(config, specs, options)
     console.print(to_json(report.to_dict(), indent=2))
     console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "

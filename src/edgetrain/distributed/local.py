@@ -132,6 +132,7 @@ class LocalOptions:
     cpus_per_node: float | None = None
     average_every: int = 1
     compress_rank: int = 0
+    compress_after: int = 0
     local_batch_norm: bool = False
     spares: bool = True
 
@@ -423,6 +424,7 @@ class _Group:
                                                  timeout_s=options.timeout_s, heartbeat=beat,
                                                  average_every=options.average_every,
                                                  compress_rank=options.compress_rank,
+                                                 compress_after=options.compress_after,
                                                  local_batch_norm=options.local_batch_norm,
                                                  profile_dir=scratch / f"profiles-{node_id}")
                 spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)

@@ -125,6 +125,9 @@ class ClusterOptions:
             locally and averages the weights every ``K`` steps (NOTE [ Periodic averaging ]).
         compress_rank: 0 sums whole gradients; ``R > 0`` sums rank-``R`` PowerSGD approximations with
             error feedback (NOTE [ PowerSGD on plain all-reduces ]).
+        compress_after: with ``compress_rank``, the first steps that still sum whole gradients: the
+            early steps, where gradients change fastest, are the ones a low rank approximates worst
+            (PyTorch's PowerSGD hook starts late for the same reason, ``start_powerSGD_iter``).
         profile_dir: this node's profiles by share (``chain-<share>.json``): a profile at a share
             this node has profiled before is read, not measured again (NOTE [ Warm spares ]).
         local_batch_norm: each node's BatchNorm normalises over its own slice (ghost batches, no
@@ -138,6 +141,7 @@ class ClusterOptions:
     heartbeat_s: float = 0.25
     average_every: int = 1
     compress_rank: int = 0
+    compress_after: int = 0
     profile_dir: Path | None = None
     local_batch_norm: bool = False
 
@@ -305,7 +309,8 @@ def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list
     except EdgetrainError as exc:
         speed, speed_error = None, str(exc)
     settings = {**cluster_settings(config), "average_every": options.average_every,
-                "compress_rank": options.compress_rank, "local_batch_norm": options.local_batch_norm}
+                "compress_rank": options.compress_rank, "compress_after": options.compress_after,
+                "local_batch_norm": options.local_batch_norm}
     mine = {"edgetrain": __version__, "torch": torch.__version__, "config": config_hash(settings),
             "speed": speed, "speed_error": speed_error, "device": node.device}
     verdicts = gather_verdicts(mine)
@@ -372,6 +377,7 @@ class _NodeRun:
                  opening: Opening, run: RunDirectory | None, options: ClusterOptions) -> None:
         self.started = time.perf_counter()
         self.average_every, self.profile_dir = options.average_every, options.profile_dir
+        self.compress_after = options.compress_after
         if local.budget_bytes() is not None:  # as `edgetrain train` (NOTE [ Returning freed memory ])
             configure_allocator()
         self.config, self.env, self.run = config, env, run
@@ -479,7 +485,7 @@ class _NodeRun:
             batch = None
         exact = self.average_every == 1
         result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact,
-                              compressor=self.compressor)
+                              compressor=self.compressor if self.step >= self.compress_after else None)
         if result.samples == 0:
             raise ClusterError(f"step {self.step + 1}: no readable sample in the global batch")
         self.step += 1
