@@ -47,6 +47,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -56,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetrain.benchstats import Spread, spread
-from edgetrain.distributed.local import Fault, LocalOptions, run_local
+from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.train import TrainConfig
@@ -80,6 +81,12 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 def _run(config: TrainConfig, nodes: int, options: LocalOptions) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     report = run_local(config, [NodeSpec()] * nodes, options)
     return _steps(config.run_dir), report.to_dict()
+
+
+def _keep_logs(run_dir: Path, kept: Path) -> Path:
+    """Copy a crashed run's node logs out of the scratch folder (removed at the end) to ``kept``."""
+    shutil.copytree(run_dir / LOG_DIR, kept, dirs_exist_ok=True)
+    return kept
 
 
 def _spread(values: list[float | None]) -> dict[str, Any] | None:
@@ -164,7 +171,8 @@ def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
             try:
                 steps, report = _run(config, count, options)
             except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
-                log.warning("compression run crashed: %s", exc)
+                kept = _keep_logs(config.run_dir, args.out.parent / "crash-logs" / config.run_dir.name)
+                log.warning("compression run crashed: %s (node logs: %s)", exc, kept)
                 crashed += 1
                 runs.append(None)
                 continue

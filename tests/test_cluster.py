@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import signal
 import socket
@@ -317,7 +318,8 @@ def _steps(run_dir: Path) -> list[dict[str, object]]:
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_path: Path) -> None:
+def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
     # Prepare: 2 nodes, 25 steps (100 of the 125 samples train); node 1 is killed once step 2 is logged, whether
     # or not the warm spares are ready yet (either way a re-form must work), and comes back 3 steps later. State is
     # saved every step. The steps after the rejoin leave the lone node work to do while the supervisor re-forms:
@@ -329,10 +331,13 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
     # being taken for hung (a real restart, which would make the count below wrong).
     options = LocalOptions(faults=(Fault(1, 2, "kill", when_warm=False),), rejoin_after_steps=3,
                            heartbeat_timeout_s=20)
-    report = run_local(config, [NodeSpec()] * 2, options)
-    # Assert: one failure, one restart for it and one for the rejoin; every step trained once, in order,
+    with caplog.at_level(logging.WARNING, logger="edgetrain.distributed.local"):
+        report = run_local(config, [NodeSpec()] * 2, options)
+    # Assert: the signal named (an injected kill, not a crash); one failure, one restart for it and one for the
+    # rejoin; every step trained once, in order,
     # at world size 1 after the kill and 2 again after the rejoin.
     assert report.restarts == 2
+    assert "(node 1 killed by SIGKILL; its log's last line: " in caplog.text
     (failure,) = report.to_dict()["failures"]
     assert (failure["node"], failure["kind"], failure["steps_lost"], failure["world_size_after"]) == (1, "killed", 0, 1)
     (rejoin,) = report.rejoins

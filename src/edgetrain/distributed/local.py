@@ -489,7 +489,7 @@ class _Group:
                                                      detected_at=now, last_step=self.seen_step,
                                                      last_step_time=self.seen_time,
                                                      world_size_after=len(self.procs) - 1))
-                return _Outcome("failed", node=lost, message=f"node {lost} {kind}")
+                return _Outcome("failed", node=lost, message=self._loss_line(lost, kind, codes[lost]))
             broken = [n for n, code in codes.items() if code not in (None, 0)]
             if broken:  # no node died or hung: the network broke (a cut link) or a bug; all restart
                 return _Outcome("failed", message=self._error_line(broken[0]))
@@ -541,6 +541,18 @@ class _Group:
             return now - self.heartbeats[node].stat().st_mtime
         except FileNotFoundError:
             return None
+
+    def _loss_line(self, node: int, kind: str, code: int | None) -> str:
+        """``node N killed by SIGABRT; its log's last line: ...``: the signal tells an injected kill (SIGKILL)
+        from a crash (SIGABRT from a C++ exception, SIGSEGV), and the log's last line says where."""
+        if code is None or code >= 0:
+            return f"node {node} {kind}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        lines = self.logs[node].read_text(errors="replace").splitlines() if node in self.logs else []
+        return f"node {node} {kind} by {name}" + (f"; its log's last line: {lines[-1]}" if lines else "")
 
     def _error_line(self, node: int) -> str:
         lines = self.logs[node].read_text(errors="replace").splitlines()
