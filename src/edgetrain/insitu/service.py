@@ -40,7 +40,8 @@ continue comes after the frame's latency is taken. A stopped student still dies 
 
 Frames from a camera arrive at its rate; from a folder or the generator they come as fast as the
 path takes them, so between frames the student would get no time. ``frame_rate_hz`` paces them
-(a frame is taken no earlier than ``1 / frame_rate_hz`` after the one before), as a camera would.
+as a camera would: frame k of a chunk is taken no earlier than ``k / frame_rate_hz`` after its
+first, and a path that fell behind takes the frames queued meanwhile at once.
 
 Memory (NOTE [ Process budget ] for the whole service): ``--memory`` is split between the two
 processes, ``student_share`` of it the student's process budget (planned as in ``train
@@ -361,7 +362,7 @@ def _paused(student: subprocess.Popen[bytes] | None) -> Iterator[None]:
 
 
 def _arrivals(frame_rate_hz: float | None) -> Iterator[None]:
-    """Yields when each frame is there: at once without a rate, else one every ``1 / frame_rate_hz`` seconds."""
+    """Yields when each frame is there: at once without a rate, else on the camera's clock (frame k at k / rate)."""
     due = time.perf_counter()
     while True:
         if frame_rate_hz is not None:
