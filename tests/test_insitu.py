@@ -493,6 +493,12 @@ def test_a_quick_simulation_reports_every_figure(tmp_path: Path, one_thread: Non
     assert report["store_bytes"] == _on_disk(tmp_path / "s")
     assert report["store_bytes"] + (tmp_path / "s" / "manifest.json").stat().st_size <= report["store_quota_bytes"]
     assert report["stored_frames"] == len(json.loads((tmp_path / "s" / "manifest.json").read_text())["frames"])
+    # Two cross-fitted rounds by default: the first relabels every stored track (no student of its own), the last
+    # keeps its surest share and trains the student.
+    first, second = report["self_training"][1:]
+    assert first["pseudo_label_coverage"] == report["self_training"][0]["pseudo_label_coverage"]
+    assert "student_accuracy" not in first and second["student_accuracy"] == report["student_accuracy"]
+    assert second["pseudo_label_coverage"] <= first["pseudo_label_coverage"]
 
 
 def test_an_unknown_propagation_is_refused_in_one_line(tmp_path: Path) -> None:

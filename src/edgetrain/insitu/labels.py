@@ -87,6 +87,16 @@ the stream's size model (geometry from the mount); their product, normalised, is
 posterior, its arg-max the new label. Tracks ranked by the difference of their two best posteriors
 give the confidence (:func:`cross_fitted_labels`: the surest holding ``coverage`` of the detections
 keep their labels, the rest leave the store when ``coverage`` < 1).
+
+The size likelihoods get a floor here (:data:`SIZE_OUTLIER_LOG_DENSITY`: a uniform outlier density of
+e^-4 per log metre squared added under every class): a fragment at the frame's edge can have a box unlike
+every class, and far out in the Gaussians' tails the likelier class wins by orders of magnitude, so without
+the floor such tracks were among the surest (seed 0: three pyramid fragments of 3-8 detections whose best
+class's log-likelihood was -6 to -13, labelled "barrel" at margin 1.0). Under the floor a size unlike
+every class has no say, and the students and the teacher decide. A second round (simulate's default
+``rounds=2``) trains new fold students on the first round's labels of its surest tracks only (holding
+``coverage`` of the detections); they vote on every track, and only the last round removes the least sure
+tracks from the store.
 """
 
 from __future__ import annotations
