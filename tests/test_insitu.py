@@ -15,6 +15,7 @@ import pytest
 
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
 from edgetrain.insitu.labels import (
+    SIZE_OUTLIER_LOG_DENSITY,
     Alignment,
     Calibration,
     GateConfig,
@@ -316,8 +317,8 @@ def test_the_cross_fitted_round_multiplies_students_teacher_and_size_and_keeps_t
     tracks = [1, 1, 2, 3, 1, 2, 3, 3, 3, 3]
     probs = np.array([{1: [0.9, 0.1], 2: [0.3, 0.7], 3: [0.5, 0.5]}[t] for t in tracks])
 
-    # Execute
-    evidence = cross_fitted_scores(tracks, probs, fit)
+    # Execute (no floor under the size likelihoods)
+    evidence = cross_fitted_scores(tracks, probs, fit, outlier_log_density=float("-inf"))
 
     # Assert: the posteriors are the normalised products; the surest tracks (margins 0.8, 0.46, 0.26) are kept.
     one = 1 / (1 + np.exp(-1.0))
@@ -328,6 +329,34 @@ def test_the_cross_fitted_round_multiplies_students_teacher_and_size_and_keeps_t
     assert cross_fitted_labels(evidence, 0.3) == {1: 0}
     with pytest.raises(ValueError, match="size rule"):
         cross_fitted_scores(tracks, probs, StreamFit(fit.alignment, None, {}))
+
+
+def test_a_size_unlike_every_class_has_no_say_under_the_cross_fitted_rounds_floor() -> None:
+    # Prepare: two classes whose log sizes centre on (0, 0) and (1, 1), unit covariance. Track 1 (3 detections):
+    # the students say 0.6 : 0.4, the teacher 0.5 : 0.5, its log size (10, 10) far from both classes (a fragment's
+    # odd box), where class 1 is e^19 times likelier than class 0 but both below e^-80. Track 2 (2): students and
+    # teacher undecided, its size on class 1's mean.
+    sizes = SizeModel(np.array([[0.0, 0.0], [1.0, 1.0]]), np.tile(np.eye(2), (2, 1, 1)))
+    fit = StreamFit(Alignment(np.array([0.0, 90.0]), np.ones((1, 2))), sizes,
+                    {1: np.array([10.0, 10.0]), 2: np.array([1.0, 1.0])},
+                    track_posteriors={1: np.array([0.5, 0.5]), 2: np.array([0.5, 0.5])})
+    tracks = [1, 2, 1, 2, 1]
+    probs = np.array([{1: [0.6, 0.4], 2: [0.5, 0.5]}[t] for t in tracks])
+
+    # Execute
+    bare = cross_fitted_scores(tracks, probs, fit, outlier_log_density=float("-inf"))
+    floored = cross_fitted_scores(tracks, probs, fit, outlier_log_density=-4.0)
+
+    # Assert: without the floor the odd size decides track 1 with certainty and it is the surest; with it, track 1
+    # is the students' and teacher's 0.6 : 0.4 and track 2 (densities 1/2pi and 1/2pie, each plus e^-4) the surer.
+    near, far, floor = 1 / (2 * np.pi), 1 / (2 * np.pi * np.e), np.exp(-4.0)
+    assert np.allclose(bare.posteriors, [[0.0, 1.0], [far / (near + far), near / (near + far)]])
+    assert np.allclose(floored.posteriors, [[0.6, 0.4], [(far + floor) / (near + far + 2 * floor),
+                                                         (near + floor) / (near + far + 2 * floor)]])
+    assert cross_fitted_labels(bare, 0.4) == {1: 1}
+    assert cross_fitted_labels(floored, 0.4) == {2: 1}
+    assert cross_fitted_labels(floored, 1.0) == {1: 0, 2: 1}
+    assert SIZE_OUTLIER_LOG_DENSITY == -4.0  # the round's default floor
 
 
 def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path) -> None:
@@ -464,6 +493,12 @@ def test_a_quick_simulation_reports_every_figure(tmp_path: Path, one_thread: Non
     assert report["store_bytes"] == _on_disk(tmp_path / "s")
     assert report["store_bytes"] + (tmp_path / "s" / "manifest.json").stat().st_size <= report["store_quota_bytes"]
     assert report["stored_frames"] == len(json.loads((tmp_path / "s" / "manifest.json").read_text())["frames"])
+    # Two cross-fitted rounds by default: the first relabels every stored track (no student of its own), the last
+    # keeps its surest share and trains the student.
+    first, second = report["self_training"][1:]
+    assert first["pseudo_label_coverage"] == report["self_training"][0]["pseudo_label_coverage"]
+    assert "student_accuracy" not in first and second["student_accuracy"] == report["student_accuracy"]
+    assert second["pseudo_label_coverage"] <= first["pseudo_label_coverage"]
 
 
 def test_an_unknown_propagation_is_refused_in_one_line(tmp_path: Path) -> None:

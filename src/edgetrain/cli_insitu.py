@@ -73,19 +73,20 @@ def simulate_command(
                                              "the share of the stream's detections labelled, the tracks the rule "
                                              "is surest of first (the margin of their two best scores); the rest "
                                              "are not stored."),
-        rounds: int = typer.Option(1, "--rounds", min=0, help="Self-training rounds: the student relabels the "
-                                   "stored tracks and a new student trains on them (0 with --propagation "
-                                   "forward|none)."),
+        rounds: int | None = typer.Option(None, "--rounds", min=0, help="Self-training rounds: the student "
+                                          "relabels the stored tracks and a new student trains on them (0 with "
+                                          "--propagation forward|none). Default 2 with --round-folds, else 1."),
         round_folds: int | None = typer.Option(None, "--round-folds", min=0, help="With --labels size: each "
                                                "self-training round trains this many students (>= 2), each on the "
-                                               "other folds' stored tracks, and relabels every track with their "
+                                               "other folds' stored tracks (after the first round: the surest "
+                                               "ones), and relabels every track with their "
                                                "votes on the tracks they never saw times the teacher's posterior "
                                                "and the size likelihoods; 0: the round's one student votes on its "
                                                "own training tracks. Default 2 with --labels size, else 0."),
         round_coverage: float | None = typer.Option(None, "--round-coverage", min=0.0, max=1.0, help="With "
-                                                    "--round-folds: the share of the stored detections a round "
-                                                    "keeps, its surest tracks first; the rest are removed from the "
-                                                    "store. Default 0.8 with --round-folds, else 1."),
+                                                    "--round-folds: the share of the stored detections the last "
+                                                    "round keeps, its surest tracks first; the rest are removed from "
+                                                    "the store. Default 0.8 with --round-folds, else 1."),
         replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
         replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
@@ -102,6 +103,7 @@ def simulate_command(
     overrides: dict[str, Any] = {"replay_crops": replay_crops, **(QUICK if quick else {})}
     folds = (SimulateConfig.round_folds if labels == "size" else 0) if round_folds is None else round_folds
     kept = (SimulateConfig.round_coverage if folds else 1.0) if round_coverage is None else round_coverage
+    rounds = (SimulateConfig.rounds if folds else 1) if rounds is None else rounds
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,

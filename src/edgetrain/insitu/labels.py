@@ -87,6 +87,16 @@ the stream's size model (geometry from the mount); their product, normalised, is
 posterior, its arg-max the new label. Tracks ranked by the difference of their two best posteriors
 give the confidence (:func:`cross_fitted_labels`: the surest holding ``coverage`` of the detections
 keep their labels, the rest leave the store when ``coverage`` < 1).
+
+The size likelihoods get a floor here (:data:`SIZE_OUTLIER_LOG_DENSITY`: a uniform outlier density of
+e^-4 per log metre squared added under every class): a fragment at the frame's edge can have a box unlike
+every class, and far out in the Gaussians' tails the likelier class wins by orders of magnitude, so without
+the floor such tracks were among the surest (seed 0: three pyramid fragments of 3-8 detections whose best
+class's log-likelihood was -6 to -13, labelled "barrel" at margin 1.0). Under the floor a size unlike
+every class has no say, and the students and the teacher decide. A second round (simulate's default
+``rounds=2``) trains new fold students on the first round's labels of its surest tracks only (holding
+``coverage`` of the detections); they vote on every track, and only the last round removes the least sure
+tracks from the store.
 """
 
 from __future__ import annotations
@@ -103,12 +113,15 @@ __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "
            "PROPAGATION", "RULES", "elevation_deg", "competence_weights", "Alignment", "fit_alignment",
            "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
            "TrackEvidence", "track_evidence", "size_scores", "size_labels", "min_margin", "StreamFit",
-           "fit_stream", "fold_of_tracks", "cross_fitted_scores", "cross_fitted_labels", "score_margins"]
+           "fit_stream", "fold_of_tracks", "cross_fitted_scores", "cross_fitted_labels", "score_margins",
+           "SIZE_OUTLIER_LOG_DENSITY"]
 
 PROPAGATION = ("track", "forward", "none")
 # NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
 # [ Estimating the teacher's competence ]
 RULES = ("size", "posterior", "gate")
+# The cross-fitted round's floor under the size likelihoods (NOTE [ Cross-fitted self-training ]).
+SIZE_OUTLIER_LOG_DENSITY = -4.0
 
 
 @dataclass(frozen=True)
@@ -397,13 +410,17 @@ class SizeModel:
 
     means: np.ndarray  # (classes, 2)
     covariances: np.ndarray  # (classes, 2, 2)
+    # a uniform outlier density added under every class (per log metre squared; -inf: none): NOTE [ Cross-fitted
+    # self-training ]
+    outlier_log_density: float = float("-inf")
 
     def log_likelihood(self, log_sizes: np.ndarray) -> np.ndarray:
-        """log N(log_sizes | class) for each row of ``log_sizes`` (m, 2) and class: (m, classes)."""
+        """log (N(log_sizes | class) + exp(outlier_log_density)) for each row of ``log_sizes`` (m, 2) and class."""
         diff = log_sizes[:, None, :] - self.means[None]  # (m, classes, 2)
         inverse = np.linalg.inv(self.covariances)
         mahalanobis = np.einsum("mci,cij,mcj->mc", diff, inverse, diff)
-        return -0.5 * (mahalanobis + np.log(np.linalg.det(self.covariances)) + 2 * np.log(2 * np.pi))
+        gaussian = -0.5 * (mahalanobis + np.log(np.linalg.det(self.covariances)) + 2 * np.log(2 * np.pi))
+        return np.logaddexp(gaussian, self.outlier_log_density)
 
 
 def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1e-3,
@@ -527,21 +544,24 @@ def fold_of_tracks(tracks: Sequence[int], folds: int) -> np.ndarray:
     return np.array([order[int(tid)] % folds for tid in tracks], dtype=int)
 
 
-def cross_fitted_scores(tracks: Sequence[int], probs: np.ndarray, fit: StreamFit) -> TrackEvidence:
+def cross_fitted_scores(tracks: Sequence[int], probs: np.ndarray, fit: StreamFit,
+                        outlier_log_density: float = SIZE_OUTLIER_LOG_DENSITY) -> TrackEvidence:
     """The cross-fitted round's evidence: per track, three cues that err apart, multiplied and normalised.
 
     ``probs`` (n, classes) are each detection's probabilities from a student that never trained on its
     track (:func:`fold_of_tracks`). A track's posterior is the product of the students' summed votes
     (normalised), the stream fit's teacher posterior and the likelihoods of the track's size under the
-    stream fit's size model, normalised (NOTE [ Cross-fitted self-training ]).
+    stream fit's size model with ``outlier_log_density`` under every class, normalised (NOTE [ Cross-fitted
+    self-training ]).
     """
     if fit.sizes is None:
         raise ValueError("the cross-fitted round needs the size rule's stream fit")
     student = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
     log_sizes = np.array([fit.track_log_sizes[tid] for tid in student.ids])
     teacher = np.array([fit.track_posteriors[tid] for tid in student.ids])
+    sizes = replace(fit.sizes, outlier_log_density=outlier_log_density)
     joint = (np.log(np.maximum(student.posteriors, 1e-12)) + np.log(np.maximum(teacher, 1e-12))
-             + fit.sizes.log_likelihood(log_sizes))
+             + sizes.log_likelihood(log_sizes))
     posteriors = np.exp(joint - joint.max(axis=1, keepdims=True))
     return replace(student, posteriors=posteriors / posteriors.sum(axis=1, keepdims=True), log_sizes=log_sizes)
 

@@ -65,10 +65,12 @@ class SimulateConfig:
     student_epochs: int = 8
     replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
     replay_weight: float = 4.0  # a replayed crop's loss weight against a stored one's (against forgetting)
-    rounds: int = 1  # self-training rounds: the student relabels the stored tracks and a new student trains on them
+    rounds: int = 2  # self-training rounds: the student relabels the stored tracks and a new student trains on them
+    # (the CLI's default: 2 with round_folds, else 1)
     round_folds: int = 2  # >= 2: a round's votes come from students trained on the other folds' tracks (size rule);
     # 0: from the round's one student, on its own training tracks (the posterior and gate rules need 0)
-    round_coverage: float = 0.8  # with round_folds: the share of stored detections a round keeps, surest tracks first
+    round_coverage: float = 0.8  # with round_folds: the share of stored detections the last round keeps, surest
+    # tracks first (an earlier round relabels every track; the next round's students learn its surest share only)
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
     node_camera: str = "steep"  # the deployed node's camera preset: "steep" (8 m, 60°) or "pole" (6 m, 45°)
@@ -133,26 +135,34 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     student = _student(teacher, store_x, store_y, shipped, config)
     rounds = [{**{key: float(labelled.report[key]) for key in ("pseudo_label_precision", "pseudo_label_coverage")},
                "student_accuracy": float((predict(student, test_x).labels == test_y).mean())}]  # scoring
+    sure: set[int] | None = None  # the last cross-fitted round's surest tracks: the next round's students learn them
     for round_ in range(1, config.rounds + 1):
         tracks = [f.track for f in store.frames]
+        last = round_ == config.rounds
         ranked: dict[str, float] = {}
         if config.round_folds and labelled.fit is not None:
             say(f"self-training round {round_}: {config.round_folds} students, each voting on the tracks it never saw")
-            evidence = cross_fitted_scores(tracks, _cross_fitted_probs(teacher, store_x, store_y, tracks, shipped,
-                                                                       config), labelled.fit)
-            new_labels = cross_fitted_labels(evidence, config.round_coverage)
+            learnt = np.ones(len(tracks), dtype=bool) if sure is None else np.isin(tracks, list(sure))
+            evidence = cross_fitted_scores(tracks, _cross_fitted_probs(teacher, store_x, store_y, tracks, learnt,
+                                                                       shipped, config), labelled.fit)
+            surest = cross_fitted_labels(evidence, config.round_coverage)
+            new_labels, sure = surest if last else cross_fitted_labels(evidence, 1.0), set(surest)
             ranked = labelled.ranked(evidence)  # scoring (ground truth)
-            say(f"self-training round {round_}: {store.keep_tracks(new_labels)} stored frames of the least sure "
-                f"tracks removed")
+            if last:
+                say(f"self-training round {round_}: {store.keep_tracks(new_labels)} stored frames of the least sure "
+                    f"tracks removed")
         else:
             sizes = labelled.fit.track_log_sizes if config.gate.rule == "size" and labelled.fit is not None else None
             new_labels = relabel_tracks(tracks, predict(student, store_x).probs, sizes)
         changed = store.relabel(new_labels)
         store_x, store_y = store.load()
-        say(f"self-training round {round_}: the students relabelled {changed} stored frames; training a new one")
-        student = _student(teacher, store_x, store_y, shipped, config)
-        rounds.append({**labelled.score({f.track: f.label for f in store.frames}), **ranked,  # scoring
-                       "student_accuracy": float((predict(student, test_x).labels == test_y).mean())})
+        say(f"self-training round {round_}: the students relabelled {changed} stored frames")
+        scored: dict[str, float] = {}
+        if last or not config.round_folds:  # a cross-fitted round's next one trains its own students
+            say(f"self-training round {round_}: training a new student")
+            student = _student(teacher, store_x, store_y, shipped, config)
+            scored["student_accuracy"] = float((predict(student, test_x).labels == test_y).mean())  # scoring
+        rounds.append({**labelled.score({f.track: f.label for f in store.frames}), **ranked, **scored})  # scoring
     say("training the oracle student (true labels on every detected crop)")
     oracle = _student(teacher, labelled.oracle_crops, labelled.oracle_labels, shipped, config)
 
@@ -198,13 +208,14 @@ def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray
 
 
 def _cross_fitted_probs(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, tracks: list[int],
-                        shipped: Teacher, config: SimulateConfig) -> np.ndarray:
-    """Each stored crop's probabilities (n, classes) from a student trained on the other folds' tracks."""
+                        learnt: np.ndarray, shipped: Teacher, config: SimulateConfig) -> np.ndarray:
+    """Each stored crop's probabilities (n, classes) from a student trained on the other folds' ``learnt`` crops."""
     fold = fold_of_tracks(tracks, config.round_folds)
     probs = np.zeros((len(crops), len(CLASSES)))
     for k in range(config.round_folds):
         held = fold == k
-        probs[held] = predict(_student(teacher, crops[~held], labels[~held], shipped, config), crops[held]).probs
+        probs[held] = predict(_student(teacher, crops[~held & learnt], labels[~held & learnt], shipped, config),
+                              crops[held]).probs
     return probs
 
 
