@@ -30,6 +30,7 @@ from .cli_cluster import cluster_app
 from .cli_common import clean_errors as _clean_errors
 from .cli_common import console, err_console
 from .cli_common import error as _error
+from .cli_federated import register_federated
 from .cli_insitu import insitu_app
 from .cli_power import power_app, register_bench
 from .errors import EdgetrainError
@@ -769,3 +770,4 @@ app.add_typer(insitu_app, name="insitu")
 app.add_typer(power_app, name="power")
 register_bench(bench_app)
 app.add_typer(cluster_app, name="cluster")
+register_federated(cluster_app)
