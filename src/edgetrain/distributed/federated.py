@@ -326,9 +326,9 @@ class FederatedNode:
             except InfeasibleBudgetError as exc:  # in process terms, as `train --memory` refuses
                 if exc.minimum_bytes is None:
                     raise
-                raise InfeasibleBudgetError(f"node {node}: {self.budget.infeasible(exc.minimum_bytes)}",
-                                            minimum_bytes=exc.minimum_bytes, budget_bytes=self.process_bytes) \
-                    from None
+                refusal = self.budget.infeasible(exc.minimum_bytes)
+                raise InfeasibleBudgetError(f"node {node}: {refusal}", minimum_bytes=refusal.minimum_bytes,
+                                            budget_bytes=refusal.budget_bytes) from None
         self.baseline_bytes = baseline_bytes
         self.entries = [name for name, _ in _shared_entries(self.model)]
         return_freed_memory()
@@ -374,6 +374,7 @@ class FederatedNode:
         optimizer = make_optimizer(self.config.optimizer, self.model.parameters(), self.config.lr)
         seed = int(np.random.SeedSequence([self.config.seed, self.node, round_]).generate_state(1)[0])
         generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout draws from the process's generator
         self.net.train()
         loss_sum = 0.0
         for _ in range(self.config.local_steps):
@@ -382,7 +383,7 @@ class FederatedNode:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
         metrics: dict[str, Scalar] = {
             "node": self.node, "train_loss": loss_sum / self.config.local_steps,
             "peak_rss_bytes": int(read_process_memory().peak_rss_bytes), "budget_bytes": self.process_bytes or 0,
