@@ -26,11 +26,13 @@ from edgetrain.units import format_bytes
 
 def table(records: list[dict[str, Any]]) -> str:
     """One markdown row per round."""
-    lines = ["| round | held-out loss | accuracy | train loss | bytes down | bytes up | node peaks / budget | s |",
+    lines = ["| round | held-out loss | accuracy | train loss | bytes down | bytes up | "
+             "node peaks (predicted) / budget | s |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in records:
-        peaks = ", ".join(format_bytes(n["peak_rss_bytes"]) + (f" / {format_bytes(n['budget_bytes'])}"
-                                                               if n["budget_bytes"] else "") for n in r["nodes"])
+        peaks = ", ".join(f"{format_bytes(n['peak_rss_bytes'])} ({format_bytes(n['predicted_peak_bytes'])})"
+                          + (f" / {format_bytes(n['budget_bytes'])}" if n["budget_bytes"] else "")
+                          for n in r["nodes"])
         lines.append(f"| {r['round']} | {r['loss']:.4f} | {r['accuracy']:.3f} | {r['train_loss']:.4f} | "
                      f"{r['bytes_down']:,} | {r['bytes_up']:,} | {peaks} | {r['time_s']:.1f} |")
     return "\n".join(lines)

@@ -17,8 +17,10 @@ their simulation engine needs Ray. A round:
    training data by a generator seeded by ``(seed, node, round)``, with a fresh optimizer each
    round (so its state, momentum or Adam's moments, never leaves the node), through the
    :class:`~edgetrain.runtime.Checkpointed` schedule planned once at start-up under the node's
-   process budget (NOTE [ Process budget ], the rule of ``train --memory``); it returns the
-   weights, the number of its own training samples and scalar metrics;
+   process budget (NOTE [ Process budget ], the rule of ``train --memory``, with
+   :data:`MESSAGE_COPIES` times the weights' bytes set aside beside the runtime baseline for the
+   round's messages); it returns the weights, the number of its own training samples and scalar
+   metrics;
 3. the server checks every reply against the global weights (same count, shapes and dtypes;
    metrics numbers only), so a reply can carry weights and nothing else, averages the weights
    weighted by samples (Flower's ``aggregate``, the nodes in a fixed order so the result does
@@ -57,7 +59,7 @@ from torch import nn
 from .. import __version__
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import to_json, write_json
-from ..units import parse_bytes
+from ..units import format_bytes, parse_bytes
 from .group import config_hash
 
 if TYPE_CHECKING:
@@ -88,6 +90,11 @@ SUMMARY = "summary.json"
 SETTINGS = "federated.json"
 LOGS = "logs"
 SYNTHETIC_CLASSES = 10  # open_dataset's synthetic default: the server builds the model without the data
+# A round's messages hold the weights several times over beside the model (Flower's received bytes and
+# arrays, the node's copy for the reply, its serialised bytes and message): 2 nodes of ResNet-18 (44.7 MB
+# of weights) peaked 7.8 weights' sizes above what their runtime baseline and planned step predicted
+# (benchmarks/federated.py, 2026-11-24), so a node's budget sets this many aside (NOTE [ Federated rounds ]).
+MESSAGE_COPIES = 8
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -313,7 +320,9 @@ class FederatedNode:
         x, y = self._batch(torch.Generator().manual_seed(config.seed))
         nn.functional.cross_entropy(self.model(x), y).backward()  # thread pools and kernels up, as a run's
         self.model.zero_grad(set_to_none=True)
-        baseline_bytes = measure_runtime_baseline(self.model, x, y)
+        self.message_bytes = MESSAGE_COPIES * sum(v.numel() * v.element_size() for _, v in _shared_entries(self.model))
+        self.runtime_baseline_bytes = measure_runtime_baseline(self.model, x, y)
+        baseline_bytes = self.runtime_baseline_bytes + self.message_bytes  # what the budget sets aside
         optimizer = config.optimizer
         if self.process_bytes is None:
             self.budget = None
@@ -327,7 +336,10 @@ class FederatedNode:
                 if exc.minimum_bytes is None:
                     raise
                 refusal = self.budget.infeasible(exc.minimum_bytes)
-                raise InfeasibleBudgetError(f"node {node}: {refusal}", minimum_bytes=refusal.minimum_bytes,
+                raise InfeasibleBudgetError(f"node {node}: {refusal}; the baseline includes {MESSAGE_COPIES} copies "
+                                            f"of the weights for a round's messages "
+                                            f"({format_bytes(self.message_bytes)})",
+                                            minimum_bytes=refusal.minimum_bytes,
                                             budget_bytes=refusal.budget_bytes) from None
         self.baseline_bytes = baseline_bytes
         self.entries = [name for name, _ in _shared_entries(self.model)]
@@ -369,6 +381,7 @@ class FederatedNode:
         samples and its metrics (mean training loss, memory)."""
         from ..optim import make_optimizer
         from ..profile.process import read_process_memory
+        from ..train.budget import ProcessBudget
 
         self.load(weights)
         optimizer = make_optimizer(self.config.optimizer, self.model.parameters(), self.config.lr)
@@ -388,7 +401,9 @@ class FederatedNode:
             "node": self.node, "train_loss": loss_sum / self.config.local_steps,
             "peak_rss_bytes": int(read_process_memory().peak_rss_bytes), "budget_bytes": self.process_bytes or 0,
             "planned_step_bytes": int(self.net.plan.predicted_peak_bytes),
-            "runtime_baseline_bytes": int(self.baseline_bytes)}
+            "predicted_peak_bytes": ProcessBudget(0, self.baseline_bytes).predicted_process_bytes(
+                self.net.plan.predicted_peak_bytes),
+            "runtime_baseline_bytes": int(self.runtime_baseline_bytes), "message_bytes": self.message_bytes}
         return self.weights(), self.data.own_samples, metrics
 
     def evaluate(self, weights: NDArrays) -> tuple[float, int, dict[str, Scalar]]:
@@ -473,6 +488,11 @@ class FederatedStrategy(FedAvg):
     def _round_config(self, server_round: int) -> dict[str, Scalar]:
         return {"round": self.done + server_round}
 
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> Any:
+        instructions = super().configure_fit(server_round, parameters, client_manager)  # waits for every node
+        self.started = time.perf_counter()  # the round's own time, not the nodes' start-up
+        return instructions
+
     def _check(self, node: int, arrays: NDArrays, metrics: dict[str, Scalar]) -> None:
         """A reply is the model's weights and numbers: nothing else crosses (no sample, no text)."""
         shapes = [(a.shape, a.dtype) for a in arrays]
@@ -503,8 +523,9 @@ class FederatedStrategy(FedAvg):
             "bytes_down": 2 * sent * len(replies),  # the weights to every node for fit and for evaluate
             "bytes_up": sum(_payload_bytes(res.parameters) for _, _, res in replies),
             "nodes": [{"node": node, "samples": res.num_examples,
-                       **{k: res.metrics[k] for k in ("train_loss", "peak_rss_bytes", "budget_bytes",
-                                                      "planned_step_bytes", "runtime_baseline_bytes")}}
+                       **{k: res.metrics[k] for k in ("train_loss", "peak_rss_bytes", "predicted_peak_bytes",
+                                                      "budget_bytes", "planned_step_bytes",
+                                                      "runtime_baseline_bytes", "message_bytes")}}
                       for node, _, res in replies]}
         return ndarrays_to_parameters(self.current), {}
 
@@ -524,7 +545,6 @@ class FederatedStrategy(FedAvg):
                              "time_s": time.perf_counter() - self.started, "wall_time": time.time()})
         self.store.save(TrainingState(step=round_, epoch=0, model=_as_state(self.current),
                                       metadata={"settings": config_hash(self.config.settings())}))
-        self.started = time.perf_counter()
         return loss, {"accuracy": accuracy}
 
 
