@@ -18,9 +18,9 @@ their simulation engine needs Ray. A round:
    round (so its state, momentum or Adam's moments, never leaves the node), through the
    :class:`~edgetrain.runtime.Checkpointed` schedule planned once at start-up under the node's
    process budget (NOTE [ Process budget ], the rule of ``train --memory``, with
-   :data:`MESSAGE_COPIES` times the weights' bytes set aside beside the runtime baseline for the
-   round's messages); it returns the weights, the number of its own training samples and scalar
-   metrics;
+   :data:`FLOWER_RUNTIME_BYTES` and :data:`MESSAGE_COPIES` times the weights' bytes set aside
+   beside the runtime baseline for gRPC and a round's messages); it returns the weights, the number
+   of its own training samples and scalar metrics;
 3. the server checks every reply against the global weights (same count, shapes and dtypes;
    metrics numbers only), so a reply can carry weights and nothing else, averages the weights
    weighted by samples (Flower's ``aggregate``, the nodes in a fixed order so the result does
@@ -90,11 +90,13 @@ SUMMARY = "summary.json"
 SETTINGS = "federated.json"
 LOGS = "logs"
 SYNTHETIC_CLASSES = 10  # open_dataset's synthetic default: the server builds the model without the data
-# A round's messages hold the weights several times over beside the model (Flower's received bytes and
-# arrays, the node's copy for the reply, its serialised bytes and message): 2 nodes of ResNet-18 (44.7 MB
-# of weights) peaked 7.8 weights' sizes above what their runtime baseline and planned step predicted
-# (benchmarks/federated.py, 2026-11-24), so a node's budget sets this many aside (NOTE [ Federated rounds ]).
-MESSAGE_COPIES = 8
+# What a node's budget sets aside beside its measured runtime baseline (NOTE [ Federated rounds ]): gRPC's and
+# Flower's runtime, which start after the node planned, and a round's messages, which hold the weights several
+# times over (Flower's received bytes and arrays, the reply's copy, its serialised bytes and message). Set from
+# two runs of benchmarks/federated.py (2026-11-24, 5 rounds): in-situ nodes (0.1 MB of weights) peaked 60-63 MiB
+# above the runtime baseline + planned step prediction without them, ResNet-18 nodes (44.7 MB) 293-333 MiB.
+FLOWER_RUNTIME_BYTES = 96 * 2**20
+MESSAGE_COPIES = 6
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -320,9 +322,10 @@ class FederatedNode:
         x, y = self._batch(torch.Generator().manual_seed(config.seed))
         nn.functional.cross_entropy(self.model(x), y).backward()  # thread pools and kernels up, as a run's
         self.model.zero_grad(set_to_none=True)
-        self.message_bytes = MESSAGE_COPIES * sum(v.numel() * v.element_size() for _, v in _shared_entries(self.model))
+        weights_bytes = sum(v.numel() * v.element_size() for _, v in _shared_entries(self.model))
+        self.flower_bytes = FLOWER_RUNTIME_BYTES + MESSAGE_COPIES * weights_bytes
         self.runtime_baseline_bytes = measure_runtime_baseline(self.model, x, y)
-        baseline_bytes = self.runtime_baseline_bytes + self.message_bytes  # what the budget sets aside
+        baseline_bytes = self.runtime_baseline_bytes + self.flower_bytes  # what the budget sets aside
         optimizer = config.optimizer
         if self.process_bytes is None:
             self.budget = None
@@ -336,9 +339,9 @@ class FederatedNode:
                 if exc.minimum_bytes is None:
                     raise
                 refusal = self.budget.infeasible(exc.minimum_bytes)
-                raise InfeasibleBudgetError(f"node {node}: {refusal}; the baseline includes {MESSAGE_COPIES} copies "
-                                            f"of the weights for a round's messages "
-                                            f"({format_bytes(self.message_bytes)})",
+                raise InfeasibleBudgetError(f"node {node}: {refusal}; the baseline includes "
+                                            f"{format_bytes(self.flower_bytes)} set aside for gRPC and a round's "
+                                            f"messages ({MESSAGE_COPIES} copies of the weights)",
                                             minimum_bytes=refusal.minimum_bytes,
                                             budget_bytes=refusal.budget_bytes) from None
         self.baseline_bytes = baseline_bytes
@@ -403,7 +406,7 @@ class FederatedNode:
             "planned_step_bytes": int(self.net.plan.predicted_peak_bytes),
             "predicted_peak_bytes": ProcessBudget(0, self.baseline_bytes).predicted_process_bytes(
                 self.net.plan.predicted_peak_bytes),
-            "runtime_baseline_bytes": int(self.runtime_baseline_bytes), "message_bytes": self.message_bytes}
+            "runtime_baseline_bytes": int(self.runtime_baseline_bytes), "flower_bytes": self.flower_bytes}
         return self.weights(), self.data.own_samples, metrics
 
     def evaluate(self, weights: NDArrays) -> tuple[float, int, dict[str, Scalar]]:
@@ -525,7 +528,7 @@ class FederatedStrategy(FedAvg):
             "nodes": [{"node": node, "samples": res.num_examples,
                        **{k: res.metrics[k] for k in ("train_loss", "peak_rss_bytes", "predicted_peak_bytes",
                                                       "budget_bytes", "planned_step_bytes",
-                                                      "runtime_baseline_bytes", "message_bytes")}}
+                                                      "runtime_baseline_bytes", "flower_bytes")}}
                       for node, _, res in replies]}
         return ndarrays_to_parameters(self.current), {}
 
