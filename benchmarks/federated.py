@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgetrain.distributed.federated import METRICS, FederatedConfig, free_port, run_local
+from edgetrain.distributed.federated import METRICS, FederatedConfig
+from edgetrain.distributed.federated_local import free_port, run_local
 from edgetrain.units import format_bytes
 
 

@@ -32,11 +32,11 @@ from edgetrain.distributed.federated import (  # after the skip
     FederatedError,
     FederatedNode,
     FederatedStrategy,
-    free_port,
     initial_weights,
     run_client,
     run_server,
 )
+from edgetrain.distributed.federated_local import free_port
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.train.state import StateStore
 
