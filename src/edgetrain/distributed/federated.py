@@ -39,6 +39,7 @@ a lost server: they reconnect until ``connect_timeout_s`` passes without one.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -80,7 +81,6 @@ __all__ = ["FederatedConfig", "FederatedError", "NodeData", "FederatedNode", "Fe
            "initial_weights", "open_run", "run_server", "run_client", "read_records", "METRICS", "STATES", "SUMMARY",
            "LOGS", "Progress"]
 
-log = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 STATES = "state"
@@ -183,8 +183,6 @@ class FederatedConfig:
 
     @classmethod
     def from_json(cls, text: str) -> FederatedConfig:
-        import json
-
         values = json.loads(text)
         return cls(**{**values, "stores": tuple(values["stores"]), "memory": tuple(values["memory"])})
 
@@ -579,8 +577,6 @@ def open_run(config: FederatedConfig) -> tuple[int, NDArrays | None]:
     run.mkdir(parents=True, exist_ok=True)
     mine = config_hash(config.settings())
     if settings.exists():
-        import json
-
         theirs = json.loads(settings.read_text())
         if theirs.get("hash") != mine:
             raise FederatedError(f"{run} was made with other settings ({theirs.get('settings')}); resume it with "
@@ -616,8 +612,6 @@ def run_server(config: FederatedConfig) -> dict[str, Any]:
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The round records of a ``metrics.jsonl`` (a line cut by a kill left out)."""
-    import json
-
     if not path.exists():
         return []
     records = []
