@@ -53,7 +53,8 @@ def test_adam_needs_more_than_sgd() -> None:
 
 @pytest.mark.parametrize("args, message", [
     (("memory", "-m", "resnet51", "-b", "1"), "unknown model 'resnet51'; valid names: mobilenet_v2"),
-    (("memory", "-m", "resnet18", "-b", "0"), "Invalid value for '--batch' / '-b': Input should be greater than"),
+    # the rest of the line is click's, and its wording differs between typer's own click and the one Flower's pins use
+    (("memory", "-m", "resnet18", "-b", "0"), "Invalid value for '--batch' / '-b': "),
     (("memory", "-m", "resnet18", "-b", "1", "--image", "16"), "at least 32 px"),
     (("memory", "-m", "resnet18", "-b", "1", "--device", "pi"), "unknown device 'pi'; valid names:"),
     (("memory", "-m", "resnet18", "-b", "1", "--optimizer", "lion"), "unknown optimizer 'lion'"),

@@ -24,12 +24,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from typer import _click
 
 from .cli_cluster import cluster_app
 from .cli_common import clean_errors as _clean_errors
-from .cli_common import console, err_console
+from .cli_common import click_exceptions, console, err_console
 from .cli_common import error as _error
+from .cli_federated import register_federated
 from .cli_insitu import insitu_app
 from .cli_power import power_app, register_bench
 from .errors import EdgetrainError
@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         code = app(args=argv, standalone_mode=False, prog_name="edgetrain")
-    except _click.exceptions.UsageError as exc:
+    except click_exceptions.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "edgetrain"
         _error(f"{exc.format_message()} (see {command} --help)")
         sys.exit(2)
-    except _click.exceptions.ClickException as exc:
+    except click_exceptions.ClickException as exc:
         _error(exc.format_message())
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -769,3 +769,4 @@ app.add_typer(insitu_app, name="insitu")
 app.add_typer(power_app, name="power")
 register_bench(bench_app)
 app.add_typer(cluster_app, name="cluster")
+register_federated(cluster_app)

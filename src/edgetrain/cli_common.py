@@ -8,6 +8,8 @@ with code 2, anything unexpected with 1 (``--verbose`` adds its traceback).
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,15 +17,18 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.text import Text
-from typer import _click
 
 from .errors import EdgetrainError
 
-__all__ = ["console", "err_console", "error", "clean_errors"]
+__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions"]
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
 F = TypeVar("F", bound=Callable[..., Any])
+# typer >= 0.2x carries its own click (typer._click); an older one, such as the typer < 0.21 that Flower
+# (the `federated` extra) pins, runs on click itself.
+click_exceptions: Any = importlib.import_module(
+    "typer._click.exceptions" if importlib.util.find_spec("typer._click") else "click.exceptions")
 log = logging.getLogger("edgetrain.cli")
 
 
@@ -48,7 +53,7 @@ def clean_errors(command: F) -> F:
         except MemoryError:
             error("out of memory: the request is larger than this machine can hold")
             raise typer.Exit(2) from None
-        except (typer.Exit, _click.exceptions.ClickException, KeyboardInterrupt):
+        except (typer.Exit, click_exceptions.ClickException, KeyboardInterrupt):
             raise
         except Exception as exc:  # a bug: still one line for the node's log, the traceback with --verbose
             log.debug("unexpected error", exc_info=True)

@@ -1,0 +1,650 @@
+"""Federated training of camera nodes on Flower: every node trains locally under its memory budget; only weights travel.
+
+NOTE [ Federated rounds ]
+Issue #14, item 5: nodes that must not share their frames (in-situ camera nodes) still learn
+together. Each node keeps its data; a server averages their models (FedAvg, McMahan et al.,
+AISTATS 2017). Flower (``flwr``, the ``federated`` extra) carries the messages, through its
+gRPC client and server (``flwr.client.start_client`` with a ``NumPyClient``,
+``flwr.server.start_server``): plain processes that reach each other by address. Flower marks
+these deprecated since 1.13 in favour of its deployment engine (SuperLink, SuperNodes and
+``flwr run``, which installs the app as a bundle into processes the engine starts itself);
+their simulation engine needs Ray. A round:
+
+1. the server sends the global weights (every floating-point entry of the model's
+   ``state_dict``: parameters and BatchNorm's running statistics; integer counters stay on the
+   node) to every node;
+2. each node loads them and takes ``local_steps`` optimizer steps on batches drawn from its own
+   training data by a generator seeded by ``(seed, node, round)``, with a fresh optimizer each
+   round (so its state, momentum or Adam's moments, never leaves the node), through the
+   :class:`~edgetrain.runtime.Checkpointed` schedule planned once at start-up under the node's
+   process budget (NOTE [ Process budget ], the rule of ``train --memory``, with
+   :data:`FLOWER_RUNTIME_BYTES` and :data:`MESSAGE_COPIES` times the weights' bytes set aside
+   beside the runtime baseline for gRPC and a round's messages); it returns the weights, the number
+   of its own training samples and scalar metrics;
+3. the server checks every reply against the global weights (same count, shapes and dtypes;
+   metrics numbers only), so a reply can carry weights and nothing else, averages the weights
+   weighted by samples (Flower's ``aggregate``, the nodes in a fixed order so the result does
+   not depend on which reply came first), and sends the average to every node for evaluation on
+   its held-out data;
+4. the server appends the round's record to ``metrics.jsonl`` (held-out loss and accuracy
+   weighted by held-out samples, the bytes of weights each way, every node's peak memory against
+   its budget), then saves ``(round, weights)`` through
+   :class:`~edgetrain.train.state.StateStore` (atomic, checksummed).
+
+A server killed at any point resumes from the last saved round: metric lines of later rounds are
+dropped and the next round runs again from the same weights on the same batches. Nodes survive
+a lost server: they reconnect until ``connect_timeout_s`` passes without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import __version__
+from ..errors import EdgetrainError, InfeasibleBudgetError
+from ..fileio import to_json, write_json
+from ..units import format_bytes, parse_bytes
+from .group import config_hash
+
+if TYPE_CHECKING:
+    from ..train.loop import MetricsLog
+    from ..train.state import StateStore
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # read when flwr is imported: no call home at run time
+try:
+    import grpc
+    from flwr.client import NumPyClient, start_client
+    from flwr.common import FitRes, NDArrays, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server import ServerConfig, start_server
+    from flwr.server.client_proxy import ClientProxy
+    from flwr.server.strategy import FedAvg
+    from flwr.server.strategy.aggregate import aggregate, weighted_loss_avg
+except ImportError:
+    raise EdgetrainError("federated mode needs Flower: pip install 'edgetrain[federated]' (Python 3.11 or newer)") \
+        from None
+
+__all__ = ["FederatedConfig", "FederatedError", "NodeData", "FederatedNode", "FederatedStrategy", "node_data",
+           "initial_weights", "open_run", "run_server", "run_client", "read_records", "METRICS", "STATES", "SUMMARY",
+           "LOGS", "Progress"]
+
+
+METRICS = "metrics.jsonl"
+STATES = "state"
+SUMMARY = "summary.json"
+SETTINGS = "federated.json"
+LOGS = "logs"
+SYNTHETIC_CLASSES = 10  # open_dataset's synthetic default: the server builds the model without the data
+# What a node's budget sets aside beside its measured runtime baseline (NOTE [ Federated rounds ]): gRPC's and
+# Flower's runtime, which start after the node planned, and a round's messages, which hold the weights several
+# times over (Flower's received bytes and arrays, the reply's copy, its serialised bytes and message). Set from
+# two runs of benchmarks/federated.py (2026-11-24, 5 rounds): in-situ nodes (0.1 MB of weights) peaked 60-64 MiB
+# above the runtime baseline + planned step prediction without them, ResNet-18 nodes (44.7 MB) 206-333 MiB.
+FLOWER_RUNTIME_BYTES = 96 * 2**20
+MESSAGE_COPIES = 6
+Progress = Callable[[dict[str, Any]], None]
+
+
+class FederatedError(EdgetrainError):
+    """A federated run that cannot go on: an unreachable server, a node's reply that is not the model's weights,
+    a node that failed."""
+
+
+@dataclass(frozen=True)
+class FederatedConfig:
+    """One federated run: the server's rounds, every node's data and budget.
+
+    Args:
+        nodes: client processes (one data slice or in-situ store each).
+        rounds: FedAvg rounds in all (a resumed run continues up to this).
+        local_steps: optimizer steps a node takes per round.
+        batch: samples per local step.
+        stores: in-situ node folders (``edgetrain insitu run``'s ``teacher.pt`` and ``frames/``), one
+            per node; empty: the generic task, ``model`` on a slice of synthetic ``data`` per node.
+        memory: every node's process budget (one for all, or one per node); None: no budget.
+        address: the server's ``host:port``.
+        threads: torch threads per node process.
+    """
+
+    run_dir: str
+    nodes: int = 2
+    rounds: int = 3
+    local_steps: int = 10
+    batch: int = 32
+    lr: float | None = None
+    optimizer: str = "sgd"
+    seed: int = 0
+    model: str = "resnet18_cifar"
+    samples: int = 1000
+    image: int = 32
+    stores: tuple[str, ...] = ()
+    memory: tuple[str | None, ...] = ()
+    address: str = "127.0.0.1:8080"
+    connect_timeout_s: float = 60.0
+    round_timeout_s: float = 600.0
+    threads: int = 1
+    resume: bool = False
+    overwrite: bool = False
+
+    def check(self) -> None:
+        """Refuse settings that cannot work, in one line, before any process starts."""
+        from ..chain import OPTIMIZERS
+        from ..models import get_model_spec
+
+        for name, value in (("--nodes", self.nodes), ("--rounds", self.rounds), ("--local-steps", self.local_steps),
+                            ("--batch", self.batch), ("--samples", self.samples), ("--threads", self.threads)):
+            if value < 1:
+                raise FederatedError(f"{name} must be at least 1, got {value}")
+        if self.optimizer not in OPTIMIZERS:
+            raise FederatedError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.stores and len(self.stores) != self.nodes:
+            raise FederatedError(f"give one --store per node: {len(self.stores)} for {self.nodes} nodes")
+        if len(self.memory) not in (0, 1, self.nodes):
+            raise FederatedError(f"--memory: give one value for all nodes or one per node ({self.nodes}), "
+                                 f"got {len(self.memory)}")
+        for node in range(self.nodes):
+            self.budget_bytes(node)
+        if not self.stores:
+            get_model_spec(self.model)
+        for store in self.stores:
+            _teacher_path(Path(store))
+        host, _, port = self.address.rpartition(":")
+        if not host or not port.isdigit():
+            raise FederatedError(f"the server address must be HOST:PORT, got {self.address!r}")
+
+    def budget_bytes(self, node: int) -> int | None:
+        """Node ``node``'s process budget in bytes; None without one."""
+        value = None if not self.memory else self.memory[0] if len(self.memory) == 1 else self.memory[node]
+        try:
+            return None if value is None else parse_bytes(value)
+        except ValueError as exc:
+            raise FederatedError(f"--memory: {exc}") from None
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed run must share with the run it continues (not the rounds, budgets or address)."""
+        kept = ("local_steps", "batch", "lr", "optimizer", "seed", "model", "samples", "image", "stores", "nodes")
+        return {"edgetrain": __version__, **{key: getattr(self, key) for key in kept}}
+
+    def to_json(self) -> str:
+        return to_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> FederatedConfig:
+        values = json.loads(text)
+        return cls(**{**values, "stores": tuple(values["stores"]), "memory": tuple(values["memory"])})
+
+
+# ------------------------------------------------------------------------------------------------ a node
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """What one node trains and evaluates on; it never leaves the node.
+
+    ``own_samples`` weighs the node in the average: its own training samples (an in-situ node's
+    stored frames, not the teacher's replay crops every node ships with).
+    """
+
+    train_x: torch.Tensor  # (n, ...) inputs
+    train_y: torch.Tensor  # (n,) int64 labels
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    own_samples: int
+    augment: bool = False  # in-situ crops: flipped and brightness-jittered as the student's are
+
+
+def node_data(config: FederatedConfig, node: int) -> NodeData:
+    """Node ``node``'s data: its in-situ store, or every ``nodes``-th sample of the synthetic set from ``node`` on.
+
+    Raises:
+        FederatedError: a node with no training sample or no held-out one.
+    """
+    data = _store_data(Path(config.stores[node])) if config.stores else _synthetic_slice(config, node)
+    if data.own_samples == 0 or len(data.val_y) == 0:
+        where = config.stores[node] if config.stores else f"slice {node} of {config.samples} samples"
+        raise FederatedError(f"node {node} ({where}) has {data.own_samples} training and {len(data.val_y)} held-out "
+                             "samples: it needs some of both")
+    return data
+
+
+def _synthetic_slice(config: FederatedConfig, node: int) -> NodeData:
+    from ..data import collate_skip_corrupt, open_dataset
+    from ..models import get_model_spec
+
+    train, val, _ = open_dataset("synthetic", image_size=config.image, samples=config.samples, seed=config.seed,
+                                 root=Path(config.run_dir) / "data", classes=SYNTHETIC_CLASSES,
+                                 vocab_size=get_model_spec(config.model).vocab_size)
+
+    def part(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = collate_skip_corrupt([dataset[i] for i in range(node, len(dataset), config.nodes)])
+        return (torch.zeros(0), torch.zeros(0, dtype=torch.int64)) if batch is None else batch
+
+    (train_x, train_y), (val_x, val_y) = part(train), part(val)
+    return NodeData(train_x, train_y, val_x, val_y, own_samples=len(train_y))
+
+
+def _store_data(root: Path) -> NodeData:
+    """An in-situ node's stored frames (held-out tracks apart, as its student's) plus its teacher's replay crops."""
+    from ..insitu.model import to_tensor
+    from ..insitu.store import decode_png, listed_frames
+    from ..insitu.student import FRAMES, held_out
+
+    teacher = _teacher(root)
+    frames = listed_frames(root / FRAMES)
+    crops = [decode_png(root / FRAMES / f.name) for f in frames]
+    held = np.array([held_out(f.track) for f in frames], dtype=bool)
+    labels = np.array([f.label for f in frames], dtype=np.int64)
+    stored = np.stack(crops) if crops else teacher.replay_crops[:0]
+    train_x = np.concatenate([stored[~held], teacher.replay_crops])
+    train_y = np.concatenate([labels[~held], teacher.replay_labels.astype(np.int64)])
+    return NodeData(to_tensor(train_x), torch.from_numpy(train_y), to_tensor(stored[held]),
+                    torch.from_numpy(labels[held]), own_samples=int((~held).sum()), augment=True)
+
+
+def _teacher_path(root: Path) -> Path:
+    """``root``'s teacher file; refuses a folder that is not an in-situ node's."""
+    from ..insitu.student import TEACHER
+
+    if not (root / TEACHER).exists():
+        raise FederatedError(f"{root} is not an in-situ node folder (no {TEACHER}; make one with "
+                             "`edgetrain insitu run --store`)")
+    return root / TEACHER
+
+
+def _teacher(root: Path) -> Any:
+    from ..insitu.teacher import load_teacher
+
+    return load_teacher(_teacher_path(root))
+
+
+def _build_model(config: FederatedConfig, node: int = 0) -> nn.Module:
+    """The model at round 0: the zoo's ``model`` seeded by ``seed``, or the in-situ teacher of ``node``'s store
+    (the global model starts from node 0's)."""
+    import copy
+
+    from ..models import get_model_spec
+
+    if config.stores:
+        return copy.deepcopy(_teacher(Path(config.stores[node])).model).train()
+    torch.manual_seed(config.seed)
+    return get_model_spec(config.model).build(SYNTHETIC_CLASSES)
+
+
+def _shared_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The entries of the state that travel: floating-point parameters and buffers, in ``state_dict`` order."""
+    return [(name, value) for name, value in model.state_dict().items() if value.is_floating_point()]
+
+
+def initial_weights(config: FederatedConfig) -> NDArrays:
+    """The global weights of round 0 (what :func:`run_server` starts a fresh run from)."""
+    return [value.detach().numpy().copy() for _, value in _shared_entries(_build_model(config))]
+
+
+class FederatedNode:
+    """One node: its data, its model and the step planned under its process budget.
+
+    Built once per node process: it loads the data, runs one warm-up step, measures the runtime
+    baseline and plans (NOTE [ Process budget ]), so a budget that cannot hold refuses here, in
+    one line, before the node connects.
+
+    Raises:
+        InfeasibleBudgetError: the least step does not fit beside the measured runtime baseline.
+    """
+
+    def __init__(self, config: FederatedConfig, node: int, data: NodeData | None = None) -> None:
+        from ..profile.process import configure_allocator, reset_peak, return_freed_memory
+        from ..runtime import Checkpointed
+        from ..train.budget import measure_runtime_baseline, split_process_budget
+
+        self.config, self.node = config, node
+        self.process_bytes = config.budget_bytes(node)
+        if self.process_bytes is not None:  # as `edgetrain train --memory` (NOTE [ Returning freed memory ])
+            configure_allocator()
+        self.data = node_data(config, node) if data is None else data
+        self.model = _build_model(config, node)
+        x, y = self._batch(torch.Generator().manual_seed(config.seed))
+        nn.functional.cross_entropy(self.model(x), y).backward()  # thread pools and kernels up, as a run's
+        self.model.zero_grad(set_to_none=True)
+        weights_bytes = sum(v.numel() * v.element_size() for _, v in _shared_entries(self.model))
+        self.flower_bytes = FLOWER_RUNTIME_BYTES + MESSAGE_COPIES * weights_bytes
+        self.runtime_baseline_bytes = measure_runtime_baseline(self.model, x, y)
+        baseline_bytes = self.runtime_baseline_bytes + self.flower_bytes  # what the budget sets aside
+        optimizer = config.optimizer
+        if self.process_bytes is None:
+            self.budget = None
+            self.net = Checkpointed(self.model, sample=x, recompute=1.0, optimizer=optimizer, target=y)
+        else:
+            self.budget = split_process_budget(self.process_bytes, baseline_bytes)
+            try:
+                self.net = Checkpointed(self.model, sample=x, memory=max(self.budget.tensor_bytes, 1),
+                                        optimizer=optimizer, target=y)
+            except InfeasibleBudgetError as exc:  # in process terms, as `train --memory` refuses
+                if exc.minimum_bytes is None:
+                    raise
+                refusal = self.budget.infeasible(exc.minimum_bytes)
+                raise InfeasibleBudgetError(f"node {node}: {refusal}; the baseline includes "
+                                            f"{format_bytes(self.flower_bytes)} set aside for gRPC and a round's "
+                                            f"messages ({MESSAGE_COPIES} copies of the weights)",
+                                            minimum_bytes=refusal.minimum_bytes,
+                                            budget_bytes=refusal.budget_bytes) from None
+        self.baseline_bytes = baseline_bytes
+        self.entries = [name for name, _ in _shared_entries(self.model)]
+        return_freed_memory()
+        reset_peak()  # from here on the high-water mark is training's
+
+    def _batch(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of ``batch`` samples drawn with replacement by ``generator`` (augmented for in-situ crops)."""
+        from ..insitu.model import augment
+
+        index = torch.randint(len(self.data.train_y), (self.config.batch,), generator=generator)
+        x = self.data.train_x[index]
+        return (augment(x, generator) if self.data.augment else x), self.data.train_y[index]
+
+    def weights(self) -> NDArrays:
+        """The node's current weights, as they travel."""
+        return [value.detach().numpy().copy() for _, value in _shared_entries(self.model)]
+
+    def load(self, weights: NDArrays) -> None:
+        """Take the global weights; refuses arrays that are not this model's.
+
+        Raises:
+            FederatedError: another count, shape or dtype than this node's model.
+        """
+        state = self.model.state_dict()
+        if len(weights) != len(self.entries):
+            raise FederatedError(f"node {self.node}: the server sent {len(weights)} arrays, the model has "
+                                 f"{len(self.entries)} (another model?)")
+        for name, array in zip(self.entries, weights, strict=True):
+            target = state[name]
+            if tuple(array.shape) != tuple(target.shape) or torch.from_numpy(array).dtype != target.dtype:
+                raise FederatedError(f"node {self.node}: the server's {name} is {array.dtype}{list(array.shape)}, "
+                                     f"the model's {target.dtype}{list(target.shape)} (another model?)")
+            with torch.no_grad():
+                target.copy_(torch.from_numpy(array))
+
+    def fit(self, weights: NDArrays, round_: int) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """``local_steps`` steps from ``weights`` (NOTE [ Federated rounds ]); the new weights, the node's own
+        samples and its metrics (mean training loss, memory)."""
+        from ..optim import make_optimizer
+        from ..profile.process import read_process_memory
+        from ..train.budget import ProcessBudget
+
+        self.load(weights)
+        optimizer = make_optimizer(self.config.optimizer, self.model.parameters(), self.config.lr)
+        seed = int(np.random.SeedSequence([self.config.seed, self.node, round_]).generate_state(1)[0])
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout draws from the process's generator
+        self.net.train()
+        loss_sum = 0.0
+        for _ in range(self.config.local_steps):
+            x, y = self._batch(generator)
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach())
+        metrics: dict[str, Scalar] = {
+            "node": self.node, "train_loss": loss_sum / self.config.local_steps,
+            "peak_rss_bytes": int(read_process_memory().peak_rss_bytes), "budget_bytes": self.process_bytes or 0,
+            "planned_step_bytes": int(self.net.plan.predicted_peak_bytes),
+            "predicted_peak_bytes": ProcessBudget(0, self.baseline_bytes).predicted_process_bytes(
+                self.net.plan.predicted_peak_bytes),
+            "runtime_baseline_bytes": int(self.runtime_baseline_bytes), "flower_bytes": self.flower_bytes}
+        return self.weights(), self.data.own_samples, metrics
+
+    def evaluate(self, weights: NDArrays) -> tuple[float, int, dict[str, Scalar]]:
+        """Loss and accuracy of ``weights`` on the node's held-out data."""
+        from torch.utils.data import TensorDataset
+
+        from ..train.loop import evaluate
+
+        self.load(weights)
+        accuracy, loss = evaluate(self.model, TensorDataset(self.data.val_x, self.data.val_y), self.config.batch)
+        assert accuracy is not None and loss is not None  # node_data refuses a node without held-out data
+        return float(loss), len(self.data.val_y), {"node": self.node, "accuracy": float(accuracy)}
+
+
+class _FlowerClient(NumPyClient):
+    """Flower's view of a :class:`FederatedNode` (NumPy arrays in, NumPy arrays out); ``heard_s`` is when the
+    server last asked for something (``time.monotonic``)."""
+
+    def __init__(self, node: FederatedNode) -> None:
+        self.node = node
+        self.heard_s = time.monotonic()
+
+    def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        self.heard_s = time.monotonic()
+        return self.node.weights()
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        self.heard_s = time.monotonic()
+        return self.node.fit(parameters, int(config["round"]))
+
+    def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
+        self.heard_s = time.monotonic()
+        return self.node.evaluate(parameters)
+
+
+def run_client(config: FederatedConfig, node: FederatedNode) -> None:
+    """Serve ``node`` to the server at ``config.address`` until the run ends; reconnects to a restarted server.
+
+    Raises:
+        FederatedError: no server answered for ``connect_timeout_s`` (at start, or after losing it).
+    """
+    flower = _FlowerClient(node)
+    while True:
+        try:
+            start_client(server_address=config.address, client=flower.to_client(), insecure=True)
+            return  # the server ended the run
+        except grpc.RpcError as exc:  # no server, or it went away: wait for one (a resumed server) to answer
+            waited_s = time.monotonic() - flower.heard_s
+            if waited_s > config.connect_timeout_s:
+                status = exc.code().name if hasattr(exc, "code") else type(exc).__name__
+                raise FederatedError(f"node {node.node}: the server at {config.address} did not answer for "
+                                     f"{waited_s:.0f} s ({status}); is it running?") from None
+            time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------------------------ the server
+
+
+def _payload_bytes(parameters: Parameters) -> int:
+    """Bytes of the serialised arrays in a message (NumPy ``.npy`` blobs; gRPC's framing not counted)."""
+    return sum(len(blob) for blob in parameters.tensors)
+
+
+class FederatedStrategy(FedAvg):
+    """FedAvg over every node each round, with the checks, records and saved state of NOTE [ Federated rounds ].
+
+    ``done`` rounds were run before (a resumed run): Flower's round ``r`` is the run's round ``done + r``.
+    """
+
+    def __init__(self, config: FederatedConfig, weights: NDArrays, done: int, store: StateStore | None,
+                 metrics: MetricsLog | None) -> None:
+        super().__init__(fraction_fit=1.0, fraction_evaluate=1.0, min_fit_clients=config.nodes,
+                         min_evaluate_clients=config.nodes, min_available_clients=config.nodes,
+                         initial_parameters=ndarrays_to_parameters(weights), accept_failures=False,
+                         on_fit_config_fn=self._round_config, on_evaluate_config_fn=self._round_config)
+        self.config, self.done, self.store, self.metrics = config, done, store, metrics
+        self.reference = [(w.shape, w.dtype) for w in weights]
+        self.current = weights
+        self.record: dict[str, Any] = {}
+        self.started = time.perf_counter()
+
+    def _round_config(self, server_round: int) -> dict[str, Scalar]:
+        return {"round": self.done + server_round}
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> Any:
+        instructions = super().configure_fit(server_round, parameters, client_manager)  # waits for every node
+        self.started = time.perf_counter()  # the round's own time, not the nodes' start-up
+        return instructions
+
+    def _check(self, node: int, arrays: NDArrays, metrics: dict[str, Scalar]) -> None:
+        """A reply is the model's weights and numbers: nothing else crosses (no sample, no text)."""
+        shapes = [(a.shape, a.dtype) for a in arrays]
+        if shapes != self.reference:
+            raise FederatedError(f"node {node} replied with arrays that are not the model's weights: "
+                                 f"{len(arrays)} arrays, first {shapes[:1]}; expected {len(self.reference)}, "
+                                 f"first {self.reference[:1]}")
+        foreign = [k for k, v in metrics.items() if isinstance(v, (str, bytes))]
+        if foreign:
+            raise FederatedError(f"node {node} replied with non-numeric metrics {foreign}: refused")
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException]
+                      ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        if failures:
+            raise FederatedError(f"round {self.done + server_round}: {len(failures)} of {self.config.nodes} nodes "
+                                 f"failed ({_reason(failures[0])}); the run stops at the last saved round")
+        replies = sorted(((int(res.metrics["node"]), parameters_to_ndarrays(res.parameters), res)
+                          for _, res in results), key=lambda reply: reply[0])
+        for node, arrays, res in replies:
+            self._check(node, arrays, res.metrics)
+        self.current = aggregate([(arrays, res.num_examples) for _, arrays, res in replies])
+        samples = sum(res.num_examples for _, _, res in replies)
+        sent = _payload_bytes(ndarrays_to_parameters(self.current))
+        self.record = {
+            "round": self.done + server_round, "step": self.done + server_round, "epoch": 0,
+            "train_loss": sum(float(res.metrics["train_loss"]) * res.num_examples for _, _, res in replies) / samples,
+            "bytes_down": 2 * sent * len(replies),  # the weights to every node for fit and for evaluate
+            "bytes_up": sum(_payload_bytes(res.parameters) for _, _, res in replies),
+            "nodes": [{"node": node, "samples": res.num_examples,
+                       **{k: res.metrics[k] for k in ("train_loss", "peak_rss_bytes", "predicted_peak_bytes",
+                                                      "budget_bytes", "planned_step_bytes",
+                                                      "runtime_baseline_bytes", "flower_bytes")}}
+                      for node, _, res in replies]}
+        return ndarrays_to_parameters(self.current), {}
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, Any]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        from ..train.state import TrainingState
+
+        if failures:
+            raise FederatedError(f"round {self.done + server_round}: {len(failures)} of {self.config.nodes} nodes "
+                                 f"failed to evaluate ({_reason(failures[0])})")
+        loss = weighted_loss_avg([(res.num_examples, res.loss) for _, res in results])
+        held_out = sum(res.num_examples for _, res in results)
+        accuracy = sum(float(res.metrics["accuracy"]) * res.num_examples for _, res in results) / held_out
+        round_ = self.done + server_round
+        assert self.metrics is not None and self.store is not None  # None only where a test calls _check
+        self.metrics.append({**self.record, "loss": loss, "accuracy": accuracy, "held_out": held_out,
+                             "time_s": time.perf_counter() - self.started, "wall_time": time.time()})
+        self.store.save(TrainingState(step=round_, epoch=0, model=_as_state(self.current),
+                                      metadata={"settings": config_hash(self.config.settings())}))
+        return loss, {"accuracy": accuracy}
+
+
+def _reason(failure: Any) -> str:
+    return f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure[1].status)
+
+
+def _as_state(weights: NDArrays) -> dict[str, torch.Tensor]:
+    return {f"{i:04d}": torch.from_numpy(np.ascontiguousarray(w)) for i, w in enumerate(weights)}
+
+
+def open_run(config: FederatedConfig) -> tuple[int, NDArrays | None]:
+    """Start or continue the run in ``config.run_dir``: the rounds done and the global weights saved after them
+    (None for a fresh run).
+
+    Raises:
+        FederatedError: a run is there and neither ``resume`` nor ``overwrite`` is set, or the run there was
+            made with other settings.
+    """
+    from ..train.loop import truncate_metrics
+    from ..train.state import StateStore
+
+    run = Path(config.run_dir)
+    settings = run / SETTINGS
+    if settings.exists() and config.overwrite:
+        for name in (STATES, METRICS, SUMMARY, SETTINGS):
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+    elif settings.exists() and not config.resume:
+        raise FederatedError(f"{run} holds a federated run: --resume continues it, --overwrite replaces it")
+    run.mkdir(parents=True, exist_ok=True)
+    mine = config_hash(config.settings())
+    if settings.exists():
+        theirs = json.loads(settings.read_text())
+        if theirs.get("hash") != mine:
+            raise FederatedError(f"{run} was made with other settings ({theirs.get('settings')}); resume it with "
+                                 "those, or --overwrite")
+    write_json(settings, {"hash": mine, "settings": config.settings()})
+    state = StateStore(run / STATES, keep_last=2).load_latest()
+    done = 0 if state is None else state.step
+    truncate_metrics(run / METRICS, None if state is None else (done, 0))
+    return done, None if state is None else [state.model[key].numpy() for key in sorted(state.model)]
+
+
+def run_server(config: FederatedConfig) -> dict[str, Any]:
+    """Serve the run's remaining rounds to ``config.nodes`` nodes at ``config.address``; returns the summary
+    (also written to ``summary.json``)."""
+    from ..train.loop import MetricsLog
+    from ..train.state import StateStore
+
+    run = Path(config.run_dir)
+    done, saved = open_run(config)
+    started = time.perf_counter()
+    if done < config.rounds:
+        weights = initial_weights(config) if saved is None else saved
+        with MetricsLog(run / METRICS) as metrics:
+            strategy = FederatedStrategy(config, weights, done, StateStore(run / STATES, keep_last=2), metrics)
+            start_server(server_address=config.address, strategy=strategy,
+                         config=ServerConfig(num_rounds=config.rounds - done, round_timeout=config.round_timeout_s))
+    summary = {"rounds": config.rounds, "resumed_from_round": done or None, "nodes": config.nodes,
+               "task": "insitu" if config.stores else config.model, "wall_time_s": time.perf_counter() - started,
+               "last": read_records(run / METRICS)[-1:]}
+    write_json(run / SUMMARY, summary)
+    return summary
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The round records of a ``metrics.jsonl`` (a line cut by a kill left out)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+            records.append(json.loads(line))
+    return records
+
+
+# ------------------------------------------------------------------------------------------------ processes
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m edgetrain.distributed.federated server CONFIG.json`` or ``... client CONFIG.json NODE``.
+
+    An expected failure is one line ``error: ...`` and exit status 2.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # Flower's INFO lines and its deprecation banners
+    role, config = argv[0], FederatedConfig.from_json(Path(argv[1]).read_text())
+    torch.set_num_threads(config.threads)
+    try:
+        if role == "server":
+            run_server(config)
+        else:
+            run_client(config, FederatedNode(config, int(argv[2])))
+    except EdgetrainError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        if role == "server":  # gRPC's worker threads of a server stopped mid-round would keep the process up
+            os._exit(2)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""``cluster federated`` on one machine: a Flower server and one process per node, supervised (issue #14, item 5).
+
+Plain localhost processes (``python -m edgetrain.distributed.federated server|client``): no network
+shaping, no cgroup (docs/cluster.md, "Federated mode"). The first process to fail stops the others
+and its one line is the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .federated import LOGS, METRICS, SUMMARY, FederatedConfig, FederatedError, Progress, open_run, read_records
+
+__all__ = ["run_local", "free_port", "LocalRun"]
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def last_error(self) -> str:
+        """The process's one-line error (``error: ...``), else its last line."""
+        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("error: ")]
+        return (errors or lines or [f"exit status {self.popen.returncode}"])[-1].removeprefix("error: ")
+
+
+@dataclass
+class LocalRun:
+    """The processes :func:`run_local` started: the server first, then the nodes in order."""
+
+    processes: list[_Process] = field(default_factory=list)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _spawn(role: str, config_path: Path, log_dir: Path, *extra: str) -> _Process:
+    name = role if not extra else f"node-{extra[0]}"
+    log_path = log_dir / f"{name}.log"
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1", "FLWR_TELEMETRY_ENABLED": "0"}  # as cli.main sets the former
+    with log_path.open("wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "edgetrain.distributed.federated", role, str(config_path),
+                                  *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+    return _Process(name, popen, log_path)
+
+
+def run_local(config: FederatedConfig, progress: Progress | None = None, poll_s: float = 0.2) -> dict[str, Any]:
+    """Run the server and ``config.nodes`` node processes on this machine (plain localhost processes) to the end.
+
+    ``progress`` is called with every new round's record. Returns the server's summary.
+
+    Raises:
+        FederatedError: a process failed (its one-line error, named), e.g. a node whose budget cannot hold.
+    """
+    config.check()
+    open_run(config)  # refuse a bad run directory before any process starts
+    config = replace(config, resume=True, overwrite=False)
+    run = Path(config.run_dir)
+    (run / LOGS).mkdir(exist_ok=True)
+    config_path = run / "federated-config.json"
+    config_path.write_text(config.to_json())
+    local = LocalRun()
+    try:
+        local.processes.append(_spawn("server", config_path, run / LOGS))
+        local.processes += [_spawn("client", config_path, run / LOGS, str(node)) for node in range(config.nodes)]
+        _watch(local, run / METRICS, progress, poll_s)
+    finally:
+        for process in local.processes:
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in local.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.popen.wait(timeout=10)
+            if process.popen.poll() is None:
+                process.popen.kill()
+                process.popen.wait()
+    return dict(json.loads((run / SUMMARY).read_text()))
+
+
+def _watch(local: LocalRun, metrics: Path, progress: Progress | None, poll_s: float) -> None:
+    """Until the server and every node exit: report new rounds; stop everything at the first failure."""
+    seen = len(read_records(metrics))
+    while True:
+        records = read_records(metrics)
+        for record in records[seen:]:
+            if progress is not None:
+                progress(record)
+        seen = len(records)
+        # nodes first: a node's failure also fails the server's round, and the node's line says why
+        failed = [p for p in local.processes[1:] + local.processes[:1] if p.popen.poll() not in (None, 0)]
+        if failed:
+            message = failed[0].last_error()
+            named = message.startswith(("node ", "round "))  # the library's errors name the node or round
+            raise FederatedError(message if named else f"{failed[0].name}: {message}")
+        if all(p.popen.poll() == 0 for p in local.processes):
+            return
+        time.sleep(poll_s)
