@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from edgetrain.distributed.federated import METRICS, FederatedConfig
-from edgetrain.distributed.federated_local import free_port, run_local
+from edgetrain.distributed.federated_local import run_local
+from edgetrain.distributed.local import free_port
 from edgetrain.units import format_bytes
 
 

@@ -36,7 +36,7 @@ from edgetrain.distributed.federated import (  # after the skip
     run_client,
     run_server,
 )
-from edgetrain.distributed.federated_local import free_port
+from edgetrain.distributed.local import free_port
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.train.state import StateStore
 

@@ -59,7 +59,8 @@ def federated_command(
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --run-dir.")) -> None:
     """Federated training on this machine: a Flower server and --nodes client processes; only weights travel."""
     from .distributed.federated import FederatedConfig
-    from .distributed.federated_local import free_port, run_local
+    from .distributed.federated_local import run_local
+    from .distributed.local import free_port
 
     config = FederatedConfig(run_dir=str(run_dir), nodes=nodes, rounds=rounds, local_steps=local_steps, batch=batch,
                              lr=lr, optimizer=optimizer, seed=seed, model=model, samples=samples, image=image,

@@ -239,19 +239,14 @@ def _synthetic_slice(config: FederatedConfig, node: int) -> NodeData:
 def _store_data(root: Path) -> NodeData:
     """An in-situ node's stored frames (held-out tracks apart, as its student's) plus its teacher's replay crops."""
     from ..insitu.model import to_tensor
-    from ..insitu.store import decode_png, listed_frames
-    from ..insitu.student import FRAMES, held_out
+    from ..insitu.student import FRAMES, stored_split
 
     teacher = _teacher(root)
-    frames = listed_frames(root / FRAMES)
-    crops = [decode_png(root / FRAMES / f.name) for f in frames]
-    held = np.array([held_out(f.track) for f in frames], dtype=bool)
-    labels = np.array([f.label for f in frames], dtype=np.int64)
-    stored = np.stack(crops) if crops else teacher.replay_crops[:0]
-    train_x = np.concatenate([stored[~held], teacher.replay_crops])
-    train_y = np.concatenate([labels[~held], teacher.replay_labels.astype(np.int64)])
-    return NodeData(to_tensor(train_x), torch.from_numpy(train_y), to_tensor(stored[held]),
-                    torch.from_numpy(labels[held]), own_samples=int((~held).sum()), augment=True)
+    (own_x, own_y), (held_x, held_y) = stored_split(root / FRAMES)
+    train_x = np.concatenate([own_x, teacher.replay_crops])
+    train_y = np.concatenate([own_y, teacher.replay_labels.astype(np.int64)])
+    return NodeData(to_tensor(train_x), torch.from_numpy(train_y), to_tensor(held_x), torch.from_numpy(held_y),
+                    own_samples=len(own_y), augment=True)
 
 
 def _teacher_path(root: Path) -> Path:
@@ -288,9 +283,14 @@ def _shared_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(name, value) for name, value in model.state_dict().items() if value.is_floating_point()]
 
 
+def _weights(model: nn.Module) -> NDArrays:
+    """The model's shared entries as they travel (copies, as NumPy arrays)."""
+    return [value.detach().numpy().copy() for _, value in _shared_entries(model)]
+
+
 def initial_weights(config: FederatedConfig) -> NDArrays:
     """The global weights of round 0 (what :func:`run_server` starts a fresh run from)."""
-    return [value.detach().numpy().copy() for _, value in _shared_entries(_build_model(config))]
+    return _weights(_build_model(config))
 
 
 class FederatedNode:
@@ -355,7 +355,7 @@ class FederatedNode:
 
     def weights(self) -> NDArrays:
         """The node's current weights, as they travel."""
-        return [value.detach().numpy().copy() for _, value in _shared_entries(self.model)]
+        return _weights(self.model)
 
     def load(self, weights: NDArrays) -> None:
         """Take the global weights; refuses arrays that are not this model's.

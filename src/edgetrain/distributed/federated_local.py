@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 from .federated import LOGS, METRICS, SUMMARY, FederatedConfig, FederatedError, Progress, open_run, read_records
 
-__all__ = ["run_local", "free_port", "LocalRun"]
+__all__ = ["run_local", "LocalRun"]
 
 
 @dataclass
@@ -42,13 +41,6 @@ class LocalRun:
     """The processes :func:`run_local` started: the server first, then the nodes in order."""
 
     processes: list[_Process] = field(default_factory=list)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _spawn(role: str, config_path: Path, log_dir: Path, *extra: str) -> _Process:

@@ -58,7 +58,7 @@ from .model import augment, predict, to_tensor
 from .store import StoredFrame, decode_png, listed_frames
 from .teacher import load_teacher
 
-__all__ = ["StudentConfig", "run_student", "emit", "load_promoted", "held_out", "HELD_OUT_EVERY",
+__all__ = ["StudentConfig", "run_student", "emit", "load_promoted", "held_out", "stored_split", "HELD_OUT_EVERY",
            "DECODED_PER_QUOTA_BYTE", "write_config", "STATUS", "PROMOTED", "TEACHER", "FRAMES"]
 
 HELD_OUT_EVERY = 5  # a fifth of the camera's stored tracks
@@ -137,6 +137,13 @@ class _Frames:
             return np.stack(part[0]), np.array(part[1], dtype=np.int64)
 
         return arrays(parts[False]), arrays(parts[True])
+
+
+def stored_split(frames_dir: Path) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The store's listed frames split as the student splits them: (train crops, labels), (held-out crops, labels)."""
+    frames = _Frames(frames_dir)
+    frames.refresh()
+    return frames.split()
 
 
 def held_out(track: int) -> bool:
