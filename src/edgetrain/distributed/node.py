@@ -213,6 +213,12 @@ class _Heartbeat:
     Once the node has joined, a beat first counts ``heartbeat/<rank>`` up in the master's store over
     its own connection: a node cut off from the master stops beating as a stopped one does
     (NOTE [ Supervision ] in local.py).
+
+    The block's end waits for the thread: a daemon thread still inside a store call (torch releases
+    the GIL there) when the interpreter finalizes takes the GIL back on return, and Python 3.11 ends
+    such a thread with ``pthread_exit``, whose unwinding through pybind11's ``gil_scoped_release``
+    destructor calls ``std::terminate``: the node, its training done, died by SIGABRT ("terminate
+    called without an active exception"), and the supervisor counted a crash and restarted it.
     """
 
     def __init__(self, options: ClusterOptions, env: ClusterEnv) -> None:
@@ -252,6 +258,8 @@ class _Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        if self.thread.is_alive():  # a beat in flight: a connect and an add, each bounded by the store's timeout
+            self.thread.join(timeout=2 * STORE_BEAT_TIMEOUT_S + self.every_s + 1.0)
 
 
 @dataclass(frozen=True)
