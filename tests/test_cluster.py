@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -29,7 +30,7 @@ from torch import nn
 
 from edgetrain.chain import Chain
 from edgetrain.distributed import split_batch
-from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS
+from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
 from edgetrain.distributed.local import Fault, LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.errors import EdgetrainError
@@ -556,3 +557,44 @@ def test_a_node_exits_cleanly_while_its_heartbeat_is_inside_a_store_call(tmp_pat
                            capture_output=True, text=True, timeout=60) for i in range(5)]
     # Assert: every one exited normally
     assert [(d.returncode, d.stderr[-500:]) for d in done] == [(0, "")] * 5
+
+
+def _abort_node_once_it_trains(run_dir: Path, spec_name: str) -> None:
+    """SIGABRT to this process's child running ``spec_name``, once rank 0 logged a step (as a C++ exception's
+    ``std::terminate`` would end it)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not _steps_logged(run_dir):
+        time.sleep(0.05)
+    node = next(pid for pid in _children(os.getpid())
+                if spec_name in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
+    os.kill(node, signal.SIGABRT)
+
+
+def _steps_logged(run_dir: Path) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return '"loss"' in (run_dir / "metrics.jsonl").read_text()
+    return False
+
+
+def test_a_node_that_aborts_leaves_every_threads_stack_in_the_log_the_supervisor_names(tmp_path: Path) -> None:
+    # Prepare: 2 supervised nodes training long enough; node 1 gets SIGABRT once a step is logged, as a native
+    # crash would (a gloo enforce in a background thread ends in std::terminate); no restart allowed.
+    config = TrainConfig(model="transformer_small", samples=4000, batch=4, image=8, epochs=1, save_every=1000,
+                         run_dir=tmp_path / "run")
+    aborter = threading.Thread(target=_abort_node_once_it_trains, args=(config.run_dir, "node-0-1.json"))
+    aborter.start()
+    # Execute
+    try:
+        with pytest.raises(ClusterError) as failed:
+            run_local(config, [NodeSpec()] * 2, LocalOptions(max_restarts=0, spares=False, heartbeat_timeout_s=30))
+    finally:
+        aborter.join()
+    # Assert: the message names the signal, the node's log and its fatal line; the log holds the Python stack of
+    # every thread: the main thread's (where it was) and the heartbeat's
+    message = str(failed.value)
+    log_path = config.run_dir / "node-logs" / "attempt-0-node-1.log"
+    assert f"node 1 killed by SIGABRT; every thread's stack is in {log_path}: Fatal Python error: Aborted | File " \
+        in message, message
+    text = log_path.read_text()
+    assert "Current thread " in text and "edgetrain/distributed/node.py" in text, text
+    assert 'in _beat\n' in text, text

@@ -543,15 +543,20 @@ class _Group:
             return None
 
     def _loss_line(self, node: int, kind: str, code: int | None) -> str:
-        """``node N killed by SIGABRT; its log's last line: ...``: the signal tells an injected kill (SIGKILL)
-        from a crash (SIGABRT from a C++ exception, SIGSEGV), and the log's last line says where."""
+        """``node N killed by SIGABRT; its log ...``: the signal tells an injected kill (SIGKILL) from a crash
+        (SIGABRT from a C++ exception, SIGSEGV); a crash's log holds every thread's stack (the worker's
+        faulthandler), which the message names with the crash's own lines; else the log's last line says where."""
         if code is None or code >= 0:
             return f"node {node} {kind}"
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        lines = self.logs[node].read_text(errors="replace").splitlines() if node in self.logs else []
+        log_path = self.logs.get(node)
+        lines = log_path.read_text(errors="replace").splitlines() if log_path is not None else []
+        crash = _crash_lines(lines)
+        if crash:
+            return f"node {node} {kind} by {name}; every thread's stack is in {log_path}: {' | '.join(crash)}"
         return f"node {node} {kind} by {name}" + (f"; its log's last line: {lines[-1]}" if lines else "")
 
     def _error_line(self, node: int) -> str:
@@ -567,6 +572,20 @@ class _Group:
                     os.killpg(proc.pid, signal.SIGKILL)
         for proc in self.procs.values():
             proc.wait()
+
+
+def _crash_lines(lines: list[str]) -> list[str]:
+    """A native crash's lines in a node's log: what C++ printed just before faulthandler's ``Fatal Python error``
+    (``terminate called ...``, its ``what():``), that line, and the crashing thread's innermost Python frame;
+    none without a crash."""
+    fatal = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("Fatal Python error: ")), None)
+    if fatal is None:
+        return []
+    before = [line.strip() for line in lines[max(0, fatal - 3):fatal]
+              if line.startswith(("terminate called", "  what():"))]
+    current = next((i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread ")), None)
+    frame = [lines[current + 1].strip()] if current is not None and current + 1 < len(lines) else []
+    return [*before, lines[fatal], *frame]
 
 
 def _last_step(metrics: Path) -> tuple[int, float | None]:

@@ -11,6 +11,10 @@ The spec holds the run's :class:`~edgetrain.train.TrainConfig`, the node's
 the rank and the master come from torchrun's variables, as for ``edgetrain cluster run``.
 Exit codes tell the supervisor what happened: 0 done, 2 a refusal (the same on every node: do
 not restart), 3 the cluster broke under this node (a peer died or stopped answering).
+
+A native crash (a C++ exception ending in ``std::terminate``: SIGABRT; SIGSEGV, SIGBUS, SIGFPE, SIGILL)
+leaves no Python traceback of its own; :mod:`faulthandler` prints every thread's Python stack into the
+node's log first, and the supervisor's message names that log (``local._loss_line``).
 """
 
 from __future__ import annotations
@@ -81,9 +85,11 @@ def _wait_for_work(ready: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one node; one line on stderr for any failure (NOTE [ One error on every node ])."""
+    import faulthandler
     import logging
     import os
 
+    faulthandler.enable(sys.stderr, all_threads=True)  # a native crash's stacks, into the node's log
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one-line errors (see cli_cluster._config)
     from ..errors import EdgetrainError
     from .group import ClusterEnv
