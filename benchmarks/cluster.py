@@ -24,6 +24,13 @@ median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats
   heartbeat gap of a healthy node (the margin of the heartbeat timeout against a false alarm).
 * **crashes**: ``--crash-runs`` runs of 2 local processes training a tiny CNN with PowerSGD
   through the cluster step (a crash: any exception, or the nodes' weights differing).
+* **node-crashes**: ``--node-crash-runs`` whole-node runs of ``cluster local`` per ``--node-crash-after``
+  value (the supervisor, ``--node-crash-nodes`` node processes, cross-node BatchNorm, PowerSGD rank
+  ``--compress-rank`` after that many exact steps), seeds 0 .. N-1; a crash: a node killed by a
+  signal, any restart or exception, or the nodes' final weights differing (each node logs their digest).
+  The default model, ResNet-18 with ImageNet's stem at 32 px, has the CIFAR ResNet-18's layers and so
+  its collectives (the same BatchNorm layers, the same PowerSGD matrices but the stem's), at a fraction
+  of the compute.
 * **save**: ``--saves`` durable saves of the model's training state (what rank 0 pays every
   ``--save-every`` steps).
 
@@ -38,7 +45,9 @@ every run's figures too) and a markdown table (``--md``), and prints the markdow
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
 [--steps N] [--average-every K] [--compress-rank R] [--compress-after N] [--compress-steps N] [--repeats R]
 [--failures kill,stop,cut] [--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
-[--tables link,scaling,ttt,compression,failures,crashes,save] [--out PATH] [--md PATH]``.
+[--node-crash-runs N] [--node-crash-model M] [--node-crash-nodes N] [--node-crash-batch B] [--node-crash-steps S]
+[--node-crash-after A,B] [--tables link,scaling,ttt,compression,failures,crashes,node-crashes,save] [--out PATH]
+[--md PATH]``.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -84,8 +94,10 @@ def _run(config: TrainConfig, nodes: int, options: LocalOptions) -> tuple[list[d
 
 
 def _keep_logs(run_dir: Path, kept: Path) -> Path:
-    """Copy a crashed run's node logs out of the scratch folder (removed at the end) to ``kept``."""
-    shutil.copytree(run_dir / LOG_DIR, kept, dirs_exist_ok=True)
+    """Copy a crashed run's node logs out of the scratch folder (removed at the end) to ``kept`` (none when no node
+    started)."""
+    if (run_dir / LOG_DIR).exists():
+        shutil.copytree(run_dir / LOG_DIR, kept, dirs_exist_ok=True)
     return kept
 
 
@@ -491,6 +503,50 @@ def crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
     return rows
 
 
+_DIGEST = re.compile(r"node (\d+): weights after step \d+: sha256 ([0-9a-f]+)")
+
+
+def node_crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
+    """Whole-node compressed runs through ``cluster local``, one row per ``--node-crash-after`` value: how many
+    crashed, and how (see the module's docstring). Spares are off: with no restart allowed they never train."""
+    rows = []
+    for after in args.node_crash_after:
+        started, problems = time.time(), []
+        for seed in range(args.node_crash_runs):
+            config = replace(_config(scratch / f"node-crash-{after}-{seed}", args.node_crash_model,
+                                     args.node_crash_batch, args.node_crash_steps, args.image), seed=seed)
+            options = LocalOptions(compress_rank=args.compress_rank, compress_after=after, max_restarts=0,
+                                   spares=False)
+            try:
+                run_local(config, [NodeSpec()] * args.node_crash_nodes, options)
+                problem = _weights_parted(config.run_dir, args.node_crash_nodes)
+            except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
+                problem = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            if problem:
+                kept = _keep_logs(config.run_dir, args.out.parent / "crash-logs" / config.run_dir.name)
+                log.warning("seed %d crashed: %s (node logs: %s)", seed, problem, kept)
+                problems.append(f"seed {seed}: {problem}")
+            if config.run_dir.exists():  # its data and rank 0's state: 100 runs would fill the disk
+                shutil.rmtree(config.run_dir)
+        rows.append({"model": args.node_crash_model, "nodes": args.node_crash_nodes, "batch": args.node_crash_batch,
+                     "steps": args.node_crash_steps, "compress_rank": args.compress_rank, "compress_after": after,
+                     "runs": args.node_crash_runs, "crashed_runs": len(problems), "crashes": problems,
+                     "wall_s": time.time() - started})
+        log.info("node crashes %s", rows[-1])
+    return rows
+
+
+def _weights_parted(run_dir: Path, nodes: int) -> str | None:
+    """Why a finished run's nodes do not end with the same weights (from the digests they log); None when they do."""
+    digests: dict[int, str] = {}
+    for node in range(nodes):
+        text = (run_dir / LOG_DIR / f"attempt-0-node-{node}.log").read_text(errors="replace")
+        digests.update((int(rank), digest) for rank, digest in _DIGEST.findall(text))
+    if len(digests) < nodes:
+        return f"nodes {sorted(set(range(nodes)) - set(digests))} logged no final weights"
+    return None if len(set(digests.values())) == 1 else f"the nodes' weights differ: {digests}"
+
+
 def state_saves(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """What rank 0 pays every ``--save-every`` steps: ``--saves`` durable saves of the model's training state with
     SGD momentum (``StateStore.save(TrainingState.capture(...))``, as a node saves), one torch thread."""
@@ -618,6 +674,13 @@ def markdown(result: dict[str, Any]) -> str:
         errors = ": " + "; ".join(r["errors"]) if r["errors"] else ""
         out += ["", f"PowerSGD rank 2, 2 local processes, a tiny CNN: {r['crashed_runs']} of {r['runs']} runs of "
                 f"{r['steps']} steps crashed ({r['wall_s']:.0f} s){errors}"]
+    if result.get("node-crashes"):
+        out += ["", "| model | nodes | batch | steps | PowerSGD | runs | crashed | wall s | crashes |",
+                "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+    for r in result.get("node-crashes", []):
+        out.append(f"| {r['model']} | {r['nodes']} | {r['batch']} | {r['steps']} | rank {r['compress_rank']} after "
+                   f"{r['compress_after']} exact steps | {r['runs']} | {r['crashed_runs']} | {r['wall_s']:.0f} | "
+                   f"{'; '.join(r['crashes']) or '-'} |")
     tables = ("link", "scaling", "ttt", "compression", "failures")
     emulations = sorted({r["emulation"] for t in tables for r in result.get(t, [])
                          if r.get("emulation")})
@@ -664,6 +727,13 @@ def main() -> None:
                         "collective), as before cross-node BatchNorm (NOTE [ Cross-node BatchNorm ])")
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
+    parser.add_argument("--node-crash-runs", type=int, default=50, help="whole-node runs per --node-crash-after value")
+    parser.add_argument("--node-crash-model", default="resnet18")
+    parser.add_argument("--node-crash-nodes", type=int, default=4)
+    parser.add_argument("--node-crash-batch", type=int, default=32)
+    parser.add_argument("--node-crash-steps", type=int, default=4)
+    parser.add_argument("--node-crash-after", type=lambda s: [int(v) for v in s.split(",")], default=[0, 2],
+                        help="PowerSGD after this many exact steps: one row of runs per value")
     parser.add_argument("--links", type=lambda s: s.split(","),
                         default=["wifi20", "wifi20-lossy", "100mbit", "100mbit@5", "gigabit@5"],
                         help="links of the link table (NAME@MS: NAME's rate through the switch, MS ms one way)")
@@ -679,7 +749,8 @@ def main() -> None:
     parser.add_argument("--ttt-target-at", type=float, default=0.75,
                         help="the target: the single node's smoothed loss at this fraction of its steps")
     parser.add_argument("--tables", type=lambda s: s.split(","),
-                        default=["link", "scaling", "ttt", "compression", "failures", "crashes", "save"])
+                        default=["link", "scaling", "ttt", "compression", "failures", "crashes", "node-crashes",
+                                 "save"])
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
@@ -699,7 +770,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
         for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target),
                              ("compression", compression), ("failures", failures), ("crashes", crashes),
-                             ("save", state_saves)):
+                             ("node-crashes", node_crashes), ("save", state_saves)):
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
     result["load_after"] = _load()

@@ -6,6 +6,7 @@ Processes talk over gloo on 127.0.0.1 on ports picked free (bound to 0), so para
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import json
@@ -511,7 +512,44 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeyp
     assert bench._spread([None, None]) is None
 
 
-def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Path) -> None:
+def test_the_node_crash_table_counts_signals_exceptions_and_parted_weights(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: four whole-node runs of 4 nodes (run_local stood in for): seed 0 ends well, seed 1's node 1 ends with
+    # other weights, seed 2's supervisor raises (a node died by a signal), seed 3's node 3 logs no final weights.
+    bench = load_benchmark("cluster", monkeypatch)
+    seen: list[LocalOptions] = []
+
+    def fake_run_local(config: TrainConfig, nodes: list[NodeSpec], options: LocalOptions) -> None:
+        seen.append(options)
+        logs = config.run_dir / "node-logs"
+        logs.mkdir(parents=True)
+        for node in range(len(nodes)):
+            digest = "bb" if (config.seed, node) == (1, 1) else "aa"
+            line = "" if (config.seed, node) == (3, 3) else f"node {node}: weights after step 4: sha256 {digest}\n"
+            (logs / f"attempt-0-node-{node}.log").write_text("a log line\n" + line)
+        if config.seed == 2:
+            raise ClusterError("more than 0 restarts; last: node 2 killed by SIGABRT; every thread's stack is in x")
+
+    monkeypatch.setattr(bench, "run_local", fake_run_local)
+    args = argparse.Namespace(node_crash_runs=4, node_crash_after=[2], node_crash_model="resnet18", node_crash_nodes=4,
+                              node_crash_batch=32, node_crash_steps=4, image=32, compress_rank=2,
+                              out=tmp_path / "out" / "b.json")
+    # Execute
+    (row,) = bench.node_crashes(args, tmp_path / "scratch", 1.0)
+    # Assert: three crashes, each said; their logs kept; no restart allowed, PowerSGD rank 2 after 2 exact steps
+    assert row["crashed_runs"] == 3
+    assert row["crashes"] == [
+        "seed 1: the nodes' weights differ: {0: 'aa', 1: 'bb', 2: 'aa', 3: 'aa'}",
+        "seed 2: ClusterError: more than 0 restarts; last: node 2 killed by SIGABRT; every thread's stack is in x",
+        "seed 3: nodes [3] logged no final weights"]
+    kept = tmp_path / "out" / "crash-logs"
+    assert sorted(p.name for p in kept.iterdir()) == ["node-crash-2-1", "node-crash-2-2", "node-crash-2-3"]
+    assert {(o.max_restarts, o.compress_rank, o.compress_after, o.spares) for o in seen} == {(0, 2, 2, False)}
+    assert not any((tmp_path / "scratch").iterdir())  # every run's folder removed
+
+
+def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 nodes, 5 steps of a small token model; PowerSGD rank 1 from step 3 on against whole gradients throughout.
     def losses(name: str, **compression: int) -> list[float]:
         config = TrainConfig(model="transformer_small", samples=25, batch=4, image=8, epochs=1, save_every=100,
@@ -526,6 +564,8 @@ def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Pa
     assert len(exact) == len(warmed) == 5
     assert warmed[:3] == exact[:3]
     assert warmed[3] != exact[3]
+    # and both nodes logged the same final weights, as the node-crash table reads them
+    assert load_benchmark("cluster", monkeypatch)._weights_parted(tmp_path / "warmed", 2) is None
 
 
 _BEATING_NODE_EXITS = """

@@ -32,6 +32,7 @@ compares. Rank 0 saves *its* weights; a resume restarts every node from them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -87,7 +88,7 @@ from .group import (
 from .split import split_batch
 
 __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters",
-           "node_speed", "cluster_settings", "profile_share", "profile_shares"]
+           "node_speed", "cluster_settings", "profile_share", "profile_shares", "weights_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -473,6 +474,7 @@ class _NodeRun:
                 self.sampler.set_epoch(self.epoch)
                 if store is not None:
                     store.save(self._capture(0))
+        log.info("node %d: weights after step %d: sha256 %s", self.env.rank, self.step, weights_digest(self.model))
         return self._summary(accuracy, val_loss) if self.run is not None else None
 
     def _global_batches(self) -> Iterator[list[int]]:
@@ -532,6 +534,15 @@ class _NodeRun:
         write_json(self.run.file(SUMMARY_FILE), asdict(summary))
         log.info("rank 0: %d steps, budget %s", self.step, format_bytes(summary.budget_bytes or 0))
         return summary
+
+
+def weights_digest(model: nn.Module) -> str:
+    """The sha256 of the parameters' bytes, in order: the same on every node after exact or compressed steps
+    (each node logs it at the end, so a run whose nodes' weights parted shows it)."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def profile_share(model: nn.Module, x: torch.Tensor, y: torch.Tensor, local: TrainConfig,
