@@ -638,3 +638,27 @@ def test_a_node_that_aborts_leaves_every_threads_stack_in_the_log_the_supervisor
     text = log_path.read_text()
     assert "Current thread " in text and "edgetrain/distributed/node.py" in text, text
     assert 'in _beat\n' in text, text
+
+
+def test_a_crash_is_told_by_its_terminate_line_fatal_error_and_innermost_frame() -> None:
+    from edgetrain.distributed.local import _crash_lines
+
+    # a gloo enforce thrown where nothing catches it (the PowerSGD hook crash), as faulthandler logs it
+    gloo = ["2026-11-24 node 2 of 4: 8 of 32 samples per step",
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+            "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 880 vs 40",
+            "Fatal Python error: Aborted", "", "Thread 0x00007f (most recent call first):",
+            '  File "threading.py", line 331 in wait', "", "Current thread 0x00007e (most recent call first):",
+            '  File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce',
+            '  File "edgetrain/distributed/group.py", line 170 in all_reduce_tensors', "",
+            "Extension modules: torch._C"]
+    # the heartbeat's exit race: the dying thread has no Python frame left
+    exit_race = ["terminate called without an active exception", "Fatal Python error: Aborted", "",
+                 "Thread 0x00007f (most recent call first):", "  <no Python frame>"]
+    assert _crash_lines(gloo) == [
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 880 vs 40",
+        "Fatal Python error: Aborted",
+        'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce']
+    assert _crash_lines(exit_race) == ["terminate called without an active exception", "Fatal Python error: Aborted"]
+    assert _crash_lines(["INFO a line", "error: the cluster broke: Connection closed by peer"]) == []
