@@ -27,7 +27,7 @@ median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats
 * **node-crashes**: ``--node-crash-runs`` whole-node runs of ``cluster local`` per ``--node-crash-after``
   value (the supervisor, ``--node-crash-nodes`` node processes, cross-node BatchNorm, PowerSGD rank
   ``--compress-rank`` after that many exact steps), seeds 0 .. N-1; a crash: a node killed by a
-  signal, any restart or exception, or the nodes' final weights differing (each node logs their digest).
+  signal, any restart or exception, or the nodes' final weights differing (each node logs its weights' digest).
   The default model, ResNet-18 with ImageNet's stem at 32 px, has the CIFAR ResNet-18's layers and so
   its collectives (the same BatchNorm layers, the same PowerSGD matrices but the stem's), at a fraction
   of the compute.
