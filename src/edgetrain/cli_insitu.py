@@ -55,6 +55,10 @@ def simulate_command(
                                               "per frame (mean)."),
         id_switch_rate: float = typer.Option(0.0, "--id-switch-rate", min=0.0, max=1.0, help="Extra simulated ID "
                                              "switches per matched detection."),
+        motion_gate_px: float = typer.Option(8.0, "--motion-gate-px", min=0.0, help="The tracker cuts a track where "
+                                             "its box's centre lands this many pixels or more from the straight "
+                                             "line through its last detections (an ID switch between objects); 0: "
+                                             "no cut."),
         propagation: str = typer.Option("track", "--propagation", help="'track' (backward and forward along the "
                                         "track), 'forward' (from the first trusted frame on) or 'none' (the "
                                         "gate-trusted frames alone: no tracker)."),
@@ -106,6 +110,7 @@ def simulate_command(
     rounds = (SimulateConfig.rounds if folds else 1) if rounds is None else rounds
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
+                            motion_gate_px=motion_gate_px,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
                             round_folds=folds, round_coverage=kept,
                             replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage),

@@ -78,6 +78,7 @@ class SimulateConfig:
     miss_rate: float = 0.0
     false_positives_per_frame: float = 0.0
     id_switch_rate: float = 0.0
+    motion_gate_px: float = 8.0  # the tracker cuts a track whose box jumps this far (NOTE [ The motion gate ... ])
     propagation: str = "track"  # "track": backward and forward; "forward"; "none": only the gate-trusted frames
     latency_probe: bool = True  # measure inference_p95_ratio (a student process beside the inference path)
     service_memory_bytes: int = 2**30  # the probe's service budget (half for its student process)
@@ -287,7 +288,8 @@ def _pseudo_label(stream: list[Video], teacher: torch.nn.Sequential, calibration
         for key, value in box_score.items():
             boxes[key] = boxes.get(key, 0) + value
         if detections:
-            ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k))
+            ids = track(detections, TrackerConfig(switch_rate=config.id_switch_rate, seed=config.seed + k,
+                                                    max_jump_px=config.motion_gate_px))
             crops = np.array([crop(video.frames[d.frame], d.box) for d in detections])
             seen.append((k, video, sources, ids, crops, predict(teacher, crops), np.array([d.box for d in detections])))
     fit = _stream_fit([(np.array([k * TRACKS_PER_CHUNK + tid for tid in ids]), out, box, video.camera)
