@@ -90,7 +90,7 @@ def simulate_command(
         round_coverage: float | None = typer.Option(None, "--round-coverage", min=0.0, max=1.0, help="With "
                                                     "--round-folds: the share of the stored detections the last "
                                                     "round keeps, its surest tracks first; the rest are removed from "
-                                                    "the store. Default 0.8 with --round-folds, else 1."),
+                                                    "the store. Default 0.81 with --round-folds, else 1."),
         replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
         replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
