@@ -42,7 +42,7 @@ from edgetrain.insitu.labels import (
 )
 from edgetrain.insitu.model import Outputs
 from edgetrain.insitu.store import MANIFEST_ENTRY_BYTES, MANIFEST_HEADER_BYTES, FrameStore, balance
-from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, track
+from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, jumped, track
 from edgetrain.insitu.world import POLE, STEEP, Video, render_video
 
 pytest.importorskip("scipy")
@@ -101,6 +101,44 @@ def test_two_objects_passing_each_other_keep_their_ids() -> None:
     ids = track(detections)
 
     assert ids[0::2] == [1] * 20 and ids[1::2] == [2] * 20
+
+
+def test_the_motion_gate_measures_the_jump_from_the_line_through_the_recent_detections() -> None:
+    recent = [(0, np.array([0.0, 0.0])), (2, np.array([4.0, 0.0]))]  # 2 px a frame to the right
+
+    # Frame 3 is expected at (6, 0); the gate is inclusive.
+    assert jumped(recent, 3, np.array([6.0, 8.0]), 8.0)
+    assert not jumped(recent, 3, np.array([6.0, 7.9]), 8.0)
+    assert not jumped(recent, 5, np.array([10.0, 0.0]), 0.5)  # far on, but on the line
+    assert not jumped(recent[1:], 3, np.array([100.0, 100.0]), 8.0)  # one detection: no velocity
+
+
+def test_the_motion_gate_cuts_a_track_that_jumps_to_an_object_going_the_other_way() -> None:
+    # A goes right for 10 frames and leaves; B comes in where A's box was headed, 10 px short of where A
+    # would be, and goes left: IoU alone carries A's track on to B.
+    detections = [Detection(f, (10 + 4 * f, 50, 40 + 4 * f, 80)) for f in range(10)]
+    detections += [Detection(f, (40 - 4 * (f - 10), 50, 70 - 4 * (f - 10), 80)) for f in range(10, 20)]
+
+    assert track(detections) == [1] * 20
+    assert track(detections, TrackerConfig(max_jump_px=8.0)) == [1] * 10 + [2] * 10
+    assert track(detections, TrackerConfig(max_jump_px=11.0)) == [1] * 20
+
+
+def test_the_motion_gate_extrapolates_from_the_last_three_detections() -> None:
+    # An accelerating box (centre x = f^2 + 30): the line through frames f-3 and f-1 misses frame f by 3 px
+    # (through f-2 and f-1: by 2; through f-6 and f-1: by 6).
+    detections = [Detection(f, (f * f, 50, 60 + f * f, 110)) for f in range(10)]
+
+    assert track(detections, TrackerConfig(max_jump_px=3.5)) == [1] * 10
+    assert track(detections, TrackerConfig(max_jump_px=2.5))[:4] == [1, 1, 1, 2]
+
+
+def test_the_motion_gate_keeps_an_object_that_moves_on_with_jitter() -> None:
+    jitter = np.random.default_rng(0).integers(-2, 3, size=(40, 2))
+    detections = [Detection(f, (10 + 3 * f + int(dx), 40 + int(dy), 40 + 3 * f + int(dx), 70 + int(dy)))
+                  for f, (dx, dy) in enumerate(jitter)]
+
+    assert track(detections, TrackerConfig(max_jump_px=8.0)) == [1] * 40
 
 
 def _mota(ids: list[int], sources: list[int], frames: list[int]) -> tuple[float, int]:

@@ -55,6 +55,10 @@ def simulate_command(
                                               "per frame (mean)."),
         id_switch_rate: float = typer.Option(0.0, "--id-switch-rate", min=0.0, max=1.0, help="Extra simulated ID "
                                              "switches per matched detection."),
+        motion_gate_px: float = typer.Option(8.0, "--motion-gate-px", min=0.0, help="The tracker cuts a track where "
+                                             "its box's centre lands this many pixels or more from the straight "
+                                             "line through its last detections (an ID switch between objects); 0: "
+                                             "no cut."),
         propagation: str = typer.Option("track", "--propagation", help="'track' (backward and forward along the "
                                         "track), 'forward' (from the first trusted frame on) or 'none' (the "
                                         "gate-trusted frames alone: no tracker)."),
@@ -86,7 +90,7 @@ def simulate_command(
         round_coverage: float | None = typer.Option(None, "--round-coverage", min=0.0, max=1.0, help="With "
                                                     "--round-folds: the share of the stored detections the last "
                                                     "round keeps, its surest tracks first; the rest are removed from "
-                                                    "the store. Default 0.8 with --round-folds, else 1."),
+                                                    "the store. Default 0.81 with --round-folds, else 1."),
         replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
         replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
@@ -106,6 +110,7 @@ def simulate_command(
     rounds = (SimulateConfig.rounds if folds else 1) if rounds is None else rounds
     config = SimulateConfig(seed=seed, quota_bytes=parse_bytes(quota), student_memory=memory, miss_rate=miss_rate,
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
+                            motion_gate_px=motion_gate_px,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
                             round_folds=folds, round_coverage=kept,
                             replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage),
