@@ -392,3 +392,27 @@ def test_the_whole_service_stays_inside_its_memory_as_the_kernel_counts_it(tmp_p
     with memory_cgroup(done["service_peak_rss_bytes"] // 2) as cgroup:
         starved = run_in(cgroup, "insitu", "run", "--store", str(store), *RUN)
     assert starved.returncode == -signal.SIGKILL  # the kernel's OOM killer, not a refusal
+
+
+@pytest.mark.parametrize("gate_px", [8.0, 0.0])
+def test_the_services_tracker_cuts_tracks_at_the_configured_motion_gate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate_px: float) -> None:
+    from collections import deque
+
+    from edgetrain.insitu import service
+
+    teacher = load_teacher(_sure_teacher(tmp_path / "teacher.pt"))
+    video = render_video(STEEP, 12, seed=1, rate=0.3)
+    gates: list[float] = []
+    real_track = service.track
+
+    def track_noting_the_gate(detections: Any, config: Any) -> Any:
+        gates.append(config.max_jump_px)
+        return real_track(detections, config)
+
+    monkeypatch.setattr(service, "track", track_noting_the_gate)
+    config = service.ServiceConfig(camera="0", memory_bytes=2**30, chunk_frames=12, motion_gate_px=gate_px)
+    service._infer_chunk(video, 0, teacher, Serving(teacher.model), config, deque())
+    assert gates == [gate_px]
+    from edgetrain.insitu.simulate import SimulateConfig
+    assert service.ServiceConfig(camera="0", memory_bytes=2**30).motion_gate_px == SimulateConfig.motion_gate_px

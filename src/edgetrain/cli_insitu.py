@@ -154,6 +154,10 @@ def run_command(
         frame_rate: float | None = typer.Option(None, "--frame-rate", min=0.1, help="Take frames at this rate "
                                                 "(per second), as a camera gives them (default: each as soon as "
                                                 "the last is done; the student then trains mostly between chunks)."),
+        motion_gate_px: float = typer.Option(8.0, "--motion-gate-px", min=0.0, help="The tracker cuts a track where "
+                                             "its box's centre lands this many pixels or more from the straight "
+                                             "line through its last detections (an ID switch between objects); 0: "
+                                             "no cut."),
         student_runs_during_frames: bool = typer.Option(
             False, "--student-runs-during-frames", help="Do not stop the student while a frame is inferred: on a "
             "multi-core node it then shares caches and memory bandwidth with the frame."),
@@ -179,7 +183,7 @@ def run_command(
     config = ServiceConfig(camera=camera, memory_bytes=memory_bytes, frames=frames, chunk_frames=chunk_frames,
                            quota_bytes=parse_bytes(quota), student_share=student_share, student_steps=student_steps,
                            round_steps=round_steps, margin=margin, probe_every=probe_every, detector=detector,
-                           node_camera=node_camera, frame_rate_hz=frame_rate,
+                           node_camera=node_camera, frame_rate_hz=frame_rate, motion_gate_px=motion_gate_px,
                            pause_per_frame=not student_runs_during_frames, seed=seed, teacher=teacher)
     run_service(store, config, say=lambda message: print(message, file=sys.stderr, flush=True))
 

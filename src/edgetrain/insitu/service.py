@@ -108,6 +108,7 @@ class ServiceConfig:
     pause_per_frame: bool = True  # the student stopped while a frame is inferred (NOTE [ Yielding per frame ])
     frame_rate_hz: float | None = None  # frames arrive at this rate (a camera's); None: as soon as the path is free
     propagation: str = "track"
+    motion_gate_px: float = 8.0  # the tracker cuts a track whose box jumps this far (NOTE [ The motion gate ... ])
     node_camera: str = "steep"  # a generated world's camera preset (world.NODE_CAMERAS)
     detector: str = "standin"  # or "motion" (NOTE [ The motion detector ]): frames alone, no truth.json needed
     seed: int = 0  # the teacher's world, the models' and the detector's noise
@@ -227,7 +228,7 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
             latencies_s.append(time.perf_counter() - started)  # frames with detections: the path's real work
     if not detections:
         return [], latencies_s, 0
-    ids = track(detections, TrackerConfig(seed=config.seed + chunk))
+    ids = track(detections, TrackerConfig(seed=config.seed + chunk, max_jump_px=config.motion_gate_px))
     chunk_outputs = Outputs(np.concatenate([o.probs for o in outputs]), np.concatenate([o.features for o in outputs]))
     chunk_boxes = np.array([d.box for d in detections])
     recent.append((chunk * TRACKS_PER_CHUNK + np.asarray(ids), chunk_outputs.probs, chunk_boxes))
