@@ -295,6 +295,21 @@ def _errors(procs: list[subprocess.Popen[str]]) -> list[str]:
     return lines
 
 
+def test_a_torchrun_node_that_aborts_prints_every_threads_stack(tmp_path: Path) -> None:
+    # Prepare: one `cluster run` node (as torchrun starts it) training long enough to be aborted mid-run
+    node = _node(0, 1, _free_port(), tmp_path, "--samples", "4000")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not _steps_logged(tmp_path) and node.poll() is None:
+        time.sleep(0.05)
+    # Execute: SIGABRT, as a C++ exception's std::terminate would end it
+    os.kill(node.pid, signal.SIGABRT)
+    _, err = node.communicate(timeout=60)
+    # Assert: killed by the signal, with faulthandler's report of the main thread where it was
+    assert node.returncode == -signal.SIGABRT, err
+    assert "Fatal Python error: Aborted" in err and "Current thread " in err, err
+    assert "edgetrain/distributed/node.py" in err, err
+
+
 def test_an_unreachable_master_is_one_error_not_a_hang(tmp_path: Path) -> None:
     port = _free_port()  # nobody listens there
     (err,) = _errors([_node(1, 2, port, tmp_path, "--connect-timeout", "1")])

@@ -75,6 +75,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                 timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="Seconds a collective may wait "
                                               "for a node before the run stops.")) -> None:
     """One node of a cluster, started by torchrun or by hand (reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    import faulthandler
+    faulthandler.enable(all_threads=True)  # a native crash (gloo's std::terminate) prints every thread's stack
     _quiet_c10d()
     from .distributed import ClusterEnv, ClusterOptions, NodeSpec, train_node
 
