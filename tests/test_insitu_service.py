@@ -386,12 +386,15 @@ def test_the_whole_service_stays_inside_its_memory_as_the_kernel_counts_it(tmp_p
     assert done["service_peak_rss_bytes"] <= memory_bytes
     # The kernel's count (page cache included) stayed under the limit too, or the run would have been killed.
     assert kernel_peak_bytes is None or kernel_peak_bytes <= memory_bytes
-    # The same service in a cgroup of half what it used is killed: the limit binds.
+    # The same service in a cgroup of half what it used is killed: the limit binds. The kernel's OOM killer takes
+    # the larger process: the service itself, or its student, whose death the service then reports (not a refusal).
     shutil.rmtree(store / "frames")
     shutil.rmtree(store / "student", ignore_errors=True)
     with memory_cgroup(done["service_peak_rss_bytes"] // 2) as cgroup:
         starved = run_in(cgroup, "insitu", "run", "--store", str(store), *RUN)
-    assert starved.returncode == -signal.SIGKILL  # the kernel's OOM killer, not a refusal
+    student_killed = starved.returncode == 2 and \
+        f"the student process exited with status {-signal.SIGKILL}" in starved.stderr
+    assert starved.returncode == -signal.SIGKILL or student_killed, (starved.returncode, starved.stderr[-2000:])
 
 
 @pytest.mark.parametrize("gate_px", [8.0, 0.0])

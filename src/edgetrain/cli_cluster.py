@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
-from .cli_common import clean_errors, console
+from .cli_common import clean_errors, console, error
 from .fileio import to_json
 
 cluster_app = typer.Typer(help="Data-parallel training across edge nodes on torch.distributed (issue #14).",
@@ -78,19 +78,37 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
     import faulthandler
     faulthandler.enable(all_threads=True)  # a native crash (gloo's std::terminate) prints every thread's stack
     _quiet_c10d()
-    from .distributed import ClusterEnv, ClusterOptions, NodeSpec, train_node
+    from .distributed import ClusterEnv, ClusterError, ClusterOptions, NodeSpec, train_node
 
     config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
                      optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
                      overwrite=overwrite)
     env = ClusterEnv.from_environ()
-    summary = train_node(config, NodeSpec(device, memory, rate), env,
-                         ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
-                                        average_every=average_every, compress_rank=compress_rank,
-                                        compress_after=compress_after, local_batch_norm=local_batch_norm))
+    try:
+        summary = train_node(config, NodeSpec(device, memory, rate), env,
+                             ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
+                                            average_every=average_every, compress_rank=compress_rank,
+                                            compress_after=compress_after, local_batch_norm=local_batch_norm))
+    except ClusterError as exc:
+        _refuse_and_exit(str(exc))
     if summary is not None:
         console.print(f"{summary.steps} steps on {env.world_size} nodes in {summary.wall_time_s:.1f} s; "
                       f"metrics: {run_dir / 'metrics.jsonl'}")
+
+
+def _refuse_and_exit(message: str) -> NoReturn:
+    """Print a refusal every node shares (one line, exit code 2) and end the process at once, skipping the
+    interpreter's teardown: after the group is left, torch's C++ teardown at exit has now and then aborted a
+    refusing node (SIGABRT, "terminate called without an active exception", no Python frame: once in a CI run
+    of `test_a_node_whose_budget_cannot_hold_its_share_fails_on_every_node`), turning the refusal into a crash."""
+    import logging
+    import sys
+
+    error(message)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)
 
 
 def _per_node(option: str, values: list[str], nodes: int) -> list[str | None]:
