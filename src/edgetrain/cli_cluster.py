@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 
@@ -79,6 +79,7 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
     faulthandler.enable(all_threads=True)  # a native crash (gloo's std::terminate) prints every thread's stack
     _quiet_c10d()
     from .distributed import ClusterEnv, ClusterError, ClusterOptions, NodeSpec, train_node
+    from .distributed.group import end_refused_node
 
     config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
                      optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
@@ -89,26 +90,12 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                              ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
                                             average_every=average_every, compress_rank=compress_rank,
                                             compress_after=compress_after, local_batch_norm=local_batch_norm))
-    except ClusterError as exc:
-        _refuse_and_exit(str(exc))
+    except ClusterError as exc:  # a refusal every node shares: its one line, then the node ends at once
+        error(str(exc))
+        end_refused_node(2)
     if summary is not None:
         console.print(f"{summary.steps} steps on {env.world_size} nodes in {summary.wall_time_s:.1f} s; "
                       f"metrics: {run_dir / 'metrics.jsonl'}")
-
-
-def _refuse_and_exit(message: str) -> NoReturn:
-    """Print a refusal every node shares (one line, exit code 2) and end the process at once, skipping the
-    interpreter's teardown: after the group is left, torch's C++ teardown at exit has now and then aborted a
-    refusing node (SIGABRT, "terminate called without an active exception", no Python frame: once in a CI run
-    of `test_a_node_whose_budget_cannot_hold_its_share_fails_on_every_node`), turning the refusal into a crash."""
-    import logging
-    import sys
-
-    error(message)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(2)
 
 
 def _per_node(option: str, values: list[str], nodes: int) -> list[str | None]:

@@ -27,16 +27,17 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from ..errors import EdgetrainError
 
-__all__ = ["ClusterError", "ClusterEnv", "join", "farewell", "leave", "gather_verdicts", "all_reduce_gradients",
-           "all_reduce_tensors", "all_reduce_sum", "config_hash"]
+__all__ = ["ClusterError", "ClusterEnv", "join", "farewell", "leave", "end_refused_node", "gather_verdicts",
+           "all_reduce_gradients", "all_reduce_tensors", "all_reduce_sum", "config_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,21 @@ def leave() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def end_refused_node(code: int) -> NoReturn:
+    """End a node's process with ``code`` at once, once its refusal is printed and it has left the group.
+
+    The interpreter's teardown after a refusal has now and then aborted a node in torch's C++ teardown
+    (SIGABRT, "terminate called without an active exception", no Python frame: once in a CI run, after
+    the group was left), which turns the refusal every node shares into a crash (a supervisor restarts
+    a node killed by a signal). Skipping the teardown takes the refusal out of its way: output and logs
+    are flushed first, and a node holds nothing else that must be written.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -118,4 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if exit_code == EXIT_REFUSED:
+        from .group import end_refused_node
+        end_refused_node(exit_code)
+    sys.exit(exit_code)
