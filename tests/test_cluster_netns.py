@@ -44,6 +44,12 @@ def _netns_dir_mounted() -> bool:
     return any(line.split()[4] == "/run/netns" for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
+def _netns_dir_as_before(mounted_before: bool) -> bool:
+    """ip's /run/netns bind mount is as it was before, unless another run (a test beside this one) still holds it."""
+    others = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip()
+    return _netns_dir_mounted() == mounted_before or bool(others)
+
+
 def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing_is_left() -> None:
     mounted_before = _netns_dir_mounted()
     with NetworkEmulation(2, "100mbit", cpus_per_node=0.5, memory_bytes=[256 * 2**20, None]) as net:
@@ -58,7 +64,30 @@ def test_each_node_gets_a_shaped_link_a_cpu_quota_and_a_memory_limit_and_nothing
         assert net.address(1) in seen and f"edgetrain-cluster-{net.names[1]}" in seen
         assert len(_leftovers(net)) == 2 + 1 + 4  # the check sees them: namespaces, bridge, cgroups
     assert _leftovers(net) == []
-    assert _netns_dir_mounted() == mounted_before  # ip's /run/netns bind mount too (unless another run holds it)
+    assert _netns_dir_as_before(mounted_before)
+
+
+_HOLD_AN_EMULATION = ("import sys\nfrom edgetrain.distributed.netns import NetworkEmulation\n"
+                      "with NetworkEmulation(1, 'gigabit', cpus_per_node=0.5):\n"
+                      "    print('up', flush=True); sys.stdin.readline()\n")
+
+
+def test_the_netns_mount_is_undone_by_the_run_that_ends_last_when_the_first_made_it() -> None:
+    """Two runs side by side (as two test workers): the first makes ip's /run/netns mount and ends first, while
+    the second still uses it; the second, ending last, removes it."""
+    mounted_before = _netns_dir_mounted()
+    first = subprocess.Popen([sys.executable, "-c", _HOLD_AN_EMULATION], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "up"
+        with NetworkEmulation(1, "gigabit", cpus_per_node=0.5):
+            first.communicate("\n", timeout=60)
+            assert first.returncode == 0
+            assert _netns_dir_mounted()   # this run's namespace still lives in it
+    finally:
+        first.kill()
+        first.wait()
+    assert _netns_dir_as_before(mounted_before)
 
 
 # Node 1 echoes bytes; node 0 times ROUNDS round trips of one byte, then connects again while its link is cut.

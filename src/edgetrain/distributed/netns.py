@@ -22,8 +22,9 @@ told so.
 
 Everything created is recorded as it is made and removed in reverse order on exit, on
 SIGTERM/SIGINT, and at interpreter exit, also when creating a later piece failed; that includes
-the ``/run/netns`` bind mount ``ip netns add`` makes, when this run made it and no namespace is
-left in it.
+the ``/run/netns`` bind mount ``ip netns add`` makes, when this run or another edgetrain run
+still using it made it (two runs side by side: the one that made it may end first), once no
+namespace is left in it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 NOT_EMULATED = "latency and loss are not emulated"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_RUN_DIR = "/run/netns"
+EDGETRAIN_NAMESPACE = re.compile(r"et\d+n\d+")   # NetworkEmulation's namespace names
 _CFS_PERIOD_US = 100_000
 # How long a packet may wait in a link's tbf queue before it is dropped. Short queues (50 ms)
 # drop the small heartbeat packets behind an all-reduce's burst, and TCP's retransmission
@@ -187,7 +190,7 @@ class NetworkEmulation:
         self._undo.append(undo)
 
     def _build(self) -> None:
-        if not _mounted(NETNS_RUN_DIR):  # `ip netns add` bind-mounts it: ours to undo, once unused
+        if _netns_dir_made_by_edgetrain():  # `ip netns add` bind-mounts it: ours to undo, once unused
             self._made(_unmount_netns_dir_if_unused)
         if self.preset.switched:
             self._build_switched()
@@ -337,6 +340,16 @@ def _unmount_netns_dir_if_unused() -> None:
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip()
     if not names and _mounted(NETNS_RUN_DIR):
         _run("umount", NETNS_RUN_DIR)
+
+
+def _netns_dir_made_by_edgetrain() -> bool:
+    """Whether ``/run/netns`` is not mounted yet, or is and holds only edgetrain's namespaces (an edgetrain
+    run beside this one made the mount; it may end first and leave the unmounting to this run)."""
+    if not _mounted(NETNS_RUN_DIR):
+        return True
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    listed = [line.split()[0] for line in names if line.strip()]
+    return bool(listed) and all(EDGETRAIN_NAMESPACE.fullmatch(name) for name in listed)
 
 
 def _mounted(path: str) -> bool:
