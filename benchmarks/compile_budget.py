@@ -47,6 +47,11 @@ in the backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/
 row names the plan (``single_level_kinds``) and ``b``. A plan that keeps every stage is inductor's
 own graph at ``b``, and at ``b = B`` the verdict calls it the same graph, not a win. (``b = 0``
 saves only the graph's inputs and recomputes everything, so regions change nothing there.)
+``edgetrain+compiled=inductor:B`` (not among the defaults) is the library's
+:func:`edgetrain.runtime.compiled.fit_compiled` at the same matched budget: the fastest whose step fits
+of inductor's own graph at 1.0, 0.5 and 0.0 and the regions fitted at 1.0 (NOTE [ A byte budget for
+torch.compile ]); where it takes inductor's own graph, the verdict says so (the same graph at the
+level's budget is a tie; at another budget, inductor's graph, not edgetrain's plan).
 
     python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
         [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
@@ -106,20 +111,6 @@ def all_models() -> list[str]:
     return [*REGISTRY_MODELS, *(name for name in names if name not in ("unet", "gpt2"))]
 
 
-def step_tensor_peak_bytes(step: Callable[[], None]) -> int:
-    """The most tensor bytes one ``step()`` held above its starting point, by the c10 allocator's records."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    held = most = 0
-    for event in events:
-        held += event.nbytes()
-        most = max(most, held)
-    return most
-
-
 def full_step(loss_step: Callable[[], Any], optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     """One training step as every setting runs it: loss and backward, the optimizer, gradients freed."""
     def step() -> None:
@@ -145,6 +136,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     from edgetrain.profile import profile
     from edgetrain.runtime import Checkpointed, three_budgets
     from edgetrain.runtime.checkpointed import compiled_stages
+    from edgetrain.runtime.compiled import measured_step_peak_bytes
     from edgetrain.stages import training_stages
     value = setting.partition(":")[2]
     compiled = setting.startswith("edgetrain+compile")
@@ -169,7 +161,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
         for _ in range(4):
             wrapped, step = planned(memory=budget)
             step()
-            fits.append(step_tensor_peak_bytes(step))
+            fits.append(measured_step_peak_bytes(step))
             if fits[-1] <= match_step_bytes or budget == least:
                 break
             budget = max(least, budget - (fits[-1] - match_step_bytes))
@@ -191,83 +183,49 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
     single-level plan as checkpoint regions inside it: inductor's min-cut decides what to save outside the
     regions, edgetrain's regions recompute whole stages (NOTE [ Checkpoint regions in one compiled graph ]).
 
-    Candidates, each compiled, its tensor step peak measured and 3 steps timed by the CPU clock: first the
-    plan that keeps every stage (inductor's own graph at this budget), then plans fitted to the measured step,
-    up to three: planned on the eager chain at its resident bytes plus inductor's measured step peak, then
-    the budget moved by what the compiled step over- or undershoots (down below the plan's own predicted
-    peak by an overshoot, so that the plan changes; up by an undershoot; halfway once both a fitting and an
-    overshooting budget are known). The eager chain is only a guide: compiled, the partitioner saves more or
-    less than eager around the regions. Kept: the fastest candidate within ``match_step_bytes``, else the one
-    with the least peak.
+    The candidates are :func:`edgetrain.runtime.compiled.compiled_candidates`' at this one budget (inductor's own
+    graph at it, then up to three regions plans fitted to the measured step; NOTE [ A byte budget for
+    torch.compile ]). Kept: the fastest within ``match_step_bytes``, else the one with the least peak.
     """
-    import torch._functorch.config as functorch_config
-
-    from edgetrain.errors import InfeasibleBudgetError
-    from edgetrain.models import stages_of
-    from edgetrain.planners.single_level import KEPT, single_level, single_level_plan
     from edgetrain.profile import profile
-    from edgetrain.runtime import three_budgets
-    from edgetrain.runtime.regions import Regions
-    from edgetrain.schedule import simulate
-    functorch_config.activation_memory_budget = partitioner_budget
+    from edgetrain.runtime.compiled import compiled_candidates
     chain = profile(model, x, y)
-    least, _, keep_all_bytes = three_budgets(chain)   # edgetrain's least; a single level may not get that low
-    tried: dict[tuple[int, ...], tuple[int, float, Callable[[], None]]] = {}   # kinds: (peak, CPU s, step)
+    tried = compiled_candidates(model, x, y, match_step_bytes, optimizer, chain=chain,
+                                partitioner_budgets=(partitioner_budget,), regions_budget=partitioner_budget)
+    fitted = [c for c in tried if c.step_peak_bytes <= match_step_bytes]
+    chosen = (min(fitted, key=lambda c: c.step_cpu_s) if fitted else min(tried, key=lambda c: c.step_peak_bytes))
+    return whole_graph_step(model, x, y, optimizer, chain, chosen, tried)
 
-    def run(kinds: tuple[int, ...]) -> int:
-        if kinds not in tried:
-            compiled = torch.compile(Regions(stages_of(model), list(kinds[:-1])))
-            step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
-            step()
-            peak = step_tensor_peak_bytes(step)
-            tried[kinds] = (peak, statistics.median(cpu_seconds(step) for _ in range(3)), step)
-        return tried[kinds][0]
 
-    def predicted_bytes(kinds: tuple[int, ...]) -> int:
-        return simulate(chain, single_level(list(kinds))).peak_bytes
+def compiled_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
+                  match_step_bytes: int) -> tuple[Callable[[], None], dict[str, Any]]:
+    """``edgetrain.runtime.compiled.fit_compiled`` at the matched budget: the fastest of inductor's own graphs at
+    1.0, 0.5 and 0.0 and edgetrain's regions fitted at 1.0 whose step fits (NOTE [ A byte budget for
+    torch.compile ])."""
+    from edgetrain.profile import profile
+    from edgetrain.runtime.compiled import fit_compiled
+    chain = profile(model, x, y)
+    fit = fit_compiled(model, x, y, chain.resident_bytes + match_step_bytes, optimizer, chain=chain)
+    return whole_graph_step(model, x, y, optimizer, chain, fit.chosen, fit.candidates)
 
-    run((KEPT,) * chain.length)
-    budget = min(max(least, chain.resident_bytes + match_step_bytes), keep_all_bytes - 1)
-    fitting: list[int] = []   # budgets whose plan fitted, and (below) those whose plan overshot
-    over: list[int] = []
-    for _ in range(3):
-        try:
-            kinds = tuple(single_level_plan(chain, budget))
-        except InfeasibleBudgetError:   # below what a single level reaches
-            break
-        peak = run(kinds)
-        (fitting if peak <= match_step_bytes else over).append(budget)
-        if fitting and over:
-            budget = (max(fitting) + min(over)) // 2
-        elif fitting:
-            budget = min(budget + match_step_bytes - peak, keep_all_bytes - 1)
-        else:
-            budget = max(least, min(budget, predicted_bytes(kinds)) - (peak - match_step_bytes))
-        if budget in (*fitting, *over):   # no budget left to try
-            break
-    fitted = [kinds for kinds, (peak, _, _) in tried.items() if peak <= match_step_bytes]
-    kinds = (min(fitted, key=lambda kinds: tried[kinds][1]) if fitted
-             else min(tried, key=lambda kinds: tried[kinds][0]))
-    stats = simulate(chain, single_level(list(kinds)))
-    return tried[kinds][2], {
-        "resident_bytes": chain.resident_bytes, "least_bytes": least,
+
+def whole_graph_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
+                     chain: Any, chosen: Any, tried: list[Any]) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The chosen whole-model candidate's step, and what the row records of it and of every candidate."""
+    from edgetrain.planners.single_level import single_level
+    from edgetrain.runtime import three_budgets
+    from edgetrain.runtime.compiled import build_compiled, training_step
+    from edgetrain.schedule import simulate
+    kinds = chosen.regions or "." * chain.length
+    stats = simulate(chain, single_level([".SR".index(kind) for kind in kinds]))
+    step = training_step(build_compiled(model, chosen), x, y, optimizer, nn.functional.cross_entropy)
+    return step, {
+        "resident_bytes": chain.resident_bytes, "least_bytes": three_budgets(chain)[0],
         "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
-        "recompute_factor": stats.recompute_factor, "partitioner_budget": partitioner_budget,
-        "single_level_kinds": kind_text(kinds),
-        "candidates": [{"kinds": kind_text(kinds), "step_tensor_peak_bytes": peak, "step_cpu_s": cpu_s}
-                       for kinds, (peak, cpu_s, _) in tried.items()]}
-
-
-def kind_text(kinds: tuple[int, ...]) -> str:
-    """A single-level plan as text: ``.`` a kept stage, ``S`` one that opens a region, ``R`` one that continues it."""
-    return "".join(".SR"[kind] for kind in kinds)
-
-
-def cpu_seconds(step: Callable[[], None]) -> float:
-    """The stepping thread's CPU time for one ``step()``."""
-    start = time.thread_time()
-    step()
-    return time.thread_time() - start
+        "recompute_factor": stats.recompute_factor, "partitioner_budget": chosen.partitioner_budget,
+        "single_level_kinds": kinds,
+        "candidates": [{"kinds": c.regions or "." * chain.length, "partitioner_budget": c.partitioner_budget,
+                        "step_tensor_peak_bytes": c.step_peak_bytes, "step_cpu_s": c.step_cpu_s} for c in tried]}
 
 
 def thread_counts(usage: Any = None) -> tuple[int, int]:
@@ -289,6 +247,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
     """One setting in this process: print its JSON line (the parent reads the last line)."""
     from edgetrain.optim import make_optimizer
     from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak
+    from edgetrain.runtime.compiled import measured_step_peak_bytes
     configure_allocator()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -301,6 +260,9 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
         functorch_config.activation_memory_budget = float(value)
         compiled = torch.compile(model)
         step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
+    elif kind.startswith("edgetrain+compiled"):
+        assert match_step_bytes is not None, "edgetrain+compiled is matched to an inductor setting"
+        step, info = compiled_step(model, x, y, optimizer, match_step_bytes)
     elif kind.startswith("edgetrain+regions"):
         assert match_step_bytes is not None, "edgetrain+regions is matched to an inductor setting"
         partitioner_budget = float(kind.partition("@")[2].partition("=")[0] or 1.0)
@@ -332,7 +294,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
                       "step_minor_faults": faults, "step_preemptions": switches,
                       "dynamo_events_in_timed_steps": dynamo_events,
                       "step_peak_bytes": step_peak, "rest_rss_bytes": rest,
-                      "step_tensor_peak_bytes": step_tensor_peak_bytes(step), **info}))
+                      "step_tensor_peak_bytes": measured_step_peak_bytes(step), **info}))
 
 
 def run_child(setting: str, name: str, args: argparse.Namespace, match_step_bytes: int | None) -> dict[str, Any]:
@@ -413,11 +375,16 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
               f"{row['step_cpu_time_ratio']:9.2f} {low:5.2f}-{high:4.2f}  {rho}", flush=True)
 
 
+def whole_graph(row: dict[str, Any]) -> bool:
+    """Whether ``row`` compiled the whole model as one graph (``edgetrain+regions`` or ``edgetrain+compiled``)."""
+    return "+regions" in row["setting"] or "+compiled" in row["setting"]
+
+
 def configuration(row: dict[str, Any]) -> str:
     """What a regions row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
     continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``; round by
     round where the rounds' fits picked different plans."""
-    if "+regions" not in row["setting"]:
+    if not whole_graph(row):
         return row["setting"]
     budget = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
     plans = list(dict.fromkeys(row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "")])))
@@ -425,12 +392,15 @@ def configuration(row: dict[str, Any]) -> str:
     return f"b={budget}, " + (named[0] if len(named) == 1 else "by round: " + "; ".join(named))
 
 
-def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
-    """Whether ``row`` ran the very graph of inductor ``level`` in every round: regions that keep every stage,
-    at its budget."""
+def inductor_graph(row: dict[str, Any]) -> bool:
+    """Whether ``row`` ran inductor's own graph (a whole-graph row without a region) in every round."""
     plans = row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "S")])
-    return ("+regions" in row["setting"] and not any("S" in kinds for kinds in plans)
-            and f"inductor:{row.get('partitioner_budget', 1.0)}" == level["setting"])
+    return whole_graph(row) and not any("S" in kinds for kinds in plans)
+
+
+def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
+    """Whether ``row`` ran the very graph of inductor ``level`` in every round: inductor's own graph at its budget."""
+    return inductor_graph(row) and f"inductor:{row.get('partitioner_budget', 1.0)}" == level["setting"]
 
 
 def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict[str, Any]]:
@@ -448,7 +418,7 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
         ran = [row for row in rows if (row["model"], row.get("run", 0)) == (name, run) and "error" not in row]
         inductor = [row for row in ran if row["setting"].startswith("inductor:")]
         ours = [row for row in ran if row["setting"].startswith("edgetrain")
-                and (with_regions or "+regions" not in row["setting"])]
+                and (with_regions or not whole_graph(row))]
         if not ours:   # a run of yardsticks and regions rows only, without them
             continue
         for level in inductor:
@@ -461,8 +431,9 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
                         "edgetrain_mib": best and best["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": best and best["step_cpu_time_ratio"],
                         "same_graph": best is not None and same_graph(best, level),
+                        "inductor_graph": best is not None and inductor_graph(best),
                         "no_slower": best is not None and best["step_cpu_time_ratio"] <= level["step_cpu_time_ratio"]})
-        least = min((row for row in ours if row["setting"] == "edgetrain:least" or "+regions" in row["setting"]),
+        least = min((row for row in ours if row["setting"] == "edgetrain:least" or whole_graph(row)),
                     key=lambda row: row["step_tensor_peak_mib"], default=None)
         if inductor and least:
             floor = min(row["step_tensor_peak_mib"] for row in inductor)
@@ -538,6 +509,8 @@ def verdict_table(rows: list[dict[str, Any]]) -> list[str]:
                          f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
             continue
         verdict = ("no slower" if v["no_slower"] else "slower") if v["edgetrain"] else "cannot get this low"
+        if v.get("inductor_graph") and not v["same_graph"]:   # edgetrain+compiled took another budget's graph
+            verdict += ": inductor's own graph at another budget"
         verdict = "the same graph (a tie)" if v["same_graph"] else verdict
         lines.append(f"| {v['model']} | {v['run'] + 1} | {v['inductor']} | {mib(v['inductor_mib'])} | "
                      f"{ratio(v['inductor_cpu_ratio'])} | {v['edgetrain'] or '-'} | {mib(v['edgetrain_mib'])} | "
@@ -566,7 +539,7 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{spread(row, 'step_cpu_time_ratio', 2)} | {mib(row.get('step_cpu_cov_pct'))} | "
                      f"{spread(row, 'step_time_ratio', 2)} | "
                      f"{ratio(row.get('recompute_factor'))} | {row.get('run', 0) + 1} |")
-    regions_runs = {(row["model"], row.get("run", 0)) for row in result["rows"] if "+regions" in row["setting"]}
+    regions_runs = {(row["model"], row.get("run", 0)) for row in result["rows"] if whole_graph(row)}
     lines += ["", "Verdicts by edgetrain's own plans (eager stages, and stages compiled one by one):", "",
               *verdict_table(verdicts(result["rows"], with_regions=False))]
     if regions_runs:

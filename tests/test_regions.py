@@ -153,3 +153,23 @@ def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_
     levels = [(v["run"], v["edgetrain"], v["same_graph"]) for v in bench.verdicts(merged["rows"])
               if v["inductor"] == "inductor:1.0"]
     assert levels == [(0, "edgetrain:least", False), (1, "b=1.0, no regions (inductor:1.0's graph)", True)]
+
+
+def test_a_compiled_row_names_inductors_graph_at_another_budget_and_its_regions_win_as_regions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: edgetrain+compiled at inductor 0.5's level took inductor's own graph at 0.0 (lower and faster
+    # here); at 1.0's level it took regions.
+    bench = load_benchmark("compile_budget", monkeypatch)
+    rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8),
+            _row("edgetrain+compiled=inductor:0.5", 65.0, 0.78, partitioner_budget=0.0, single_level_kinds="....."),
+            _row("edgetrain+compiled=inductor:1.0", 90.0, 0.75, partitioner_budget=1.0, single_level_kinds="SR...")]
+    # Execute
+    by_level = {v["inductor"]: v for v in bench.verdicts(rows)}
+    table = "\n".join(bench.verdict_table(bench.verdicts(rows)))
+    # Assert: not the same graph as the level's, but inductor's own, and the table says so; regions are edgetrain's
+    assert by_level["inductor:0.5"]["inductor_graph"] and not by_level["inductor:0.5"]["same_graph"]
+    assert by_level["inductor:0.5"]["edgetrain"] == "b=0.0, no regions (inductor:0.0's graph)"
+    assert "no slower: inductor's own graph at another budget" in table
+    assert not by_level["inductor:1.0"]["inductor_graph"] and by_level["inductor:1.0"]["no_slower"]
+    assert by_level["floor"]["edgetrain_mib"] == 65.0   # the compiled rows count for the floor too
+    assert [bench.whole_graph(row) for row in rows] == [False, False, True, True]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
     from .planners import Plan, plan
     from .profile import estimate_memory, measure_training_step, profile
-    from .runtime import Checkpointed, Executor, run_schedule
+    from .runtime import Checkpointed, Executor, fit_compiled, run_schedule
     from .schedule import (
         Backward,
         Discard,
@@ -42,7 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "PageOut", "PageIn",
     "PageOutRecord", "PageInRecord", "keep_all", "simulate", "validate", "profile", "estimate_memory",
-    "measure_training_step", "plan", "Plan", "Checkpointed", "Executor", "run_schedule",
+    "measure_training_step", "plan", "Plan", "Checkpointed", "fit_compiled", "Executor", "run_schedule",
     "EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError", "parse_bytes", "format_bytes",
 ]
 
@@ -52,7 +52,7 @@ _HOMES = {
     ".errors": ("EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError"),
     ".planners": ("Plan", "plan"),
     ".profile": ("estimate_memory", "measure_training_step", "profile"),
-    ".runtime": ("Checkpointed", "Executor", "run_schedule"),
+    ".runtime": ("Checkpointed", "Executor", "fit_compiled", "run_schedule"),
     ".schedule": ("Backward", "Discard", "Forward", "Keep", "PageIn", "PageInRecord", "PageOut", "PageOutRecord",
                   "Schedule", "Stats", "keep_all", "simulate", "validate"),
     ".units": ("format_bytes", "parse_bytes"),
