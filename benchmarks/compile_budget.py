@@ -350,7 +350,8 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
         for key in ("other_threads_cpu_s", "dynamo_events_in_timed_steps"):   # the most of any round
             if all(key in r[setting] for r in ok):
                 row[key] = max(r[setting][key] for r in ok)
-        for key in ("single_level_kinds", "candidates"):   # a regions row's plan may differ between rounds
+        for key in ("single_level_kinds", "candidates", "partitioner_budget"):   # a regions row's plan may differ
+            # between rounds
             if all(key in r[setting] for r in ok):
                 row[f"{key}_by_round"] = [r[setting][key] for r in ok]
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
@@ -381,15 +382,19 @@ def whole_graph(row: dict[str, Any]) -> bool:
 
 
 def configuration(row: dict[str, Any]) -> str:
-    """What a regions row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
+    """What a whole-graph row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
     continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``; round by
-    round where the rounds' fits picked different plans."""
+    round where the rounds' fits picked different plans (rows from before ``b`` was kept by round name the last
+    round's ``b``)."""
     if not whole_graph(row):
         return row["setting"]
-    budget = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
-    plans = list(dict.fromkeys(row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "")])))
-    named = [f"regions {kinds}" if "S" in kinds else f"no regions (inductor:{budget}'s graph)" for kinds in plans]
-    return f"b={budget}, " + (named[0] if len(named) == 1 else "by round: " + "; ".join(named))
+    last = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
+    plans = row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "")])
+    budgets = row.get("partitioner_budget_by_round", [last] * len(plans))
+    named = list(dict.fromkeys(
+        f"b={b}, " + (f"regions {kinds}" if "S" in kinds else f"no regions (inductor:{b}'s graph)")
+        for kinds, b in zip(plans, budgets, strict=True)))
+    return named[0] if len(named) == 1 else "by round: " + "; ".join(named)
 
 
 def inductor_graph(row: dict[str, Any]) -> bool:
@@ -400,7 +405,8 @@ def inductor_graph(row: dict[str, Any]) -> bool:
 
 def same_graph(row: dict[str, Any], level: dict[str, Any]) -> bool:
     """Whether ``row`` ran the very graph of inductor ``level`` in every round: inductor's own graph at its budget."""
-    return inductor_graph(row) and f"inductor:{row.get('partitioner_budget', 1.0)}" == level["setting"]
+    budgets = row.get("partitioner_budget_by_round", [row.get("partitioner_budget", 1.0)])
+    return inductor_graph(row) and all(f"inductor:{b}" == level["setting"] for b in budgets)
 
 
 def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict[str, Any]]:

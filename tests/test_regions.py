@@ -173,3 +173,15 @@ def test_a_compiled_row_names_inductors_graph_at_another_budget_and_its_regions_
     assert not by_level["inductor:1.0"]["inductor_graph"] and by_level["inductor:1.0"]["no_slower"]
     assert by_level["floor"]["edgetrain_mib"] == 65.0   # the compiled rows count for the floor too
     assert [bench.whole_graph(row) for row in rows] == [False, False, True, True]
+
+
+def test_a_row_whose_rounds_took_inductors_graphs_at_different_budgets_is_named_round_by_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("compile_budget", monkeypatch)
+    rows = [_row("inductor:0.5", 70.0, 0.8),
+            _row("edgetrain+compiled=inductor:0.5", 70.0, 0.8, partitioner_budget=0.5, single_level_kinds=".....",
+                 single_level_kinds_by_round=[".....", "....."], partitioner_budget_by_round=[0.0, 0.5])]
+    verdict = bench.verdicts(rows)[0]
+    assert verdict["edgetrain"] == ("by round: b=0.0, no regions (inductor:0.0's graph); "
+                                    "b=0.5, no regions (inductor:0.5's graph)")
+    assert verdict["inductor_graph"] and not verdict["same_graph"]   # round 1 ran another budget's graph
