@@ -416,6 +416,51 @@ def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path
     assert [f.track for f in reopened.frames] == [5, 5, 9] and len(list((tmp_path / "s").glob("*.png"))) == 3
 
 
+# --- the student's recipe --------------------------------------------------------------------------
+def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_rate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import edgetrain.insitu.simulate as sim
+    from edgetrain.insitu.labels import Calibration
+    from edgetrain.insitu.model import FitConfig, classifier
+    from edgetrain.insitu.teacher import Teacher
+
+    calls: list[tuple[np.ndarray, np.ndarray, FitConfig, np.ndarray]] = []
+
+    def spy(model: object, crops: np.ndarray, labels: np.ndarray, config: FitConfig, weights: np.ndarray) -> object:
+        calls.append((crops, labels, config, weights))
+        return model
+
+    monkeypatch.setattr(sim, "fit", spy)
+    teacher = classifier(4, seed=0)
+    replay = np.zeros((3, 32, 32, 3), np.uint8), np.array([2, 2, 3])
+    shipped = Teacher(teacher, Calibration(np.zeros((4, 64)), np.ones(64), 1.0, np.zeros((4, 2))), *replay)
+    stored = np.ones((2, 32, 32, 3), np.uint8), np.array([0, 1])
+
+    student = sim._student(teacher, *stored, shipped, sim.SimulateConfig(seed=5, student_lr=3e-3, replay_weight=4))
+
+    assert student is not teacher  # a copy of the teacher is fine-tuned
+    crops, labels, config, weights = calls[0]
+    assert config == FitConfig(epochs=8, lr=3e-3, seed=6, memory="19MiB")
+    assert labels.tolist() == [0, 1, 2, 2, 3] and len(crops) == 5 and weights.tolist() == [1, 1, 4, 4, 4]
+    assert sim.SimulateConfig().student_lr == 4e-3  # 1e-3 until session 14 (NOTE [ The student's learning rate ])
+
+
+def test_simulates_student_learning_rate_comes_from_the_command_line(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import edgetrain.insitu.simulate as sim
+    from edgetrain.cli import app
+
+    configs: list[sim.SimulateConfig] = []
+    monkeypatch.setattr(sim, "simulate", lambda config, store, progress: configs.append(config) or {})
+    for flags in ([], ["--student-lr", "0.002"]):
+        result = CliRunner().invoke(app, ["insitu", "simulate", "--json", "--store", str(tmp_path / "s"), *flags])
+        assert result.exit_code == 0, result.output
+
+    assert [c.student_lr for c in configs] == [sim.SimulateConfig.student_lr, 0.002]
+
+
 # --- the frame store -------------------------------------------------------------------------------
 def _on_disk(root: Path) -> int:
     """Bytes of the frame files in a store's directory."""

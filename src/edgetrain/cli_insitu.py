@@ -95,6 +95,8 @@ def simulate_command(
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
         replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
                                             "against a stored one's."),
+        student_lr: float = typer.Option(4e-3, "--student-lr", min=0.0, help="Every student's peak learning rate "
+                                         "(one-cycle schedule): the rounds', the final one's and the oracle's."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -113,7 +115,8 @@ def simulate_command(
                             motion_gate_px=motion_gate_px,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
                             round_folds=folds, round_coverage=kept,
-                            replay_weight=replay_weight, gate=GateConfig(rule=labels, coverage=label_coverage),
+                            replay_weight=replay_weight, student_lr=student_lr,
+                            gate=GateConfig(rule=labels, coverage=label_coverage),
                             **overrides)
     if store.exists():
         shutil.rmtree(store)
