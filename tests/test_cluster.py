@@ -677,3 +677,52 @@ def test_a_crash_is_told_by_its_terminate_line_fatal_error_and_innermost_frame()
         'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce']
     assert _crash_lines(exit_race) == ["terminate called without an active exception", "Fatal Python error: Aborted"]
     assert _crash_lines(["INFO a line", "error: the cluster broke: Connection closed by peer"]) == []
+
+
+def test_the_outer_step_is_nesterov_sgd_on_the_pseudo_gradient_and_resumes_from_the_saved_state(
+        tmp_path: Path) -> None:
+    # Prepare: a tiny model's weights θ0 and two rounds of "averaged local weights" (the all-reduce stood in for:
+    # the parameters hold the average when the outer step runs), in float64 so the closed form is exact to 1e-12.
+    from edgetrain.distributed.node import ClusterOptions, OuterStep
+    from edgetrain.train.state import StateStore, TrainingState
+
+    lr, momentum = 0.7, 0.9
+    model = _tiny_model().double()
+    params = list(model.parameters())
+    start = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(3)
+    averages = [[p.detach() + torch.randn(p.shape, generator=generator, dtype=p.dtype) for p in start]
+                for _ in range(3)]
+    outer = OuterStep(params, lr, momentum)
+    # Execute: two outer steps, then save the state, resume into a fresh OuterStep and take the third.
+    with torch.no_grad():
+        for average in averages[:2]:
+            for p, a in zip(params, average, strict=True):
+                p.copy_(a)
+            outer.step()
+    store = StateStore(tmp_path / "state")
+    store.save(TrainingState.capture(step=8, epoch=0, model=model, metadata={"outer": outer.state_dict()}))
+    resumed_model = _tiny_model().double()  # θ0 again, not θ2: the saved outer state must set θ
+    resumed = OuterStep(list(resumed_model.parameters()), lr, momentum)
+    saved = store.load_latest()
+    assert saved is not None
+    resumed.load_state_dict(saved.metadata["outer"])
+    with torch.no_grad():
+        for p, a in zip(resumed_model.parameters(), averages[2], strict=True):
+            p.copy_(a)
+    resumed.step()
+    # Assert: m1 = Δ1, θ1 = θ0 - η(Δ1 + μ m1); m2 = μ m1 + Δ2, ...; every node goes on from θ (the parameters).
+    for index, theta in enumerate(start):
+        m = torch.zeros_like(theta)
+        for average in averages:
+            delta = theta - average[index]
+            m = momentum * m + delta
+            theta = theta - lr * (delta + momentum * m)
+        torch.testing.assert_close(resumed.weights[index], theta, rtol=0, atol=1e-12)
+        torch.testing.assert_close(list(resumed_model.parameters())[index], theta, rtol=0, atol=1e-12)
+    # Plain averaging (rate 1, no momentum) is run as such: no outer state; an outer rate of 0 is refused.
+    assert not ClusterOptions(average_every=4).outer_step
+    assert ClusterOptions(average_every=4, outer_lr=0.7).outer_step
+    assert not ClusterOptions(outer_lr=0.7, outer_momentum=0.9).outer_step  # exact steps: nothing to average
+    with pytest.raises(EdgetrainError, match="--outer-lr must be"):
+        ClusterOptions(average_every=4, outer_lr=0.0)
