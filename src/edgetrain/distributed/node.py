@@ -37,10 +37,15 @@ Nesterov momentum ``μ`` and rate ``η`` (the paper: η = 0.7, μ = 0.9)::
 
     m ← μ m + Δ;   θ ← θ - η (Δ + μ m)      (μ = 0: θ ← θ - η Δ)
 
-and every node goes on from the new ``θ``. η = 1, μ = 0 is plain averaging, and is run as such
-(no outer state). ``θ`` and ``m`` are the same on every node (each computes them from the same
-average), so rank 0's copy is saved with the state and a resume goes on with the same outer
-momentum. ``θ`` and ``m`` are two more model-sized tensors per node, held from the start, so its
+and every node goes on from the new ``θ`` with its inner optimizer restarted (momentum 0,
+:func:`restart_optimizer`). The restart is what makes the outer momentum work here: with each
+node's inner momentum carried over as well, the two momenta compound and, in a 40-step ResNet-18
+run of 4 simulated nodes (the session's notes), η = 0.7, μ = 0.9 ended far above plain averaging;
+with the restart, below it. It also makes every node's whole state the same right after an outer
+step: ``θ`` and ``m`` (each node computes them from the same average) and a zero inner state, so
+a state saved there (rank 0's) resumes every node exactly; one saved between outer steps restarts
+every node from rank 0's local weights and inner state, as plain averaging does. η = 1, μ = 0 is
+plain averaging, and is run as such (no outer state, no restart). ``θ`` and ``m`` are two more model-sized tensors per node, held from the start, so its
 runtime baseline counts them (NOTE [ Process budget ]).
 """
 
@@ -104,6 +109,7 @@ from .group import (
 from .split import split_batch
 
 __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters", "OuterStep",
+           "restart_optimizer",
            "node_speed", "cluster_settings", "profile_share", "profile_shares", "weights_digest"]
 
 log = logging.getLogger(__name__)
@@ -383,6 +389,16 @@ class OuterStep:
             self.optimizer.load_state_dict(state["optimizer"])
 
 
+def restart_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Zero every tensor of the optimizer's state in place: a fresh SGD's or Adam's next step, exactly (a momentum
+    of 0 gives μ·0 + g = g; Adam's moments and step count start at 0), in the memory already held."""
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+
+
 def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list[float | None]:
     """Check that all nodes run the same versions and settings; every node's speed, in rank order."""
     try:
@@ -582,6 +598,7 @@ class _NodeRun:
             sync_s += average_parameters(self.model, self.share / self.config.batch)
             if self.outer is not None:
                 self.outer.step()
+                restart_optimizer(self.optimizer)
         elapsed = time.perf_counter() - started
         return {"step": self.step, "epoch": self.epoch, "loss": result.loss, "samples_per_s": result.samples / elapsed,
                 "time_s": elapsed, "sync_s": sync_s, "world_size": self.env.world_size,
