@@ -27,6 +27,11 @@ Optimizer state (momentum) stays local, and so do BatchNorm's statistics (each n
 over its own slice: no collective between averagings). The loss is still summed every step. This is not
 single-process training any more: the loss after a fixed number of steps is what the benchmark
 compares. Rank 0 saves *its* weights; a resume restarts every node from them.
+Its logged loss learns less per step than exact training for two reasons, neither a bug
+(``benchmarks/local_sgd.py``, docs/cluster.md): BatchNorm over each node's slice alone (exact
+steps with ``--local-batch-norm``) ends far above the single node's BatchNorm over the global
+batch; and between averagings a step's loss is the node's *local* model's, which its own small
+batches move away from the average: the averaged weights' loss is well below the logged one.
 
 NOTE [ Outer step ]
 Plain averaging replaces the weights by the average of the nodes' local weights. DiLoCo (Douillard
