@@ -121,7 +121,7 @@ def _train_step(models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
         loss = nn.functional.cross_entropy(model(x[rank * share:(rank + 1) * share]),
                                            y[rank * share:(rank + 1) * share])
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     if exact:
         grads = [[p.grad for p in m.parameters() if p.grad is not None] for m in models]
         _mean_into(grads[0], grads)

@@ -44,14 +44,15 @@ Nesterov momentum ``μ`` and rate ``η`` (the paper: η = 0.7, μ = 0.9)::
 
 and every node goes on from the new ``θ`` with its inner optimizer restarted (momentum 0,
 :func:`restart_optimizer`). The restart is what makes the outer momentum work here: with each
-node's inner momentum carried over as well, the two momenta compound and, in a 40-step ResNet-18
-run of 4 simulated nodes (the session's notes), η = 0.7, μ = 0.9 ended far above plain averaging;
-with the restart, below it. It also makes every node's whole state the same right after an outer
-step: ``θ`` and ``m`` (each node computes them from the same average) and a zero inner state, so
-a state saved there (rank 0's) resumes every node exactly; one saved between outer steps restarts
-every node from rank 0's local weights and inner state, as plain averaging does. η = 1, μ = 0 is
-plain averaging, and is run as such (no outer state, no restart). ``θ`` and ``m`` are two more model-sized tensors per node, held from the start, so its
-runtime baseline counts them (NOTE [ Process budget ]).
+node's inner momentum carried over as well, the two momenta compound: in 40 ResNet-18 steps of
+4 simulated nodes (``benchmarks/local_sgd.py``, modes ``diloco`` and ``diloco-carry``), η = 0.7,
+μ = 0.9 ended above plain averaging without the restart and below it with it. The restart also
+makes every node's whole state the same right after an outer step: ``θ`` and ``m`` (each node
+computes them from the same average) and a zero inner state, so a state saved there (rank 0's)
+resumes every node exactly; one saved between outer steps restarts every node from rank 0's local
+weights and inner state, as plain averaging does. η = 1, μ = 0 is plain averaging, and is run as
+such (no outer state, no restart). ``θ`` and ``m`` are two more model-sized tensors per node, held
+from the start, so its runtime baseline counts them (NOTE [ Process budget ]).
 """
 
 from __future__ import annotations
