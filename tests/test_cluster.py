@@ -766,3 +766,19 @@ def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps
     assert bench._averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
     assert bench._averaged_loss(losses, 4, 2) == 11.0
     assert bench._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
+
+
+def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("local_sgd", monkeypatch)
+    torch.manual_seed(0)
+    models = [nn.Linear(3, 2) for _ in range(3)]
+    want = [torch.stack(group).mean(0) for group in zip(*[[p.detach() for p in m.parameters()] for m in models],
+                                                         strict=True)]
+    bench._average(models, None, restart=False, optimizers=[])
+    for model in models:
+        for got, expected in zip(model.parameters(), want, strict=True):
+            assert torch.equal(got, expected)
+    run = {"mode": "average", "seed": 0, "losses": [float(s) for s in range(1, 11)],
+           "averaged_losses": [float(s) / 2 for s in range(1, 11)], "wall_s": 1.0}
+    row = bench.summarise(run, 5, 7)
+    assert (row["final_loss"], row["averaged_loss"], row["loss_at_target_step"]) == (8.0, 4.0, 5.0)
