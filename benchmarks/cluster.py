@@ -12,7 +12,8 @@ median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats
   nodes``), so a node is a fixed-size board and N nodes have N times the compute. Each run gives
   its median step (the warm-up left out); the table gives the spread of those over the runs.
 * **ttt**: time to a target training loss, one node against N (exact, PowerSGD, periodic
-  averaging), once per seed, each seed's target from its own single-node run.
+  averaging, DiLoCo's outer step on it: NOTE [ Outer step ]), once per seed, each seed's target
+  from its own single-node run (``--ttt-modes`` picks the rows).
 * **compression**: single-node training (the reference), then exact data parallelism (gradients
   summed every step), PowerSGD rank R with error feedback (NOTE [ PowerSGD on plain all-reduces ])
   and periodic weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link:
@@ -43,7 +44,8 @@ the emulation is ]); otherwise as plain processes, which the output says. Writes
 every run's figures too) and a markdown table (``--md``), and prints the markdown.
 
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
-[--steps N] [--average-every K] [--compress-rank R] [--compress-after N] [--compress-steps N] [--repeats R]
+[--steps N] [--average-every K] [--outer-lr L] [--outer-momentum M] [--ttt-modes single,...] [--compress-rank R]
+[--compress-after N] [--compress-steps N] [--repeats R]
 [--failures kill,stop,cut] [--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
 [--node-crash-runs N] [--node-crash-model M] [--node-crash-nodes N] [--node-crash-batch B] [--node-crash-steps S]
 [--node-crash-after A,B] [--tables link,scaling,ttt,compression,failures,crashes,node-crashes,save] [--out PATH]
@@ -74,6 +76,7 @@ from edgetrain.train import TrainConfig
 
 log = logging.getLogger("cluster")
 WARM_UP_STEPS = 1  # the first step brings up caches and connections: not timed
+PLAIN = (1.0, 0.0)  # outer rate and momentum of plain averaging (NOTE [ Outer step ])
 
 
 def _config(run_dir: Path, model: str, batch: int, steps: int, image: int) -> TrainConfig:
@@ -118,6 +121,7 @@ def _step_medians(steps: list[dict[str, Any]]) -> dict[str, float]:
     """One run's median step time, sync time and sync share, the warm-up steps left out."""
     timed = steps[WARM_UP_STEPS:]
     return {"step_s": statistics.median(r["time_s"] for r in timed),
+            "mean_step_s": statistics.mean(r["time_s"] for r in timed),
             "sync_s": statistics.median(r["sync_s"] for r in timed),
             "sync_share": statistics.median(r["sync_s"] / r["time_s"] for r in timed)}
 
@@ -235,6 +239,14 @@ def _time_to(steps: list[dict[str, Any]], target: float, window: int) -> tuple[f
     return None, None
 
 
+def _averaged_loss(losses: list[float], every: int, window: int) -> float | None:
+    """With periodic averaging, the mean loss of the last ``window`` steps that began on just-averaged weights
+    (steps ``k·every + 1``): the averaged model's loss on a fresh batch, where the other steps' losses are the
+    nodes' drifted local models'. None for exact steps."""
+    after = losses[every::every]
+    return statistics.mean(after[-window:]) if every > 1 and after else None
+
+
 def _powersgd_mode(args: argparse.Namespace) -> str:
     after = f" after {args.compress_after} exact steps" if args.compress_after else ""
     return f"PowerSGD rank {args.compress_rank}{after}"
@@ -244,34 +256,42 @@ def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list
     """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
     whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
     per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run."""
-    nodes = args.ttt_nodes
-    modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
-             (_powersgd_mode(args), nodes, 1, args.compress_rank),
-             (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
+    nodes, every = args.ttt_nodes, args.average_every
+    known = {"single": ("single node", 1, 1, 0, PLAIN), "exact": ("all-reduce every step", nodes, 1, 0, PLAIN),
+             "powersgd": (_powersgd_mode(args), nodes, 1, args.compress_rank, PLAIN),
+             "average": (f"average every {every} steps", nodes, every, 0, PLAIN),
+             "diloco": (f"DiLoCo every {every} steps, outer lr {args.outer_lr:g}, Nesterov {args.outer_momentum:g}",
+                        nodes, every, 0, (args.outer_lr, args.outer_momentum))}
+    if args.ttt_modes[0] != "single" or not set(args.ttt_modes) <= set(known):
+        raise SystemExit(f"--ttt-modes: 'single' first (it sets the targets), then any of {', '.join(known)}")
+    modes = [known[name] for name in args.ttt_modes]
     seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat) for repeat in range(args.repeats)]
     return [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
 
 
-def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[tuple[str, int, int, int]],
+def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[tuple[str, int, int, int, tuple[float, float]]],
                    seed: int) -> list[dict[str, Any]]:
     """Every mode's run with one seed, with its time and steps to the seed's target and its efficiency."""
     batch, steps, window = args.ttt_batch, args.ttt_steps, args.ttt_window
     quota = (os.cpu_count() or 1) / args.ttt_nodes
     runs: list[dict[str, Any]] = []
     target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
-    for mode, count, every, rank in modes:
+    for mode, count, every, rank, (outer_lr, outer_momentum) in modes:
         # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
         # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
         scale = count if args.ttt_weak else 1
-        config = _config(scratch / f"ttt-{count}-{every}-{rank}-{seed}", args.model, batch * scale, steps, args.image)
+        config = _config(scratch / f"ttt-{count}-{every}-{rank}-{outer_lr:g}-{outer_momentum:g}-{seed}", args.model,
+                         batch * scale, steps, args.image)
         config = replace(config, seed=seed, lr=config.learning_rate() * scale)
         load = _load()
         trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
                                                            average_every=every, compress_rank=rank, spares=False,
                                                            compress_after=args.compress_after if rank else 0,
-                                                           local_batch_norm=args.local_batch_norm))
+                                                           local_batch_norm=args.local_batch_norm,
+                                                           outer_lr=outer_lr, outer_momentum=outer_momentum))
         runs.append({"mode": mode, "nodes": count, "seed": seed, "batch": batch * scale, "cpus_per_node": quota,
                      "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
+                     "averaged_loss": _averaged_loss([r["loss"] for r in trained], every, window),
                      **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
                      "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
                      "emulation": report["emulation"]})
@@ -299,7 +319,10 @@ def _ttt_row(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, 
             "efficiency": _spread([r["efficiency"] for r in runs]),
             "steps_to_target": [r["steps_to_target"] for r in runs],
             "step_s": _spread([r["step_s"] for r in runs]), "sync_s": _spread([r["sync_s"] for r in runs]),
+            "mean_step_s": _spread([r["mean_step_s"] for r in runs]),
             "final_loss": statistics.mean(r["final_loss"] for r in runs), "steps": first["steps"],
+            "averaged_loss": None if first["averaged_loss"] is None else statistics.mean(r["averaged_loss"]
+                                                                                        for r in runs),
             "restarts": sum(r["restarts"] for r in runs), "load_before": [r["load_before"] for r in runs],
             "runs": runs, "emulation": first["emulation"]}
 
@@ -629,13 +652,16 @@ def markdown(result: dict[str, Any]) -> str:
                 "efficiency = T(1 node) / (nodes x T(nodes)), seed by seed; times over the seeds that reached the "
                 "target, step and sync s: each run's median, then over the seeds:", "",
                 "| mode | nodes | reached / seeds | time to target s (median, IQR, CoV) | steps to target | efficiency "
-                "| step s | sync s | final loss (last " + str(first["window"]) + ", mean of seeds) | steps | "
-                "restarts | load before |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-                "---: | --- |"]
+                "| step s | mean step s (averaging steps in) | sync s | final loss (last " + str(first["window"]) +
+                ", mean of seeds) | loss on averaged weights (last " + str(first["window"]) + " such steps) | "
+                "steps | restarts | load before |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     out += [f"| {r['mode']} | {r['nodes']} | {r['reached']} / {len(r['seeds'])} | "
             f"{_spread_text(r['time_to_target_s'])} | {_each(r['steps_to_target'])} | "
-            f"{_spread_text(r['efficiency'], '{:.2f}')} | {_spread_text(r['step_s'])} | {_spread_text(r['sync_s'])} | "
-            f"{r['final_loss']:.4f} | {r['steps']} | {r['restarts']} | {'; '.join(r['load_before'])} |"
+            f"{_spread_text(r['efficiency'], '{:.2f}')} | {_spread_text(r['step_s'])} | "
+            f"{_spread_text(r.get('mean_step_s'))} | {_spread_text(r['sync_s'])} | "
+            f"{r['final_loss']:.4f} | {_fmt(r.get('averaged_loss'), '.4f')} | {r['steps']} | {r['restarts']} | "
+            f"{'; '.join(r['load_before'])} |"
             for r in result.get("ttt", [])]
     if "compression" in result:
         window = result["compression"][0]["window"]
@@ -738,6 +764,12 @@ def main() -> None:
                         default=["wifi20", "wifi20-lossy", "100mbit", "100mbit@5", "gigabit@5"],
                         help="links of the link table (NAME@MS: NAME's rate through the switch, MS ms one way)")
     parser.add_argument("--pings", type=int, default=50)
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="the DiLoCo mode's outer rate")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="the DiLoCo mode's outer Nesterov momentum")
+    parser.add_argument("--ttt-modes", type=lambda s: s.split(","),
+                        default=["single", "exact", "powersgd", "average", "diloco"],
+                        help="time-to-target rows: single (first: it sets each seed's target), exact, powersgd, "
+                        "average (plain, every --average-every steps), diloco (the same with the outer step)")
     parser.add_argument("--ttt-nodes", type=int, default=4)
     parser.add_argument("--ttt-preset", default="100mbit")
     parser.add_argument("--ttt-batch", type=int, default=32)

@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from torch import nn
 from edgetrain.chain import Chain
 from edgetrain.distributed import split_batch
 from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
-from edgetrain.distributed.local import Fault, LocalOptions, run_local
+from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.errors import EdgetrainError
 from edgetrain.optim import make_optimizer
@@ -516,7 +517,7 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeyp
     table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
                             "scaling": [{**row, "speedup": 1.0, "efficiency": 0.5}], "failures": [failure]})
     # Assert: by hand, inclusive quartiles of (1, 2, 3) are 1.5 and 2.5; CoV = stdev 1 / mean 2.
-    assert medians == {"step_s": 3.0, "sync_s": 1.0, "sync_share": 0.5}
+    assert medians == {"step_s": 3.0, "mean_step_s": 3.0, "sync_s": 1.0, "sync_share": 0.5}
     assert (row["step_s"], row["samples_per_s"], row["repeats"]) == (2.0, 4.0, 3)
     assert row["step_spread_s"] == {"n": 3, "median": 2.0, "q1": 1.5, "q3": 2.5, "iqr": 1.0, "cov_pct": 50.0}
     assert row["sync_share"] == 0.5 and row["sync_share_spread"]["n"] == 3
@@ -677,3 +678,107 @@ def test_a_crash_is_told_by_its_terminate_line_fatal_error_and_innermost_frame()
         'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce']
     assert _crash_lines(exit_race) == ["terminate called without an active exception", "Fatal Python error: Aborted"]
     assert _crash_lines(["INFO a line", "error: the cluster broke: Connection closed by peer"]) == []
+
+
+def test_the_outer_step_is_nesterov_sgd_on_the_pseudo_gradient_and_resumes_from_the_saved_state(
+        tmp_path: Path) -> None:
+    # Prepare: a tiny model's weights θ0 and two rounds of "averaged local weights" (the all-reduce stood in for:
+    # the parameters hold the average when the outer step runs), in float64 so the closed form is exact to 1e-12.
+    from edgetrain.distributed.node import ClusterOptions, OuterStep
+    from edgetrain.train.state import StateStore, TrainingState
+
+    lr, momentum = 0.7, 0.9
+    model = _tiny_model().double()
+    params = list(model.parameters())
+    start = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(3)
+    averages = [[p.detach() + torch.randn(p.shape, generator=generator, dtype=p.dtype) for p in start]
+                for _ in range(3)]
+    outer = OuterStep(params, lr, momentum)
+    # Execute: two outer steps, then save the state, resume into a fresh OuterStep and take the third.
+    with torch.no_grad():
+        for average in averages[:2]:
+            for p, a in zip(params, average, strict=True):
+                p.copy_(a)
+            outer.step()
+    store = StateStore(tmp_path / "state")
+    store.save(TrainingState.capture(step=8, epoch=0, model=model, metadata={"outer": outer.state_dict()}))
+    resumed_model = _tiny_model().double()  # θ0 again, not θ2: the saved outer state must set θ
+    resumed = OuterStep(list(resumed_model.parameters()), lr, momentum)
+    saved = store.load_latest()
+    assert saved is not None
+    resumed.load_state_dict(saved.metadata["outer"])
+    with torch.no_grad():
+        for p, a in zip(resumed_model.parameters(), averages[2], strict=True):
+            p.copy_(a)
+    resumed.step()
+    # Assert: m1 = Δ1, θ1 = θ0 - η(Δ1 + μ m1); m2 = μ m1 + Δ2, ...; every node goes on from θ (the parameters).
+    for index, theta in enumerate(start):
+        m = torch.zeros_like(theta)
+        for average in averages:
+            delta = theta - average[index]
+            m = momentum * m + delta
+            theta = theta - lr * (delta + momentum * m)
+        torch.testing.assert_close(resumed.weights[index], theta, rtol=0, atol=1e-12)
+        torch.testing.assert_close(list(resumed_model.parameters())[index], theta, rtol=0, atol=1e-12)
+    # Plain averaging (rate 1, no momentum) is run as such: no outer state; an outer rate of 0 is refused.
+    assert not ClusterOptions(average_every=4).outer_step
+    assert ClusterOptions(average_every=4, outer_lr=0.7).outer_step
+    assert not ClusterOptions(outer_lr=0.7, outer_momentum=0.9).outer_step  # exact steps: nothing to average
+    with pytest.raises(EdgetrainError, match="--outer-lr must be"):
+        ClusterOptions(average_every=4, outer_lr=0.0)
+
+
+def test_a_diloco_run_stopped_at_an_outer_step_resumes_exactly(tmp_path: Path) -> None:
+    # Prepare: 2 nodes of ResNet-18 at 32 px (no dropout: every random draw is the data order), 6 steps an epoch,
+    # DiLoCo every 2 steps; one run of 2 epochs, one of 1 epoch (its state saved at the epoch's end, right after
+    # an outer step) resumed for the second.
+    from edgetrain.train.state import StateStore
+
+    options = LocalOptions(spares=False, max_restarts=0, average_every=2, outer_lr=0.7, outer_momentum=0.9)
+
+    def run(name: str, epochs: int, resume: bool = False) -> list[float]:
+        config = TrainConfig(model="resnet18", samples=34, batch=4, image=32, epochs=epochs, save_every=100,
+                             run_dir=tmp_path / name, resume=resume)
+        run_local(config, [NodeSpec()] * 2, options)
+        return [float(r["loss"]) for r in _steps(tmp_path / name)]  # type: ignore[arg-type]
+
+    # Execute
+    whole = run("whole", 2)
+    run("stopped", 1)
+    saved = StateStore(tmp_path / "stopped" / "state").load_latest()
+    resumed = run("stopped", 2, resume=True)
+    # Assert: the state holds θ and a nonzero outer momentum (the options reached the nodes), and the resumed run
+    # logs the uninterrupted run's 12 losses to the bit and ends with its weights.
+    assert saved is not None and saved.step == 6
+    momentum = saved.metadata["outer"]["optimizer"]["state"][0]["momentum_buffer"]
+    assert momentum.abs().sum() > 0
+    assert len(whole) == 12 and resumed == whole
+    final = [re.findall(r"sha256 (\w+)", (tmp_path / name / LOG_DIR / "attempt-0-node-0.log").read_text())[-1]
+             for name in ("whole", "stopped")]
+    assert final[0] == final[1]
+
+
+def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps_after_an_averaging(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("cluster", monkeypatch)
+    losses = [float(step) for step in range(1, 14)]  # step s logged loss s; averagings after steps 4, 8, 12
+    assert bench._averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
+    assert bench._averaged_loss(losses, 4, 2) == 11.0
+    assert bench._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
+
+
+def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("local_sgd", monkeypatch)
+    torch.manual_seed(0)
+    models = [nn.Linear(3, 2) for _ in range(3)]
+    want = [torch.stack(group).mean(0) for group in zip(*[[p.detach() for p in m.parameters()] for m in models],
+                                                         strict=True)]
+    bench._average(models, None, restart=False, optimizers=[])
+    for model in models:
+        for got, expected in zip(model.parameters(), want, strict=True):
+            assert torch.equal(got, expected)
+    run = {"mode": "average", "seed": 0, "losses": [float(s) for s in range(1, 11)],
+           "averaged_losses": [float(s) / 2 for s in range(1, 11)], "wall_s": 1.0}
+    row = bench.summarise(run, 5, 7)
+    assert (row["final_loss"], row["averaged_loss"], row["loss_at_target_step"]) == (8.0, 4.0, 5.0)

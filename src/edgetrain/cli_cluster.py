@@ -42,6 +42,11 @@ CompressAfterOpt = typer.Option(0, "--compress-after", min=0, help="With --compr
 LocalNormOpt = typer.Option(False, "--local-batch-norm", help="Each node's BatchNorm normalises over its own "
                             "slice (no collective; ghost batches) instead of the global batch (the default, as "
                             "one node training on the whole batch would).")
+OuterLrOpt = typer.Option(1.0, "--outer-lr", min=0.0, help="With --average-every K > 1: DiLoCo's outer step, "
+                          "SGD on the averaged weights' move at this rate (1 with --outer-momentum 0: plain "
+                          "averaging; the paper: 0.7).")
+OuterMomentumOpt = typer.Option(0.0, "--outer-momentum", min=0.0, max=0.999, help="The outer step's Nesterov "
+                                "momentum (the paper: 0.9).")
 ConnectOpt = typer.Option(60.0, "--connect-timeout", min=0.1, help="Seconds to wait for the master and every node.")
 
 
@@ -65,7 +70,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                 run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                 connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                 compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
-                local_batch_norm: bool = LocalNormOpt,
+                local_batch_norm: bool = LocalNormOpt, outer_lr: float = OuterLrOpt,
+                outer_momentum: float = OuterMomentumOpt,
                 device: str | None = typer.Option(None, "--device", "-d", help="This node's device (it plans "
                                                      "for its memory and gets a share by its speed)."),
                 memory: str | None = typer.Option(None, "--memory", help="This node's process budget, e.g. "
@@ -89,7 +95,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
         summary = train_node(config, NodeSpec(device, memory, rate), env,
                              ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
                                             average_every=average_every, compress_rank=compress_rank,
-                                            compress_after=compress_after, local_batch_norm=local_batch_norm))
+                                            compress_after=compress_after, local_batch_norm=local_batch_norm,
+                                            outer_lr=outer_lr, outer_momentum=outer_momentum))
     except ClusterError as exc:  # a refusal every node shares: its one line, then the node ends at once
         error(str(exc))
         end_refused_node(2)
@@ -128,7 +135,8 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                   connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                   compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
-                  local_batch_norm: bool = LocalNormOpt,
+                  local_batch_norm: bool = LocalNormOpt, outer_lr: float = OuterLrOpt,
+                  outer_momentum: float = OuterMomentumOpt,
                   nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
                   device: list[str] = typer.Option([], "--device", "-d", help="Device of every node, or one "
                                                    "--device per node (e.g. -d rpi4 -d rpi4 -d jetson-nano)."),
@@ -172,7 +180,8 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                            connect_timeout_s=connect_timeout, rejoin_after_steps=rejoin_after,
                            faults=_faults(kill, stop, cut), preset=preset if netns else None,
                            cpus_per_node=cpus_per_node, average_every=average_every, compress_rank=compress_rank,
-                           compress_after=compress_after, local_batch_norm=local_batch_norm)
+                           compress_after=compress_after, local_batch_norm=local_batch_norm,
+                           outer_lr=outer_lr, outer_momentum=outer_momentum)
     report = run_local(config, specs, options)
     console.print(to_json(report.to_dict(), indent=2))
     console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "

@@ -134,6 +134,8 @@ class LocalOptions:
     compress_rank: int = 0
     compress_after: int = 0
     local_batch_norm: bool = False
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
     spares: bool = True
 
 
@@ -426,6 +428,7 @@ class _Group:
                                                  compress_rank=options.compress_rank,
                                                  compress_after=options.compress_after,
                                                  local_batch_norm=options.local_batch_norm,
+                                                 outer_lr=options.outer_lr, outer_momentum=options.outer_momentum,
                                                  profile_dir=scratch / f"profiles-{node_id}")
                 spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
                 self.spec_files[node_id] = spec_file

@@ -27,6 +27,32 @@ Optimizer state (momentum) stays local, and so do BatchNorm's statistics (each n
 over its own slice: no collective between averagings). The loss is still summed every step. This is not
 single-process training any more: the loss after a fixed number of steps is what the benchmark
 compares. Rank 0 saves *its* weights; a resume restarts every node from them.
+Its logged loss learns less per step than exact training for two reasons, neither a bug
+(``benchmarks/local_sgd.py``, docs/cluster.md): BatchNorm over each node's slice alone (exact
+steps with ``--local-batch-norm``) ends far above the single node's BatchNorm over the global
+batch; and between averagings a step's loss is the node's *local* model's, which its own small
+batches move away from the average: the averaged weights' loss is well below the logged one.
+
+NOTE [ Outer step ]
+Plain averaging replaces the weights by the average of the nodes' local weights. DiLoCo (Douillard
+et al. 2023) keeps the weights of the last averaging, ``θ``, and treats what the nodes moved away
+from them together as a gradient: every ``K`` steps the *pseudo-gradient* ``Δ = θ - Σ_r w_r θ_r``
+(``θ_r`` node ``r``'s local weights, ``w_r`` its share) goes through an outer optimizer, SGD with
+Nesterov momentum ``μ`` and rate ``η`` (the paper: η = 0.7, μ = 0.9)::
+
+    m ← μ m + Δ;   θ ← θ - η (Δ + μ m)      (μ = 0: θ ← θ - η Δ)
+
+and every node goes on from the new ``θ`` with its inner optimizer restarted (momentum 0,
+:func:`restart_optimizer`). The restart is what makes the outer momentum work here: with each
+node's inner momentum carried over as well, the two momenta compound: in 40 ResNet-18 steps of
+4 simulated nodes (``benchmarks/local_sgd.py``, modes ``diloco`` and ``diloco-carry``), η = 0.7,
+μ = 0.9 ended above plain averaging without the restart and below it with it. The restart also
+makes every node's whole state the same right after an outer step: ``θ`` and ``m`` (each node
+computes them from the same average) and a zero inner state, so a state saved there (rank 0's)
+resumes every node exactly; one saved between outer steps restarts every node from rank 0's local
+weights and inner state, as plain averaging does. η = 1, μ = 0 is plain averaging, and is run as
+such (no outer state, no restart). ``θ`` and ``m`` are two more model-sized tensors per node, held
+from the start, so its runtime baseline counts them (NOTE [ Process budget ]).
 """
 
 from __future__ import annotations
@@ -34,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -87,7 +114,8 @@ from .group import (
 )
 from .split import split_batch
 
-__all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters",
+__all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters", "OuterStep",
+           "restart_optimizer",
            "node_speed", "cluster_settings", "profile_share", "profile_shares", "weights_digest"]
 
 log = logging.getLogger(__name__)
@@ -134,6 +162,8 @@ class ClusterOptions:
         local_batch_norm: each node's BatchNorm normalises over its own slice (ghost batches, no
             collective) instead of the global batch (NOTE [ Cross-node BatchNorm ]); periodic
             averaging always does.
+        outer_lr, outer_momentum: with ``average_every > 1``, DiLoCo's outer step on the averaged
+            weights (NOTE [ Outer step ]); 1 and 0 are plain averaging.
     """
 
     connect_timeout_s: float = 60.0
@@ -145,6 +175,19 @@ class ClusterOptions:
     compress_after: int = 0
     profile_dir: Path | None = None
     local_batch_norm: bool = False
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            raise EdgetrainError(f"--outer-lr must be a finite number > 0, got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise EdgetrainError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+
+    @property
+    def outer_step(self) -> bool:
+        """Whether the averaging is DiLoCo's outer step rather than plain averaging."""
+        return self.average_every > 1 and (self.outer_lr != 1.0 or self.outer_momentum != 0.0)
 
 
 def cluster_settings(config: TrainConfig) -> dict[str, Any]:
@@ -310,6 +353,58 @@ def average_parameters(model: nn.Module, weight: float) -> float:
     return time.perf_counter() - started
 
 
+class OuterStep:
+    """DiLoCo's outer optimizer over the weights of the last averaging (NOTE [ Outer step ])."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float) -> None:
+        self.params = params
+        self.weights = [p.detach().clone() for p in params]  # θ: the global weights after the last outer step
+        self.optimizer = torch.optim.SGD(self.weights, lr=lr, momentum=momentum, nesterov=momentum > 0,
+                                         foreach=False)
+        self._zero_momentum()
+
+    def _zero_momentum(self) -> None:
+        """Momentum 0 now, not at the first outer step (μ·0 + Δ = Δ, as torch's first step), so that the node's
+        memory at planning holds it (its runtime baseline, NOTE [ Process budget ])."""
+        self.optimizer.state.clear()
+        if self.optimizer.defaults["momentum"] > 0:
+            for weight in self.weights:
+                self.optimizer.state[weight]["momentum_buffer"] = torch.zeros_like(weight)
+
+    def step(self) -> None:
+        """With the parameters holding the nodes' average: move θ by the pseudo-gradient, and the parameters to θ."""
+        with torch.no_grad():
+            for weight, param in zip(self.weights, self.params, strict=True):
+                weight.grad = weight - param
+            self.optimizer.step()
+            for weight, param in zip(self.weights, self.params, strict=True):
+                param.copy_(weight)
+                weight.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weights": self.weights, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """A saved :meth:`state_dict`; None (a state saved without an outer step): θ = the parameters, no momentum."""
+        with torch.no_grad():
+            for weight, saved in zip(self.weights, self.params if state is None else state["weights"], strict=True):
+                weight.copy_(saved)
+        if state is None:
+            self._zero_momentum()
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def restart_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Zero every tensor of the optimizer's state in place: a fresh SGD's or Adam's next step, exactly (a momentum
+    of 0 gives μ·0 + g = g; Adam's moments and step count start at 0), in the memory already held."""
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+
+
 def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list[float | None]:
     """Check that all nodes run the same versions and settings; every node's speed, in rank order."""
     try:
@@ -319,7 +414,8 @@ def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list
         speed, speed_error = None, str(exc)
     settings = {**cluster_settings(config), "average_every": options.average_every,
                 "compress_rank": options.compress_rank, "compress_after": options.compress_after,
-                "local_batch_norm": options.local_batch_norm}
+                "local_batch_norm": options.local_batch_norm, "outer_lr": options.outer_lr,
+                "outer_momentum": options.outer_momentum}
     mine = {"edgetrain": __version__, "torch": torch.__version__, "config": config_hash(settings),
             "speed": speed, "speed_error": speed_error, "device": node.device}
     verdicts = gather_verdicts(mine)
@@ -406,6 +502,8 @@ class _NodeRun:
             raise ClusterError(f"the training split has {len(self.train_set)} samples, fewer than one global batch "
                                f"of {config.batch}")
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr)
+        self.outer = OuterStep(list(self.model.parameters()), options.outer_lr, options.outer_momentum) \
+            if options.outer_step else None
         self.sampler = ResumableSampler(len(self.train_set), config.seed)
         self.chosen, self.budget = self._plan(replace(local, batch=self.share))
         x, y = first_batch(self.train_set, 1)
@@ -417,6 +515,8 @@ class _NodeRun:
         self.resumed_from: int | None = None
         if opening.state is not None:
             opening.state.restore(self.model, self.optimizer, sampler=self.sampler)
+            if self.outer is not None:
+                self.outer.load_state_dict(opening.state.metadata.get("outer"))
             self.step, self.epoch, self.resumed_from = opening.state.step, opening.state.epoch, opening.state.step
         log.info("node %d of %d: %d of %d samples per step, plan %s", env.rank, env.world_size, self.share,
                  config.batch, self.chosen.strategy)
@@ -502,6 +602,9 @@ class _NodeRun:
         sync_s = result.sync_s
         if not exact and self.step % self.average_every == 0:
             sync_s += average_parameters(self.model, self.share / self.config.batch)
+            if self.outer is not None:
+                self.outer.step()
+                restart_optimizer(self.optimizer)
         elapsed = time.perf_counter() - started
         return {"step": self.step, "epoch": self.epoch, "loss": result.loss, "samples_per_s": result.samples / elapsed,
                 "time_s": elapsed, "sync_s": sync_s, "world_size": self.env.world_size,
@@ -510,7 +613,8 @@ class _NodeRun:
     def _capture(self, consumed: int) -> TrainingState:
         return TrainingState.capture(step=self.step, epoch=self.epoch, model=self.model, optimizer=self.optimizer,
                                      schedule=self.chosen.schedule, sampler=self.sampler.state_dict(consumed=consumed),
-                                     metadata={"world_size": self.env.world_size, "shares": list(self.shares)})
+                                     metadata={"world_size": self.env.world_size, "shares": list(self.shares),
+                                               **({} if self.outer is None else {"outer": self.outer.state_dict()})})
 
     def _summary(self, accuracy: float | None, val_loss: float | None) -> TrainSummary:
         assert self.run is not None
