@@ -53,6 +53,15 @@ resumes every node exactly; one saved between outer steps restarts every node fr
 weights and inner state, as plain averaging does. η = 1, μ = 0 is plain averaging, and is run as
 such (no outer state, no restart). ``θ`` and ``m`` are two more model-sized tensors per node, held
 from the start, so its runtime baseline counts them (NOTE [ Process budget ]).
+
+NOTE [ A node's random stream ]
+Dropout draws from torch's global generator, and each node's draws depend on what it did before:
+its share, its profiling, its restarts. A saved state holds rank 0's generator only, so a run
+resumed with every node on it drew other masks than the uninterrupted run (found with
+``transformer_small``: the losses parted at the first step after a resume). Each step therefore
+starts from a generator seeded by the run's seed, the step and the node's rank
+(:func:`seed_step`): the same masks whether the step runs straight on or after a resume, at the
+same world size and split (a re-formed group splits the batch anew, so its masks differ anyway).
 """
 
 from __future__ import annotations
@@ -344,6 +353,12 @@ def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Op
     return StepResult(loss_sum / total if total else float("nan"), int(total), synced - computed)
 
 
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed torch's global generator for ``rank``'s step ``step`` of a run (NOTE [ A node's random stream ])."""
+    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
+    torch.manual_seed(int.from_bytes(digest[:8], "little"))
+
+
 def average_parameters(model: nn.Module, weight: float) -> float:
     """Replace every parameter by the weighted sum over nodes (NOTE [ Periodic averaging ]); seconds spent."""
     started = time.perf_counter()
@@ -594,6 +609,7 @@ class _NodeRun:
             # a BatchNorm over this node's slice cannot train on one sample
             batch = None
         exact = self.average_every == 1
+        seed_step(self.config.seed, self.step, self.env.rank)
         result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact,
                               compressor=self.compressor if self.step >= self.compress_after else None)
         if result.samples == 0:
