@@ -40,6 +40,7 @@ from ..errors import InfeasibleBudgetError
 from ..models import stages_of
 from ..planners.single_level import KEPT, single_level, single_level_plan
 from ..profile import profile
+from ..profile.process import return_freed_memory
 from ..schedule import simulate
 from ..stages import LossFn
 from ..units import format_bytes, parse_bytes
@@ -189,6 +190,7 @@ def compiled_candidates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step
         model.load_state_dict(weights)
         optimizer.load_state_dict(optimizer_state)
         torch._dynamo.reset()   # the candidates' code: the budget is not among dynamo's guards
+        return_freed_memory()   # the compilations' garbage, back to the kernel before training
 
 
 def _describe(candidate: CompiledCandidate) -> str:
