@@ -455,6 +455,7 @@ class _Group:
     def watch(self, pending: list[Fault], report: LocalReport, down: list[int]) -> _Outcome:
         """Poll the nodes until all finish, one fails, or a lost node may rejoin."""
         injected: dict[int, float] = {}
+        own_from: int | None = None   # the step this group resumed from, once it has logged one of its own
         while True:
             time.sleep(0.05)
             _unwind_if_terminated()
@@ -467,6 +468,8 @@ class _Group:
                 last.resumed_step = first_step - 1
             if step_time != self.seen_time:
                 self.seen_step, self.seen_time = step, step_time
+            if own_from is None and step_time is not None and step_time > self.started:
+                own_from = _first_step_after(self.metrics, self.started)[0] - 1
             if step_time is not None and step_time > self.started:  # trained: warm up for the next re-form
                 for node in filter(self.spares.wants, self.procs):
                     self.spares.fill(node, {"spec": str(self.spec_files[node]), "shares": self._failure_shares(node)})
@@ -497,7 +500,9 @@ class _Group:
             if broken:  # no node died or hung: the network broke (a cut link) or a bug; all restart
                 return _Outcome("failed", message=self._error_line(broken[0]))
             rejoin = self.options.rejoin_after_steps
-            if down and rejoin is not None and report.failures and step - report.failures[-1].last_step >= rejoin:
+            # counted from this group's own first step: the steps the old group trained before a kill landed
+            # (logged after the supervisor saw the failure) are not the smaller group's
+            if down and rejoin is not None and own_from is not None and step - own_from >= rejoin:
                 return _Outcome("rejoin", step=step, message=f"nodes {down} rejoin")
 
     def _failure_shares(self, node: int) -> list[int]:
