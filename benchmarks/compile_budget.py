@@ -214,10 +214,10 @@ def whole_graph_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimiz
     """The chosen whole-model candidate's step, and what the row records of it and of every candidate."""
     from edgetrain.planners.single_level import single_level
     from edgetrain.runtime import three_budgets
-    from edgetrain.runtime.compiled import build_compiled, training_step
+    from edgetrain.runtime.compiled import build_compiled, text_kinds, training_step
     from edgetrain.schedule import simulate
     kinds = chosen.regions or "." * chain.length
-    stats = simulate(chain, single_level([".SR".index(kind) for kind in kinds]))
+    stats = simulate(chain, single_level(text_kinds(kinds)))
     step = training_step(build_compiled(model, chosen), x, y, optimizer, nn.functional.cross_entropy)
     return step, {
         "resident_bytes": chain.resident_bytes, "least_bytes": three_budgets(chain)[0],

@@ -33,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,9 @@ MODES = ("single", "exact", "average", "diloco", "diloco-carry")
 
 
 def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
-    """The time-to-target run's configuration (``benchmarks/cluster.py``'s ``_config``: one epoch of ``steps``)."""
-    samples = -(-args.batch * args.steps * 5 // 4) + args.batch
-    return TrainConfig(model=args.model, samples=samples, batch=args.batch, image=args.image, epochs=1,
-                       run_dir=root, seed=seed)
+    """The time-to-target run's configuration: ``benchmarks/cluster.py``'s (one epoch of ``steps``), this seed."""
+    from cluster import _config as cluster_config  # benchmarks/ is the script's own folder
+    return replace(cluster_config(root, args.model, args.batch, args.steps, args.image), seed=seed)
 
 
 def _mean_into(target: list[torch.Tensor], groups: list[list[torch.Tensor]]) -> None:

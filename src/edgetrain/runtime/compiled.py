@@ -48,7 +48,7 @@ from .regions import Regions
 from .verify import three_budgets
 
 __all__ = ["CompiledCandidate", "CompiledStep", "fit_compiled", "compiled_candidates", "build_compiled",
-           "measured_step_peak_bytes", "kind_text", "training_step"]
+           "measured_step_peak_bytes", "kind_text", "text_kinds", "training_step"]
 
 TIMED_STEPS = 3
 
@@ -103,6 +103,11 @@ def _partitioner_budget(budget: float) -> Iterator[None]:
 def kind_text(kinds: tuple[int, ...] | list[int]) -> str:
     """A single-level plan as text: ``.`` a kept stage, ``S`` one that opens a region, ``R`` one that continues it."""
     return "".join(".SR"[kind] for kind in kinds)
+
+
+def text_kinds(text: str) -> list[int]:
+    """The single-level plan :func:`kind_text` wrote as ``text``."""
+    return [".SR".index(kind) for kind in text]
 
 
 def measured_step_peak_bytes(step: Callable[[], None]) -> int:
@@ -203,7 +208,7 @@ def build_compiled(model: nn.Module, candidate: CompiledCandidate) -> nn.Module:
     if candidate.regions is None:
         target: nn.Module = model
     else:
-        target = Regions(stages_of(model), [".SR".index(c) for c in candidate.regions[:-1]])
+        target = Regions(stages_of(model), text_kinds(candidate.regions)[:-1])
     return _PartitionedAt(torch.compile(target), candidate.partitioner_budget)  # type: ignore[arg-type]
 
 
