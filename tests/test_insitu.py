@@ -443,10 +443,12 @@ def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_ra
     assert config == FitConfig(epochs=8, lr=3e-3, seed=6, memory="19MiB")
     assert labels.tolist() == [0, 1, 2, 2, 3] and len(crops) == 5 and weights.tolist() == [1, 1, 4, 4, 4]
     assert sim.SimulateConfig().student_lr == 4e-3  # 1e-3 until session 14 (NOTE [ The student's learning rate ])
+    sim._student(teacher, *stored, shipped, sim.SimulateConfig(seed=5, student_seed_offset=3))
+    assert calls[1][2].seed == 8  # another offset, another order of the same crops
 
 
-def test_simulates_student_learning_rate_comes_from_the_command_line(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_simulates_student_learning_rate_and_seed_offset_come_from_the_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     import edgetrain.insitu.simulate as sim
@@ -454,11 +456,12 @@ def test_simulates_student_learning_rate_comes_from_the_command_line(tmp_path: P
 
     configs: list[sim.SimulateConfig] = []
     monkeypatch.setattr(sim, "simulate", lambda config, store, progress: configs.append(config) or {})
-    for flags in ([], ["--student-lr", "0.002"]):
+    for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4"]):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--json", "--store", str(tmp_path / "s"), *flags])
         assert result.exit_code == 0, result.output
 
     assert [c.student_lr for c in configs] == [sim.SimulateConfig.student_lr, 0.002]
+    assert [c.student_seed_offset for c in configs] == [1, 4]
 
 
 # --- the frame store -------------------------------------------------------------------------------

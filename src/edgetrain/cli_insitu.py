@@ -97,6 +97,9 @@ def simulate_command(
                                             "against a stored one's."),
         student_lr: float = typer.Option(4e-3, "--student-lr", min=0.0, help="Every student's peak learning rate "
                                          "(one-cycle schedule): the rounds', the final one's and the oracle's."),
+        student_seed_offset: int = typer.Option(1, "--student-seed-offset", help="Every student's shuffling and "
+                                                "augmentation seed is --seed plus this; the world, the teacher and "
+                                                "the stream stay those of --seed."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -116,6 +119,7 @@ def simulate_command(
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
                             round_folds=folds, round_coverage=kept,
                             replay_weight=replay_weight, student_lr=student_lr,
+                            student_seed_offset=student_seed_offset,
                             gate=GateConfig(rule=labels, coverage=label_coverage),
                             **overrides)
     if store.exists():

@@ -65,6 +65,8 @@ class SimulateConfig:
     student_epochs: int = 8
     student_lr: float = 4e-3  # every student's peak (one-cycle) learning rate: the round's, the final one's, the
     # oracle's (1e-3 until session 14: NOTE [ The student's learning rate ])
+    student_seed_offset: int = 1  # every student's shuffling and augmentation draw from seed + this: another offset
+    # retrains the same deployment's students in another order (their seed-to-seed spread; docs/insitu.md, session 15)
     replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
     replay_weight: float = 4.0  # a replayed crop's loss weight against a stored one's (against forgetting)
     rounds: int = 2  # self-training rounds: the student relabels the stored tracks and a new student trains on them
@@ -222,8 +224,8 @@ def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray
     weights = np.concatenate([np.ones(len(crops)), np.full(len(shipped.replay_crops), config.replay_weight)])
     return fit(copy.deepcopy(teacher), np.concatenate([crops, shipped.replay_crops]),
                np.concatenate([labels, shipped.replay_labels]),
-               FitConfig(epochs=config.student_epochs, lr=config.student_lr, seed=config.seed + 1,
-                         memory=config.student_memory),
+               FitConfig(epochs=config.student_epochs, lr=config.student_lr,
+                         seed=config.seed + config.student_seed_offset, memory=config.student_memory),
                weights)
 
 
