@@ -15,10 +15,12 @@ median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats
   averaging, DiLoCo's outer step on it: NOTE [ Outer step ]), once per seed, each seed's target
   from its own single-node run (``--ttt-modes`` picks the rows).
 * **compression**: single-node training (the reference), then exact data parallelism (gradients
-  summed every step), PowerSGD rank R with error feedback (NOTE [ PowerSGD on plain all-reduces ])
-  and periodic weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link:
-  throughput, training loss of the last three steps and validation loss after a fixed number of
-  steps (against the reference's), and crashes over repeated runs (one seed each).
+  summed every step: the same maths, so its distance from the reference is the noise floor), then
+  ``--compress-modes``: PowerSGD rank R with error feedback after A exact steps (NOTE [ PowerSGD on
+  plain all-reduces ]), periodic weight averaging every K steps (NOTE [ Periodic averaging ]) and
+  DiLoCo, on the slowest link: the held-out loss after every epoch and the final one against the
+  reference's and the exact run's, seed by seed (mean, standard error, largest), numbers sent per
+  step, training loss of the last steps, and crashes over the runs (one seed each).
 * **failures**: a node killed (SIGKILL), stopped (SIGSTOP) and, as root, cut off (its link
   taken down, ``--failure-preset``) on 3 nodes at step 4 or later, once the warm spares are ready
   (NOTE [ Warm spares ]): detection time, restarts, steps lost and repeated, stall, and the longest
