@@ -48,7 +48,7 @@ every run's figures too) and a markdown table (``--md``), and prints the markdow
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
 [--steps N] [--average-every K] [--outer-lr L] [--outer-momentum M] [--ttt-modes single,...] [--compress-rank R]
 [--compress-after N] [--compress-steps N] [--compress-epochs E] [--compress-modes powersgd:8:10,average,...]
-[--lr-schedule constant|cosine]
+[--compress-seed S] [--lr-schedule constant|cosine]
 [--repeats R]
 [--failures kill,stop,cut] [--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
 [--node-crash-runs N] [--node-crash-model M] [--node-crash-nodes N] [--node-crash-batch B] [--node-crash-steps S]
@@ -223,17 +223,18 @@ def numbers_per_step(model: str, row: Mode, classes: int = 10) -> float:
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Single-node training (the reference), then ``--nodes``' largest count of nodes summing whole gradients, then
     the ``--compress-modes`` rows (PowerSGD, periodic averaging, DiLoCo), on the slowest preset (``none``: plain
-    processes), each for ``--compress-epochs`` epochs of ``--compress-steps`` steps, once per seed ``0 .. --repeats
-    - 1`` (a seed: the data, its held-out split, the initial weights and the order). Rank 0 evaluates the held-out
-    split after every epoch (the curve shows whether the loss has flattened); the final one is compared seed by seed
-    with the single node's and the exact all-reduce's: mean, standard error over the seeds, largest. The exact run
-    *is* single-node training with BatchNorm over the global batch (NOTE [ Cross-node BatchNorm ]), only summed in
-    another order, so its distance from the single node is the protocol's noise floor: float32 rounding, which
-    training amplifies."""
+    processes), each for ``--compress-epochs`` epochs of ``--compress-steps`` steps, once per seed
+    ``--compress-seed .. + --repeats - 1`` (a seed: the data, its held-out split, the initial weights and the order).
+    Rank 0 evaluates the held-out split after every epoch (the curve shows whether the loss has flattened); the final
+    one is compared seed by seed with the single node's and the exact all-reduce's: mean, standard error over the
+    seeds, largest. The exact run *is* single-node training with BatchNorm over the global batch (NOTE [ Cross-node
+    BatchNorm ]), only summed in another order, so its distance from the single node is the protocol's noise floor:
+    float32 rounding, which training amplifies."""
     nodes = max(args.nodes)
     modes = [mode("single", args, 1), mode("exact", args, nodes)] + [mode(n, args, nodes) for n in args.compress_modes]
-    rows = [_compression_row(args, row, [_compression_run(args, scratch, row, seed, cpus)
-                                         for seed in range(args.repeats)]) for row in modes]
+    seeds = range(args.compress_seed, args.compress_seed + args.repeats)
+    rows = [_compression_row(args, row, [_compression_run(args, scratch, row, seed, cpus) for seed in seeds])
+            for row in modes]
     for row in rows:
         for key, losses in (("vs", "final_losses"), ("val_vs", "val_losses")):
             row[f"{key}_single"] = _relative(row[losses], rows[0][losses])
@@ -276,6 +277,7 @@ def _compression_row(args: argparse.Namespace, row: Mode, runs: list[dict[str, A
     return {"mode": row.label, "average_every": row.every, "compress_rank": row.rank, "compress_after": row.after,
             "outer_lr": row.outer[0], "outer_momentum": row.outer[1], "nodes": row.nodes, "preset": args.presets[-1],
             "batch": args.batches[0], "epochs": args.compress_epochs, "lr_schedule": args.lr_schedule,
+            "first_seed": args.compress_seed,
             "steps": args.compress_steps * args.compress_epochs, "runs": len(runs),
             "crashes": len(runs) - len(done), "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
             "numbers_per_step": numbers_per_step(args.model, row),
@@ -731,7 +733,8 @@ def markdown(result: dict[str, Any]) -> str:
         out += ["", f"Held-out loss: rank 0's evaluation of the seed's validation split after every epoch "
                 f"({first['epochs']} of {first['steps'] // first['epochs']} steps, global batch {first['batch']}, "
                 f"{first['lr_schedule']} rate); "
-                "relative to the single node's, seed by seed: mean ± standard error over the seeds (largest). The "
+                f"relative to the single node's, seed by seed (seeds {first['first_seed']} .. "
+                f"{first['first_seed'] + first['runs'] - 1}): mean ± standard error over the seeds (largest). The "
                 "exact all-reduce is the single node's maths in another float order: its distance is the noise "
                 "floor.", "",
                 "| mode | nodes | steps | seeds | numbers sent per step (M) | held-out loss (mean of seeds) | "
@@ -808,6 +811,7 @@ def main() -> None:
                         help="PowerSGD runs sum whole gradients for their first N steps (--compress-after)")
     parser.add_argument("--compress-epochs", type=int, default=1,
                         help="compression table: epochs of --compress-steps steps, held-out loss after each")
+    parser.add_argument("--compress-seed", type=int, default=0, help="compression table: the first seed")
     parser.add_argument("--lr-schedule", default="constant", help="compression table: the rate's schedule, constant "
                         "or cosine (down to 0 at the last step: the final loss the run's, not SGD noise's)")
     parser.add_argument("--compress-modes", type=lambda s: s.split(","), default=["powersgd", "average"],

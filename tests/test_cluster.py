@@ -810,7 +810,8 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
 
     monkeypatch.setattr(bench, "run_local", fake_run_local)
     args = argparse.Namespace(nodes=[1, 4], presets=["none"], batches=[32], model="resnet18", image=32,
-                              compress_steps=2, compress_epochs=2, lr_schedule="cosine", repeats=2, ttt_window=5,
+                              compress_steps=2, compress_epochs=2, lr_schedule="cosine", repeats=2, compress_seed=0,
+                              ttt_window=5,
                               compress_modes=["powersgd:2:3", "diloco"], compress_rank=8, compress_after=0,
                               average_every=4, outer_lr=0.7, outer_momentum=0.9, local_batch_norm=False,
                               out=tmp_path / "out" / "b.json")
@@ -830,7 +831,7 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
         ("PowerSGD rank 2 after 3 exact steps", 2, 3)
     assert single["numbers_per_step"] == 0 and diloco["numbers_per_step"] == exact["numbers_per_step"] / 4
     assert powersgd["numbers_per_step"] < exact["numbers_per_step"] / 50  # rank 2: (n + m) 2 of n m per matrix
-    assert "| +15.00% ± 5.00% (+20.00%) |" in table and "| 2.000, 1.505 |" in table
+    assert "| +15.00% ± 5.00% (+20.00%) |" in table and "| 2.000, 1.505 |" in table and "(seeds 0 .. 1)" in table
     # every run: no restart allowed, no spares, the row's compression and outer step
     assert {(n, o.compress_rank, o.compress_after, o.average_every, o.outer_lr, o.outer_momentum, o.max_restarts,
              o.spares) for n, o in seen} == {(1, 0, 0, 1, 1.0, 0.0, 0, False), (4, 0, 0, 1, 1.0, 0.0, 0, False),
