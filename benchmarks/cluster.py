@@ -197,9 +197,9 @@ def mode(name: str, args: argparse.Namespace, nodes: int) -> Mode:
              "average": Mode(f"average every {every} steps", nodes, every),
              "diloco": Mode(f"DiLoCo every {every} steps, outer lr {outer[0]:g}, Nesterov {outer[1]:g}", nodes,
                             every, outer=outer)}
-    kind, *numbers = name.split(":")
     if name in fixed:
         return fixed[name]
+    kind, *numbers = name.split(":")
     if kind != "powersgd" or len(numbers) > 2 or not all(n.isdigit() and int(n) >= (i == 0) for i, n in
                                                         enumerate(numbers)):
         raise SystemExit(f"unknown mode {name!r}: one of {MODE_NAMES} (RANK >= 1, AFTER >= 0)")
@@ -287,7 +287,7 @@ def _compression_row(args: argparse.Namespace, row: Mode, runs: list[dict[str, A
             "val_losses": [None if r is None else r["val_loss"] for r in runs],
             "val_loss": statistics.mean(r["val_loss"] for r in done) if done else None,
             "val_curve": [statistics.mean(c) for c in zip(*curves, strict=True)],
-            "val_steps": done[0]["val_steps"] if done else [], "seeds": runs,
+            "val_steps": done[0]["val_steps"] if done else [], "seed_runs": runs,
             "emulation": done[0]["emulation"] if done else "plain processes"}
 
 
@@ -850,8 +850,9 @@ def main() -> None:
     parser.add_argument("--outer-momentum", type=float, default=0.9, help="the DiLoCo mode's outer Nesterov momentum")
     parser.add_argument("--ttt-modes", type=lambda s: s.split(","),
                         default=["single", "exact", "powersgd", "average", "diloco"],
-                        help="time-to-target rows: single (first: it sets each seed's target), exact, powersgd, "
-                        "average (plain, every --average-every steps), diloco (the same with the outer step)")
+                        help="time-to-target rows: single (first: it sets each seed's target), exact, powersgd "
+                        "(powersgd:R:A: rank R after A exact steps), average (plain, every --average-every steps), "
+                        "diloco (the same with the outer step)")
     parser.add_argument("--ttt-nodes", type=int, default=4)
     parser.add_argument("--ttt-preset", default="100mbit")
     parser.add_argument("--ttt-batch", type=int, default=32)
