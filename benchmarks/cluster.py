@@ -15,10 +15,12 @@ median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats
   averaging, DiLoCo's outer step on it: NOTE [ Outer step ]), once per seed, each seed's target
   from its own single-node run (``--ttt-modes`` picks the rows).
 * **compression**: single-node training (the reference), then exact data parallelism (gradients
-  summed every step), PowerSGD rank R with error feedback (NOTE [ PowerSGD on plain all-reduces ])
-  and periodic weight averaging every K steps (NOTE [ Periodic averaging ]) on the slowest link:
-  throughput, training loss of the last three steps and validation loss after a fixed number of
-  steps (against the reference's), and crashes over repeated runs (one seed each).
+  summed every step: the same maths, so its distance from the reference is the noise floor), then
+  ``--compress-modes``: PowerSGD rank R with error feedback after A exact steps (NOTE [ PowerSGD on
+  plain all-reduces ]), periodic weight averaging every K steps (NOTE [ Periodic averaging ]) and
+  DiLoCo, on the slowest link: the held-out loss after every epoch and the final one against the
+  reference's and the exact run's, seed by seed (mean, standard error, largest), numbers sent per
+  step, training loss of the last steps, and crashes over the runs (one seed each).
 * **failures**: a node killed (SIGKILL), stopped (SIGSTOP) and, as root, cut off (its link
   taken down, ``--failure-preset``) on 3 nodes at step 4 or later, once the warm spares are ready
   (NOTE [ Warm spares ]): detection time, restarts, steps lost and repeated, stall, and the longest
@@ -45,7 +47,9 @@ every run's figures too) and a markdown table (``--md``), and prints the markdow
 
 Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit,wifi20] [--batches 8,32]
 [--steps N] [--average-every K] [--outer-lr L] [--outer-momentum M] [--ttt-modes single,...] [--compress-rank R]
-[--compress-after N] [--compress-steps N] [--repeats R]
+[--compress-after N] [--compress-steps N] [--compress-epochs E] [--compress-modes powersgd:8:10,average,...]
+[--compress-seed S] [--lr-schedule constant|cosine]
+[--repeats R]
 [--failures kill,stop,cut] [--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
 [--node-crash-runs N] [--node-crash-model M] [--node-crash-nodes N] [--node-crash-batch B] [--node-crash-steps S]
 [--node-crash-after A,B] [--tables link,scaling,ttt,compression,failures,crashes,node-crashes,save] [--out PATH]
@@ -66,12 +70,14 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edgetrain.benchstats import Spread, spread
+from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
+from edgetrain.models import get_model_spec
 from edgetrain.train import TrainConfig
 
 log = logging.getLogger("cluster")
@@ -79,10 +85,10 @@ WARM_UP_STEPS = 1  # the first step brings up caches and connections: not timed
 PLAIN = (1.0, 0.0)  # outer rate and momentum of plain averaging (NOTE [ Outer step ])
 
 
-def _config(run_dir: Path, model: str, batch: int, steps: int, image: int) -> TrainConfig:
-    """One epoch of exactly ``steps`` global batches (the split keeps 80% for training)."""
+def _config(run_dir: Path, model: str, batch: int, steps: int, image: int, epochs: int = 1) -> TrainConfig:
+    """``epochs`` epochs of exactly ``steps`` global batches each (the split keeps 80% for training)."""
     samples = -(-batch * steps * 5 // 4) + batch  # the split rounds the validation share up
-    return TrainConfig(model=model, samples=samples, batch=batch, image=image, epochs=1, save_every=10**6,
+    return TrainConfig(model=model, samples=samples, batch=batch, image=image, epochs=epochs, save_every=10**6,
                        run_dir=run_dir)
 
 
@@ -162,66 +168,138 @@ def _scaling_row(preset: str, batch: int, nodes: int, runs: list[dict[str, Any]]
             "emulation": runs[0]["emulation"]}
 
 
+class Mode(NamedTuple):
+    """One row's training: its label, nodes, averaging period, PowerSGD rank (0: whole gradients) and exact steps
+    before it, and the outer step's rate and momentum (:data:`PLAIN`: plain averaging)."""
+
+    label: str
+    nodes: int
+    every: int = 1
+    rank: int = 0
+    after: int = 0
+    outer: tuple[float, float] = PLAIN
+
+    def options(self, **given: Any) -> LocalOptions:
+        return LocalOptions(average_every=self.every, compress_rank=self.rank, compress_after=self.after,
+                            outer_lr=self.outer[0], outer_momentum=self.outer[1], spares=False, **given)
+
+
+MODE_NAMES = "single, exact, powersgd[:RANK[:AFTER]], average, diloco"
+
+
+def mode(name: str, args: argparse.Namespace, nodes: int) -> Mode:
+    """The row a name on the command line stands for: ``single`` (1 node), ``exact`` (whole gradients summed every
+    step), ``powersgd`` (rank ``--compress-rank`` after ``--compress-after`` exact steps; ``powersgd:R`` and
+    ``powersgd:R:A`` give the rank and the exact steps), ``average`` (weights averaged every ``--average-every``
+    steps), ``diloco`` (the same with the outer step of ``--outer-lr`` and ``--outer-momentum``)."""
+    every, outer = args.average_every, (args.outer_lr, args.outer_momentum)
+    fixed = {"single": Mode("single node", 1), "exact": Mode("all-reduce every step", nodes),
+             "average": Mode(f"average every {every} steps", nodes, every),
+             "diloco": Mode(f"DiLoCo every {every} steps, outer lr {outer[0]:g}, Nesterov {outer[1]:g}", nodes,
+                            every, outer=outer)}
+    if name in fixed:
+        return fixed[name]
+    kind, *numbers = name.split(":")
+    if kind != "powersgd" or len(numbers) > 2 or not all(n.isdigit() and int(n) >= (i == 0) for i, n in
+                                                        enumerate(numbers)):
+        raise SystemExit(f"unknown mode {name!r}: one of {MODE_NAMES} (RANK >= 1, AFTER >= 0)")
+    rank = int(numbers[0]) if numbers else args.compress_rank
+    after = int(numbers[1]) if len(numbers) == 2 else args.compress_after
+    return Mode(f"PowerSGD rank {rank}" + (f" after {after} exact steps" if after else ""), nodes, 1, rank, after)
+
+
+def numbers_per_step(model: str, row: Mode, classes: int = 10) -> float:
+    """Numbers (float32) a node sends into the all-reduces per step once compression is on: whole gradients, PowerSGD's
+    ``P`` and ``Q`` with the tensors it sums whole, or the weights once every ``every`` steps (BatchNorm's per-channel
+    statistics, a few thousand numbers per layer, not counted); 0 for one node."""
+    if row.nodes == 1:
+        return 0.0
+    parameters = [p for p in get_model_spec(model).build(classes).parameters() if p.requires_grad]
+    if row.rank:
+        return float(PowerSGD(parameters, row.rank).sent_numbers)
+    return sum(p.numel() for p in parameters) / row.every
+
+
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """Single-node training (1 node, the reference), then 2+ nodes summing whole gradients, PowerSGD and periodic
-    averaging, each on the slowest preset (``none``: plain processes) for ``--compress-steps`` steps, once per seed
-    ``0 .. --repeats - 1``. The final loss of each mode is compared with the single node's and, seed by seed, with
-    the exact all-reduce's: that run *is* single-node training with the nodes' BatchNorm groups (each node normalises
-    over its own share; the gradients are otherwise the single process's, NOTE [ Cluster step ]), so it isolates
-    what compression changes. Validation loss: rank 0's evaluation of the same held-out split after the run."""
-    rows = []
-    nodes, preset, batch = max(args.nodes), args.presets[-1], args.batches[0]
-    modes = [("single node", 1, 1, 0), ("all-reduce every step", nodes, 1, 0),
-             (_powersgd_mode(args), nodes, 1, args.compress_rank),
-             (f"average every {args.average_every} steps", nodes, args.average_every, 0)]
-    for mode, count, every, rank in modes[:2] + [m for m, name in zip(modes[2:], ("powersgd", "average"), strict=True)
-                                                 if name in args.compress_modes]:
-        runs, crashed = [], 0
-        for seed in range(args.repeats):
-            config = replace(_config(scratch / f"compress-{count}-{every}-{rank}-{seed}", args.model, batch,
-                                     args.compress_steps, args.image), seed=seed)
-            options = LocalOptions(preset=None if preset == "none" else preset, cpus_per_node=cpus,
-                                   average_every=every, compress_rank=rank, max_restarts=0, spares=False,
-                                   compress_after=args.compress_after if rank else 0,
-                                   local_batch_norm=args.local_batch_norm)
-            try:
-                steps, report = _run(config, count, options)
-            except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
-                kept = _keep_logs(config.run_dir, args.out.parent / "crash-logs" / config.run_dir.name)
-                log.warning("compression run crashed: %s (node logs: %s)", exc, kept)
-                crashed += 1
-                runs.append(None)
-                continue
-            summary = json.loads((config.run_dir / "summary.json").read_text())
-            runs.append({**_step_medians(steps), "restarts": report["restarts"],
-                         "final_loss": statistics.mean(r["loss"] for r in steps[-args.ttt_window:]),
-                         "val_loss": summary["val_loss"], "emulation": report["emulation"]})
-        done = [r for r in runs if r is not None]
-        rows.append({"mode": mode, "average_every": every, "compress_rank": rank,
-                     "compress_after": args.compress_after if rank else 0, "nodes": count, "preset": preset,
-                     "batch": batch, "steps": args.compress_steps, "runs": args.repeats, "crashes": crashed,
-                     "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
-                     "samples_per_s": None if not done else batch / statistics.median(r["step_s"] for r in done),
-                     "sync_share": None if not done else statistics.median(r["sync_share"] for r in done),
-                     "step_spread_s": _spread([r["step_s"] for r in done]),
-                     "final_losses": [None if r is None else r["final_loss"] for r in runs],
-                     "final_loss": None if not done else statistics.mean(r["final_loss"] for r in done),
-                     "val_loss": None if not done else statistics.mean(r["val_loss"] for r in done),
-                     "emulation": done[0]["emulation"] if done else "plain processes"})
-        log.info("compression %s", rows[-1])
+    """Single-node training (the reference), then ``--nodes``' largest count of nodes summing whole gradients, then
+    the ``--compress-modes`` rows (PowerSGD, periodic averaging, DiLoCo), on the slowest preset (``none``: plain
+    processes), each for ``--compress-epochs`` epochs of ``--compress-steps`` steps, once per seed
+    ``--compress-seed .. + --repeats - 1`` (a seed: the data, its held-out split, the initial weights and the order).
+    Rank 0 evaluates the held-out split after every epoch (the curve shows whether the loss has flattened); the final
+    one is compared seed by seed with the single node's and the exact all-reduce's: mean, standard error over the
+    seeds, largest. The exact run *is* single-node training with BatchNorm over the global batch (NOTE [ Cross-node
+    BatchNorm ]), only summed in another order, so its distance from the single node is the protocol's noise floor:
+    float32 rounding, which training amplifies."""
+    nodes = max(args.nodes)
+    modes = [mode("single", args, 1), mode("exact", args, nodes)] + [mode(n, args, nodes) for n in args.compress_modes]
+    seeds = range(args.compress_seed, args.compress_seed + args.repeats)
+    rows = [_compression_row(args, row, [_compression_run(args, scratch, row, seed, cpus) for seed in seeds])
+            for row in modes]
     for row in rows:
-        row["vs_single"] = _relative(row["final_losses"], rows[0]["final_losses"])
-        row["vs_exact"] = _relative(row["final_losses"], rows[1]["final_losses"])
+        for key, losses in (("vs", "final_losses"), ("val_vs", "val_losses")):
+            row[f"{key}_single"] = _relative(row[losses], rows[0][losses])
+            row[f"{key}_exact"] = _relative(row[losses], rows[1][losses])
     return rows
 
 
-def _relative(losses: list[float | None], reference: list[float | None]) -> dict[str, float] | None:
-    """Seed by seed ``loss / reference - 1``: the mean and the largest in size; None unless every seed has both."""
+def _compression_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: int,
+                     cpus: float) -> dict[str, Any] | None:
+    """One seed's run of a row: its step times, last steps' training loss and the held-out loss after every epoch;
+    None when it crashed (its node logs kept beside ``--out``)."""
+    preset = args.presets[-1]
+    config = replace(_config(scratch / f"compress-{row.nodes}-{row.every}-{row.rank}-{row.after}-{row.outer[0]:g}-"
+                                       f"{row.outer[1]:g}-{seed}", args.model, args.batches[0], args.compress_steps,
+                             args.image, args.compress_epochs), seed=seed, lr_schedule=args.lr_schedule)
+    load = _load()
+    try:
+        steps, report = _run(config, row.nodes, row.options(preset=None if preset == "none" else preset,
+                                                            cpus_per_node=cpus, max_restarts=0,
+                                                            local_batch_norm=args.local_batch_norm))
+    except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
+        kept = _keep_logs(config.run_dir, args.out.parent / "crash-logs" / config.run_dir.name)
+        log.warning("compression run crashed: %s (node logs: %s)", exc, kept)
+        return None
+    evaluations = [r for r in map(json.loads, (config.run_dir / "metrics.jsonl").read_text().splitlines())
+                   if "val_loss" in r]
+    log.info("compression %s, seed %d: held-out loss after each epoch %s", row.label, seed,
+             [round(r["val_loss"], 4) for r in evaluations])
+    return {**_step_medians(steps), "restarts": report["restarts"], "load_before": load, "load_after": _load(),
+            "final_loss": statistics.mean(r["loss"] for r in steps[-args.ttt_window:]),
+            "val_loss": evaluations[-1]["val_loss"], "val_curve": [r["val_loss"] for r in evaluations],
+            "val_steps": [r["step"] for r in evaluations], "emulation": report["emulation"]}
+
+
+def _compression_row(args: argparse.Namespace, row: Mode, runs: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """One row over its seeds (a crashed seed: None in the per-seed lists); the held-out curve is the mean over the
+    seeds that finished."""
+    done = [r for r in runs if r is not None]
+    curves = [r["val_curve"] for r in done]
+    return {"mode": row.label, "average_every": row.every, "compress_rank": row.rank, "compress_after": row.after,
+            "outer_lr": row.outer[0], "outer_momentum": row.outer[1], "nodes": row.nodes, "preset": args.presets[-1],
+            "batch": args.batches[0], "epochs": args.compress_epochs, "lr_schedule": args.lr_schedule,
+            "first_seed": args.compress_seed,
+            "steps": args.compress_steps * args.compress_epochs, "runs": len(runs),
+            "crashes": len(runs) - len(done), "restarts": sum(r["restarts"] for r in done), "window": args.ttt_window,
+            "numbers_per_step": numbers_per_step(args.model, row),
+            "step_spread_s": _spread([r["step_s"] for r in done]),
+            "final_losses": [None if r is None else r["final_loss"] for r in runs],
+            "final_loss": statistics.mean(r["final_loss"] for r in done) if done else None,
+            "val_losses": [None if r is None else r["val_loss"] for r in runs],
+            "val_loss": statistics.mean(r["val_loss"] for r in done) if done else None,
+            "val_curve": [statistics.mean(c) for c in zip(*curves, strict=True)],
+            "val_steps": done[0]["val_steps"] if done else [], "seed_runs": runs,
+            "emulation": done[0]["emulation"] if done else "plain processes"}
+
+
+def _relative(losses: list[float | None], reference: list[float | None]) -> dict[str, float | None] | None:
+    """Seed by seed ``loss / reference - 1``: the mean, its standard error over the seeds (None for one seed) and
+    the largest in size; None unless every seed has both."""
     pairs = [(a, b) for a, b in zip(losses, reference, strict=True) if a is not None and b is not None]
     if not pairs or len(pairs) < len(losses):
         return None
     ratios = [a / b - 1 for a, b in pairs]
-    return {"mean": statistics.mean(ratios), "largest": max(ratios, key=abs)}
+    error = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
+    return {"mean": statistics.mean(ratios), "se": error, "largest": max(ratios, key=abs)}
 
 
 def _smoothed(losses: list[float], window: int) -> list[float]:
@@ -247,58 +325,45 @@ def _averaged_loss(losses: list[float], every: int, window: int) -> float | None
     return statistics.mean(after[-window:]) if every > 1 and after else None
 
 
-def _powersgd_mode(args: argparse.Namespace) -> str:
-    after = f" after {args.compress_after} exact steps" if args.compress_after else ""
-    return f"PowerSGD rank {args.compress_rank}{after}"
-
-
 def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
     whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
     per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run."""
-    nodes, every = args.ttt_nodes, args.average_every
-    known = {"single": ("single node", 1, 1, 0, PLAIN), "exact": ("all-reduce every step", nodes, 1, 0, PLAIN),
-             "powersgd": (_powersgd_mode(args), nodes, 1, args.compress_rank, PLAIN),
-             "average": (f"average every {every} steps", nodes, every, 0, PLAIN),
-             "diloco": (f"DiLoCo every {every} steps, outer lr {args.outer_lr:g}, Nesterov {args.outer_momentum:g}",
-                        nodes, every, 0, (args.outer_lr, args.outer_momentum))}
-    if args.ttt_modes[0] != "single" or not set(args.ttt_modes) <= set(known):
-        raise SystemExit(f"--ttt-modes: 'single' first (it sets the targets), then any of {', '.join(known)}")
-    modes = [known[name] for name in args.ttt_modes]
+    if args.ttt_modes[0] != "single":
+        raise SystemExit(f"--ttt-modes: 'single' first (it sets the targets), then any of {MODE_NAMES}")
+    modes = [mode(name, args, args.ttt_nodes) for name in args.ttt_modes]
     seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat) for repeat in range(args.repeats)]
     return [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
 
 
-def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[tuple[str, int, int, int, tuple[float, float]]],
-                   seed: int) -> list[dict[str, Any]]:
+def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[Mode], seed: int) -> list[dict[str, Any]]:
     """Every mode's run with one seed, with its time and steps to the seed's target and its efficiency."""
     batch, steps, window = args.ttt_batch, args.ttt_steps, args.ttt_window
     quota = (os.cpu_count() or 1) / args.ttt_nodes
     runs: list[dict[str, Any]] = []
     target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
-    for mode, count, every, rank, (outer_lr, outer_momentum) in modes:
+    for row in modes:
         # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
         # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
-        scale = count if args.ttt_weak else 1
-        config = _config(scratch / f"ttt-{count}-{every}-{rank}-{outer_lr:g}-{outer_momentum:g}-{seed}", args.model,
-                         batch * scale, steps, args.image)
+        scale = row.nodes if args.ttt_weak else 1
+        config = _config(scratch / f"ttt-{row.nodes}-{row.every}-{row.rank}-{row.after}-{row.outer[0]:g}-"
+                                   f"{row.outer[1]:g}-{seed}", args.model, batch * scale, steps, args.image)
         config = replace(config, seed=seed, lr=config.learning_rate() * scale)
         load = _load()
-        trained, report = _run(config, count, LocalOptions(preset=args.ttt_preset, cpus_per_node=quota,
-                                                           average_every=every, compress_rank=rank, spares=False,
-                                                           compress_after=args.compress_after if rank else 0,
-                                                           local_batch_norm=args.local_batch_norm,
-                                                           outer_lr=outer_lr, outer_momentum=outer_momentum))
-        runs.append({"mode": mode, "nodes": count, "seed": seed, "batch": batch * scale, "cpus_per_node": quota,
+        trained, report = _run(config, row.nodes, row.options(preset=args.ttt_preset, cpus_per_node=quota,
+                                                              local_batch_norm=args.local_batch_norm))
+        runs.append({"mode": row.label, "nodes": row.nodes, "seed": seed, "batch": batch * scale,
+                     "cpus_per_node": quota,
                      "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
-                     "averaged_loss": _averaged_loss([r["loss"] for r in trained], every, window),
+                     "averaged_loss": _averaged_loss([r["loss"] for r in trained], row.every, window),
                      **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
                      "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
                      "emulation": report["emulation"]})
         target = _smoothed(runs[0]["losses"], window)[target_step - 1]  # the single node's run comes first
         runs[-1]["target_loss"] = target
         runs[-1]["time_to_target_s"], runs[-1]["steps_to_target"] = _time_to(trained, target, window)
-        log.info("time to target: %s, seed %d, %d steps, restarts %d", mode, seed, len(trained), report["restarts"])
+        log.info("time to target: %s, seed %d, %d steps, restarts %d", row.label, seed, len(trained),
+                 report["restarts"])
     reference = runs[0]["time_to_target_s"]
     for run in runs:
         t = run["time_to_target_s"]
@@ -664,20 +729,31 @@ def markdown(result: dict[str, Any]) -> str:
             f"{'; '.join(r['load_before'])} |"
             for r in result.get("ttt", [])]
     if "compression" in result:
-        window = result["compression"][0]["window"]
-        out += ["", f"| mode | nodes | preset | steps | seeds | samples/s | sync share | train loss (last {window} "
-                "steps, mean of seeds) | vs single node (mean, largest) | vs exact all-reduce, seed by seed "
-                "(mean, largest) | val loss | crashes / runs | restarts "
-                "| step s (median of seeds' medians, IQR, CoV) |",
-                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        first = result["compression"][0]
+        out += ["", f"Held-out loss: rank 0's evaluation of the seed's validation split after every epoch "
+                f"({first['epochs']} of {first['steps'] // first['epochs']} steps, global batch {first['batch']}, "
+                f"{first['lr_schedule']} rate); "
+                f"relative to the single node's, seed by seed (seeds {first['first_seed']} .. "
+                f"{first['first_seed'] + first['runs'] - 1}): mean ± standard error over the seeds (largest). The "
+                "exact all-reduce is the single node's maths in another float order: its distance is the noise "
+                "floor.", "",
+                "| mode | nodes | steps | seeds | numbers sent per step (M) | held-out loss (mean of seeds) | "
+                "vs single node | vs exact all-reduce | held-out loss after each epoch (mean of seeds) | "
+                f"train loss (last {first['window']} steps) | crashes / runs | restarts | step s (median of seeds' "
+                "medians, IQR, CoV) |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
 
-    def _versus(value: dict[str, float] | None) -> str:
-        return "-" if value is None else f"{value['mean']:+.2%}, {value['largest']:+.2%}"
+    def _versus(value: dict[str, Any] | None) -> str:
+        if value is None:
+            return "-"
+        error = "" if value["se"] is None else f" ± {value['se']:.2%}"
+        return f"{value['mean']:+.2%}{error} ({value['largest']:+.2%})"
 
-    out += [f"| {r['mode']} | {r['nodes']} | {r['preset']} | {r['steps']} | {r['runs']} | {_fmt(r['samples_per_s'])} | "
-            f"{_fmt(r['sync_share'], '.0%')} | {_fmt(r['final_loss'], '.4f')} | {_versus(r['vs_single'])} | "
-            f"{_versus(r['vs_exact'])} | {_fmt(r['val_loss'], '.4f')} | {r['crashes']} / {r['runs']} | "
-            f"{r['restarts']} | {_spread_text(r.get('step_spread_s'))} |" for r in result.get("compression", [])]
+    out += [f"| {r['mode']} | {r['nodes']} | {r['steps']} | {r['runs']} | {r['numbers_per_step'] / 1e6:.3g} | "
+            f"{_fmt(r['val_loss'], '.4f')} | {_versus(r['val_vs_single'])} | {_versus(r['val_vs_exact'])} | "
+            f"{', '.join(f'{v:.3f}' for v in r['val_curve'])} | {_fmt(r['final_loss'], '.4f')} | "
+            f"{r['crashes']} / {r['runs']} | {r['restarts']} | {_spread_text(r.get('step_spread_s'))} |"
+            for r in result.get("compression", [])]
     if "failures" in result:
         out += ["", "| failure | injected / runs | after step | detection s (median, IQR, CoV) | restarts | steps "
                 "lost | steps (samples) repeated | stall s (median, IQR, CoV) | finished, in order | longest healthy "
@@ -733,8 +809,14 @@ def main() -> None:
     parser.add_argument("--compress-rank", type=int, default=2)
     parser.add_argument("--compress-after", type=int, default=0,
                         help="PowerSGD runs sum whole gradients for their first N steps (--compress-after)")
+    parser.add_argument("--compress-epochs", type=int, default=1,
+                        help="compression table: epochs of --compress-steps steps, held-out loss after each")
+    parser.add_argument("--compress-seed", type=int, default=0, help="compression table: the first seed")
+    parser.add_argument("--lr-schedule", default="constant", help="compression table: the rate's schedule, constant "
+                        "or cosine (down to 0 at the last step: the final loss the run's, not SGD noise's)")
     parser.add_argument("--compress-modes", type=lambda s: s.split(","), default=["powersgd", "average"],
-                        help="compression table: which of powersgd, average run beside the single node and exact")
+                        help=f"compression table: rows after the single node and the exact all-reduce, any of "
+                        f"{MODE_NAMES} (powersgd:8:10: rank 8 after 10 exact steps)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs per point, each table's times given as median, IQR and CoV over them: scaling "
                         "points, failure kinds, link probes; compression and time to target: seeds 0 .. R-1 "
@@ -768,8 +850,9 @@ def main() -> None:
     parser.add_argument("--outer-momentum", type=float, default=0.9, help="the DiLoCo mode's outer Nesterov momentum")
     parser.add_argument("--ttt-modes", type=lambda s: s.split(","),
                         default=["single", "exact", "powersgd", "average", "diloco"],
-                        help="time-to-target rows: single (first: it sets each seed's target), exact, powersgd, "
-                        "average (plain, every --average-every steps), diloco (the same with the outer step)")
+                        help="time-to-target rows: single (first: it sets each seed's target), exact, powersgd "
+                        "(powersgd:R:A: rank R after A exact steps), average (plain, every --average-every steps), "
+                        "diloco (the same with the outer step)")
     parser.add_argument("--ttt-nodes", type=int, default=4)
     parser.add_argument("--ttt-preset", default="100mbit")
     parser.add_argument("--ttt-batch", type=int, default=32)

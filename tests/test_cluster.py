@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -584,6 +585,23 @@ def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Pa
     assert load_benchmark("cluster", monkeypatch)._weights_parted(tmp_path / "warmed", 2) is None
 
 
+def test_a_cluster_node_steps_at_the_cosine_rate_of_its_global_step(tmp_path: Path) -> None:
+    # 1 node, 2 epochs of 5 global batches of a small token model: every step's rate, as the node logs it, is
+    # 0.01 (1 + cos(pi s / 10)) / 2 after s steps of the run's 10; against a constant rate, the first update is the
+    # same (steps 1 and 2 see the same weights) and the second is not.
+    def steps(schedule: str) -> list[dict[str, object]]:
+        config = TrainConfig(model="transformer_small", samples=25, batch=4, image=8, epochs=2, save_every=100,
+                             lr_schedule=schedule, run_dir=tmp_path / schedule)
+        run_local(config, [NodeSpec()], LocalOptions(spares=False, max_restarts=0))
+        return _steps(tmp_path / schedule)
+
+    constant, cosine = steps("constant"), steps("cosine")
+    assert [r["lr"] for r in cosine] == [0.01 * (1 + math.cos(math.pi * s / 10)) / 2 for s in range(10)]
+    assert {r["lr"] for r in constant} == {0.01}
+    assert [r["loss"] for r in cosine[:2]] == [r["loss"] for r in constant[:2]]
+    assert cosine[2]["loss"] != constant[2]["loss"]
+
+
 _BEATING_NODE_EXITS = """
 import sys
 from pathlib import Path
@@ -768,6 +786,60 @@ def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps
     assert bench._averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
     assert bench._averaged_loss(losses, 4, 2) == 11.0
     assert bench._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
+
+
+def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single_nodes_and_the_exact_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: run_local stood in for; every run logs 2 steps and a held-out loss after each of 2 epochs. The last
+    # one: seed s + 1 times a factor per row (seed by seed below); DiLoCo's seed 1 crashes.
+    bench = load_benchmark("cluster", monkeypatch)
+    seen: list[tuple[int, LocalOptions]] = []
+    final = {(1, 0): (1.0, 1.0), (4, 0): (1.01, 1.0), (4, 2): (1.2, 1.1), (4, 0, "diloco"): (1.0, None)}
+
+    def fake_run_local(config: TrainConfig, nodes: list[NodeSpec], options: LocalOptions) -> Any:
+        seen.append((len(nodes), options))
+        key = (len(nodes), options.compress_rank) + (("diloco",) if options.average_every > 1 else ())
+        factor = final[key][config.seed]
+        if factor is None:
+            raise ClusterError("node 2 killed by SIGABRT")
+        records = [{"step": s, "loss": 3.0 - s, "time_s": 1.0, "sync_s": 0.5} for s in (1, 2)] + \
+            [{"step": 2, "epoch": 0, "val_loss": 2.0}, {"step": 4, "epoch": 1, "val_loss": (config.seed + 1) * factor}]
+        config.run_dir.mkdir(parents=True)
+        (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return argparse.Namespace(to_dict=lambda: {"restarts": 0, "emulation": "plain"})
+
+    monkeypatch.setattr(bench, "run_local", fake_run_local)
+    args = argparse.Namespace(nodes=[1, 4], presets=["none"], batches=[32], model="resnet18", image=32,
+                              compress_steps=2, compress_epochs=2, lr_schedule="cosine", repeats=2, compress_seed=0,
+                              ttt_window=5,
+                              compress_modes=["powersgd:2:3", "diloco"], compress_rank=8, compress_after=0,
+                              average_every=4, outer_lr=0.7, outer_momentum=0.9, local_batch_norm=False,
+                              out=tmp_path / "out" / "b.json")
+    # Execute
+    single, exact, powersgd, diloco = bench.compression(args, tmp_path / "scratch", 1.0)
+    table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
+                            "compression": [single, exact, powersgd, diloco]})
+    # Assert: seed by seed against the single node: exact +1%, 0% (mean 0.5%, standard error stdev/sqrt 2 = 0.5%);
+    # PowerSGD +20%, +10% (15% ± 5%); against the exact run: 1.2/1.01 - 1 and +10%.
+    assert exact["val_losses"] == [1.01, 2.0] and exact["val_curve"] == [2.0, 1.505]
+    assert exact["val_vs_single"] == pytest.approx({"mean": 0.005, "se": 0.005, "largest": 0.01})
+    assert powersgd["val_vs_single"] == pytest.approx({"mean": 0.15, "se": 0.05, "largest": 0.2})
+    assert powersgd["val_vs_exact"]["mean"] == pytest.approx((1.2 / 1.01 - 1 + 0.1) / 2)
+    assert single["val_vs_single"] == {"mean": 0.0, "se": 0.0, "largest": 0.0}
+    assert diloco["val_losses"] == [1.0, None] and diloco["crashes"] == 1 and diloco["val_vs_single"] is None
+    assert (powersgd["mode"], powersgd["compress_rank"], powersgd["compress_after"]) == \
+        ("PowerSGD rank 2 after 3 exact steps", 2, 3)
+    assert single["numbers_per_step"] == 0 and diloco["numbers_per_step"] == exact["numbers_per_step"] / 4
+    assert powersgd["numbers_per_step"] < exact["numbers_per_step"] / 50  # rank 2: (n + m) 2 of n m per matrix
+    assert "| +15.00% ± 5.00% (+20.00%) |" in table and "| 2.000, 1.505 |" in table and "(seeds 0 .. 1)" in table
+    # every run: no restart allowed, no spares, the row's compression and outer step
+    assert {(n, o.compress_rank, o.compress_after, o.average_every, o.outer_lr, o.outer_momentum, o.max_restarts,
+             o.spares) for n, o in seen} == {(1, 0, 0, 1, 1.0, 0.0, 0, False), (4, 0, 0, 1, 1.0, 0.0, 0, False),
+                                             (4, 2, 3, 1, 1.0, 0.0, 0, False), (4, 0, 0, 4, 0.7, 0.9, 0, False)}
+    assert not (tmp_path / "out" / "crash-logs").exists()  # the crashed run had started no node: no logs
+    with pytest.raises(SystemExit, match="unknown mode 'powersgd:0'"):
+        bench.mode("powersgd:0", args, 4)
+    assert bench.mode("powersgd", args, 4).label == "PowerSGD rank 8"
 
 
 def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(monkeypatch: pytest.MonkeyPatch) -> None:

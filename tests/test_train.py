@@ -146,3 +146,29 @@ def test_another_schedule_gives_the_same_numbers(tmp_path: Path) -> None:
     assert squeezed.recompute_factor > 1.0 == plain.recompute_factor   # a different schedule really ran
     assert (squeezed.accuracy, squeezed.val_loss) == (plain.accuracy, plain.val_loss)
     assert all(torch.equal(plain_weights[k], squeezed_weights[k]) for k in plain_weights)
+
+
+def test_a_cosine_rate_falls_from_the_rate_to_zero_and_each_step_trains_at_its_own(tmp_path: Path) -> None:
+    # By hand: rate (1 + cos(pi s / T)) / 2 after s of T steps; cos(pi / 2) rounds to 6e-17, lost in 1 + it.
+    from edgetrain.errors import UnknownNameError
+    from edgetrain.optim import scheduled_rate
+
+    quarter, three_quarters = 0.01 * (1 + 2 ** -0.5) / 2, 0.01 * (1 - 2 ** -0.5) / 2
+    rates = [scheduled_rate(0.01, "cosine", s, 4) for s in range(5)]
+    assert rates[0] == 0.01 and rates[2] == 0.005 and rates[4] == 0.0
+    assert rates[1] == pytest.approx(quarter, rel=1e-15) and rates[3] == pytest.approx(three_quarters, rel=1e-12)
+    assert scheduled_rate(0.01, "constant", 3, 4) == 0.01
+    with pytest.raises(UnknownNameError, match="unknown learning-rate schedule 'linear'"):
+        TrainConfig(lr_schedule="linear").check()
+
+    # A run: the first update is at the full rate in both runs, so steps 1 and 2 see the same weights; the second
+    # update is at a lower rate with cosine, so step 3's loss differs.
+    def losses(schedule: str) -> list[float]:
+        config = TrainConfig(model="transformer_small", samples=25, batch=4, image=8, epochs=2, save_every=100,
+                             lr_schedule=schedule, run_dir=tmp_path / schedule, data_root=tmp_path / "data")
+        train(config)
+        return [loss for _, loss in step_losses(tmp_path / schedule)]
+
+    constant, cosine = losses("constant"), losses("cosine")
+    assert len(constant) == len(cosine) == 10
+    assert cosine[:2] == constant[:2] and cosine[2] != constant[2]

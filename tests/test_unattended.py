@@ -87,6 +87,7 @@ BAD_OPTIONS = {
     "unknown device": ["--device", "toaster"],
     "unknown optimizer": ["--optimizer", "lion"],
     "unknown strategy": ["--strategy", "magic"],
+    "unknown lr schedule": ["--lr-schedule", "linear"],
     "image too small": ["--image", "8"],
     "batch not a number": ["--batch", "eight"],
     "resume and overwrite": ["--resume", "--overwrite"],
@@ -126,6 +127,7 @@ RESUME_MISMATCHES = {
     "optimizer": (["--optimizer", "adam"], 'optimizer: "sgd" -> "adam"'),
     "model": (["--model", "mobilenet_v2"], 'model: "resnet18" -> "mobilenet_v2"'),
     "lr": (["--lr", "0.1"], "lr: 0.01 -> 0.1"),
+    "lr schedule": (["--lr-schedule", "cosine"], 'lr_schedule: unset -> "cosine"'),
     "seed": (["--seed", "1"], "seed: 0 -> 1"),
     "samples": (["--samples", "96"], "samples: 80 -> 96"),
 }

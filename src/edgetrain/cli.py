@@ -638,6 +638,8 @@ def train_command(
         optimizer: str = OptimizerOpt,
         lr: Optional[float] = typer.Option(None, "--lr", callback=_finite("--lr", above=0),
                                            help="Learning rate (default 0.01 SGD, 0.001 Adam)."),
+        lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine: from --lr down to "
+                                        "0 at the run's last step."),
         workers: int = typer.Option(0, "--workers", min=0, help="DataLoader worker processes."),
         run_dir: Path = typer.Option(Path("runs/latest"), "--run-dir", help="Metrics, state and summary go here."),
         resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir exactly (start it if "
@@ -654,7 +656,8 @@ def train_command(
     config = TrainConfig(model=model, data=data, samples=samples, batch=batch, image=image, memory=memory,
                          step_memory=step_memory, recompute=recompute, device=device, strategy=strategy,
                          plan_file=plan_file, page_dir=page_dir, epochs=epochs, optimizer=optimizer,
-                         lr=lr, workers=workers, run_dir=run_dir, resume=resume, overwrite=overwrite, replan=replan,
+                         lr=lr, lr_schedule=lr_schedule, workers=workers, run_dir=run_dir, resume=resume,
+                         overwrite=overwrite, replan=replan,
                          seed=seed, save_every=save_every, skip_corrupt=skip_corrupt)
     summary = _train_with_progress(config)
     _print_summary(summary, run_dir)

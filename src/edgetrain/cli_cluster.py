@@ -27,6 +27,8 @@ ImageOpt = typer.Option(32, "--image", "--size", min=1, help="Image side in pixe
 EpochsOpt = typer.Option(1, "--epochs", min=1, help="Passes over the training split.")
 OptimizerOpt = typer.Option("sgd", "--optimizer", help="sgd (with momentum) or adam.")
 LrOpt = typer.Option(None, "--lr", help="Learning rate (default 0.01 SGD, 0.001 Adam).")
+LrScheduleOpt = typer.Option("constant", "--lr-schedule", help="constant, or cosine: from --lr down to 0 at the "
+                             "run's last step.")
 SeedOpt = typer.Option(0, "--seed", help="Seed of the data, the model and the order.")
 SaveEveryOpt = typer.Option(1, "--save-every", min=1, help="Rank 0 saves the state every N steps (a failure "
                             "repeats at most N - 1 steps).")
@@ -66,7 +68,8 @@ def _config(**settings: Any) -> Any:
 @clean_errors
 def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = SamplesOpt, batch: int = BatchOpt,
                 image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
-                lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
+                lr: float | None = LrOpt, lr_schedule: str = LrScheduleOpt, seed: int = SeedOpt,
+                save_every: int = SaveEveryOpt,
                 run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                 connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                 compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
@@ -88,7 +91,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
     from .distributed.group import end_refused_node
 
     config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
-                     optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
+                     optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, seed=seed, save_every=save_every,
+                     run_dir=run_dir, resume=resume,
                      overwrite=overwrite)
     env = ClusterEnv.from_environ()
     try:
@@ -131,7 +135,8 @@ def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, .
 @clean_errors
 def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = SamplesOpt, batch: int = BatchOpt,
                   image: int = ImageOpt, epochs: int = EpochsOpt, optimizer: str = OptimizerOpt,
-                  lr: float | None = LrOpt, seed: int = SeedOpt, save_every: int = SaveEveryOpt,
+                  lr: float | None = LrOpt, lr_schedule: str = LrScheduleOpt, seed: int = SeedOpt,
+                  save_every: int = SaveEveryOpt,
                   run_dir: Path = RunDirOpt, resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
                   connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                   compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
@@ -171,7 +176,8 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
     from .distributed.local import LocalOptions, run_local
 
     config = _config(model=model, data=data, samples=samples, batch=batch, image=image, epochs=epochs,
-                     optimizer=optimizer, lr=lr, seed=seed, save_every=save_every, run_dir=run_dir, resume=resume,
+                     optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, seed=seed, save_every=save_every,
+                     run_dir=run_dir, resume=resume,
                      overwrite=overwrite)
     rates = [None if r in (None, "auto") else float(r) for r in _per_node("--rate", rate, nodes)]
     specs = [NodeSpec(d, m, r) for d, m, r in zip(_per_node("--device", device, nodes),

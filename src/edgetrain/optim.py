@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -9,9 +10,10 @@ import torch
 from .chain import OPTIMIZERS
 from .errors import UnknownNameError
 
-__all__ = ["make_optimizer", "DEFAULT_LR"]
+__all__ = ["make_optimizer", "DEFAULT_LR", "LR_SCHEDULES", "scheduled_rate", "set_learning_rate"]
 
 DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}
+LR_SCHEDULES = ("constant", "cosine")
 
 
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
@@ -22,3 +24,21 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float | 
     if name == "sgd":
         return torch.optim.SGD(params, lr=rate, momentum=0.9, foreach=False)
     return torch.optim.Adam(params, lr=rate, foreach=False)
+
+
+def scheduled_rate(rate: float, schedule: str, step: int, total_steps: int) -> float:
+    """The rate of the step that follows ``step`` steps of a run of ``total_steps``: ``rate`` throughout
+    (``constant``), or ``cosine``: ``rate · (1 + cos(π · step / total_steps)) / 2``, from ``rate`` at the first step
+    down towards 0 at the last, without warm-up (Loshchilov & Hutter 2017, one cycle). A decay to 0 is what makes a
+    run's final loss a property of the run, not of where SGD's noise left the weights at a constant rate."""
+    if schedule not in LR_SCHEDULES:
+        raise UnknownNameError("learning-rate schedule", schedule, LR_SCHEDULES)
+    if schedule == "constant":
+        return rate
+    return rate * (1 + math.cos(math.pi * min(step, total_steps) / total_steps)) / 2
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
+    """Every parameter group's rate becomes ``rate`` (the optimizer's state is kept)."""
+    for group in optimizer.param_groups:
+        group["lr"] = rate

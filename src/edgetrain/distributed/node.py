@@ -86,7 +86,7 @@ from ..data import collate_skip_corrupt, first_batch
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import write_json
 from ..models import get_model_spec
-from ..optim import make_optimizer
+from ..optim import make_optimizer, set_learning_rate
 from ..planners import Plan
 from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
@@ -520,6 +520,7 @@ class _NodeRun:
         self.outer = OuterStep(list(self.model.parameters()), options.outer_lr, options.outer_momentum) \
             if options.outer_step else None
         self.sampler = ResumableSampler(len(self.train_set), config.seed)
+        self.total_steps = len(self.train_set) // config.batch * config.epochs  # whole global batches only
         self.chosen, self.budget = self._plan(replace(local, batch=self.share))
         x, y = first_batch(self.train_set, 1)
         self.no_sample = (x[:0], y[:0])  # a node's step when none of its slice is readable (cross-node norms)
@@ -610,6 +611,8 @@ class _NodeRun:
             batch = None
         exact = self.average_every == 1
         seed_step(self.config.seed, self.step, self.env.rank)
+        rate = self.config.learning_rate_at(self.step, self.total_steps)
+        set_learning_rate(self.optimizer, rate)
         result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact,
                               compressor=self.compressor if self.step >= self.compress_after else None)
         if result.samples == 0:
@@ -623,7 +626,7 @@ class _NodeRun:
                 restart_optimizer(self.optimizer)
         elapsed = time.perf_counter() - started
         return {"step": self.step, "epoch": self.epoch, "loss": result.loss, "samples_per_s": result.samples / elapsed,
-                "time_s": elapsed, "sync_s": sync_s, "world_size": self.env.world_size,
+                "time_s": elapsed, "sync_s": sync_s, "world_size": self.env.world_size, "lr": rate,
                 "samples": result.samples, "wall_time": time.time()}
 
     def _capture(self, consumed: int) -> TrainingState:

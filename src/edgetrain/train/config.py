@@ -48,6 +48,7 @@ class TrainConfig:
     epochs: int = 3
     optimizer: str = "sgd"
     lr: float | None = None
+    lr_schedule: str = "constant"
     workers: int = 0
     run_dir: Path = Path("runs/latest")
     data_root: Path | None = None
@@ -70,6 +71,7 @@ class TrainConfig:
         from ..chain import OPTIMIZERS
         from ..devices import get_device
         from ..models import check_input, get_model_spec
+        from ..optim import LR_SCHEDULES
         from ..planners.plan import STRATEGIES
 
         _at_least("--batch", self.batch, 1)
@@ -82,6 +84,8 @@ class TrainConfig:
             raise UnknownNameError("optimizer", self.optimizer, OPTIMIZERS)
         if self.strategy not in STRATEGIES:
             raise UnknownNameError("strategy", self.strategy, STRATEGIES)
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise UnknownNameError("learning-rate schedule", self.lr_schedule, LR_SCHEDULES)
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise EdgetrainError(f"--lr must be a finite number > 0, got {self.lr}")
         if self.recompute is not None and (self.memory is not None or self.step_memory is not None):
@@ -149,6 +153,12 @@ class TrainConfig:
 
         return DEFAULT_LR[self.optimizer] if self.lr is None else float(self.lr)
 
+    def learning_rate_at(self, step: int, total_steps: int) -> float:
+        """The rate of the step after ``step`` of ``total_steps`` (:func:`~edgetrain.optim.scheduled_rate`)."""
+        from ..optim import scheduled_rate
+
+        return scheduled_rate(self.learning_rate(), self.lr_schedule, step, total_steps)
+
     def identity(self) -> RunIdentity:
         """The settings that change the run's numbers, and the request its plan must meet."""
         data = self.data if self.data == "synthetic" else str(Path(self.data).expanduser().resolve())
@@ -156,6 +166,8 @@ class TrainConfig:
             "model": self.model, "data": data, "samples": self.samples if self.data == "synthetic" else None,
             "batch": self.batch, "image": self.image, "optimizer": self.optimizer, "lr": self.learning_rate(),
             "seed": self.seed, "skip_corrupt": self.skip_corrupt}
+        if self.lr_schedule != "constant":  # runs recorded before schedules existed keep their identity
+            identity["lr_schedule"] = self.lr_schedule
         request = {"budget_bytes": self.budget_bytes(), "step_budget_bytes": self.step_budget_bytes(),
                    "recompute": self.recompute, "device": self.device, "strategy": self.strategy}
         if self.plan_file is not None:

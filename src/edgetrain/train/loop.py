@@ -33,7 +33,7 @@ from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt,
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import to_json, write_atomic, write_json
 from ..models import get_model_spec
-from ..optim import make_optimizer
+from ..optim import make_optimizer, set_learning_rate
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
 from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
@@ -278,6 +278,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
                 # session) and the first of every later epoch.
                 measure = step == min(max(start_step, 1), total_steps - 1) or (step > start_step and
                                                                                 step == epoch_start)
+                set_learning_rate(optimizer, config.learning_rate_at(step, total_steps))
                 metrics = _train_step(executor, model, optimizer, *batch, step + 1, epoch, measure)
                 step += 1
                 measured_peak = max(measured_peak, metrics.peak_bytes or 0)
