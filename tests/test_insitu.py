@@ -462,6 +462,10 @@ def test_simulates_student_learning_rate_and_seed_offset_come_from_the_command_l
 
     assert [c.student_lr for c in configs] == [sim.SimulateConfig.student_lr, 0.002]
     assert [c.student_seed_offset for c in configs] == [1, 4]
+    for rate in ("0", "-0.001", "nan"):   # a student that cannot learn is refused in one line, before any work
+        result = CliRunner().invoke(app, ["insitu", "simulate", "--store", str(tmp_path / "s"), "--student-lr", rate])
+        assert result.exit_code == 2 and "--student-lr" in result.output and "> 0" in result.output, result.output
+    assert len(configs) == 2
 
 
 # --- the frame store -------------------------------------------------------------------------------

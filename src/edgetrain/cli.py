@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ from .cli_cluster import cluster_app
 from .cli_common import clean_errors as _clean_errors
 from .cli_common import click_exceptions, console, err_console
 from .cli_common import error as _error
+from .cli_common import finite as _finite
 from .cli_federated import register_federated
 from .cli_insitu import insitu_app
 from .cli_power import power_app, register_bench
@@ -63,21 +63,6 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _finite(option: str, least: float | None = None, *,
-            above: float | None = None) -> Callable[[Optional[float]], Optional[float]]:
-    """A typer callback refusing NaN, infinities, values below ``least`` and values not above ``above``."""
-
-    def check(value: Optional[float]) -> Optional[float]:
-        if value is None:
-            return value
-        if not math.isfinite(value) or (least is not None and value < least) or (above is not None and value <= above):
-            bound = f" >= {least:g}" if least is not None else f" > {above:g}" if above is not None else ""
-            raise typer.BadParameter(f"must be a finite number{bound}, got {value}", param_hint=option)
-        return value
-
-    return check
 
 
 @app.callback()

@@ -11,6 +11,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ from rich.text import Text
 
 from .errors import EdgetrainError
 
-__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions"]
+__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions", "finite"]
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
@@ -61,3 +62,18 @@ def clean_errors(command: F) -> F:
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def finite(option: str, least: float | None = None, *,
+            above: float | None = None) -> Callable[[float | None], float | None]:
+    """A typer callback refusing NaN, infinities, values below ``least`` and values not above ``above``."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if not math.isfinite(value) or (least is not None and value < least) or (above is not None and value <= above):
+            bound = f" >= {least:g}" if least is not None else f" > {above:g}" if above is not None else ""
+            raise typer.BadParameter(f"must be a finite number{bound}, got {value}", param_hint=option)
+        return value
+
+    return check

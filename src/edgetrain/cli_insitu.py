@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from .cli_common import clean_errors, console
+from .cli_common import clean_errors, console, finite
 from .fileio import to_json
 
 insitu_app = typer.Typer(help="In-situ student-teacher training on a camera node (issue #13).", no_args_is_help=True)
@@ -95,7 +95,8 @@ def simulate_command(
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
         replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
                                             "against a stored one's."),
-        student_lr: float = typer.Option(4e-3, "--student-lr", min=0.0, help="Every student's peak learning rate "
+        student_lr: float = typer.Option(4e-3, "--student-lr", callback=finite("--student-lr", above=0),
+                                         help="Every student's peak learning rate "
                                          "(one-cycle schedule): the rounds', the final one's and the oracle's."),
         student_seed_offset: int = typer.Option(1, "--student-seed-offset", help="Every student's shuffling and "
                                                 "augmentation seed is --seed plus this; the world, the teacher and "
