@@ -520,7 +520,7 @@ class _NodeRun:
         self.outer = OuterStep(list(self.model.parameters()), options.outer_lr, options.outer_momentum) \
             if options.outer_step else None
         self.sampler = ResumableSampler(len(self.train_set), config.seed)
-        self.total_steps = len(self.train_set) // config.batch * config.epochs  # whole global batches only
+        self.total_steps = config.total_steps(len(self.train_set))  # whole global batches only
         self.chosen, self.budget = self._plan(replace(local, batch=self.share))
         x, y = first_batch(self.train_set, 1)
         self.no_sample = (x[:0], y[:0])  # a node's step when none of its slice is readable (cross-node norms)

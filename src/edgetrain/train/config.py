@@ -153,6 +153,11 @@ class TrainConfig:
 
         return DEFAULT_LR[self.optimizer] if self.lr is None else float(self.lr)
 
+    def total_steps(self, train_samples: int) -> int:
+        """The run's steps over a training split of ``train_samples``: whole batches only (the loader drops the
+        last, partial one), every epoch."""
+        return train_samples // self.batch * self.epochs
+
     def learning_rate_at(self, step: int, total_steps: int) -> float:
         """The rate of the step after ``step`` of ``total_steps`` (:func:`~edgetrain.optim.scheduled_rate`)."""
         from ..optim import scheduled_rate

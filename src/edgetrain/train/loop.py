@@ -256,7 +256,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
         train_set = train_set.with_reader(CachingReader(cache))
     past = truncate_metrics(run.file(METRICS_FILE), resumed_at)
     start_step = step
-    total_steps = len(train_set) // config.batch * config.epochs
+    total_steps = config.total_steps(len(train_set))
     measured_peak = max((int(r["peak_bytes"]) for r in past if r.get("peak_bytes")), default=0)
     process_peak = max((int(r["process_peak_bytes"]) for r in past if r.get("process_peak_bytes")), default=0)
     return_freed_memory()
