@@ -68,6 +68,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -795,6 +796,15 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def write_result(result: dict[str, Any], out: Path, md: Path, render: Callable[[dict[str, Any]], str]) -> None:
+    """The run's JSON to ``out`` and its markdown (``render(result)``) to ``md``, which is also printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    table = render(result)
+    md.write_text(table)
+    print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
@@ -889,11 +899,7 @@ def main() -> None:
             if table in args.tables:
                 result[table] = build(args, Path(scratch), cpus)
     result["load_after"] = _load()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    table = markdown(result)
-    args.md.write_text(table)
-    print(table)
+    write_result(result, args.out, args.md, markdown)
 
 
 if __name__ == "__main__":

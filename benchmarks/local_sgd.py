@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import tempfile
@@ -195,11 +194,8 @@ def main() -> None:
               "load_before": load, "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
               "window": args.window, "target_step": target_step,
               "rows": [summarise(r, args.window, target_step) for r in runs], "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    table = markdown(result)
-    args.md.write_text(table)
-    print(table)
+    from cluster import write_result  # benchmarks/ is the script's own folder
+    write_result(result, args.out, args.md, markdown)
 
 
 if __name__ == "__main__":
