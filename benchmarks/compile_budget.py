@@ -112,7 +112,8 @@ def all_models() -> list[str]:
 
 
 def full_step(loss_step: Callable[[], Any], optimizer: torch.optim.Optimizer) -> Callable[[], None]:
-    """One training step as every setting runs it: loss and backward, the optimizer, gradients freed."""
+    """``Checkpointed``'s training step as the other settings run theirs (the library's
+    :func:`~edgetrain.runtime.compiled.training_step`): its loss and backward, the optimizer, gradients freed."""
     def step() -> None:
         loss_step()
         optimizer.step()
@@ -247,7 +248,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
     """One setting in this process: print its JSON line (the parent reads the last line)."""
     from edgetrain.optim import make_optimizer
     from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
-    from edgetrain.runtime.compiled import measured_step_peak_bytes
+    from edgetrain.runtime.compiled import measured_step_peak_bytes, training_step
     configure_allocator()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -258,8 +259,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
     if kind == "inductor":
         import torch._functorch.config as functorch_config
         functorch_config.activation_memory_budget = float(value)
-        compiled = torch.compile(model)
-        step = full_step(lambda: nn.functional.cross_entropy(compiled(x), y).backward(), optimizer)
+        step = training_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy)
     elif kind.startswith("edgetrain+compiled"):
         assert match_step_bytes is not None, "edgetrain+compiled is matched to an inductor setting"
         step, info = compiled_step(model, x, y, optimizer, match_step_bytes)
@@ -270,7 +270,7 @@ def child(setting: str, name: str, batch: int, image: int, steps: int, match_ste
     elif kind.startswith("edgetrain"):
         step, info = edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
     else:
-        step = full_step(lambda: nn.functional.cross_entropy(model(x), y).backward(), optimizer)
+        step = training_step(model, x, y, optimizer, nn.functional.cross_entropy)
     for _ in range(3):
         step()
     return_freed_memory()   # every setting's timed steps start from a trimmed heap: a search of several compiled
