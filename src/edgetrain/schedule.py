@@ -355,6 +355,11 @@ class SimState:
         self.paged_records: set[int] = set()
         self.delta: int | None = chain.length  # δ_L: the loss seeds its own gradient (0 bytes)
         self.grads = 0
+        # fixed by the chain, read at every op: memory() is the simulator's inner loop
+        self._resident_state = chain.resident_state_bytes
+        self._internals = tuple(s.saved_bytes - s.out_bytes for s in chain.stages)
+        self._inputs_saved = frozenset(i for i, s in enumerate(chain.stages) if s.input_saved)
+        self._outputs_saved = frozenset(i for i, s in enumerate(chain.stages) if s.output_saved)
 
     def covered(self, value: int) -> bool:
         """Whether ``x_value`` is part of the record of the stage that produced it."""
@@ -376,7 +381,7 @@ class SimState:
 
     def internals(self, stage: int) -> int:
         """Bytes of a record besides its stage's input and output."""
-        return self.chain.stages[stage].saved_bytes - self.chain.stages[stage].out_bytes
+        return self._internals[stage]
 
     @property
     def disk_bytes(self) -> int:
@@ -385,13 +390,13 @@ class SimState:
     def memory(self) -> int:
         """RAM of the state: resident state (the loss held to the step's end included), gradients,
         records' own tensors, live values in RAM, δ."""
-        chain = self.chain
-        mem = chain.resident_state_bytes + self.grads
-        for i in self.recorded - self.paged_records:   # a record's own tensors; its input and output are values
-            mem += self.internals(i)
-        candidates = self.held | self.recorded | {i + 1 for i in self.recorded}
-        mem += sum(self.values[k] for k in candidates if self.in_ram(k))
-        if self.delta is not None and self.delta < chain.length:
+        mem = self._resident_state + self.grads
+        # a record's own tensors; its input and output are values, alive while held, pinned or covered
+        mem += sum(map(self._internals.__getitem__, self.recorded - self.paged_records))
+        alive = (self.held | (self.recorded & self._inputs_saved)
+                 | set(map((1).__add__, self.recorded & self._outputs_saved)))
+        mem += sum(map(self.values.__getitem__, alive - self.on_disk))
+        if self.delta is not None and self.delta < self.chain.length:
             mem += self.values[self.delta]
         return mem
 
