@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from benchmark_scripts import load_benchmark
 from chains import keep_all_peak, random_chain
 
 from edgetrain import Chain
@@ -78,3 +79,17 @@ def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats
         assert other.peak_bytes > budget or other.time_s >= stats.time_s
     # and the search is a few thousand simulations (stage by stage it is about 40,000 on this chain)
     assert calls[0] < 5_000
+
+
+def test_the_search_benchmark_stops_a_search_past_its_limit_and_puts_the_planner_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("single_level_search", monkeypatch)
+    chain = random_chain(random.Random(2), 30)
+    budget = keep_all_peak(chain) - 1
+    stopped = bench._search(chain, budget, chain.length, limit_s=0.0)
+    searched = bench._search(chain, budget, 8, limit_s=600.0)
+    assert not stopped["finished"] and stopped["simulations"] == 1
+    assert searched["finished"] and searched["peak_bytes"] <= budget
+    assert planner.MAX_GROUPS == 24 and planner.simulate is simulate
+    monkeypatch.setattr(planner, "MAX_GROUPS", 8)
+    assert searched["plan"] == "".join(".SR"[k] for k in single_level_plan(chain, budget))
