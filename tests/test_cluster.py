@@ -856,3 +856,93 @@ def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(m
            "averaged_losses": [float(s) / 2 for s in range(1, 11)], "wall_s": 1.0}
     row = bench.summarise(run, 5, 7)
     assert (row["final_loss"], row["averaged_loss"], row["loss_at_target_step"]) == (8.0, 4.0, 5.0)
+
+
+def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_per_node_norms(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: 2 nodes of ResNet-18 (BatchNorm over each node's 4 samples) at 32 px, 2 epochs of 2 global batches of
+    # 8, cosine rate, PowerSGD rank 2 after 1 exact step: a real cluster of plain local processes, and the simulation
+    # of the same run (NOTE [ The compressed cluster in one process ]).
+    bench = load_benchmark("final_loss", monkeypatch)
+    config = TrainConfig(model="resnet18", samples=25, batch=8, image=32, epochs=2, save_every=100,
+                         lr_schedule="cosine", run_dir=tmp_path / "real")
+    run_local(config, [NodeSpec()] * 2, LocalOptions(spares=False, max_restarts=0, compress_rank=2, compress_after=1,
+                                                     local_batch_norm=True))
+    records = [json.loads(line) for line in (tmp_path / "real" / "metrics.jsonl").read_text().splitlines()]
+    # Execute
+    with bench.cluster_of_one():
+        simulated = bench.simulate(replace(config, run_dir=tmp_path / "sim"), bench.sim_mode("powersgd:2:1", 2, True))
+    # Assert: every step's logged loss and rank 0's held-out loss after each epoch (from rank 0's own running
+    # statistics) are the real run's, to the float tolerance of the exact step against one node: the simulation
+    # computes each node's gradient as the node does and only sums PowerSGD's matrices in another order. Steps 3 and
+    # 4 train on the weights of compressed steps.
+    assert simulated["losses"] == pytest.approx([r["loss"] for r in records if "loss" in r], rel=REL_TOL)
+    assert len(simulated["losses"]) == 4
+    assert simulated["val_curve"] == pytest.approx([r["val_loss"] for r in records if "val_loss" in r], rel=REL_TOL)
+    assert len(simulated["val_curve"]) == 2
+
+
+class _SummingStandIn:
+    """``all_reduce_tensors`` for nodes that are threads of this process: every node's tensors become the sum over the
+    nodes (in rank order) of ``weight`` times theirs, as gloo's all-reduce makes them."""
+
+    def __init__(self, nodes: int) -> None:
+        self.barrier = threading.Barrier(nodes)
+        self.parts: dict[int, list[torch.Tensor]] = {}
+        self.rank = threading.local()
+
+    def all_reduce_tensors(self, tensors: list[torch.Tensor], weight: float) -> None:
+        self.parts[self.rank.value] = [t * weight for t in tensors]
+        self.barrier.wait()
+        sums = [torch.stack(group).sum(0) for group in zip(*(self.parts[r] for r in sorted(self.parts)), strict=True)]
+        self.barrier.wait()  # every node has summed before any writes
+        for tensor, total in zip(tensors, sums, strict=True):
+            tensor.copy_(total)
+
+
+def test_powersgd_of_n_nodes_is_one_powersgd_on_the_summed_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: 3 nodes' float64 gradients of a conv, a bias and a linear layer for 4 steps, unequal shares; the nodes
+    # are threads whose all-reduce sums their tensors (NOTE [ PowerSGD on plain all-reduces ]).
+    import edgetrain.distributed.compress as compress
+
+    shapes, weights = [(16, 3, 3, 3), (16,), (10, 16)], [0.5, 0.3, 0.2]
+    generator = torch.Generator().manual_seed(3)
+    grads = [[[torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes] for _ in weights]
+             for _ in range(4)]
+    params = [nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in shapes]
+
+    def compressed(stand_in: _SummingStandIn, rank: int, compressor: compress.PowerSGD, steps: list[list[torch.Tensor]],
+                   weight: float, out: list[list[torch.Tensor]]) -> None:
+        stand_in.rank.value = rank
+        for step in steps:
+            grads_now = [g.clone() for g in step]
+            compressor.all_reduce(grads_now, weight)
+            out.append(grads_now)
+
+    def run(nodes: int, steps_of: Any, weight_of: Any) -> tuple[list[list[list[torch.Tensor]]], list[Any]]:
+        stand_in = _SummingStandIn(nodes)
+        monkeypatch.setattr(compress, "all_reduce_tensors", stand_in.all_reduce_tensors)
+        compressors = [compress.PowerSGD(params, rank=2, seed=7) for _ in range(nodes)]
+        outs: list[list[list[torch.Tensor]]] = [[] for _ in range(nodes)]
+        threads = [threading.Thread(target=compressed, args=(stand_in, r, compressors[r], steps_of(r), weight_of(r),
+                                                             outs[r])) for r in range(nodes)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return outs, compressors
+
+    # Execute: 3 nodes on their own gradients; one node, weight 1, on the weighted sum of theirs.
+    nodes_out, nodes_compressors = run(3, lambda r: [step[r] for step in grads], lambda r: weights[r])
+    summed = [[sum(w * g[i] for w, g in zip(weights, step, strict=True)) for i in range(len(shapes))] for step in grads]
+    (one_out,), (one,) = run(1, lambda r: summed, lambda r: 1.0)
+    # Assert: every step's result on every node is the one node's, to float64 rounding; the nodes' error buffers sum
+    # to the one node's; and the approximation is not the exact sum (PowerSGD did compress).
+    for node_out in nodes_out:
+        for got_step, want_step in zip(node_out, one_out, strict=True):
+            for got, want in zip(got_step, want_step, strict=True):
+                torch.testing.assert_close(got, want, rtol=NORM_REL_TOL, atol=1e-13)
+    for index in one.error:
+        torch.testing.assert_close(sum(c.error[index] for c in nodes_compressors), one.error[index],
+                                   rtol=NORM_REL_TOL, atol=1e-13)
+    assert not torch.allclose(one_out[-1][0], summed[-1][0].view(16, -1).view_as(one_out[-1][0]), atol=1e-3)
