@@ -946,3 +946,35 @@ def test_powersgd_of_n_nodes_is_one_powersgd_on_the_summed_gradient(monkeypatch:
         torch.testing.assert_close(sum(c.error[index] for c in nodes_compressors), one.error[index],
                                    rtol=NORM_REL_TOL, atol=1e-13)
     assert not torch.allclose(one_out[-1][0], summed[-1][0].view(16, -1).view_as(one_out[-1][0]), atol=1e-3)
+
+
+def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equivalence_by_its_90_percent_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("final_loss", monkeypatch)
+    # 4 differences: mean 0.001, sd sqrt(16e-6 / 3) = 0.0023094, SE 0.0011547 (by hand), t(0.95, 3 df) = 2.353363
+    near = bench.equivalence([0.003, -0.001, 0.003, -0.001], 0.005)
+    assert (near["n"], near["mean"], near["sd"], near["se"]) == pytest.approx((4, 0.001, 0.0023094, 0.0011547),
+                                                                               rel=1e-4)
+    assert near["ci"] == pytest.approx([0.001 - 2.353363 * 0.0011547, 0.001 + 2.353363 * 0.0011547], rel=1e-5)
+    assert near["verdict"] == "within" and near["seeds_needed"] is None
+    far = bench.equivalence([0.02, 0.021, 0.019], 0.005)
+    assert far["verdict"] == "outside"
+    unsure = bench.equivalence([0.03, -0.02, 0.01, -0.01], 0.005)  # mean 0.0025, sd sqrt(14.75e-4 / 3) = 0.0221736
+    assert unsure["verdict"] == "undecided"
+    assert unsure["seeds_needed"] == math.ceil((1.644854 * 0.0221736 / 0.0025) ** 2)  # 213
+    assert bench.equivalence([0.001], 0.005)["verdict"] == "undecided"
+    # Rows: each mode against the single node seed by seed, only the seeds both have.
+    runs = [{"mode": m, "seed": s, "val_loss": v, "wall_s": 1.0} for m, s, v in
+            [("single", 0, 1.0), ("single", 1, 2.0), ("powersgd:8", 0, 1.1), ("powersgd:8", 1, 1.8),
+             ("powersgd:8", 2, 5.0), ("reordered", 1, 2.0)]]
+    single, powersgd, reordered = bench.summarise(runs, ["single", "powersgd:8", "reordered"], 0.005)
+    assert "vs_single" not in single and single["seeds"] == [0, 1]
+    assert powersgd["vs_single"]["paired"] == [0, 1]
+    assert powersgd["vs_single"]["differences"] == pytest.approx([0.1, -0.1])
+    assert powersgd["seeds"] == [0, 1, 2] and powersgd["val_loss"] == pytest.approx(7.9 / 3)
+    assert reordered["vs_single"]["differences"] == [0.0] and reordered["vs_single"]["ci"] is None
+    with pytest.raises(SystemExit, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
+        bench.sim_mode("exact", 4, False)
+    assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
+    assert bench.sim_mode("powersgd:8:16", 4, False) == bench.SimMode("powersgd:8:16", 1, 8, 16)
+    assert bench.sim_mode("reordered", 4, True) == bench.SimMode("reordered", 1, reversed=True)
