@@ -199,13 +199,15 @@ def equivalence(differences: list[float], margin: float, confidence: float = 0.9
     """Mean, standard deviation and standard error of the seed-by-seed differences, their ``confidence`` interval
     (Student's t) and the verdict: "within" ±``margin`` when the whole interval lies inside (TOST at
     ``(1 - confidence) / 2`` each side), "outside" when it lies wholly beyond, else "undecided", with the seeds a
-    decision would need at this mean and spread (normal quantile)."""
+    decision would need at this mean and spread, and those it would need were the true difference 0 (normal
+    quantile: ``(z · sd / gap)²``)."""
     from scipy.stats import t as student_t
 
     n = len(differences)
     mean = statistics.mean(differences)
     if n < 2:
-        return {"n": n, "mean": mean, "sd": None, "se": None, "ci": None, "verdict": "undecided", "seeds_needed": None}
+        return {"n": n, "mean": mean, "sd": None, "se": None, "ci": None, "verdict": "undecided", "seeds_needed": None,
+                "seeds_if_equal": None}
     sd = statistics.stdev(differences)
     se = sd / math.sqrt(n)
     half = float(student_t.ppf(0.5 + confidence / 2, n - 1)) * se
@@ -215,7 +217,8 @@ def equivalence(differences: list[float], margin: float, confidence: float = 0.9
     gap = abs(margin - abs(mean))
     z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
     needed = None if verdict != "undecided" or gap == 0 else max(n, math.ceil((z * sd / gap) ** 2))
-    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci": [low, high], "verdict": verdict, "seeds_needed": needed}
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci": [low, high], "verdict": verdict, "seeds_needed": needed,
+            "seeds_if_equal": math.ceil((z * sd / margin) ** 2)}
 
 
 def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float) -> list[dict[str, Any]]:
@@ -285,8 +288,8 @@ def markdown(result: dict[str, Any]) -> str:
            f"inside (TOST). Load average (1 min) at the runs' starts: {result['loads'][0]:.2f} to "
            f"{result['loads'][1]:.2f}.", "",
            "| mode | seeds | held-out loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
-           "seeds a decision needs | s per run (median) |",
-           "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
+           "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median) |",
+           "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
     for r in result["rows"]:
         v = r.get("vs_single")
         versus = "-" if v is None else f"{v['mean']:+.2%} ± {_pct(v['se'])[1:]}"
@@ -294,7 +297,8 @@ def markdown(result: dict[str, Any]) -> str:
         out.append(f"| {r['mode']} | {len(r['seeds'])} | {r['val_loss']:.4f} | {versus} | "
                    f"{'-' if v is None or v['sd'] is None else format(v['sd'], '.2%')} | {interval} | "
                    f"{'-' if v is None else v['verdict']} | "
-                   f"{'-' if v is None or v['seeds_needed'] is None else v['seeds_needed']} | {r['wall_s']:.0f} |")
+                   f"{'-' if v is None or v['seeds_needed'] is None else v['seeds_needed']} | "
+                   f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {r['wall_s']:.0f} |")
     return "\n".join(out) + "\n"
 
 

@@ -962,6 +962,7 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     unsure = bench.equivalence([0.03, -0.02, 0.01, -0.01], 0.005)  # mean 0.0025, sd sqrt(14.75e-4 / 3) = 0.0221736
     assert unsure["verdict"] == "undecided"
     assert unsure["seeds_needed"] == math.ceil((1.644854 * 0.0221736 / 0.0025) ** 2)  # 213
+    assert unsure["seeds_if_equal"] == math.ceil((1.644854 * 0.0221736 / 0.005) ** 2)  # 54
     assert bench.equivalence([0.001], 0.005)["verdict"] == "undecided"
     # Rows: each mode against the single node seed by seed, only the seeds both have.
     runs = [{"mode": m, "seed": s, "val_loss": v, "wall_s": 1.0} for m, s, v in
