@@ -274,10 +274,6 @@ def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.2%}"
-
-
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     out = [f"`{result['command']}`", "",
@@ -292,7 +288,7 @@ def markdown(result: dict[str, Any]) -> str:
            "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
     for r in result["rows"]:
         v = r.get("vs_single")
-        versus = "-" if v is None else f"{v['mean']:+.2%} ± {_pct(v['se'])[1:]}"
+        versus = "-" if v is None else f"{v['mean']:+.2%}" + ("" if v["se"] is None else f" ± {v['se']:.2%}")
         interval = "-" if v is None or v["ci"] is None else f"{v['ci'][0]:+.2%} .. {v['ci'][1]:+.2%}"
         out.append(f"| {r['mode']} | {len(r['seeds'])} | {r['val_loss']:.4f} | {versus} | "
                    f"{'-' if v is None or v['sd'] is None else format(v['sd'], '.2%')} | {interval} | "
