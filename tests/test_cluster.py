@@ -856,3 +856,126 @@ def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(m
            "averaged_losses": [float(s) / 2 for s in range(1, 11)], "wall_s": 1.0}
     row = bench.summarise(run, 5, 7)
     assert (row["final_loss"], row["averaged_loss"], row["loss_at_target_step"]) == (8.0, 4.0, 5.0)
+
+
+def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_per_node_norms(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: 2 nodes of ResNet-18 (BatchNorm over each node's 4 samples) at 32 px, 2 epochs of 2 global batches of
+    # 8, cosine rate, PowerSGD rank 2 after 1 exact step: a real cluster of plain local processes, and the simulation
+    # of the same run (NOTE [ The compressed cluster in one process ]).
+    bench = load_benchmark("final_loss", monkeypatch)
+    config = TrainConfig(model="resnet18", samples=25, batch=8, image=32, epochs=2, save_every=100,
+                         lr_schedule="cosine", run_dir=tmp_path / "real")
+    run_local(config, [NodeSpec()] * 2, LocalOptions(spares=False, max_restarts=0, compress_rank=2, compress_after=1,
+                                                     local_batch_norm=True))
+    records = [json.loads(line) for line in (tmp_path / "real" / "metrics.jsonl").read_text().splitlines()]
+    # Execute
+    with bench.cluster_of_one():
+        simulated = bench.simulate(replace(config, run_dir=tmp_path / "sim"), bench.sim_mode("powersgd:2:1", 2, True))
+    # Assert: every step's logged loss and rank 0's held-out loss after each epoch (from rank 0's own running
+    # statistics) are the real run's, to the float tolerance of the exact step against one node: the simulation
+    # computes each node's gradient as the node does and only sums PowerSGD's matrices in another order. Steps 3 and
+    # 4 train on the weights of compressed steps.
+    assert simulated["losses"] == pytest.approx([r["loss"] for r in records if "loss" in r], rel=REL_TOL)
+    assert len(simulated["losses"]) == 4
+    assert simulated["val_curve"] == pytest.approx([r["val_loss"] for r in records if "val_loss" in r], rel=REL_TOL)
+    assert len(simulated["val_curve"]) == 2
+
+
+class _SummingStandIn:
+    """``all_reduce_tensors`` for nodes that are threads of this process: every node's tensors become the sum over the
+    nodes (in rank order) of ``weight`` times theirs, as gloo's all-reduce makes them."""
+
+    def __init__(self, nodes: int) -> None:
+        self.barrier = threading.Barrier(nodes)
+        self.parts: dict[int, list[torch.Tensor]] = {}
+        self.rank = threading.local()
+
+    def all_reduce_tensors(self, tensors: list[torch.Tensor], weight: float) -> None:
+        self.parts[self.rank.value] = [t * weight for t in tensors]
+        self.barrier.wait()
+        sums = [torch.stack(group).sum(0) for group in zip(*(self.parts[r] for r in sorted(self.parts)), strict=True)]
+        self.barrier.wait()  # every node has summed before any writes
+        for tensor, total in zip(tensors, sums, strict=True):
+            tensor.copy_(total)
+
+
+def test_powersgd_of_n_nodes_is_one_powersgd_on_the_summed_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: 3 nodes' float64 gradients of a conv, a bias and a linear layer for 4 steps, unequal shares; the nodes
+    # are threads whose all-reduce sums their tensors (NOTE [ PowerSGD on plain all-reduces ]).
+    import edgetrain.distributed.compress as compress
+
+    shapes, weights = [(16, 3, 3, 3), (16,), (10, 16)], [0.5, 0.3, 0.2]
+    generator = torch.Generator().manual_seed(3)
+    grads = [[[torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes] for _ in weights]
+             for _ in range(4)]
+    params = [nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in shapes]
+
+    def compressed(stand_in: _SummingStandIn, rank: int, compressor: compress.PowerSGD, steps: list[list[torch.Tensor]],
+                   weight: float, out: list[list[torch.Tensor]]) -> None:
+        stand_in.rank.value = rank
+        for step in steps:
+            grads_now = [g.clone() for g in step]
+            compressor.all_reduce(grads_now, weight)
+            out.append(grads_now)
+
+    def run(nodes: int, steps_of: Any, weight_of: Any) -> tuple[list[list[list[torch.Tensor]]], list[Any]]:
+        stand_in = _SummingStandIn(nodes)
+        monkeypatch.setattr(compress, "all_reduce_tensors", stand_in.all_reduce_tensors)
+        compressors = [compress.PowerSGD(params, rank=2, seed=7) for _ in range(nodes)]
+        outs: list[list[list[torch.Tensor]]] = [[] for _ in range(nodes)]
+        threads = [threading.Thread(target=compressed, args=(stand_in, r, compressors[r], steps_of(r), weight_of(r),
+                                                             outs[r])) for r in range(nodes)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return outs, compressors
+
+    # Execute: 3 nodes on their own gradients; one node, weight 1, on the weighted sum of theirs.
+    nodes_out, nodes_compressors = run(3, lambda r: [step[r] for step in grads], lambda r: weights[r])
+    summed = [[sum(w * g[i] for w, g in zip(weights, step, strict=True)) for i in range(len(shapes))] for step in grads]
+    (one_out,), (one,) = run(1, lambda r: summed, lambda r: 1.0)
+    # Assert: every step's result on every node is the one node's, to float64 rounding; the nodes' error buffers sum
+    # to the one node's; and the approximation is not the exact sum (PowerSGD did compress).
+    for node_out in nodes_out:
+        for got_step, want_step in zip(node_out, one_out, strict=True):
+            for got, want in zip(got_step, want_step, strict=True):
+                torch.testing.assert_close(got, want, rtol=NORM_REL_TOL, atol=1e-13)
+    for index in one.error:
+        torch.testing.assert_close(sum(c.error[index] for c in nodes_compressors), one.error[index],
+                                   rtol=NORM_REL_TOL, atol=1e-13)
+    assert not torch.allclose(one_out[-1][0], summed[-1][0].view(16, -1).view_as(one_out[-1][0]), atol=1e-3)
+
+
+def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equivalence_by_its_90_percent_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("final_loss", monkeypatch)
+    # 4 differences: mean 0.001, sd sqrt(16e-6 / 3) = 0.0023094, SE 0.0011547 (by hand), t(0.95, 3 df) = 2.353363
+    near = bench.equivalence([0.003, -0.001, 0.003, -0.001], 0.005)
+    assert (near["n"], near["mean"], near["sd"], near["se"]) == pytest.approx((4, 0.001, 0.0023094, 0.0011547),
+                                                                               rel=1e-4)
+    assert near["ci"] == pytest.approx([0.001 - 2.353363 * 0.0011547, 0.001 + 2.353363 * 0.0011547], rel=1e-5)
+    assert near["verdict"] == "within" and near["seeds_needed"] is None
+    far = bench.equivalence([0.02, 0.021, 0.019], 0.005)
+    assert far["verdict"] == "outside"
+    unsure = bench.equivalence([0.03, -0.02, 0.01, -0.01], 0.005)  # mean 0.0025, sd sqrt(14.75e-4 / 3) = 0.0221736
+    assert unsure["verdict"] == "undecided"
+    assert unsure["seeds_needed"] == math.ceil((1.644854 * 0.0221736 / 0.0025) ** 2)  # 213
+    assert unsure["seeds_if_equal"] == math.ceil((1.644854 * 0.0221736 / 0.005) ** 2)  # 54
+    assert bench.equivalence([0.001], 0.005)["verdict"] == "undecided"
+    # Rows: each mode against the single node seed by seed, only the seeds both have.
+    runs = [{"mode": m, "seed": s, "val_loss": v, "wall_s": 1.0} for m, s, v in
+            [("single", 0, 1.0), ("single", 1, 2.0), ("powersgd:8", 0, 1.1), ("powersgd:8", 1, 1.8),
+             ("powersgd:8", 2, 5.0), ("reordered", 1, 2.0)]]
+    single, powersgd, reordered = bench.summarise(runs, ["single", "powersgd:8", "reordered"], 0.005)
+    assert "vs_single" not in single and single["seeds"] == [0, 1]
+    assert powersgd["vs_single"]["paired"] == [0, 1]
+    assert powersgd["vs_single"]["differences"] == pytest.approx([0.1, -0.1])
+    assert powersgd["seeds"] == [0, 1, 2] and powersgd["val_loss"] == pytest.approx(7.9 / 3)
+    assert reordered["vs_single"]["differences"] == [0.0] and reordered["vs_single"]["ci"] is None
+    with pytest.raises(SystemExit, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
+        bench.sim_mode("exact", 4, False)
+    assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
+    assert bench.sim_mode("powersgd:8:16", 4, False) == bench.SimMode("powersgd:8:16", 1, 8, 16)
+    assert bench.sim_mode("reordered", 4, True) == bench.SimMode("reordered", 1, reversed=True)

@@ -1,0 +1,354 @@
+"""Final loss against single-node training, the cluster simulated in one process: enough seeds for the 0.5% goal
+(issue #14).
+
+NOTE [ The compressed cluster in one process ]
+The held-out loss of one run is a draw from a wide distribution (float rounding alone moves it by about 3% per seed:
+docs/cluster.md, "Final loss against single-node training"), so "within 0.5% of single-node training" takes a
+hundred seeds or more per row: days of ``cluster local`` runs on this machine. A data-parallel step that sums its
+gradients (whole or compressed) needs no processes to be computed, only the sum:
+
+* **BatchNorm over the global batch** (NOTE [ Cross-node BatchNorm ]): the nodes' weighted gradients sum to the single
+  node's gradient ``S`` of the global batch. PowerSGD is linear in what the nodes send (NOTE [ PowerSGD on plain
+  all-reduces ]): ``P = Σ_r M_r Q = (Σ_r M_r) Q``, ``Q' = (Σ_r M_r)^T basis``, and the nodes' error buffers enter
+  only as their sum, which follows ``Σ_r e_r = S + Σ_r e_r - P Q^T``: one error buffer on the summed gradient. So
+  N-node PowerSGD is :class:`~edgetrain.distributed.compress.PowerSGD` itself at world size 1 on the global batch,
+  and a run costs a single-node run.
+* **BatchNorm over each node's slice** (``--local-batch-norm``): the nodes' slices go through the same weights one
+  after another, each through its own forward and backward (BatchNorm over that slice), their gradients weighted by
+  share and summed as the all-reduce sums them; then the compressor on the sum. Rank 0 evaluates with its own
+  running statistics, so the step keeps those of slice 0.
+
+Everything else is the node's: the run's data, split, order, initial weights, optimizer, rate schedule
+(``TrainConfig.learning_rate_at``), the executor's step (every activation kept, as an unbudgeted node plans it), the
+step's random seed per rank (``seed_step``) and rank 0's held-out evaluation after every epoch; the library's
+collectives run in a gloo group of one process over an in-memory store. What differs from a real cluster: no
+network and no processes (so no time is measured, and no crash can happen), and the float order of the sums.
+``tests/test_cluster.py`` holds the simulation's losses to a real ``cluster local`` run's.
+
+The noise floor is ``reordered``: the single node with every global batch reversed, the same maths in another float
+order (the mean loss and BatchNorm's statistics do not depend on the samples' order; their rounding does).
+
+Modes: ``single`` (the reference), ``reordered`` (the noise floor), ``exact`` (whole gradients; with
+``--local-batch-norm`` only: with BatchNorm over the global batch it is the single node's step),
+``powersgd:RANK[:AFTER]`` (rank RANK after AFTER exact steps). Runs go seed by seed, every mode of a seed, and
+each run is appended to ``--runs`` (JSON lines) as it ends: runs already there with the same settings are not run
+again, so a run cut off keeps what it did and a later one adds seeds (``--seeds 40-79``). The table is over every
+run in ``--runs`` (and in the files of ``--read``) with these settings: per mode, the seed-by-seed relative
+difference of the final held-out loss from the single node's, its mean, standard error, 90% confidence interval
+(Student's t), and the equivalence verdict (TOST at 5% each side: within ±``--margin`` when the whole interval
+lies inside it, outside when it lies wholly beyond it, else undecided, with the seeds a decision would need).
+
+Usage: ``python benchmarks/final_loss.py [--modes single,reordered,powersgd:8:16] [--seeds 0-39] [--model resnet18]
+[--image 32] [--batch 32] [--nodes 4] [--steps 40] [--epochs 4] [--lr-schedule cosine] [--local-batch-norm]
+[--runs out/final_loss_runs.jsonl] [--read a.jsonl,b.jsonl] [--margin 0.005]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from edgetrain.data import collate_skip_corrupt
+from edgetrain.distributed.compress import PowerSGD
+from edgetrain.distributed.group import all_reduce_gradients
+from edgetrain.distributed.node import cluster_step, seed_step
+from edgetrain.distributed.split import split_batch
+from edgetrain.models import get_model_spec
+from edgetrain.optim import make_optimizer, set_learning_rate
+from edgetrain.runtime import Executor
+from edgetrain.schedule import keep_all
+from edgetrain.stages import training_stages
+from edgetrain.train import TrainConfig
+from edgetrain.train.loop import evaluate, open_run_data
+from edgetrain.train.state import ResumableSampler
+
+MODE_NAMES = "single, reordered, exact (with --local-batch-norm), powersgd:RANK[:AFTER]"
+
+
+class SimMode(NamedTuple):
+    """One row's step: its name, the slices a global batch goes through (the nodes with BatchNorm per node, else 1),
+    PowerSGD's rank (0: whole gradients) and the exact steps before it, and whether the batch is reversed."""
+
+    name: str
+    slices: int
+    rank: int = 0
+    after: int = 0
+    reversed: bool = False
+
+
+def sim_mode(name: str, nodes: int, local_batch_norm: bool) -> SimMode:
+    """The step a mode's name stands for (NOTE [ The compressed cluster in one process ])."""
+    slices = nodes if local_batch_norm else 1
+    if name in ("single", "reordered"):
+        return SimMode(name, 1, reversed=name == "reordered")
+    if name == "exact" and local_batch_norm:
+        return SimMode(name, slices)
+    kind, *numbers = name.split(":")
+    if kind == "powersgd" and 1 <= len(numbers) <= 2 and all(n.isdigit() for n in numbers) and int(numbers[0]) >= 1:
+        return SimMode(name, slices, int(numbers[0]), int(numbers[-1]) if len(numbers) == 2 else 0)
+    raise SystemExit(f"unknown mode {name!r}: one of {MODE_NAMES}")
+
+
+@contextlib.contextmanager
+def cluster_of_one() -> Iterator[None]:
+    """A gloo group of this process alone over an in-memory store: the library's collectives run at world size 1
+    (PowerSGD's sums of one node are its own numbers), with no network."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
+    """One run of ``config`` (the global run: its batch is the global batch) as ``mode``'s cluster would train it
+    (NOTE [ The compressed cluster in one process ]): every step's logged loss and rank 0's held-out loss after every
+    epoch. Needs :func:`cluster_of_one` (or any group of one process)."""
+    train_set, val_set, classes = open_run_data(config, config.run_dir)
+    torch.manual_seed(config.seed)
+    model = get_model_spec(config.model).build(classes)
+    stages = training_stages(model)
+    executor = Executor(stages, keep_all(len(stages)), None)
+    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+    compressor = PowerSGD(model.parameters(), mode.rank, seed=config.seed) if mode.rank else None
+    shares = split_batch(config.batch, [1.0] * mode.slices, least=2 if mode.slices > 1 else 1)
+    sampler = ResumableSampler(len(train_set), config.seed)
+    total_steps = config.total_steps(len(train_set))
+    losses: list[float] = []
+    curve: list[float] = []
+    started = time.perf_counter()
+    for epoch in range(config.epochs):
+        sampler.set_epoch(epoch)
+        order = sampler.order().tolist()
+        for start in range(0, len(order) - config.batch + 1, config.batch):
+            step = len(losses)
+            set_learning_rate(optimizer, config.learning_rate_at(step, total_steps))
+            slices = [_collate(train_set, order[start + offset:start + offset + share])
+                      for offset, share in zip(_offsets(shares), shares, strict=True)]
+            step_compressor = compressor if step >= mode.after else None
+            if mode.slices == 1:
+                seed_step(config.seed, step, 0)
+                x, y = slices[0]
+                batch = (x.flip(0), y.flip(0)) if mode.reversed else (x, y)
+                losses.append(cluster_step(executor, model, optimizer, batch, compressor=step_compressor).loss)
+            else:
+                losses.append(sliced_step(executor, model, optimizer, slices, step_compressor, config.seed, step))
+        _, val_loss = evaluate(model, val_set, config.batch)
+        assert val_loss is not None
+        curve.append(val_loss)
+    return {"losses": losses, "val_curve": curve, "val_loss": curve[-1], "wall_s": time.perf_counter() - started}
+
+
+def _offsets(shares: tuple[int, ...]) -> list[int]:
+    return [sum(shares[:rank]) for rank in range(len(shares))]
+
+
+def _collate(dataset: Any, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = collate_skip_corrupt([dataset[i] for i in indices])
+    if batch is None or len(batch[1]) < len(indices):
+        raise SystemExit("the simulation needs every sample readable (a node's unreadable slice is not simulated)")
+    return batch
+
+
+def sliced_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer,
+                slices: list[tuple[torch.Tensor, torch.Tensor]], compressor: PowerSGD | None, seed: int,
+                step: int) -> float:
+    """One step of nodes with BatchNorm over their own slices: each slice's forward and backward through the same
+    weights (rank ``r``'s random seed), the gradients weighted by share and summed as the all-reduce does, rank 0's
+    running statistics kept, then ``compressor`` (None: whole gradients) on the sum and the optimizer step; the
+    global batch's mean loss."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(len(y) for _, y in slices)
+    summed = [torch.zeros_like(p) for p in params]
+    loss_sum = 0.0
+    rank0_buffers: list[torch.Tensor] = []
+    for rank, (x, y) in enumerate(slices):
+        seed_step(seed, step, rank)
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum += float(executor.step(x, y)) * len(y)
+        for into, p in zip(summed, params, strict=True):
+            if p.grad is not None:
+                into.add_(p.grad.mul_(len(y) / total))
+        if rank == 0:
+            rank0_buffers = [b.clone() for b in model.buffers()]
+    with torch.no_grad():
+        for buffer, kept in zip(model.buffers(), rank0_buffers, strict=True):
+            buffer.copy_(kept)
+    for p, gradient in zip(params, summed, strict=True):
+        p.grad = gradient
+    all_reduce_gradients(params, 1.0, compressor)
+    optimizer.step()
+    return loss_sum / total
+
+
+def equivalence(differences: list[float], margin: float, confidence: float = 0.90) -> dict[str, Any]:
+    """Mean, standard deviation and standard error of the seed-by-seed differences, their ``confidence`` interval
+    (Student's t) and the verdict: "within" ±``margin`` when the whole interval lies inside (TOST at
+    ``(1 - confidence) / 2`` each side), "outside" when it lies wholly beyond, else "undecided", with the seeds a
+    decision would need at this mean and spread, and those it would need were the true difference 0 (normal
+    quantile: ``(z · sd / gap)²``)."""
+    from scipy.stats import t as student_t
+
+    n = len(differences)
+    mean = statistics.mean(differences)
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": None, "se": None, "ci": None, "verdict": "undecided", "seeds_needed": None,
+                "seeds_if_equal": None}
+    sd = statistics.stdev(differences)
+    se = sd / math.sqrt(n)
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 1)) * se
+    low, high = mean - half, mean + half
+    verdict = "within" if -margin < low and high < margin else \
+        "outside" if low > margin or high < -margin else "undecided"
+    gap = abs(margin - abs(mean))
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    needed = None if verdict != "undecided" or gap == 0 else max(n, math.ceil((z * sd / gap) ** 2))
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci": [low, high], "verdict": verdict, "seeds_needed": needed,
+            "seeds_if_equal": math.ceil((z * sd / margin) ** 2)}
+
+
+def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float) -> list[dict[str, Any]]:
+    """Per mode: its seeds, mean held-out loss, median wall time, and (but for the single node) the seed-by-seed
+    relative difference from the single node's held-out loss with its :func:`equivalence`."""
+    by_mode: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in modes}
+    for run in runs:
+        if run["mode"] in by_mode:
+            by_mode[run["mode"]][run["seed"]] = run
+    single = by_mode.get("single", {})
+    rows = []
+    for name, seeds in by_mode.items():
+        paired = sorted(s for s in seeds if s in single)
+        row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "val_loss": statistics.mean(
+            r["val_loss"] for r in seeds.values()) if seeds else None,
+            "wall_s": statistics.median(r["wall_s"] for r in seeds.values()) if seeds else None}
+        if name != "single" and paired:
+            differences = [seeds[s]["val_loss"] / single[s]["val_loss"] - 1 for s in paired]
+            row["vs_single"] = {**equivalence(differences, margin), "differences": differences, "paired": paired}
+        rows.append(row)
+    return rows
+
+
+def _seeds(text: str) -> list[int]:
+    """``0-39`` or ``0,1,5``."""
+    first, dash, last = text.partition("-")
+    return list(range(int(first), int(last) + 1)) if dash else [int(v) for v in text.split(",")]
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("model", "image", "batch", "nodes", "steps", "epochs", "lr_schedule",
+                                          "local_batch_norm")}
+
+
+def _read_runs(paths: list[Path], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs in ``paths`` (JSON lines) with these settings."""
+    runs = []
+    for path in paths:
+        if path.exists():
+            runs += [r for r in map(json.loads, path.read_text().splitlines()) if r["settings"] == settings]
+    return runs
+
+
+def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
+    """The compression table's run (``benchmarks/cluster.py``'s configuration: ``--epochs`` of ``--steps`` global
+    batches), this seed."""
+    from cluster import _config as cluster_config  # benchmarks/ is the script's own folder
+    return replace(cluster_config(root, args.model, args.batch, args.steps, args.image, args.epochs), seed=seed,
+                   lr_schedule=args.lr_schedule)
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    out = [f"`{result['command']}`", "",
+           f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} simulated nodes (BatchNorm "
+           f"{'over each node' if s['local_batch_norm'] else 'over the global batch'}), {s['epochs']} epochs of "
+           f"{s['steps']} steps, {s['lr_schedule']} rate; held-out loss after the last epoch, each mode against the "
+           f"single node seed by seed; 90% interval (Student's t); within ±{result['margin']:.1%}: the whole interval "
+           f"inside (TOST). Load average (1 min) at the runs' starts: {result['loads'][0]:.2f} to "
+           f"{result['loads'][1]:.2f}.", "",
+           "| mode | seeds | held-out loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
+           "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median) |",
+           "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        v = r.get("vs_single")
+        versus = "-" if v is None else f"{v['mean']:+.2%}" + ("" if v["se"] is None else f" ± {v['se']:.2%}")
+        interval = "-" if v is None or v["ci"] is None else f"{v['ci'][0]:+.2%} .. {v['ci'][1]:+.2%}"
+        out.append(f"| {r['mode']} | {len(r['seeds'])} | {r['val_loss']:.4f} | {versus} | "
+                   f"{'-' if v is None or v['sd'] is None else format(v['sd'], '.2%')} | {interval} | "
+                   f"{'-' if v is None else v['verdict']} | "
+                   f"{'-' if v is None or v['seeds_needed'] is None else v['seeds_needed']} | "
+                   f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {r['wall_s']:.0f} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=["single", "reordered", "powersgd:8:16"])
+    parser.add_argument("--seeds", type=_seeds, default=_seeds("0-1"), help="0-39 or 0,3,5")
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--image", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32, help="the global batch")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--lr-schedule", default="cosine")
+    parser.add_argument("--local-batch-norm", action="store_true", help="BatchNorm over each node's slice")
+    parser.add_argument("--margin", type=float, default=0.005, help="the equivalence margin (0.005: ±0.5%%)")
+    parser.add_argument("--runs", type=Path, default=Path("out/final_loss_runs.jsonl"),
+                        help="JSON lines, one per run, appended as each ends")
+    parser.add_argument("--read", type=lambda s: [Path(p) for p in s.split(",")], default=[],
+                        help="more runs files for the table (another process's --runs)")
+    parser.add_argument("--out", type=Path, default=Path("out/bench_final_loss.json"))
+    parser.add_argument("--md", type=Path, default=Path("out/bench_final_loss.md"))
+    args = parser.parse_args()
+    modes = [sim_mode(name, args.nodes, args.local_batch_norm) for name in args.modes]
+    if args.modes[0] != "single" or args.batch % args.nodes:
+        raise SystemExit("--modes: 'single' first (the reference); --batch a multiple of --nodes")
+    torch.set_num_threads(1)
+    settings = _settings(args)
+    command = "python benchmarks/final_loss.py " + " ".join(
+        f"--{k.replace('_', '-')}" if v is True else
+        f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in vars(args).items() if k not in ("out", "md", "read", "seeds") and v is not False)
+    done = {(r["mode"], r["seed"]) for r in _read_runs([args.runs], settings)}
+    args.runs.parent.mkdir(parents=True, exist_ok=True)
+    with cluster_of_one():
+        for seed in args.seeds:
+            with tempfile.TemporaryDirectory(prefix="final-loss-") as scratch:  # the seed's data, made once
+                for mode in (m for m in modes if (m.name, seed) not in done):
+                    load = _load()
+                    run = simulate(_config(args, seed, Path(scratch)), mode)
+                    line = {"settings": settings, "mode": mode.name, "seed": seed, "load_before": load,
+                            "load_after": _load(), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                                 time.gmtime()), **run}
+                    with args.runs.open("a") as runs_file:
+                        runs_file.write(json.dumps(line) + "\n")
+                    print(f"{mode.name} seed {seed}: held-out {run['val_loss']:.4f} ({run['wall_s']:.0f} s, load "
+                          f"{load})", flush=True)
+    runs = _read_runs([args.runs, *args.read], settings)
+    result = {"command": command, "settings": settings, "margin": args.margin,
+              "loads": [f(float(r["load_before"].split()[0]) for r in runs) for f in (min, max)],
+              "rows": summarise(runs, args.modes, args.margin), "runs": runs}
+    from cluster import write_result  # benchmarks/ is the script's own folder
+    write_result(result, args.out, args.md, markdown)
+
+
+if __name__ == "__main__":
+    main()
