@@ -49,7 +49,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -270,10 +269,6 @@ def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
                    lr_schedule=args.lr_schedule)
 
 
-def _load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     out = [f"`{result['command']}`", "",
@@ -321,6 +316,7 @@ def main() -> None:
     modes = [sim_mode(name, args.nodes, args.local_batch_norm) for name in args.modes]
     if args.modes[0] != "single" or args.batch % args.nodes:
         raise SystemExit("--modes: 'single' first (the reference); --batch a multiple of --nodes")
+    from cluster import _load, write_result  # benchmarks/ is the script's own folder
     torch.set_num_threads(1)
     settings = _settings(args)
     command = "python benchmarks/final_loss.py " + " ".join(
@@ -346,7 +342,6 @@ def main() -> None:
     result = {"command": command, "settings": settings, "margin": args.margin,
               "loads": [f(float(r["load_before"].split()[0]) for r in runs) for f in (min, max)],
               "rows": summarise(runs, args.modes, args.margin), "runs": runs}
-    from cluster import write_result  # benchmarks/ is the script's own folder
     write_result(result, args.out, args.md, markdown)
 
 
