@@ -13,6 +13,7 @@ from chains import keep_all_peak, random_chain
 from edgetrain import Chain
 from edgetrain.planners import single_level as planner
 from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan, stage_groups
+from edgetrain.runtime.compiled import text_kinds
 from edgetrain.schedule import simulate
 
 
@@ -31,17 +32,6 @@ def test_a_long_chain_is_searched_in_groups_that_begin_where_a_region_may_open()
     assert set(spans) == {2}
     # fewer openings than groups: every opening begins a group
     assert stage_groups([i % 20 == 0 for i in range(80)], max_groups=24) == [0, 20, 40, 60]
-
-
-def _counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls = [0]
-    real = planner.simulate
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        return real(*args, **kwargs)
-    monkeypatch.setattr(planner, "simulate", counting)
-    return calls
 
 
 def _regions_from(firsts: list[int], opens: list[bool], length: int) -> list[int]:
@@ -64,9 +54,9 @@ def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats
     firsts = stage_groups(opens)
     low = simulate(chain, single_level(_regions_from(firsts[::3], opens, chain.length))).peak_bytes
     budget = low + (keep_all_peak(chain) - low) // 3
-    calls = _counted(monkeypatch)
-    # Execute
-    kinds = single_level_plan(chain, budget)
+    # Execute: the search benchmark's counted search at the planner's own grouping
+    searched = load_benchmark("single_level_search", monkeypatch)._search(chain, budget, planner.MAX_GROUPS, 600.0)
+    kinds = text_kinds(searched["plan"])
     # Assert: regions begin and end only at groups' first stages, and open where the input is saved
     edges = {i for i in range(1, chain.length) if (kinds[i] == KEPT) != (kinds[i - 1] == KEPT) or kinds[i] == STARTS}
     assert STARTS in kinds and edges <= {*firsts, chain.length - 1}
@@ -78,7 +68,7 @@ def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats
         other = simulate(chain, single_level(_regions_from(firsts[::k], opens, chain.length)))
         assert other.peak_bytes > budget or other.time_s >= stats.time_s
     # and the search is a few thousand simulations (stage by stage it is about 40,000 on this chain)
-    assert calls[0] < 5_000
+    assert searched["simulations"] < 5_000
 
 
 def test_the_search_benchmark_stops_a_search_past_its_limit_and_puts_the_planner_back(
