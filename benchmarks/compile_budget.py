@@ -136,9 +136,8 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     from edgetrain.planners.blocks import least_block_bytes
     from edgetrain.profile import profile
     from edgetrain.runtime import Checkpointed, three_budgets
-    from edgetrain.runtime.checkpointed import compiled_stages
     from edgetrain.runtime.compiled import measured_step_peak_bytes
-    from edgetrain.stages import training_stages
+    from edgetrain.stages import compiled_stages, training_stages
     value = setting.partition(":")[2]
     compiled = setting.startswith("edgetrain+compile")
     blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment

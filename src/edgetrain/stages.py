@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .models import stages_of
 
-__all__ = ["LossStage", "training_stages"]
+__all__ = ["CompiledStage", "LossStage", "compiled_stages", "training_stages"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -35,3 +36,54 @@ class LossStage(nn.Module):
 def training_stages(model: nn.Module, loss_fn: LossFn | None = None) -> list[nn.Module]:
     """The model's chain of stages followed by a :class:`LossStage`."""
     return [*stages_of(model), LossStage(loss_fn)]
+
+
+# NOTE [ Compiled stages ]
+# torch.compile's inductor fuses the elementwise work around convolutions and matmuls (BatchNorm,
+# activations, residual adds) that eager runs as separate kernels, each writing a full tensor:
+# on CPU it trains MobileNetV2 at half of eager's time (benchmarks/compile_budget.py). Planning
+# and fusion are independent: a compiled stage is still a stage, whose saved tensors (AOTAutograd
+# saves through ``ctx.save_for_backward``, which ``saved_tensors_hooks`` see), output and times the
+# profiler measures like any other, so the chain, the planners and the executor need no change;
+# a plan made on the compiled stages trades memory for time at the fused kernels' prices. Each
+# stage is compiled alone (no graph breaks across stages, and a recomputation runs the same
+# compiled code), with ``dynamic=False``: a chain is planned per input shape anyway. Stages of
+# one class share one code object (a ResNet's blocks: ``BasicBlock.forward``), and each shape and
+# grad mode (a recomputation without autograd) is one more compilation of it: dynamo's recompile
+# limit (8 per code object) would silently leave the later blocks eager, so it is raised to two
+# per stage, process-wide (a dynamo setting, not a per-module one).
+
+
+class CompiledStage(nn.Module):
+    """A stage compiled by inductor on its own, which runs its eager module while a dispatch mode is active.
+
+    A compiled module called under any ``TorchDispatchMode`` (edgetrain's byte tracker, a FLOP counter,
+    fake tensors) runs eagerly, and dynamo then skips its code for the rest of the process: every later
+    call of every module of that class runs eagerly too, without a word. Under a mode this stage calls the
+    eager module instead, so the compiled one stays compiled (NOTE [ Compiled code and the tracker ]).
+    """
+
+    def __init__(self, stage: nn.Module) -> None:
+        super().__init__()
+        self.compiled: nn.Module = torch.compile(stage, dynamic=False)  # type: ignore[assignment]
+
+    @property
+    def eager(self) -> nn.Module:
+        """The stage as written, uncompiled."""
+        module = self.compiled._orig_mod
+        assert isinstance(module, nn.Module)
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _get_current_dispatch_mode() is not None:   # the mode stack itself (the module-level flag outlives a pop)
+            return self.eager(x)
+        output: torch.Tensor = self.compiled(x)
+        return output
+
+
+def compiled_stages(stages: list[nn.Module]) -> list[nn.Module]:
+    """Every stage but the loss (the last) compiled on its own; see NOTE [ Compiled stages ]."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(stages))
+    return [*(CompiledStage(stage) for stage in stages[:-1]), stages[-1]]

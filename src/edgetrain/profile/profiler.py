@@ -19,12 +19,13 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from ..seeded_backward import GradBox, HandOver, seed_backward
-from ..stages import LossFn, LossStage, training_stages
-from .tracker import LiveBytesTracker, SavedTensors, storage_bytes, storage_key
+from ..stages import CompiledStage, LossFn, LossStage, training_stages
+from .tracker import AllocatorWindow, LiveBytesTracker, SavedTensors, allocator_window, storage_bytes, storage_key
 
 __all__ = ["profile"]
 
@@ -109,8 +110,12 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
                 tracker.register([target])
             counted = _Counted(weights={k for k, i in first_holder.items() if i == index},
                                grads={k for k, i in last_holder.items() if i == index})
-            measure = _profile_stage(module, current, index > 0, tracker, flops_per_s,
-                                     name=_stage_name(module, index), counted=counted)
+            if is_compiled(module):
+                measure = _profile_compiled_stage(module, current, index > 0, tracker, flops_per_s,
+                                                  name=_stage_name(module, index), counted=counted)
+            else:
+                measure = _profile_stage(module, current, index > 0, tracker.live_keys(), _tracker_window(tracker),
+                                         flops_per_s, name=_stage_name(module, index), counted=counted)
             measures.append(measure)
             current = measure.output
             if progress is not None:
@@ -165,55 +170,103 @@ def _timed(stages: list[nn.Module], x: torch.Tensor, measures: list[_StageMeasur
     return timed
 
 
-def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker: LiveBytesTracker,
+Window = Callable[[], contextlib.AbstractContextManager[AllocatorWindow]]
+
+
+def _tracker_window(tracker: LiveBytesTracker) -> Window:
+    """Windows measured by ``tracker``: its live bytes' net change and peak over the block."""
+    @contextlib.contextmanager
+    def window() -> Iterator[AllocatorWindow]:
+        measured = AllocatorWindow()
+        before = tracker.current_bytes
+        tracker.reset_peak()
+        yield measured
+        measured.net_bytes = tracker.current_bytes - before
+        measured.peak_bytes = tracker.peak_bytes - before
+    return window
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Whether ``module`` runs code compiled by ``torch.compile`` (NOTE [ Compiled code and the tracker ])."""
+    return isinstance(module, (CompiledStage, torch._dynamo.eval_frame.OptimizedModule))
+
+
+def _eager(module: nn.Module) -> nn.Module:
+    """``module`` as written: a compiled module called under a dispatch mode is never compiled again."""
+    if isinstance(module, CompiledStage):
+        return module.eager
+    original: nn.Module = getattr(module, "_orig_mod", module)
+    return original
+
+
+def _profile_compiled_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker: LiveBytesTracker,
+                            flops_per_s: float, name: str, counted: _Counted) -> _StageMeasure:
+    """A compiled stage, run and measured outside every dispatch mode (NOTE [ Compiled code and the tracker ]).
+
+    It is compiled first, both ways the executor runs it (without autograd for a recomputation, with it
+    for a recorded forward and its backward), so that no compilation falls inside a measurement; its
+    output is then handed to ``tracker`` so that later stages count it as an existing tensor.
+    """
+    if x.device.type == "meta":
+        raise ValueError(f"stage {name} is compiled: profile it on real tensors, not on the meta device")
+    with _disable_current_modes():
+        with torch.no_grad():
+            module(x)
+        warm = module(x.detach().requires_grad_(input_grad and x.is_floating_point()))
+        if warm.requires_grad:
+            torch.autograd.backward(warm, None if warm.dim() == 0 else torch.ones_like(warm))
+        del warm
+        _clear_grads(module)
+        measure = _profile_stage(module, x, input_grad, tracker.live_keys(), allocator_window, flops_per_s,
+                                 name=name, counted=counted)
+    tracker.register([measure.output])
+    return measure
+
+
+def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existing: set[int], window: Window,
                    flops_per_s: float, name: str, counted: _Counted) -> _StageMeasure:
+    """One stage's costs, each phase measured by ``window``; ``existing``: the storages alive before it
+    (weights, its input), which its saved tensors do not pay for."""
     params = [p for p in module.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
 
     # 1. Without autograd: output size and forward workspace.
-    before = tracker.current_bytes
-    tracker.reset_peak()
-    with torch.no_grad():
+    with window() as forward, torch.no_grad():
         output = module(x)
     out_bytes = output.untyped_storage().nbytes()
-    fwd_workspace = max(0, tracker.peak_bytes - before - out_bytes)
+    fwd_workspace = max(0, forward.peak_bytes - out_bytes)
 
     # 2. Recorded: saved tensors (hooks) and recorded-forward workspace.
     x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
-    existing = tracker.live_keys()
-    before = tracker.current_bytes
-    tracker.reset_peak()
-    with SavedTensors(existing) as recorded:
+    with window() as recorded_forward, SavedTensors(existing) as recorded:
         y = module(x_rec)
-    after = tracker.current_bytes
     output_saved = storage_key(y) in recorded.keys
     saved = dict(recorded.new_bytes)
     if storage_key(y) not in existing:
         saved[storage_key(y)] = y.untyped_storage().nbytes()
     saved_bytes = sum(saved.values())
-    rec_workspace = max(0, tracker.peak_bytes - after)
-    saved_live = after - before
+    rec_workspace = max(0, recorded_forward.peak_bytes - recorded_forward.net_bytes)
+    saved_live = recorded_forward.net_bytes
 
     # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
     #    is handed to the engine as the executor hands it (edgetrain.seeded_backward): freed once used.
     box = GradBox()
     seed = HandOver.apply(y, box) if y.requires_grad else None
     box.grad = None if y.dim() == 0 else torch.ones_like(y)
-    before = tracker.current_bytes
-    tracker.reset_peak()
-    if seed is not None:
-        seed_backward(seed)
+    with window() as backward:
+        if seed is not None:
+            seed_backward(seed)
     grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
     grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
-    bwd_workspace = tracker.peak_bytes - before - grad_in - grad_bytes
+    bwd_workspace = backward.peak_bytes - grad_in - grad_bytes
     del y, seed, box
     x_rec.grad = None
     for p in params:
         p.grad = None
 
     weight_bytes = storage_bytes(p for p in module.parameters() if id(p) in counted.weights)  # frozen ones too
-    fwd_flops, bwd_flops = _count_flops(module, x, input_grad)
+    fwd_flops, bwd_flops = _count_flops(_eager(module), x, input_grad)
     cost = StageCost(name=name, fwd_time_s=fwd_flops / flops_per_s, bwd_time_s=bwd_flops / flops_per_s,
                      out_bytes=out_bytes,
                      saved_bytes=saved_bytes, param_bytes=weight_bytes,

@@ -13,15 +13,17 @@ are outside what a schedule can change, and are left to the device's memory marg
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveBytesTracker", "SavedTensors", "storage_key", "storage_bytes"]
+__all__ = ["AllocatorWindow", "LiveBytesTracker", "SavedTensors", "allocator_window", "storage_key", "storage_bytes"]
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -135,3 +137,36 @@ class SavedTensors:
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+@dataclass
+class AllocatorWindow:
+    """What the c10 allocator handed out over a window, relative to its start: the net change and the peak."""
+
+    net_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@contextlib.contextmanager
+def allocator_window() -> Iterator[AllocatorWindow]:
+    """Measure a block by the c10 allocator's own records (``torch.profiler``'s ``[memory]`` events).
+
+    NOTE [ Compiled code and the tracker ]
+    :class:`LiveBytesTracker` sees ops at the dispatcher, which code compiled by ``torch.compile``
+    bypasses: inductor allocates its buffers itself. Worse, a compiled module called while any
+    ``TorchDispatchMode`` is active runs eagerly, and one whose *first* call happens under a mode is
+    never compiled in the process (dynamo skips its code object for good; every module of that
+    class with it). So compiled code is measured outside every mode, by the allocator's records,
+    which see every tensor allocation, inductor's included (and a kernel's scratch, which the
+    tracker leaves out).
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    window = AllocatorWindow()
+    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield window
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    for event in events:
+        window.net_bytes += event.nbytes()
+        window.peak_bytes = max(window.peak_bytes, window.net_bytes)

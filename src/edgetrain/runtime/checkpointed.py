@@ -60,7 +60,7 @@ from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profile import profile
 from ..seeded_backward import GradBox
-from ..stages import LossFn, training_stages
+from ..stages import LossFn, compiled_stages, training_stages
 from .executor import Executor, PendingBackward
 
 __all__ = ["Checkpointed"]
@@ -91,31 +91,6 @@ class _ScheduledForward(torch.autograd.Function):
         box.grad = grad_output
         torch.autograd.Variable._execution_engine.queue_callback(functools.partial(pending, box))
         return None, None, None
-
-
-# NOTE [ Compiled stages ]
-# torch.compile's inductor fuses the elementwise work around convolutions and matmuls (BatchNorm,
-# activations, residual adds) that eager runs as separate kernels, each writing a full tensor:
-# on CPU it trains MobileNetV2 at half of eager's time (benchmarks/compile_budget.py). Planning
-# and fusion are independent: a compiled stage is still a stage, whose saved tensors (AOTAutograd
-# saves through ``ctx.save_for_backward``, which ``saved_tensors_hooks`` see), output and times the
-# profiler measures like any other, so the chain, the planners and the executor need no change;
-# a plan made on the compiled stages trades memory for time at the fused kernels' prices. Each
-# stage is compiled alone (no graph breaks across stages, and a recomputation runs the same
-# compiled code), with ``dynamic=False``: a chain is planned per input shape anyway. Stages of
-# one class share one code object (a ResNet's blocks: ``BasicBlock.forward``), and each shape and
-# grad mode (a recomputation without autograd) is one more compilation of it: dynamo's recompile
-# limit (8 per code object) would silently leave the later blocks eager, so it is raised to two
-# per stage, process-wide (a dynamo setting, not a per-module one).
-
-
-def compiled_stages(stages: list[nn.Module]) -> list[nn.Module]:
-    """Every stage but the loss (the last) compiled on its own; see NOTE [ Compiled stages ]."""
-    import torch._dynamo.config as dynamo_config
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(stages))
-    compiled: list[nn.Module] = [torch.compile(stage, dynamic=False) for stage in stages[:-1]]  # type: ignore[misc]
-    return [*compiled, stages[-1]]
 
 
 class Checkpointed(nn.Module):
@@ -183,6 +158,7 @@ class Checkpointed(nn.Module):
         self.model = model
         # A plain list: the stages share the model's modules and must not be registered twice.
         self._stages: list[nn.Module] = training_stages(model, loss_fn)
+        self._compile_stages = compile_stages
         if compile_stages:
             self._stages = compiled_stages(self._stages)
         self._loss_fn = loss_fn
@@ -261,8 +237,10 @@ class Checkpointed(nn.Module):
         return [*segmented_stages(self._stages[:-1], sample.detach()), self._stages[-1]]
 
     def _profile(self, stages: list[nn.Module], sample: torch.Tensor, target: torch.Tensor | None) -> Chain:
-        # Profile what training runs (dropout, batch statistics), whatever mode the model is in.
-        model = self.model if stages is self._stages else nn.Sequential(*stages[:-1])
+        # Profile what training runs (dropout, batch statistics), whatever mode the model is in; the stages
+        # themselves where they are not the model's own (segmented twins, compiled stages).
+        own = stages is self._stages and not self._compile_stages
+        model = self.model if own else nn.Sequential(*stages[:-1])
         with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
             return profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
                            measure_time=self._measure_time)

@@ -41,6 +41,7 @@ from ..models import stages_of
 from ..planners.single_level import KEPT, single_level, single_level_plan
 from ..profile import profile
 from ..profile.process import return_freed_memory
+from ..profile.tracker import allocator_window
 from ..schedule import simulate
 from ..stages import LossFn
 from ..units import format_bytes, parse_bytes
@@ -112,17 +113,9 @@ def text_kinds(text: str) -> list[int]:
 
 def measured_step_peak_bytes(step: Callable[[], None]) -> int:
     """The most tensor bytes one ``step()`` held above its starting point, by the c10 allocator's records."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with allocator_window() as window:
         step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    held = most = 0
-    for event in events:
-        held += event.nbytes()
-        most = max(most, held)
-    return most
+    return window.peak_bytes
 
 
 def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
