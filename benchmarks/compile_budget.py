@@ -441,7 +441,7 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
                         "same_graph": best is not None and same_graph(best, level),
                         "inductor_graph": best is not None and inductor_graph(best),
                         "no_slower": best is not None and best["step_cpu_time_ratio"] <= level["step_cpu_time_ratio"]})
-        least = min((row for row in ours if row["setting"] == "edgetrain:least" or whole_graph(row)),
+        least = min((row for row in ours if row["setting"].endswith(":least") or whole_graph(row)),
                     key=lambda row: row["step_tensor_peak_mib"], default=None)
         if inductor and least:
             floor = min(row["step_tensor_peak_mib"] for row in inductor)
