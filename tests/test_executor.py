@@ -363,3 +363,28 @@ def test_checkpointed_graph_cannot_be_back_propagated_twice() -> None:
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="already back-propagated"):
         loss.backward()
+
+
+def test_only_recomputed_stages_that_draw_random_numbers_keep_the_generator_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deterministic stage recomputes without the generator's state (5,056 bytes on CPU that no plan counts);
+    a dropout stage keeps it, so its recomputation draws the same mask (the exactness grid above)."""
+    from edgetrain.runtime import executor as executor_module
+    captured: list[int] = []
+    original = executor_module._RngState.capture
+
+    def counting_capture() -> object:
+        captured.append(1)
+        return original()
+    monkeypatch.setattr(executor_module._RngState, "capture", staticmethod(counting_capture))
+    torch.manual_seed(0)
+    for dropout, expected in ((0.0, 0), (0.5, 1)):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(dropout), nn.Linear(8, 8), nn.Linear(8, 2))
+        x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+        chain = profile(model, x, y, measure_time=False)
+        captured.clear()
+        run_schedule(training_stages(model), revolve(chain, 1), x, y, chain=chain)
+        assert chain.stages[1].uses_rng == (dropout > 0)
+        # revolve(1) recomputes every stage; with dropout, stage 1's state is noted once and replayed (a capture
+        # of the state to put back after each replay): more than the one note, none at all without it
+        assert (len(captured) > 0) == (expected > 0)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from torch import nn
 
 from edgetrain import estimate_memory, keep_all, measure_training_step, profile, simulate
 from edgetrain.models import get_model_spec
@@ -138,3 +139,13 @@ def test_stages_are_timed_outside_the_byte_tracker(monkeypatch: pytest.MonkeyPat
 
     assert len(modes_while_timing) == chain.length and set(modes_while_timing) == {None}
     assert all(s.fwd_time_s > 0 and s.bwd_time_s >= 0 for s in chain.stages)
+
+
+def test_a_stage_draws_random_numbers_only_with_dropout_and_every_stage_may_on_the_meta_device() -> None:
+    """``uses_rng``: whether a recomputation must replay the stage's random numbers (the executor keeps the
+    generator's state for it, 5,056 bytes on CPU, only then)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.ReLU(), nn.Linear(8, 2))
+    real = profile(model, torch.randn(4, 8), measure_time=False)
+    assert [stage.uses_rng for stage in real.stages] == [False, True, False, False, False]
+    meta = profile(model.to("meta"), (4, 8), measure_time=False)
+    assert all(stage.uses_rng for stage in meta.stages)

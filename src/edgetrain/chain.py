@@ -67,6 +67,7 @@ class StageCost:
     bwd_workspace_bytes: int = 0
     input_saved: bool = True
     output_saved: bool = True
+    uses_rng: bool = True   # its forward draws random numbers (dropout): a recomputation replays them
 
     def __post_init__(self) -> None:
         for name in ("out_bytes", "saved_bytes", "param_bytes", "grad_bytes", "fwd_workspace_bytes",

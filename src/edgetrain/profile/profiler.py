@@ -231,9 +231,13 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
     for p in params:
         p.grad = None
 
-    # 1. Without autograd: output size and forward workspace.
+    # 1. Without autograd: output size, forward workspace, and whether the forward draws random numbers.
+    rng_before = _rng_states()
     with window() as forward, torch.no_grad():
         output = module(x)
+    # shape-only tensors draw nothing: on the meta device a stage is taken to draw random numbers
+    uses_rng = x.device.type == "meta" or any(not torch.equal(before, after)
+                                               for before, after in zip(rng_before, _rng_states(), strict=True))
     out_bytes = output.untyped_storage().nbytes()
     fwd_workspace = max(0, forward.peak_bytes - out_bytes)
 
@@ -272,9 +276,16 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
                      saved_bytes=saved_bytes, param_bytes=weight_bytes,
                      grad_bytes=grad_bytes, fwd_workspace_bytes=fwd_workspace,
                      rec_workspace_bytes=rec_workspace, bwd_workspace_bytes=bwd_workspace,
-                     input_saved=storage_key(x_rec) in recorded.keys, output_saved=output_saved)
+                     input_saved=storage_key(x_rec) in recorded.keys, output_saved=output_saved,
+                     uses_rng=uses_rng)
     log.debug("profiled %s: %s", name, cost)
     return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=saved_live)
+
+
+def _rng_states() -> list[torch.Tensor]:
+    """The CPU generator's state, and every CUDA device's where CUDA is in use."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return [torch.get_rng_state(), *cuda]
 
 
 def _count_flops(module: nn.Module, x: torch.Tensor, input_grad: bool) -> tuple[float, float]:

@@ -386,11 +386,11 @@ def _replayed_rng(state: _RngState) -> Iterator[None]:
 class _Run:
     """The live state of one step: held values, records and the current gradient."""
 
-    def __init__(self, stages: Sequence[nn.Module], repeated: frozenset[int], x: torch.Tensor,
+    def __init__(self, stages: Sequence[nn.Module], rng_replayed: frozenset[int], x: torch.Tensor,
                  on_op: OpCallback | None, pager: _Pager | None = None) -> None:
         self.stages = stages
         self.pager = pager
-        self.repeated = repeated
+        self.rng_replayed = rng_replayed
         self.on_op = on_op
         self.values: dict[int, torch.Tensor] = {0: x}
         self.records: dict[int, _Record] = {}
@@ -513,14 +513,16 @@ class _Run:
 
     @contextlib.contextmanager
     def _as_first_forward(self, i: int) -> Iterator[None]:
-        """First forward: note the RNG if the stage will be recomputed. Later: replay it, keep statistics."""
+        """First forward: note the RNG if the stage will be recomputed and draws random numbers. Later: replay
+        it, keep statistics."""
         if i not in self.forwarded:
             self.forwarded.add(i)
-            if i in self.repeated:
+            if i in self.rng_replayed:
                 self.rng[i] = _RngState.capture()
             yield
             return
-        with _replayed_rng(self.rng[i]), frozen_statistics(self.stages[i]):
+        replayed = _replayed_rng(self.rng[i]) if i in self.rng else contextlib.nullcontext()
+        with replayed, frozen_statistics(self.stages[i]):
             yield
 
     def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -677,7 +679,9 @@ class Executor:
         self.stages = stages
         self.schedule = schedule
         counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
-        self._repeated = frozenset(stage for stage, count in counts.items() if count > 1)
+        # the recomputed stages whose random numbers a recomputation replays (all of them without a chain)
+        self._rng_replayed = frozenset(stage for stage, count in counts.items()
+                                   if count > 1 and (chain is None or chain.stages[stage].uses_rng))
         self._handoff, self._resume = self._loss_positions()
         # A parameter that several stages share (NOTE [ Shared parameters ] in profile/profiler.py) has its
         # gradient summed by the engine across the one graph of plain backprop, which held 50 KiB (3.4%) more
@@ -730,7 +734,7 @@ class Executor:
             if self._plain:
                 return self._plain_step(x, on_op)
             with self._paging() as pager:
-                run = _Run(self.stages, self._repeated, x, on_op, pager)
+                run = _Run(self.stages, self._rng_replayed, x, on_op, pager)
                 run.run(list(enumerate(self.schedule.ops)))
                 if pager is not None:
                     pager.finish()
@@ -785,7 +789,7 @@ class Executor:
         session = self._store.open() if self._store is not None else None
         pager = self._pager(session) if session is not None else None
         try:
-            run = _Run(self.stages, self._repeated, x, on_op, pager)
+            run = _Run(self.stages, self._rng_replayed, x, on_op, pager)
             loss = self.loss_stage
             ops = [(index, op) for index, op in enumerate(self.schedule.ops) if index < self._resume]
             run.run([(index, op) for index, op in ops if index != self._handoff and not _touches(op, loss)])
