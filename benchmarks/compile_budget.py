@@ -59,8 +59,9 @@ level's budget is a tie; at another budget, inductor's graph, not edgetrain's pl
 
 ``resnet18`` and ``mobilenet_v2`` take ``--batch`` and ``--image`` (default 8 and 128 px); the other
 names are ``benchmarks/any_model.py``'s models at that script's inputs (its ``--blocks`` inputs,
-where activations rather than weights set the least budget, where it has them). Needs a C compiler
-for inductor (gcc here).
+where activations rather than weights set the least budget, where it has them); ``NAME@channels_last``
+runs that model with its weights and batch in channels-last memory format. Needs a C compiler for
+inductor (gcc here).
 """
 
 from __future__ import annotations
@@ -91,7 +92,18 @@ Case = tuple[nn.Module, torch.Tensor, torch.Tensor]
 
 
 def build_case(name: str, batch: int, image: int) -> tuple[Case, bool]:
-    """The model, input and target named ``name``, and whether edgetrain should plan inside its stages."""
+    """The model, input and target named ``name``, and whether edgetrain should plan inside its stages.
+
+    ``MODEL@channels_last`` is that model with its weights and input batch in channels-last memory format
+    (oneDNN's convolutions then work in their own layout, without the conversions that an NCHW
+    convolution's backward allocates: scratch that the allocator's records count and a plan does not).
+    """
+    base, _, layout = name.partition("@")
+    if layout:
+        if layout != "channels_last":
+            raise SystemExit(f"unknown memory format {layout!r} in {name!r}; known: channels_last")
+        (model, x, y), blocks = build_case(base, batch, image)
+        return (model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last), y), blocks
     if name in REGISTRY_MODELS:
         from edgetrain.models import get_model_spec
         model = get_model_spec(name).build(10)
