@@ -44,8 +44,9 @@ def training_stages(model: nn.Module, loss_fn: LossFn | None = None) -> list[nn.
 # on CPU it trains MobileNetV2 at half of eager's time (benchmarks/compile_budget.py). Planning
 # and fusion are independent: a compiled stage is still a stage, whose saved tensors (AOTAutograd
 # saves through ``ctx.save_for_backward``, which ``saved_tensors_hooks`` see), output and times the
-# profiler measures like any other, so the chain, the planners and the executor need no change;
-# a plan made on the compiled stages trades memory for time at the fused kernels' prices. Each
+# profiler measures, its bytes by the allocator's records rather than the tracker (NOTE [ Compiled
+# code and the tracker ] in ``profile/tracker.py``), so the chain, the planners and the executor need
+# no change; a plan made on the compiled stages trades memory for time at the fused kernels' prices. Each
 # stage is compiled alone (no graph breaks across stages, and a recomputation runs the same
 # compiled code), with ``dynamic=False``: a chain is planned per input shape anyway. Stages of
 # one class share one code object (a ResNet's blocks: ``BasicBlock.forward``), and each shape and
