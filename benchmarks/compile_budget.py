@@ -86,6 +86,7 @@ DEFAULT_SETTINGS = ("eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:leas
                     "edgetrain+compile=inductor:0.5,edgetrain+compile=inductor:0.0")
 REGISTRY_MODELS = ("resnet18", "mobilenet_v2")
 MATCH = "=inductor:"
+FLOOR_TIE = 0.005   # a least peak this close to inductor's floor (either way) is the same working set: a tie
 MiB = 2**20
 
 Case = tuple[nn.Module, torch.Tensor, torch.Tensor]
@@ -428,7 +429,8 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
 
     Rows are compared only with rows of the same run (of a merged result): each ratio is to eager in its own
     round, and runs differ in load. Time by the CPU clock. ``below_floor``: edgetrain's
-    least-memory step against the least tensor peak any inductor setting reached. ``with_regions=False``
+    least-memory step more than ``FLOOR_TIE`` under the least tensor peak any inductor setting reached
+    (``at_floor``: within it either way). ``with_regions=False``
     leaves the ``edgetrain+regions`` rows out (edgetrain's own plans, eager or per-stage compiled, alone);
     ``same_graph``: the fastest is inductor's own graph at that level (no regions, the same budget), a tie
     by construction whatever the clocks say.
@@ -461,7 +463,8 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
                         "edgetrain": configuration(least),
                         "edgetrain_mib": least["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": least["step_cpu_time_ratio"],
-                        "below_floor": least["step_tensor_peak_mib"] < floor})
+                        "below_floor": least["step_tensor_peak_mib"] < floor * (1 - FLOOR_TIE),
+                        "at_floor": abs(least["step_tensor_peak_mib"] - floor) <= floor * FLOOR_TIE})
     return out
 
 
@@ -523,7 +526,9 @@ def verdict_table(rows: list[dict[str, Any]]) -> list[str]:
              "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for v in rows:
         if v["inductor"] == "floor":
-            verdict = "trains below inductor's floor" if v["below_floor"] else "does not reach inductor's floor"
+            verdict = ("trains below inductor's floor" if v["below_floor"] else
+                       f"at inductor's floor (within {FLOOR_TIE:.1%}: a tie)" if v.get("at_floor") else
+                       "does not reach inductor's floor")
             lines.append(f"| {v['model']} | {v['run'] + 1} | least of any budget | {mib(v['inductor_mib'])} | | "
                          f"{v['edgetrain']} | "
                          f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")

@@ -132,8 +132,19 @@ def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_g
     assert with_regions["inductor:1.0"]["edgetrain"] == "b=1.0, regions SR..." and with_regions["inductor:1.0"][
         "no_slower"] and not with_regions["inductor:1.0"]["same_graph"]
     assert with_regions["floor"]["edgetrain_mib"] == 50.0 and with_regions["floor"]["below_floor"]
+    assert not with_regions["floor"]["at_floor"]
     assert [without[level]["edgetrain"] for level in ("inductor:1.0", "inductor:0.5")] == ["edgetrain:least"] * 2
     assert not without["inductor:0.5"]["same_graph"]
+
+
+@pytest.mark.parametrize(("least_mib", "below", "at"), [(69.0, True, False), (69.9, False, True), (70.3, False, True),
+                                                          (70.4, False, False)])
+def test_a_least_peak_within_half_a_percent_of_inductors_floor_is_a_tie_not_a_win(
+        monkeypatch: pytest.MonkeyPatch, least_mib: float, below: bool, at: bool) -> None:
+    bench = load_benchmark("compile_budget", monkeypatch)
+    rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8), _row("edgetrain:least", least_mib, 1.5)]
+    floor = {v["inductor"]: v for v in bench.verdicts(rows)}["floor"]
+    assert (floor["below_floor"], floor["at_floor"]) == (below, at)
 
 
 def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks(
