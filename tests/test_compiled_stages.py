@@ -110,3 +110,13 @@ def test_a_plan_on_compiled_stages_holds_less_than_the_same_plan_on_eager_stages
     (eager_measured, eager_predicted), (measured, predicted) = _least_budget_step(False), _least_budget_step(True)
     assert measured < 0.7 * eager_measured
     assert predicted < 0.7 * eager_predicted
+
+
+def test_measuring_compiled_code_inside_a_running_profiler_session_is_refused_in_one_line() -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from edgetrain.profile.tracker import allocator_window
+    with (torch_profile(activities=[ProfilerActivity.CPU]), pytest.raises(RuntimeError, match="already running"),
+          allocator_window()):
+        pass

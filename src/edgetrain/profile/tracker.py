@@ -162,6 +162,9 @@ def allocator_window() -> Iterator[AllocatorWindow]:
     """
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
+    if torch._C._autograd._profiler_enabled():   # a second session would end the one running
+        raise RuntimeError("compiled code is measured with torch.profiler, which is already running here: "
+                           "profile (or plan) compiled stages outside your own profiler session")
     window = AllocatorWindow()
     with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         yield window
