@@ -26,9 +26,10 @@ network and no processes (so no time is measured, and no crash can happen), and 
 ``tests/test_cluster.py`` holds the simulation's losses to a real ``cluster local`` run's.
 
 The noise floor is ``reordered``: the single node with every global batch reversed, the same maths in another float
-order (the mean loss and BatchNorm's statistics do not depend on the samples' order; their rounding does).
+order (the mean loss and BatchNorm's statistics do not depend on the samples' order; their rounding does); ``rolled``
+(every batch rolled by half its length) is a third such order, to tell which of two orders is the odd one.
 
-Modes: ``single`` (the reference), ``reordered`` (the noise floor), ``exact`` (whole gradients; with
+Modes: ``single`` (the reference), ``reordered`` (the noise floor), ``rolled``, ``exact`` (whole gradients; with
 ``--local-batch-norm`` only: with BatchNorm over the global batch it is the single node's step),
 ``powersgd:RANK[:AFTER]`` (rank RANK after AFTER exact steps). Runs go seed by seed, every mode of a seed, and
 each run is appended to ``--runs`` (JSON lines) as it ends: runs already there with the same settings are not run
@@ -75,25 +76,27 @@ from edgetrain.train import TrainConfig
 from edgetrain.train.loop import evaluate, open_run_data
 from edgetrain.train.state import ResumableSampler
 
-MODE_NAMES = "single, reordered, exact (with --local-batch-norm), powersgd:RANK[:AFTER]"
+MODE_NAMES = "single, reordered, rolled, exact (with --local-batch-norm), powersgd:RANK[:AFTER]"
+ORDERS = {"single": "as-is", "reordered": "reversed", "rolled": "rolled"}   # the single node's batch orders
 
 
 class SimMode(NamedTuple):
     """One row's step: its name, the slices a global batch goes through (the nodes with BatchNorm per node, else 1),
-    PowerSGD's rank (0: whole gradients) and the exact steps before it, and whether the batch is reversed."""
+    PowerSGD's rank (0: whole gradients) and the exact steps before it, and the order of the batch's samples
+    (``as-is``; ``reversed``; ``rolled`` by half the batch)."""
 
     name: str
     slices: int
     rank: int = 0
     after: int = 0
-    reversed: bool = False
+    order: str = "as-is"
 
 
 def sim_mode(name: str, nodes: int, local_batch_norm: bool) -> SimMode:
     """The step a mode's name stands for (NOTE [ The compressed cluster in one process ])."""
     slices = nodes if local_batch_norm else 1
-    if name in ("single", "reordered"):
-        return SimMode(name, 1, reversed=name == "reordered")
+    if name in ORDERS:
+        return SimMode(name, 1, order=ORDERS[name])
     if name == "exact" and local_batch_norm:
         return SimMode(name, slices)
     kind, *numbers = name.split(":")
@@ -142,7 +145,7 @@ def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
             if mode.slices == 1:
                 seed_step(config.seed, step, 0)
                 x, y = slices[0]
-                batch = (x.flip(0), y.flip(0)) if mode.reversed else (x, y)
+                batch = _ordered(x, mode.order), _ordered(y, mode.order)
                 losses.append(cluster_step(executor, model, optimizer, batch, compressor=step_compressor).loss)
             else:
                 losses.append(sliced_step(executor, model, optimizer, slices, step_compressor, config.seed, step))
@@ -150,6 +153,15 @@ def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
         assert val_loss is not None
         curve.append(val_loss)
     return {"losses": losses, "val_curve": curve, "val_loss": curve[-1], "wall_s": time.perf_counter() - started}
+
+
+def _ordered(batch: torch.Tensor, order: str) -> torch.Tensor:
+    """The batch's samples reversed, rolled by half the batch, or as they are: the same maths in another float order."""
+    if order == "reversed":
+        return batch.flip(0)
+    if order == "rolled":
+        return batch.roll(len(batch) // 2, 0)
+    return batch
 
 
 def _offsets(shares: tuple[int, ...]) -> list[int]:

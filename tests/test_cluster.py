@@ -978,4 +978,9 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
         bench.sim_mode("exact", 4, False)
     assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
     assert bench.sim_mode("powersgd:8:16", 4, False) == bench.SimMode("powersgd:8:16", 1, 8, 16)
-    assert bench.sim_mode("reordered", 4, True) == bench.SimMode("reordered", 1, reversed=True)
+    assert bench.sim_mode("reordered", 4, True) == bench.SimMode("reordered", 1, order="reversed")
+    assert bench.sim_mode("rolled", 4, False) == bench.SimMode("rolled", 1, order="rolled")
+    assert bench.sim_mode("single", 4, True) == bench.SimMode("single", 1)
+    batch = torch.arange(6)
+    assert [bench._ordered(batch, order).tolist() for order in ("as-is", "reversed", "rolled")] == [
+        [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [3, 4, 5, 0, 1, 2]]
