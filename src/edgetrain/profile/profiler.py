@@ -240,6 +240,7 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
                                                for before, after in zip(rng_before, _rng_states(), strict=True))
     out_bytes = output.untyped_storage().nbytes()
     fwd_workspace = max(0, forward.peak_bytes - out_bytes)
+    existing = existing | {storage_key(output)}   # alive before the recorded forward too
 
     # 2. Recorded: saved tensors (hooks) and recorded-forward workspace.
     x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
