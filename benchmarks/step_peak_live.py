@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from compile_budget import build_case, edgetrain_step
 from torch import nn
 
 KiB = 1024
@@ -40,6 +39,8 @@ class Event:
 
 def training_step(name: str, setting: str, batch: int, image: int) -> Any:
     """The step ``compile_budget.py`` runs for ``setting`` (one thread, its optimizer)."""
+    from compile_budget import build_case, edgetrain_step
+
     from edgetrain.optim import make_optimizer
     from edgetrain.runtime.compiled import training_step as plain_step
     torch.set_num_threads(1)
