@@ -421,13 +421,14 @@ def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_ra
         monkeypatch: pytest.MonkeyPatch) -> None:
     import edgetrain.insitu.simulate as sim
     from edgetrain.insitu.labels import Calibration
-    from edgetrain.insitu.model import FitConfig, classifier
+    from edgetrain.insitu.model import FitConfig, Unlabelled, classifier
     from edgetrain.insitu.teacher import Teacher
 
-    calls: list[tuple[np.ndarray, np.ndarray, FitConfig, np.ndarray]] = []
+    calls: list[tuple[np.ndarray, np.ndarray, FitConfig, np.ndarray, Unlabelled | None]] = []
 
-    def spy(model: object, crops: np.ndarray, labels: np.ndarray, config: FitConfig, weights: np.ndarray) -> object:
-        calls.append((crops, labels, config, weights))
+    def spy(model: object, crops: np.ndarray, labels: np.ndarray, config: FitConfig, weights: np.ndarray,
+            unlabelled: Unlabelled | None) -> object:
+        calls.append((crops, labels, config, weights, unlabelled))
         return model
 
     monkeypatch.setattr(sim, "fit", spy)
@@ -439,15 +440,108 @@ def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_ra
     student = sim._student(teacher, *stored, shipped, sim.SimulateConfig(seed=5, student_lr=3e-3, replay_weight=4))
 
     assert student is not teacher  # a copy of the teacher is fine-tuned
-    crops, labels, config, weights = calls[0]
+    crops, labels, config, weights, unlabelled = calls[0]
     assert config == FitConfig(epochs=8, lr=3e-3, seed=6, memory="19MiB")
     assert labels.tolist() == [0, 1, 2, 2, 3] and len(crops) == 5 and weights.tolist() == [1, 1, 4, 4, 4]
+    assert unlabelled is None  # the rounds' students and the oracle learn labelled crops only
     assert sim.SimulateConfig().student_lr == 4e-3  # 1e-3 until session 14 (NOTE [ The student's learning rate ])
     sim._student(teacher, *stored, shipped, sim.SimulateConfig(seed=5, student_seed_offset=3))
     assert calls[1][2].seed == 8  # another offset, another order of the same crops
+    dropped = Unlabelled(np.zeros((1, 32, 32, 3), np.uint8), np.array([9]), weight=1.0)
+    sim._student(teacher, *stored, shipped, sim.SimulateConfig(), dropped)
+    assert calls[2][1].tolist() == [0, 1, 2, 2, 3] and calls[2][4] is dropped  # labels unchanged, no label for it
 
 
-def test_simulates_student_learning_rate_and_seed_offset_come_from_the_command_line(
+def test_a_tracks_target_is_its_crops_sharpened_mean_prediction() -> None:
+    from edgetrain.insitu.model import track_targets
+
+    probs = np.array([[0.6, 0.4], [0.5, 0.5], [0.8, 0.2]])  # rows 0 and 2: track 7; row 1: track 2
+    mean = [0.7, 0.3]
+    sharpened = [0.49 / 0.58, 0.09 / 0.58]  # mean ** 2, renormalised (temperature 0.5)
+
+    np.testing.assert_allclose(track_targets(probs, np.array([7, 2, 7]), 1.0), [mean, [0.5, 0.5], mean])
+    np.testing.assert_allclose(track_targets(probs, np.array([7, 2, 7]), 0.5), [sharpened, [0.5, 0.5], sharpened])
+    # Crops that agree are their own target at temperature 1: the term's excess over its floor (the KL) is zero.
+    agree = np.array([[0.2, 0.8], [0.2, 0.8]])
+    np.testing.assert_allclose(track_targets(agree, np.array([4, 4]), 1.0), agree)
+
+
+def test_the_consistency_term_adds_to_the_labelled_loss_and_gives_no_crop_a_hard_label() -> None:
+    import torch
+
+    from edgetrain.insitu.model import _batch_loss
+
+    out = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    logp = torch.log_softmax(out, dim=1)
+    weights = torch.tensor([1.0, 4.0, 0.0])  # row 2 is unlabelled: no weight in the labelled loss
+    targets = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.9, 0.1]])
+    term_weights = torch.tensor([0.0, 0.0, 0.5])
+    labelled = -(logp[0, 0] + 4 * logp[1, 1]) / 5
+
+    for unlabelled_row_label in (0, 1):  # whatever class an unlabelled row carries, it is never learnt
+        labels = torch.tensor([0, 1, unlabelled_row_label])
+        assert torch.isclose(_batch_loss(out, labels, weights), labelled)
+        term = -0.5 * (0.9 * logp[2, 0] + 0.1 * logp[2, 1]) / 5
+        assert torch.isclose(_batch_loss(out, labels, weights, targets, term_weights), labelled + term)
+
+
+def test_fit_learns_a_labelled_crop_by_its_label_and_an_unlabelled_one_by_the_term_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import edgetrain.insitu.model as model_module
+    from edgetrain.insitu.model import FitConfig, Unlabelled, classifier, fit
+
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real_loss = model_module._batch_loss
+
+    def spy(out: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, *term: torch.Tensor) -> torch.Tensor:
+        batches.append((weights.clone(), term[1].clone()))
+        return real_loss(out, labels, weights, *term)
+
+    monkeypatch.setattr(model_module, "_batch_loss", spy)
+    rng = np.random.default_rng(0)
+    crops = rng.integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
+    unlabelled = Unlabelled(rng.integers(0, 255, (64, 32, 32, 3), dtype=np.uint8), np.arange(64) // 8, weight=0.5,
+                            ramp_epochs=1)
+    fit(classifier(4, seed=0), crops, rng.integers(0, 4, 64), FitConfig(epochs=2), np.full(64, 2.0), unlabelled)
+
+    assert len(batches) == 4  # 128 rows: two full batches an epoch
+    for epoch, term_weight in ((0, 0.0), (1, 0.5)):
+        weights = torch.cat([w for w, _ in batches[2 * epoch:2 * epoch + 2]])
+        term_weights = torch.cat([u for _, u in batches[2 * epoch:2 * epoch + 2]])
+        assert sorted(weights.tolist()) == [0.0] * 64 + [2.0] * 64  # 64 labelled rows, 64 with no label weight
+        assert (term_weights[weights > 0] == 0).all() and (term_weights[weights == 0] == term_weight).all()
+
+
+def test_the_consistency_terms_weight_ramps_in_and_spares_the_labelled_rows() -> None:
+    from edgetrain.insitu.model import Unlabelled, _track_consistency, classifier, predict, track_targets
+
+    model = classifier(4, seed=0)
+    crops = np.random.default_rng(0).integers(0, 255, (3, 32, 32, 3), dtype=np.uint8)
+    unlabelled = Unlabelled(crops, np.array([1, 1, 2]), weight=2.0, temperature=0.5, ramp_epochs=4)
+    expected = track_targets(predict(model, crops).probs, np.array([1, 1, 2]), 0.5)
+
+    for epoch, weight in ((0, 0.0), (2, 1.0), (4, 2.0), (7, 2.0)):
+        targets, weights = _track_consistency(model, unlabelled, epoch, batch=2, n_labelled=5)
+        assert weights.tolist() == [0.0] * 5 + [weight] * 3
+        assert targets[:5].eq(0).all()
+        np.testing.assert_allclose(targets[5:].numpy(), expected, rtol=1e-5)
+
+
+def test_the_final_student_learns_the_dropped_tracks_crops_without_a_label() -> None:
+    import edgetrain.insitu.simulate as sim
+
+    crops = np.arange(5)[:, None, None, None] * np.ones((1, 32, 32, 3), np.uint8)
+    dropped = sim._dropped(crops, [3, 4, 3, 5, 6], kept={3: 0, 6: 1}, weight=0.5)
+
+    assert dropped is not None and dropped.weight == 0.5
+    assert dropped.tracks.tolist() == [4, 5] and dropped.crops[:, 0, 0, 0].tolist() == [1, 3]
+    assert sim._dropped(crops, [3, 4, 3, 5, 6], kept={3: 0, 6: 1}, weight=0.0) is None  # off
+    assert sim._dropped(crops, [3, 3], kept={3: 0}, weight=0.5) is None  # nothing dropped
+
+
+def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_from_the_command_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
@@ -456,12 +550,13 @@ def test_simulates_student_learning_rate_and_seed_offset_come_from_the_command_l
 
     configs: list[sim.SimulateConfig] = []
     monkeypatch.setattr(sim, "simulate", lambda config, store, progress: configs.append(config) or {})
-    for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4"]):
+    for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4", "--track-consistency", "0.5"]):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--json", "--store", str(tmp_path / "s"), *flags])
         assert result.exit_code == 0, result.output
 
     assert [c.student_lr for c in configs] == [sim.SimulateConfig.student_lr, 0.002]
     assert [c.student_seed_offset for c in configs] == [1, 4]
+    assert [c.track_consistency for c in configs] == [sim.SimulateConfig.track_consistency, 0.5]
     for rate in ("0", "-0.001", "nan"):   # a student that cannot learn is refused in one line, before any work
         result = CliRunner().invoke(app, ["insitu", "simulate", "--store", str(tmp_path / "s"), "--student-lr", rate])
         assert result.exit_code == 2 and "--student-lr" in result.output and "> 0" in result.output, result.output

@@ -101,6 +101,11 @@ def simulate_command(
         student_seed_offset: int = typer.Option(1, "--student-seed-offset", help="Every student's shuffling and "
                                                 "augmentation seed is --seed plus this; the world, the teacher and "
                                                 "the stream stay those of --seed."),
+        track_consistency: float = typer.Option(0.0, "--track-consistency", min=0.0,
+                                                help="With --round-folds: the final student also learns the crops "
+                                                "of the tracks the last round drops, with no label: each crop's "
+                                                "cross-entropy to its track's sharpened mean prediction, at this "
+                                                "weight (0: off)."),
         quick: bool = typer.Option(False, "--quick", help="A small world and few epochs (a smoke test, ~1 min)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
@@ -120,7 +125,7 @@ def simulate_command(
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
                             round_folds=folds, round_coverage=kept,
                             replay_weight=replay_weight, student_lr=student_lr,
-                            student_seed_offset=student_seed_offset,
+                            student_seed_offset=student_seed_offset, track_consistency=track_consistency,
                             gate=GateConfig(rule=labels, coverage=label_coverage),
                             **overrides)
     if store.exists():

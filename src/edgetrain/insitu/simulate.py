@@ -32,7 +32,7 @@ from .labels import (
     relabel_tracks,
     score_margins,
 )
-from .model import FitConfig, Outputs, fit, predict
+from .model import FitConfig, Outputs, Unlabelled, fit, predict
 from .motion import DETECTORS, run_detector, score_boxes
 from .service import PROBE_FRAME_RATE_HZ, TRACKS_PER_CHUNK, ServiceConfig, latency_beside_student
 from .store import FrameStore, encode_png
@@ -76,6 +76,9 @@ class SimulateConfig:
     round_coverage: float = 0.81  # with round_folds: the share of stored detections the last round keeps, surest
     # tracks first (an earlier round relabels every track; the next round's students learn its surest share only);
     # 0.81, not 0.8: the stream's detections in tracks too short to store (~0.5% with the motion gate) count too
+    track_consistency: float = 0.0  # > 0: the final student also learns the crops of the tracks the last round
+    # drops, with no label, by the track-consistency term at this weight (NOTE [ Track consistency on the dropped
+    # tracks ] in model.py)
     student_memory: str = "19MiB"  # the student's step tensors (Checkpointed plans it; keep-all needs 21.5 MiB)
     quota_bytes: int = 8 * 2**20
     node_camera: str = "steep"  # the deployed node's camera preset: "steep" (8 m, 60°) or "pole" (6 m, 45°)
@@ -142,6 +145,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     rounds = [{**{key: float(labelled.report[key]) for key in ("pseudo_label_precision", "pseudo_label_coverage")},
                "student_accuracy": float((predict(student, test_x).labels == test_y).mean())}]  # scoring
     sure: set[int] | None = None  # the last cross-fitted round's surest tracks: the next round's students learn them
+    dropped: Unlabelled | None = None  # the crops of the tracks the last round drops, for the final student's term
     for round_ in range(1, config.rounds + 1):
         tracks = [f.track for f in store.frames]
         last = round_ == config.rounds
@@ -155,6 +159,7 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
             new_labels, sure = surest if last else cross_fitted_labels(evidence, 1.0), set(surest)
             ranked = labelled.ranked(evidence)  # scoring (ground truth)
             if last:
+                dropped = _dropped(store_x, tracks, new_labels, config.track_consistency)
                 say(f"self-training round {round_}: {store.keep_tracks(new_labels)} stored frames of the least sure "
                     f"tracks removed")
         else:
@@ -166,10 +171,10 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
         scored: dict[str, float] = {}
         if last or not config.round_folds:  # a cross-fitted round's next one trains its own students
             say(f"self-training round {round_}: training a new student")
-            student = _student(teacher, store_x, store_y, shipped, config)
+            student = _student(teacher, store_x, store_y, shipped, config, dropped)
             scored["student_accuracy"] = float((predict(student, test_x).labels == test_y).mean())  # scoring
         rounds.append({**labelled.score({f.track: f.label for f in store.frames}), **ranked, **scored})  # scoring
-    say("training the oracle student (true labels on every detected crop)")
+    say("training the oracle student (true labels on every detected crop)")  # nothing dropped: no unlabelled term
     oracle = _student(teacher, labelled.oracle_crops, labelled.oracle_labels, shipped, config)
 
     say("scoring on held-out clips (ground truth)")
@@ -189,7 +194,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     report.update(pseudo_label_precision=rounds[-1]["pseudo_label_precision"],  # the final labels'
                   pseudo_label_coverage=rounds[-1]["pseudo_label_coverage"], self_training=rounds)
     report.update(store_bytes=store.bytes_used, store_quota_bytes=store.quota_bytes,
-                  stored_frames=len(store.frames), test_crops=len(test_x), eye_level_test_crops=len(eye_x),
+                  stored_frames=len(store.frames), track_consistency_crops=0 if dropped is None else len(dropped.crops),
+                  test_crops=len(test_x), eye_level_test_crops=len(eye_x),
                   teacher_training_crops=len(train.crops))
     if config.latency_probe:
         say("inference latency over the held-out clips, alone and beside a training student process")
@@ -219,14 +225,24 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
 
 
 def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, shipped: Teacher,
-             config: SimulateConfig) -> torch.nn.Sequential:
-    """The teacher's copy fine-tuned on ``crops`` and the replayed ones through Checkpointed's planned schedule."""
+             config: SimulateConfig, unlabelled: Unlabelled | None = None) -> torch.nn.Sequential:
+    """The teacher's copy fine-tuned on ``crops`` and the replayed ones through Checkpointed's planned schedule.
+
+    ``unlabelled``: crops with no label, learnt by the track-consistency term only (the final student's).
+    """
     weights = np.concatenate([np.ones(len(crops)), np.full(len(shipped.replay_crops), config.replay_weight)])
     return fit(copy.deepcopy(teacher), np.concatenate([crops, shipped.replay_crops]),
                np.concatenate([labels, shipped.replay_labels]),
                FitConfig(epochs=config.student_epochs, lr=config.student_lr,
                          seed=config.seed + config.student_seed_offset, memory=config.student_memory),
-               weights)
+               weights, unlabelled)
+
+
+def _dropped(crops: np.ndarray, tracks: list[int], kept: dict[int, int], weight: float) -> Unlabelled | None:
+    """The stored ``crops`` of the tracks not in ``kept``, with their tracks and no label; None at weight 0."""
+    track_of = np.array(tracks)
+    rows = ~np.isin(track_of, list(kept))
+    return Unlabelled(crops[rows], track_of[rows], weight) if weight > 0 and rows.any() else None
 
 
 def _cross_fitted_probs(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, tracks: list[int],
