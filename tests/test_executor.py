@@ -369,14 +369,14 @@ def test_only_recomputed_stages_that_draw_random_numbers_keep_the_generator_stat
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A deterministic stage recomputes without the generator's state (5,056 bytes on CPU that no plan counts);
     a dropout stage keeps it, so its recomputation draws the same mask (the exactness grid above)."""
-    from edgetrain.runtime import executor as executor_module
+    from edgetrain.rng_state import RngState
     captured: list[int] = []
-    original = executor_module._RngState.capture
+    original = RngState.capture
 
     def counting_capture() -> object:
         captured.append(1)
         return original()
-    monkeypatch.setattr(executor_module._RngState, "capture", staticmethod(counting_capture))
+    monkeypatch.setattr(RngState, "capture", staticmethod(counting_capture))
     torch.manual_seed(0)
     for dropout, expected in ((0.0, 0), (0.5, 1)):
         model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(dropout), nn.Linear(8, 8), nn.Linear(8, 2))

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
+from ..rng_state import RngState
 from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..stages import CompiledStage, LossFn, LossStage, training_stages
 from .tracker import AllocatorWindow, LiveBytesTracker, SavedTensors, allocator_window, storage_bytes, storage_key
@@ -232,12 +233,11 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
         p.grad = None
 
     # 1. Without autograd: output size, forward workspace, and whether the forward draws random numbers.
-    rng_before = _rng_states()
+    rng_before = RngState.capture()
     with window() as forward, torch.no_grad():
         output = module(x)
     # shape-only tensors draw nothing: on the meta device a stage is taken to draw random numbers
-    uses_rng = x.device.type == "meta" or any(not torch.equal(before, after)
-                                               for before, after in zip(rng_before, _rng_states(), strict=True))
+    uses_rng = x.device.type == "meta" or not rng_before.equals(RngState.capture())
     out_bytes = output.untyped_storage().nbytes()
     fwd_workspace = max(0, forward.peak_bytes - out_bytes)
     existing = existing | {storage_key(output)}   # alive before the recorded forward too
@@ -281,12 +281,6 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
                      uses_rng=uses_rng)
     log.debug("profiled %s: %s", name, cost)
     return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=saved_live)
-
-
-def _rng_states() -> list[torch.Tensor]:
-    """The CPU generator's state, and every CUDA device's where CUDA is in use."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    return [torch.get_rng_state(), *cuda]
 
 
 def _count_flops(module: nn.Module, x: torch.Tensor, input_grad: bool) -> tuple[float, float]:

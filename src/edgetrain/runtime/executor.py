@@ -77,7 +77,7 @@ import os
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,6 +87,7 @@ from ..chain import Chain
 from ..errors import PagingError, ScheduleError
 from ..norm_statistics import frozen_statistics
 from ..profile.tracker import storage_key
+from ..rng_state import RngState, replayed_rng
 from ..schedule import (
     Backward,
     Discard,
@@ -348,39 +349,6 @@ class _Pager:
         self.session.finish()
 
 
-# --- recomputation: RNG and normalisation statistics -------------------------------------------
-
-@dataclass
-class _RngState:
-    cpu: torch.Tensor
-    cuda: list[torch.Tensor] = field(default_factory=list)
-
-    @classmethod
-    def capture(cls) -> _RngState:
-        cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
-        return cls(torch.get_rng_state(), cuda)
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda:
-            torch.cuda.set_rng_state_all(self.cuda)
-
-
-def _cuda_rng_in_use() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
-@contextlib.contextmanager
-def _replayed_rng(state: _RngState) -> Iterator[None]:
-    """Run with the RNG as it was at the stage's first forward; put the global state back after."""
-    now = _RngState.capture()
-    state.restore()
-    try:
-        yield
-    finally:
-        now.restore()
-
-
 # --- one step in flight ----------------------------------------------------------------------
 
 class _Run:
@@ -397,7 +365,7 @@ class _Run:
         self.delta: torch.Tensor | None = None   # δ of the last back-propagated stage's input
         self.forwarded: set[int] = set()
         self.done: set[int] = set()
-        self.rng: dict[int, _RngState] = {}
+        self.rng: dict[int, RngState] = {}
         self.loss: torch.Tensor | None = None
         self.anchor = torch.empty(0, device=x.device, requires_grad=True)
 
@@ -518,10 +486,10 @@ class _Run:
         if i not in self.forwarded:
             self.forwarded.add(i)
             if i in self.rng_replayed:
-                self.rng[i] = _RngState.capture()
+                self.rng[i] = RngState.capture()
             yield
             return
-        replayed = _replayed_rng(self.rng[i]) if i in self.rng else contextlib.nullcontext()
+        replayed = replayed_rng(self.rng[i]) if i in self.rng else contextlib.nullcontext()
         with replayed, frozen_statistics(self.stages[i]):
             yield
 

@@ -1,0 +1,51 @@
+"""The random number generators' state: noted at a stage's first forward and replayed by its recomputation
+(the executor), and compared around a profiled forward to learn whether the stage draws from them (the
+profiler, ``StageCost.uses_rng``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["RngState", "replayed_rng"]
+
+
+@dataclass
+class RngState:
+    """The CPU generator's state, and every CUDA device's where CUDA is in use."""
+
+    cpu: torch.Tensor
+    cuda: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def capture(cls) -> RngState:
+        cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
+        return cls(torch.get_rng_state(), cuda)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+    def equals(self, other: RngState) -> bool:
+        """Whether no generator moved between the two captures."""
+        mine, theirs = [self.cpu, *self.cuda], [other.cpu, *other.cuda]
+        return len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+def _cuda_rng_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+@contextlib.contextmanager
+def replayed_rng(state: RngState) -> Iterator[None]:
+    """Run with the RNG as it was at the stage's first forward; put the global state back after."""
+    now = RngState.capture()
+    state.restore()
+    try:
+        yield
+    finally:
+        now.restore()
