@@ -256,33 +256,39 @@ def dynamo_event_count() -> int:
     return sum(sum(counter.values()) for counter in counters.values())
 
 
-def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
-    """One setting in this process: print its JSON line (the parent reads the last line)."""
+def setting_step(setting: str, name: str, batch: int, image: int,
+                 match_step_bytes: int | None) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The training step of ``setting`` on model ``name`` (one torch thread, seed 0, SGD), and what its plan
+    predicts (empty for eager and inductor)."""
     from edgetrain.optim import make_optimizer
-    from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
-    from edgetrain.runtime.compiled import measured_step_peak_bytes, training_step
-    configure_allocator()
+    from edgetrain.runtime.compiled import training_step
     torch.set_num_threads(1)
     torch.manual_seed(0)
     (model, x, y), blocks = build_case(name, batch, image)
     optimizer = make_optimizer("sgd", model.parameters())
     kind, _, value = setting.partition(":")
-    info: dict[str, Any] = {}
     if kind == "inductor":
         import torch._functorch.config as functorch_config
         functorch_config.activation_memory_budget = float(value)
-        step = training_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy)
-    elif kind.startswith("edgetrain+compiled"):
+        return training_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy), {}
+    if kind.startswith("edgetrain+compiled"):
         assert match_step_bytes is not None, "edgetrain+compiled is matched to an inductor setting"
-        step, info = compiled_step(model, x, y, optimizer, match_step_bytes)
-    elif kind.startswith("edgetrain+regions"):
+        return compiled_step(model, x, y, optimizer, match_step_bytes)
+    if kind.startswith("edgetrain+regions"):
         assert match_step_bytes is not None, "edgetrain+regions is matched to an inductor setting"
         partitioner_budget = float(kind.partition("@")[2].partition("=")[0] or 1.0)
-        step, info = regions_step(model, x, y, optimizer, match_step_bytes, partitioner_budget)
-    elif kind.startswith("edgetrain"):
-        step, info = edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
-    else:
-        step = training_step(model, x, y, optimizer, nn.functional.cross_entropy)
+        return regions_step(model, x, y, optimizer, match_step_bytes, partitioner_budget)
+    if kind.startswith("edgetrain"):
+        return edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
+    return training_step(model, x, y, optimizer, nn.functional.cross_entropy), {}
+
+
+def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
+    """One setting in this process: print its JSON line (the parent reads the last line)."""
+    from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
+    from edgetrain.runtime.compiled import measured_step_peak_bytes
+    configure_allocator()
+    step, info = setting_step(setting, name, batch, image, match_step_bytes)
     for _ in range(3):
         step()
     return_freed_memory()   # every setting's timed steps start from a trimmed heap: a search of several compiled

@@ -22,9 +22,6 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
 KiB = 1024
 
 
@@ -35,26 +32,6 @@ class Event:
     at_ns: int
     nbytes: int
     ops: str
-
-
-def training_step(name: str, setting: str, batch: int, image: int) -> Any:
-    """The step ``compile_budget.py`` runs for ``setting`` (one thread, its optimizer)."""
-    from compile_budget import build_case, edgetrain_step
-
-    from edgetrain.optim import make_optimizer
-    from edgetrain.runtime.compiled import training_step as plain_step
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    (model, x, y), blocks = build_case(name, batch, image)
-    optimizer = make_optimizer("sgd", model.parameters())
-    kind, _, value = setting.partition(":")
-    if kind == "inductor":
-        import torch._functorch.config as functorch_config
-        functorch_config.activation_memory_budget = float(value)
-        return plain_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy)
-    if kind == "eager":
-        return plain_step(model, x, y, optimizer, nn.functional.cross_entropy)
-    return edgetrain_step(model, x, y, setting, blocks, optimizer, None)[0]
 
 
 def recorded_events(step: Any) -> list[Event]:
@@ -107,7 +84,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="how many live allocations to list")
     parser.add_argument("--timeline", type=int, default=0, help="also list every event of at least this many bytes")
     args = parser.parse_args()
-    step = training_step(args.model, args.setting, args.batch, args.image)
+    from compile_budget import setting_step
+    step, _ = setting_step(args.setting, args.model, args.batch, args.image, None)
     for _ in range(3):
         step()
     events = recorded_events(step)
