@@ -50,6 +50,22 @@ OPTIMIZERS = ("sgd", "adam")
 # A chain with ``meta["timed"] is False`` has stage times FLOPs / this rate.
 NOMINAL_FLOPS_PER_S = 1e10
 
+# NOTE [ The optimizer step in the backward ]
+# A step that runs the optimizer after the backward holds every parameter's gradient at once: at
+# its end the gradients (as many bytes as the weights) sit on top of the weights and optimizer
+# state, whatever a schedule does with the activations. On a model whose weights outweigh its
+# activations (MobileNetV3-Small at batch 8: 9.70 MiB of gradients, the whole of inductor's
+# least step peak) no schedule, ours or torch.compile's, can go below that. Updating each
+# parameter as soon as autograd has accumulated its gradient, and dropping the gradient then
+# (PyTorch's ``register_post_accumulate_grad_hook``, as in its "optimizer step in backward"
+# recipe), keeps only the gradients of the stage whose backward runs. In the chain that is a
+# stage's ``grad_bytes`` moved into its backward workspace, together with one parameter's update
+# transient (Adam's two temporaries, counted at the chain's largest parameter: an upper bound);
+# the optimizer state stays resident. The price is the contract: no ``.grad`` outlives the
+# backward, so global-norm clipping, gradient accumulation and one optimizer over the whole model
+# (its ``state_dict``) are gone; each parameter has an optimizer of its own.
+STEP_IN_BACKWARD = "step_in_backward"   # the chain meta key that marks the transformed chain
+
 
 @dataclass(frozen=True)
 class StageCost:
@@ -158,10 +174,23 @@ class Chain:
 
     def with_optimizer(self, optimizer: str) -> Chain:
         """The same chain with the resident state and step transient of another optimizer."""
+        if self.meta.get(STEP_IN_BACKWARD):
+            raise ValueError("this chain steps its optimizer in the backward (its gradients are workspace): "
+                             "choose the optimizer on the chain before with_step_in_backward()")
         state, workspace = optimizer_memory(optimizer, self.gradients_bytes, self.largest_param_bytes,
                                             self.n_param_tensors)
         return replace(self, optimizer=optimizer, optimizer_state_bytes=state,
                        optimizer_workspace_bytes=workspace)
+
+    def with_step_in_backward(self) -> Chain:
+        """The chain of a step whose optimizer updates each parameter as soon as its gradient is made
+        (NOTE [ The optimizer step in the backward ]): a stage's gradients become backward workspace."""
+        if self.meta.get(STEP_IN_BACKWARD):
+            raise ValueError("this chain already steps its optimizer in the backward")
+        update = self.optimizer_workspace_bytes   # one parameter's update at a time: at most the largest's
+        stages = tuple(replace(s, grad_bytes=0, bwd_workspace_bytes=s.bwd_workspace_bytes + s.grad_bytes
+                               + (update if s.grad_bytes else 0)) for s in self.stages)
+        return replace(self, stages=stages, optimizer_workspace_bytes=0, meta={**self.meta, STEP_IN_BACKWARD: True})
 
     @classmethod
     def uniform(cls, length: int, *, fwd_time_s: float = 1.0, bwd_time_s: float = 1.0,

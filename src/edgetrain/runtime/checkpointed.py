@@ -62,6 +62,7 @@ from ..profile import profile
 from ..seeded_backward import GradBox
 from ..stages import LossFn, compiled_stages, training_stages
 from .executor import Executor, PendingBackward
+from .step_in_backward import OptimizerFactory, StepInBackward
 
 __all__ = ["Checkpointed"]
 
@@ -135,11 +136,20 @@ class Checkpointed(nn.Module):
             for recomputation without autograd); gradients then equal plain autograd's to
             float rounding, not bit for bit. A stage compiled this way is no longer traced, so
             ``blocks`` finds nothing to segment.
+        step_in_backward: a function that builds the optimizer of one parameter (``lambda ps:
+            torch.optim.SGD(ps, lr=0.1, momentum=0.9)``, of the kind ``optimizer`` names): each
+            parameter is then updated as soon as its gradient is made and the gradient dropped, and
+            the plan counts only the gradients of the stage whose backward runs (NOTE [ The optimizer
+            step in the backward ] in ``chain.py``). The loop calls no optimizer: ``loss.backward()``
+            (or :meth:`step_loss`) is the whole step. ``step_optimizers`` holds the optimizers (to
+            change a learning rate). No ``.grad`` outlives the backward: no clipping by the global
+            norm, no accumulation over batches; a parameter two stages share is refused.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
         chain: the profiled chain it was planned on (with ``blocks``, the chosen variant's).
         block_plan: with ``blocks`` and a stage to segment, the two-level plan; else None.
+        step_optimizers: with ``step_in_backward``, each parameter's optimizer; else empty.
 
     Example:
         >>> model = Checkpointed(resnet18(), sample=x, memory="300MiB")
@@ -151,7 +161,7 @@ class Checkpointed(nn.Module):
                  recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
                  optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
                  chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None,
-                 compile_stages: bool = False) -> None:
+                 compile_stages: bool = False, step_in_backward: OptimizerFactory | None = None) -> None:
         super().__init__()
         if (memory is None) == (recompute is None):
             raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
@@ -169,6 +179,8 @@ class Checkpointed(nn.Module):
         self._blocks = blocks
         self._twins = twins
         self.block_plan: BlockPlan | None = None
+        self._stepper = None if step_in_backward is None else StepInBackward(self._stages, step_in_backward, optimizer)
+        self.step_optimizers = {} if self._stepper is None else self._stepper.optimizers
         self.plan: Plan
         self.chain: Chain
         self._executor: Executor
@@ -191,7 +203,7 @@ class Checkpointed(nn.Module):
         """Forward, ``loss_fn`` and backward of one batch by the schedule; returns the detached loss.
 
         Parameter gradients accumulate into ``.grad`` as ``loss.backward()`` would; call the
-        optimizer's ``step()`` after it.
+        optimizer's ``step()`` after it (with ``step_in_backward`` the step is done: nothing to call).
         """
         self._ensure_plan(x, target)
         return self._executor.step(x, target)
@@ -215,12 +227,13 @@ class Checkpointed(nn.Module):
         elif chain.length != len(self._stages):
             raise ValueError(f"the chain has {chain.length} stages but {type(self.model).__name__} has "
                              f"{len(self._stages)} (its stages and the loss): profile this model")
+        chain = self._stepped(chain)
         stages, chosen, block = self._stages, None, None
         if self._blocks:
             twin_stages = self.twin_stages(sample)
             segmented = [isinstance(stage, SegmentedStage) for stage in twin_stages]
             if any(segmented):
-                twins, self._twins = self._twins or self._profile(twin_stages, sample, target), None
+                twins, self._twins = self._stepped(self._twins or self._profile(twin_stages, sample, target)), None
                 block = plan_blocks(chain, twins, segmented, **self._request)
                 stages = [t if use else s for s, t, use in zip(self._stages, twin_stages, block.inside, strict=True)]
                 chosen, chain = block.plan, block.chain
@@ -232,6 +245,10 @@ class Checkpointed(nn.Module):
         log.info("Checkpointed %s: %s schedule, predicted peak %d bytes, recompute factor %.3f",
                  chain.name, chosen.strategy, chosen.predicted_peak_bytes, chosen.recompute_factor)
 
+    def _stepped(self, chain: Chain) -> Chain:
+        """``chain`` as this wrapper's step runs it: with the optimizer in the backward where it is."""
+        return chain if self._stepper is None else chain.with_step_in_backward()
+
     def twin_stages(self, sample: torch.Tensor) -> list[nn.Module]:
         """The training stages with each coarse traced stage segmented for ``sample``'s sizes (the loss last)."""
         return [*segmented_stages(self._stages[:-1], sample.detach()), self._stages[-1]]
@@ -241,7 +258,8 @@ class Checkpointed(nn.Module):
         # themselves where they are not the model's own (segmented twins, compiled stages).
         own = stages is self._stages and not self._compile_stages
         model = self.model if own else nn.Sequential(*stages[:-1])
-        with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model):
+        paused = self._stepper.paused() if self._stepper is not None else contextlib.nullcontext()
+        with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model), paused:
             return profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
                            measure_time=self._measure_time)
 

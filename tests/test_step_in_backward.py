@@ -1,0 +1,97 @@
+"""The optimizer stepped inside the backward: the chain's accounting, the wrapper's updates and peak."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from edgetrain import Checkpointed
+from edgetrain.chain import Chain, StageCost
+from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.runtime import three_budgets
+from edgetrain.schedule import keep_all, simulate
+
+
+def _three_stage_chain() -> Chain:
+    """Two weighted stages whose records keep their outputs, then the loss (sizes chosen to add up by hand)."""
+    return Chain(stages=(StageCost("a", 1.0, 1.0, out_bytes=10, saved_bytes=10, param_bytes=100, grad_bytes=100,
+                                   output_saved=True),
+                         StageCost("b", 1.0, 1.0, out_bytes=10, saved_bytes=10, param_bytes=50, grad_bytes=50,
+                                   output_saved=True),
+                         StageCost("loss", 1.0, 1.0, out_bytes=4, saved_bytes=4)), input_bytes=8)
+
+
+def test_the_gradients_of_a_stage_live_only_in_its_backward() -> None:
+    # Plain: stage 0's backward runs with stage 1's 50 gradient bytes held: 158 resident + x_1 + δ_1 + 50 + 100.
+    # In the backward: 178 + 100; with an update transient of 7 bytes per parameter, 285.
+    chain = _three_stage_chain()
+    assert simulate(chain, keep_all(3)).peak_bytes == 328
+    stepped = chain.with_step_in_backward()
+    assert simulate(stepped, keep_all(3)).peak_bytes == 278
+    assert stepped.gradients_bytes == 0 and stepped.resident_bytes == chain.resident_bytes
+    with_update = replace(chain, optimizer_workspace_bytes=7).with_step_in_backward()
+    assert simulate(with_update, keep_all(3)).peak_bytes == 285
+    assert with_update.optimizer_workspace_bytes == 0
+    with pytest.raises(ValueError, match="already steps"):
+        stepped.with_step_in_backward()
+    with pytest.raises(ValueError, match="before with_step_in_backward"):
+        stepped.with_optimizer("adam")
+
+
+def _conv_flatten_linear() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 16 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
+    return model, torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+
+
+def _sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+@pytest.mark.parametrize("loop", ["step", "user"])
+def test_updates_equal_one_optimizer_after_plain_backprop_and_the_peak_holds(loop: str) -> None:
+    model, x, y = _conv_flatten_linear()
+    chain = profile(model, x, y, measure_time=False)
+    budgets = three_budgets(chain.with_step_in_backward())
+    assert budgets[0] < three_budgets(chain)[0]
+    for budget in budgets:
+        reference, mine = copy.deepcopy(model), copy.deepcopy(model)
+        optimizer = _sgd(list(reference.parameters()))
+        wrapped = Checkpointed(mine, sample=x, target=y, memory=budget, measure_time=False, step_in_backward=_sgd)
+        assert all(torch.equal(p, r) for p, r in zip(mine.parameters(), reference.parameters(), strict=True))
+        for step in range(3):
+            nn.functional.cross_entropy(reference(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with LiveBytesTracker() as tracker:
+                tracker.register_training_state(mine, None, x, y)
+                tracker.register(t for opt in wrapped.step_optimizers.values() for state in opt.state.values()
+                                 for t in state.values())
+                if loop == "user":
+                    nn.functional.cross_entropy(wrapped(x), y).backward()
+                else:
+                    wrapped.step_loss(x, y)
+            if step > 0:   # the momentum buffers exist from the first step on, as the plan counts them
+                assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes, budget
+        assert all(p.grad is None for p in mine.parameters())
+        for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
+            assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
+
+
+def test_a_parameter_shared_by_two_stages_is_refused() -> None:
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    with pytest.raises(ValueError, match="used by stages 0 and 2"):
+        Checkpointed(model, sample=torch.randn(2, 4), recompute=1.5, measure_time=False, step_in_backward=_sgd)
+
+
+def test_an_optimizer_of_another_kind_than_planned_is_refused() -> None:
+    model, x, y = _conv_flatten_linear()
+    with pytest.raises(ValueError, match="builds adam but the plan is for optimizer='sgd'"):
+        Checkpointed(model, sample=x, target=y, recompute=1.5, measure_time=False,
+                     step_in_backward=lambda ps: torch.optim.Adam(ps))
