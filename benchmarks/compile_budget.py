@@ -47,6 +47,11 @@ in the backward (NOTE [ Checkpoint regions in one compiled graph ] in ``runtime/
 row names the plan (``single_level_kinds``) and ``b``. A plan that keeps every stage is inductor's
 own graph at ``b``, and at ``b = B`` the verdict calls it the same graph, not a win. (``b = 0``
 saves only the graph's inputs and recomputes everything, so regions change nothing there.)
+``+step_in_backward`` after a setting's kind (``inductor+step_in_backward:1.0``,
+``edgetrain+step_in_backward:least``; not among the defaults) runs it with the optimizer stepped in the
+backward, one SGD per parameter hooked to its gradient's accumulation (``Checkpointed(step_in_backward=...)``,
+NOTE [ The optimizer step in the backward ] in ``chain.py``): a step with another contract (no gradient
+outlives the backward), so its rows are judged only against inductor's rows of the same contract.
 ``edgetrain+compiled=inductor:B`` (not among the defaults) is the library's
 :func:`edgetrain.runtime.compiled.fit_compiled` at the same matched budget: the fastest whose step fits
 of inductor's own graph at 1.0, 0.5 and 0.0 and the regions fitted at 1.0 (NOTE [ A byte budget for
@@ -86,6 +91,7 @@ DEFAULT_SETTINGS = ("eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:leas
                     "edgetrain+compile=inductor:0.5,edgetrain+compile=inductor:0.0")
 REGISTRY_MODELS = ("resnet18", "mobilenet_v2")
 MATCH = "=inductor:"
+IN_BACKWARD = "+step_in_backward"   # a setting's kind with it: the optimizer stepped in the backward
 FLOOR_TIE = 0.005   # a least peak this close to inductor's floor (either way) is the same working set: a tie
 MiB = 2**20
 
@@ -146,6 +152,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     """
     from edgetrain.models import stages_of
     from edgetrain.models.segmented import SegmentedStage, segmented_stages
+    from edgetrain.optim import make_optimizer
     from edgetrain.planners.blocks import least_block_bytes
     from edgetrain.profile import profile
     from edgetrain.runtime import Checkpointed, three_budgets
@@ -156,21 +163,30 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
     # the compiled stages profiled as Checkpointed(compile_stages=True) will run them; else the model itself
     chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y)
-    least, twins = three_budgets(chain)[0], None
+    in_backward = IN_BACKWARD in setting.partition(":")[0]
+
+    def stepped(plain: Any) -> Any:   # the chain as the step runs: Checkpointed plans it so from the plain one
+        return plain.with_step_in_backward() if in_backward else plain
+
+    least, twins = three_budgets(stepped(chain))[0], None
     if blocks:
         stages = segmented_stages(stages_of(model), x)
         twins = profile(nn.Sequential(*stages), x, y)
-        least = least_block_bytes(chain, twins, [isinstance(stage, SegmentedStage) for stage in stages] + [False])
+        least = least_block_bytes(stepped(chain), stepped(twins),
+                                  [isinstance(stage, SegmentedStage) for stage in stages] + [False])
 
     def planned(**request: Any) -> tuple[Checkpointed, Callable[[], None]]:
         wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=blocks, twins=twins,
-                               compile_stages=compiled, **request)
+                               compile_stages=compiled, **request,
+                               step_in_backward=(lambda ps: make_optimizer("sgd", ps)) if in_backward else None)
+        if in_backward:
+            return wrapped, lambda: wrapped.step_loss(x, y)
         return wrapped, full_step(lambda: wrapped.step_loss(x, y), optimizer)
 
     fits: list[int] = []
     budget: int | None = None   # the memory request planned at, where the setting asks for memory
     if match_step_bytes is not None:
-        budget = max(least, chain.resident_bytes + match_step_bytes)
+        budget = max(least, between_steps_bytes(chain) + match_step_bytes)
         for _ in range(4):
             wrapped, step = planned(memory=budget)
             step()
@@ -185,9 +201,15 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
         wrapped, step = planned(recompute=float(value))
     return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
                   "budget_bytes": budget,
-                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
+                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - between_steps_bytes(wrapped.chain),
                   "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
                   "fit_step_peaks_bytes": fits}
+
+
+def between_steps_bytes(chain: Any) -> int:
+    """What a chain's resident state holds between steps: its resident bytes less the generator states that the
+    executor takes within a step (``Chain.rng_reserve_bytes``), which the step's measured peak counts."""
+    return int(chain.resident_bytes - chain.rng_reserve_bytes)
 
 
 def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
@@ -267,10 +289,12 @@ def setting_step(setting: str, name: str, batch: int, image: int,
     (model, x, y), blocks = build_case(name, batch, image)
     optimizer = make_optimizer("sgd", model.parameters())
     kind, _, value = setting.partition(":")
-    if kind == "inductor":
+    if kind in ("inductor", "inductor" + IN_BACKWARD):
         import torch._functorch.config as functorch_config
         functorch_config.activation_memory_budget = float(value)
-        return training_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy), {}
+        if kind == "inductor":
+            return training_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy), {}
+        return in_backward_step(model, torch.compile(model), x, y), {}
     if kind.startswith("edgetrain+compiled"):
         assert match_step_bytes is not None, "edgetrain+compiled is matched to an inductor setting"
         return compiled_step(model, x, y, optimizer, match_step_bytes)
@@ -281,6 +305,18 @@ def setting_step(setting: str, name: str, batch: int, image: int,
     if kind.startswith("edgetrain"):
         return edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
     return training_step(model, x, y, optimizer, nn.functional.cross_entropy), {}
+
+
+def in_backward_step(model: nn.Module, run: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    """Loss and backward of ``run`` (``model``, compiled or not) with one SGD per parameter of ``model`` stepped as
+    its gradient is accumulated: the whole step."""
+    from edgetrain.optim import make_optimizer
+    from edgetrain.runtime.step_in_backward import StepInBackward
+    StepInBackward([model], lambda ps: make_optimizer("sgd", ps), "sgd")   # the parameters' hooks keep it
+
+    def step() -> None:
+        nn.functional.cross_entropy(run(x), y).backward()
+    return step
 
 
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
@@ -418,6 +454,11 @@ def configuration(row: dict[str, Any]) -> str:
     return named[0] if len(named) == 1 else "by round: " + "; ".join(named)
 
 
+def in_backward(row: dict[str, Any]) -> bool:
+    """Whether ``row`` stepped its optimizer in the backward (another contract than a whole step's)."""
+    return IN_BACKWARD in row["setting"].partition(":")[0]
+
+
 def inductor_graph(row: dict[str, Any]) -> bool:
     """Whether ``row`` ran inductor's own graph (a whole-graph row without a region) in every round."""
     plans = row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "S")])
@@ -439,12 +480,15 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
     (``at_floor``: within it either way). ``with_regions=False``
     leaves the ``edgetrain+regions`` rows out (edgetrain's own plans, eager or per-stage compiled, alone);
     ``same_graph``: the fastest is inductor's own graph at that level (no regions, the same budget), a tie
-    by construction whatever the clocks say.
+    by construction whatever the clocks say. Rows with the optimizer in the backward (``IN_BACKWARD``) are judged
+    against inductor's rows of that contract only, and the others against the others: the floor row of the
+    first is named ``floor+step_in_backward``.
     """
     out = []
-    for name, run in dict.fromkeys((row["model"], row.get("run", 0)) for row in rows):
-        ran = [row for row in rows if (row["model"], row.get("run", 0)) == (name, run) and "error" not in row]
-        inductor = [row for row in ran if row["setting"].startswith("inductor:")]
+    for name, run, contract in dict.fromkeys((row["model"], row.get("run", 0), in_backward(row)) for row in rows):
+        ran = [row for row in rows if (row["model"], row.get("run", 0), in_backward(row)) == (name, run, contract)
+               and "error" not in row]
+        inductor = [row for row in ran if row["setting"].startswith("inductor")]
         ours = [row for row in ran if row["setting"].startswith("edgetrain")
                 and (with_regions or not whole_graph(row))]
         if not ours:   # a run of yardsticks and regions rows only, without them
@@ -465,7 +509,8 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
                     key=lambda row: row["step_tensor_peak_mib"], default=None)
         if inductor and least:
             floor = min(row["step_tensor_peak_mib"] for row in inductor)
-            out.append({"model": name, "run": run, "inductor": "floor", "inductor_mib": floor,
+            out.append({"model": name, "run": run, "inductor": "floor" + (IN_BACKWARD if contract else ""),
+                        "inductor_mib": floor,
                         "edgetrain": configuration(least),
                         "edgetrain_mib": least["step_tensor_peak_mib"],
                         "edgetrain_cpu_ratio": least["step_cpu_time_ratio"],
@@ -531,11 +576,12 @@ def verdict_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| model | run | inductor level | its tensor MiB | its CPU / eager | edgetrain at or below it | "
              "tensor MiB | CPU / eager | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for v in rows:
-        if v["inductor"] == "floor":
+        if v["inductor"].startswith("floor"):
             verdict = ("trains below inductor's floor" if v["below_floor"] else
                        f"at inductor's floor (within {FLOOR_TIE:.1%}: a tie)" if v.get("at_floor") else
                        "does not reach inductor's floor")
-            lines.append(f"| {v['model']} | {v['run'] + 1} | least of any budget | {mib(v['inductor_mib'])} | | "
+            level = "least of any budget" + (f" ({IN_BACKWARD[1:]})" if v["inductor"] != "floor" else "")
+            lines.append(f"| {v['model']} | {v['run'] + 1} | {level} | {mib(v['inductor_mib'])} | | "
                          f"{v['edgetrain']} | "
                          f"{mib(v['edgetrain_mib'])} | {ratio(v['edgetrain_cpu_ratio'])} | {verdict} |")
             continue

@@ -147,6 +147,25 @@ def test_a_least_peak_within_half_a_percent_of_inductors_floor_is_a_tie_not_a_wi
     assert (floor["below_floor"], floor["at_floor"]) == (below, at)
 
 
+def test_rows_with_the_optimizer_in_the_backward_are_judged_against_inductors_rows_of_that_contract_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a whole-step pair (edgetrain's least 10.8 against inductor's 9.7) and an in-backward pair (edgetrain
+    # 6.0 against inductor's 9.7: inductor's compiled backward makes every gradient before any hook runs)
+    bench = load_benchmark("compile_budget", monkeypatch)
+    rows = [_row("inductor:1.0", 9.7, 0.8), _row("edgetrain:least", 10.8, 1.3),
+            _row("inductor+step_in_backward:1.0", 9.7, 0.8), _row("edgetrain+step_in_backward:least", 6.0, 1.3)]
+    # Execute
+    by_level = {v["inductor"]: v for v in bench.verdicts(rows)}
+    table = "\n".join(bench.verdict_table(bench.verdicts(rows)))
+    # Assert: each floor from its own contract's rows; the whole-step level is not met by the in-backward row
+    assert by_level["floor"]["edgetrain"] == "edgetrain:least" and not by_level["floor"]["below_floor"]
+    assert by_level["floor+step_in_backward"]["edgetrain"] == "edgetrain+step_in_backward:least"
+    assert by_level["floor+step_in_backward"]["below_floor"]
+    assert by_level["inductor:1.0"]["edgetrain"] is None
+    assert by_level["inductor+step_in_backward:1.0"]["edgetrain"] == "edgetrain+step_in_backward:least"
+    assert "| least of any budget (step_in_backward) | 9.7 |" in table
+
+
 def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: an old run with edgetrain:least and regions at 1.0, a new one that reruns the regions and inductor

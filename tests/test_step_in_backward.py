@@ -95,3 +95,18 @@ def test_an_optimizer_of_another_kind_than_planned_is_refused() -> None:
     with pytest.raises(ValueError, match="builds adam but the plan is for optimizer='sgd'"):
         Checkpointed(model, sample=x, target=y, recompute=1.5, measure_time=False,
                      step_in_backward=lambda ps: torch.optim.Adam(ps))
+
+
+def test_a_model_wrapped_again_is_stepped_once_per_backward() -> None:
+    model, x, y = _conv_flatten_linear()
+    reference = copy.deepcopy(model)
+    optimizer = _sgd(list(reference.parameters()))
+    Checkpointed(model, sample=x, target=y, recompute=1.5, measure_time=False, step_in_backward=_sgd)
+    wrapped = Checkpointed(model, sample=x, target=y, recompute=1.5, measure_time=False, step_in_backward=_sgd)
+    for _ in range(2):
+        wrapped.step_loss(x, y)
+        nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for p, r in zip(model.parameters(), reference.parameters(), strict=True):
+        assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6

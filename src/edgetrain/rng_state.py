@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["RngState", "replayed_rng"]
+__all__ = ["RngState", "RandomDraws", "replayed_rng"]
 
 
 @dataclass
@@ -25,6 +27,10 @@ class RngState:
         cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
         return cls(torch.get_rng_state(), cuda)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(state.untyped_storage().nbytes() for state in [self.cpu, *self.cuda])
+
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda:
@@ -34,6 +40,20 @@ class RngState:
         """Whether no generator moved between the two captures."""
         mine, theirs = [self.cpu, *self.cuda], [other.cpu, *other.cuda]
         return len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+class RandomDraws(TorchDispatchMode):
+    """Notes whether an op that draws from a random generator ran (the ops PyTorch tags
+    ``nondeterministic_seeded``: dropout's ``bernoulli_``, ``rand``, ``randperm``, ...). On the meta
+    device no generator moves, so comparing states cannot tell; the ops still dispatch there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drew = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.drew = self.drew or torch.Tag.nondeterministic_seeded in func.tags
+        return func(*args, **(kwargs or {}))
 
 
 def _cuda_rng_in_use() -> bool:

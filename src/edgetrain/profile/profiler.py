@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
-from ..rng_state import RngState
+from ..rng_state import RandomDraws, RngState
 from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..stages import CompiledStage, LossFn, LossStage, training_stages
 from .tracker import AllocatorWindow, LiveBytesTracker, SavedTensors, allocator_window, storage_bytes, storage_key
@@ -81,6 +81,7 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
         meta={"input_shape": list(x.shape), "device": x.device.type, "timed": timed,
               "saved_live_bytes": [m.saved_live_bytes for m in measures]},
         loss_held_bytes=_loss_held_bytes(measures[-1].output) if isinstance(stages[-1], LossStage) else 0,
+        rng_state_bytes=RngState.capture().nbytes,
     )
     return chain.with_optimizer(optimizer)
 
@@ -233,11 +234,13 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
         p.grad = None
 
     # 1. Without autograd: output size, forward workspace, and whether the forward draws random numbers.
-    rng_before = RngState.capture()
-    with window() as forward, torch.no_grad():
+    rng_before, on_meta = RngState.capture(), x.device.type == "meta"
+    # no generator moves on the meta device: there the ops that would draw are watched instead (a mode that
+    # would make a compiled stage run eagerly, but compiled stages are refused on meta)
+    draws = RandomDraws() if on_meta else contextlib.nullcontext()
+    with window() as forward, torch.no_grad(), draws:
         output = module(x)
-    # shape-only tensors draw nothing: on the meta device a stage is taken to draw random numbers
-    uses_rng = x.device.type == "meta" or not rng_before.equals(RngState.capture())
+    uses_rng = draws.drew if isinstance(draws, RandomDraws) else not rng_before.equals(RngState.capture())
     out_bytes = output.untyped_storage().nbytes()
     fwd_workspace = max(0, forward.peak_bytes - out_bytes)
     existing = existing | {storage_key(output)}   # alive before the recorded forward too

@@ -8,12 +8,14 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["StepInBackward", "OptimizerFactory"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # the optimizers whose memory the chain models (``chain.OPTIMIZERS``), by the class a factory makes
 _KINDS: dict[type[torch.optim.Optimizer], str] = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam"}
+_STEPPER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # parameter -> the StepInBackward that hooks it
 
 
 class StepInBackward:
@@ -26,6 +28,9 @@ class StepInBackward:
         make: builds the optimizer of one parameter, e.g. ``lambda ps: torch.optim.SGD(ps, lr=0.1)``.
         optimizer: the optimizer the chain was profiled for (``"sgd"`` or ``"adam"``); ``make``
             must build that kind, or the plan's memory would not be the step's.
+
+    A parameter has one stepper at a time: a new one (the model wrapped again) unhooks the one before,
+    which would otherwise step the parameter a second time in every backward.
     """
 
     def __init__(self, stages: Sequence[nn.Module], make: OptimizerFactory, optimizer: str) -> None:
@@ -36,7 +41,11 @@ class StepInBackward:
             raise ValueError(f"step_in_backward builds {', '.join(sorted(kinds))} but the plan is for "
                              f"optimizer={optimizer!r}: give the same kind to both")
         self._paused = False
+        for earlier in {id(s): s for p in params if (s := _STEPPER.get(p)) is not None}.values():
+            earlier.remove()
         self._handles = [p.register_post_accumulate_grad_hook(self._step) for p in params]
+        for p in params:
+            _STEPPER[p] = self
 
     def _step(self, param: torch.Tensor) -> None:
         if self._paused:
