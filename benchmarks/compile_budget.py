@@ -186,7 +186,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     fits: list[int] = []
     budget: int | None = None   # the memory request planned at, where the setting asks for memory
     if match_step_bytes is not None:
-        budget = max(least, between_steps_bytes(chain) + match_step_bytes)
+        budget = max(least, chain.resident_bytes + match_step_bytes)
         for _ in range(4):
             wrapped, step = planned(memory=budget)
             step()
@@ -201,15 +201,9 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
         wrapped, step = planned(recompute=float(value))
     return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
                   "budget_bytes": budget,
-                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - between_steps_bytes(wrapped.chain),
+                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
                   "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
                   "fit_step_peaks_bytes": fits}
-
-
-def between_steps_bytes(chain: Any) -> int:
-    """What a chain's resident state holds between steps: its resident bytes less the generator states that the
-    executor takes within a step (``Chain.rng_reserve_bytes``), which the step's measured peak counts."""
-    return int(chain.resident_bytes - chain.rng_reserve_bytes)
 
 
 def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,

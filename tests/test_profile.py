@@ -143,14 +143,11 @@ def test_stages_are_timed_outside_the_byte_tracker(monkeypatch: pytest.MonkeyPat
 
 def test_a_stage_draws_random_numbers_only_with_dropout_on_cpu_and_on_the_meta_device() -> None:
     """``uses_rng``: whether a recomputation must replay the stage's random numbers (the executor keeps the
-    generator's state for it, 5,056 bytes on CPU, only then), and the chain reserves those states: one per
-    drawing stage and the replay's copy."""
+    generator's state for it, 5,056 bytes on CPU, only then). On the meta device, where no generator moves,
+    from the ops that would draw."""
     model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.ReLU(), nn.Linear(8, 2))
     real = profile(model, torch.randn(4, 8), measure_time=False)
     assert [stage.uses_rng for stage in real.stages] == [False, True, False, False, False]
-    assert real.rng_reserve_bytes == 2 * torch.get_rng_state().nbytes
     meta = profile(model.to("meta"), (4, 8), measure_time=False)
     assert [stage.uses_rng for stage in meta.stages] == [False, True, False, False, False]
-    plain = profile(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(4, 8), measure_time=False)
-    assert plain.rng_reserve_bytes == 0 and plain.resident_state_bytes == plain.weights_bytes + \
-        plain.optimizer_state_bytes + plain.loss_held_bytes
+

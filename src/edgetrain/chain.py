@@ -23,13 +23,6 @@ measures:
 Resident for the whole step: weights (parameters and buffers), optimizer state and the input
 batch with its targets. The whole peak of a step is what a device's RAM has to hold.
 
-``rng_state_bytes`` -- one copy of the random generators' state (5,056 bytes for the CPU generator).
-The executor notes it at the first forward of a stage that draws random numbers (dropout) and is
-recomputed, to replay the same masks, and takes one more copy while a recomputation replays it.
-The chain reserves that in the resident state for every stage that draws (``uses_rng``), plus the
-replay's copy: an upper bound on what a plan keeps (a stage not recomputed keeps none), held from the
-step's start, where the allocator's records count it and a plan once did not.
-
 ``loss_held_bytes`` -- the loss value the step returns and its seed gradient ``δ_L`` (ones of
 the loss's shape). The caller holds the loss to the step's end (through the optimizer step), and
 ``loss.backward()`` (a user loop, or plain backprop) holds the seed until the whole backward
@@ -137,7 +130,6 @@ class Chain:
     name: str = ""
     meta: dict[str, object] = field(default_factory=dict, compare=False)
     loss_held_bytes: int = 0
-    rng_state_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -168,14 +160,7 @@ class Chain:
     def resident_state_bytes(self) -> int:
         """``resident_bytes`` but the input batch: what the simulator adds to the values a step holds,
         among which the batch ``x_0`` is one."""
-        return self.weights_bytes + self.optimizer_state_bytes + self.loss_held_bytes + self.rng_reserve_bytes
-
-    @property
-    def rng_reserve_bytes(self) -> int:
-        """The random generators' states a step may keep to replay its recomputed stages' draws, and the copy a
-        replay takes (NOTE [ The chain memory model ]); 0 where no stage draws."""
-        drawing = sum(s.uses_rng for s in self.stages)
-        return self.rng_state_bytes * (drawing + 1) if drawing else 0
+        return self.weights_bytes + self.optimizer_state_bytes + self.loss_held_bytes
 
     @property
     def value_bytes(self) -> tuple[int, ...]:

@@ -27,10 +27,6 @@ class RngState:
         cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
         return cls(torch.get_rng_state(), cuda)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(state.untyped_storage().nbytes() for state in [self.cpu, *self.cuda])
-
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda:

@@ -81,7 +81,6 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
         meta={"input_shape": list(x.shape), "device": x.device.type, "timed": timed,
               "saved_live_bytes": [m.saved_live_bytes for m in measures]},
         loss_held_bytes=_loss_held_bytes(measures[-1].output) if isinstance(stages[-1], LossStage) else 0,
-        rng_state_bytes=RngState.capture().nbytes,
     )
     return chain.with_optimizer(optimizer)
 

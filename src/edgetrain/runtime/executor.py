@@ -467,6 +467,8 @@ class _Run:
             else:
                 with torch.no_grad():
                     y = stage(x)
+        if keep is Keep.ALL:   # a stage's last forward: nothing replays its random numbers again
+            self.rng.pop(i, None)
         if x._version != version and (keep is Keep.INPUT or i == 0):
             raise RuntimeError(f"stage {i} ({type(stage).__name__}) modified its input in place, but the schedule "
                                "keeps that input to recompute from it; make the stage out-of-place "
