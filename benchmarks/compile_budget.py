@@ -200,7 +200,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     else:
         wrapped, step = planned(recompute=float(value))
     return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
-                  "budget_bytes": budget,
+                  "budget_bytes": budget, "gradients_bytes": chain.gradients_bytes,   # a whole step's floor
                   "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
                   "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
                   "fit_step_peaks_bytes": fits}
@@ -406,7 +406,7 @@ def summarise(name: str, settings: list[str], rounds: list[dict[str, dict[str, A
             if all(key in r[setting] for r in ok):
                 row[f"{key}_by_round"] = [r[setting][key] for r in ok]
         for key in ("predicted_step_peak_bytes", "recompute_factor", "budget_bytes", "least_bytes",
-                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget"):
+                    "fit_step_peaks_bytes", "single_level_kinds", "partitioner_budget", "gradients_bytes"):
             if key in ok[-1][setting]:
                 row[key] = ok[-1][setting][key]
         rows.append(row)
