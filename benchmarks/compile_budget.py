@@ -597,7 +597,9 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ([f"Run {number} of {len(runs)}: {', '.join(run['models_given'])}."] if len(runs) > 1 else [])
         lines += [*run_header(run, run["models_given"]), ""]
     lines += ["The CPU clock's ratio is the time verdict. With several rounds a figure is their median, with the "
-              "least and most in parentheses where they differ.", "",
+              "least and most in parentheses where they differ. A setting with `+step_in_backward` stepped its "
+              "optimizer inside the backward, one SGD per parameter (no gradient outlives the backward): its "
+              "verdicts compare it with inductor's rows of that contract only.", "",
               "| model | setting | tensor step peak MiB | RSS step peak MiB | RSS between steps MiB | CPU / eager | "
               "step CPU CoV % | wall / eager | planned ρ | run |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
