@@ -54,7 +54,7 @@ NOMINAL_FLOPS_PER_S = 1e10
 # A step that runs the optimizer after the backward holds every parameter's gradient at once: at
 # its end the gradients (as many bytes as the weights) sit on top of the weights and optimizer
 # state, whatever a schedule does with the activations. On a model whose weights outweigh its
-# activations (MobileNetV3-Small at batch 8: 9.70 MiB of gradients, the whole of inductor's
+# activations (MobileNetV3-Small: 9.70 MiB of gradients, the whole of inductor's
 # least step peak) no schedule, ours or torch.compile's, can go below that. Updating each
 # parameter as soon as autograd has accumulated its gradient, and dropping the gradient then
 # (PyTorch's ``register_post_accumulate_grad_hook``, as in its "optimizer step in backward"
