@@ -157,6 +157,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     from edgetrain.profile import profile
     from edgetrain.runtime import Checkpointed, three_budgets
     from edgetrain.runtime.compiled import measured_step_peak_bytes
+    from edgetrain.runtime.step_in_backward import shared_gradient_bytes
     from edgetrain.stages import compiled_stages, training_stages
     value = setting.partition(":")[2]
     compiled = setting.startswith("edgetrain+compile")
@@ -165,15 +166,16 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y)
     in_backward = IN_BACKWARD in setting.partition(":")[0]
 
-    def stepped(plain: Any) -> Any:   # the chain as the step runs: Checkpointed plans it so from the plain one
-        return plain.with_step_in_backward() if in_backward else plain
+    def stepped(plain: Any, stages: list[nn.Module]) -> Any:   # the chain as the step runs (Checkpointed plans it
+        # so from the plain one)
+        return plain.with_step_in_backward(shared_gradient_bytes(stages)) if in_backward else plain
 
-    least, twins = three_budgets(stepped(chain))[0], None
+    least, twins = three_budgets(stepped(chain, training_stages(model)))[0], None
     if blocks:
         stages = segmented_stages(stages_of(model), x)
         twins = profile(nn.Sequential(*stages), x, y)
-        least = least_block_bytes(stepped(chain), stepped(twins),
-                                  [isinstance(stage, SegmentedStage) for stage in stages] + [False])
+        least = least_block_bytes(stepped(chain, training_stages(model)), stepped(twins, training_stages(
+            nn.Sequential(*stages))), [isinstance(stage, SegmentedStage) for stage in stages] + [False])
 
     def planned(**request: Any) -> tuple[Checkpointed, Callable[[], None]]:
         wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=blocks, twins=twins,

@@ -13,7 +13,9 @@ from edgetrain import Checkpointed
 from edgetrain.chain import Chain, StageCost
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import three_budgets
+from edgetrain.runtime.step_in_backward import shared_gradient_bytes
 from edgetrain.schedule import keep_all, simulate
+from edgetrain.stages import training_stages
 
 
 def _three_stage_chain() -> Chain:
@@ -36,6 +38,10 @@ def test_the_gradients_of_a_stage_live_only_in_its_backward() -> None:
     with_update = replace(chain, optimizer_workspace_bytes=7).with_step_in_backward()
     assert simulate(with_update, keep_all(3)).peak_bytes == 285
     assert with_update.optimizer_workspace_bytes == 0
+    # stage b's gradient shared with an earlier stage stays held through stage a's backward: the plain peak again
+    assert simulate(chain.with_step_in_backward([0, 50, 0]), keep_all(3)).peak_bytes == 328
+    with pytest.raises(ValueError, match="at most its grad_bytes"):
+        chain.with_step_in_backward([0, 51, 0])
     with pytest.raises(ValueError, match="already steps"):
         stepped.with_step_in_backward()
     with pytest.raises(ValueError, match="before with_step_in_backward"):
@@ -83,11 +89,30 @@ def test_updates_equal_one_optimizer_after_plain_backprop_and_the_peak_holds(loo
             assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
 
 
-def test_a_parameter_shared_by_two_stages_is_refused() -> None:
-    shared = nn.Linear(4, 4)
-    model = nn.Sequential(shared, nn.ReLU(), shared)
-    with pytest.raises(ValueError, match="used by stages 0 and 2"):
-        Checkpointed(model, sample=torch.randn(2, 4), recompute=1.5, measure_time=False, step_in_backward=_sgd)
+def test_a_parameter_two_stages_share_is_stepped_once_its_last_part_is_added_and_the_peak_holds() -> None:
+    torch.manual_seed(0)
+    shared = nn.Linear(16, 16)
+    model = nn.Sequential(shared, nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), shared, nn.ReLU(), nn.Linear(16, 10))
+    x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    assert shared_gradient_bytes(training_stages(model)) == [0, 0, 0, 0, 16 * 17 * 4, 0, 0, 0]
+    chain = profile(model, x, y, measure_time=False)
+    for budget in three_budgets(chain.with_step_in_backward(shared_gradient_bytes(training_stages(model)))):
+        reference, mine = copy.deepcopy(model), copy.deepcopy(model)
+        optimizer = _sgd(list(reference.parameters()))
+        wrapped = Checkpointed(mine, sample=x, target=y, memory=budget, measure_time=False, step_in_backward=_sgd)
+        for step in range(3):
+            nn.functional.cross_entropy(reference(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with LiveBytesTracker() as tracker:
+                tracker.register_training_state(mine, None, x, y)
+                tracker.register(t for opt in wrapped.step_optimizers.values() for state in opt.state.values()
+                                 for t in state.values())
+                wrapped.step_loss(x, y)
+            if step > 0:
+                assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes, budget
+        for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
+            assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
 
 
 def test_an_optimizer_of_another_kind_than_planned_is_refused() -> None:

@@ -35,6 +35,7 @@ runs. The profiler measures them; a hand-made chain leaves them at 0.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -182,14 +183,23 @@ class Chain:
         return replace(self, optimizer=optimizer, optimizer_state_bytes=state,
                        optimizer_workspace_bytes=workspace)
 
-    def with_step_in_backward(self) -> Chain:
+    def with_step_in_backward(self, shared_grad_bytes: Sequence[int] | None = None) -> Chain:
         """The chain of a step whose optimizer updates each parameter as soon as its gradient is made
-        (NOTE [ The optimizer step in the backward ]): a stage's gradients become backward workspace."""
+        (NOTE [ The optimizer step in the backward ]): a stage's gradients become backward workspace, but
+        ``shared_grad_bytes[i]`` of stage ``i``'s, the gradients of parameters that earlier stages share,
+        which stay held until those stages' backwards have added to them
+        (:func:`edgetrain.runtime.step_in_backward.shared_gradient_bytes`)."""
         if self.meta.get(STEP_IN_BACKWARD):
             raise ValueError("this chain already steps its optimizer in the backward")
+        shared = list(shared_grad_bytes or [0] * self.length)
+        if len(shared) != self.length or any(not 0 <= n <= s.grad_bytes
+                                             for n, s in zip(shared, self.stages, strict=False)):
+            raise ValueError(f"shared_grad_bytes must give each of the {self.length} stages at most its grad_bytes, "
+                             f"got {shared}")
         update = self.optimizer_workspace_bytes   # one parameter's update at a time: at most the largest's
-        stages = tuple(replace(s, grad_bytes=0, bwd_workspace_bytes=s.bwd_workspace_bytes + s.grad_bytes
-                               + (update if s.grad_bytes else 0)) for s in self.stages)
+        stages = tuple(replace(s, grad_bytes=held, bwd_workspace_bytes=s.bwd_workspace_bytes + s.grad_bytes - held
+                               + (update if s.grad_bytes or s.param_bytes else 0))
+                       for s, held in zip(self.stages, shared, strict=True))
         return replace(self, stages=stages, optimizer_workspace_bytes=0, meta={**self.meta, STEP_IN_BACKWARD: True})
 
     @classmethod

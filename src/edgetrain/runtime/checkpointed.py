@@ -62,7 +62,7 @@ from ..profile import profile
 from ..seeded_backward import GradBox
 from ..stages import LossFn, compiled_stages, training_stages
 from .executor import Executor, PendingBackward
-from .step_in_backward import OptimizerFactory, StepInBackward
+from .step_in_backward import OptimizerFactory, StepInBackward, shared_gradient_bytes
 
 __all__ = ["Checkpointed"]
 
@@ -143,7 +143,8 @@ class Checkpointed(nn.Module):
             step in the backward ] in ``chain.py``). The loop calls no optimizer: ``loss.backward()``
             (or :meth:`step_loss`) is the whole step. ``step_optimizers`` holds the optimizers (to
             change a learning rate). No ``.grad`` outlives the backward: no clipping by the global
-            norm, no accumulation over batches; a parameter two stages share is refused.
+            norm, no accumulation over batches; a parameter several stages share is stepped once
+            the last of their backwards has added to its gradient, which is held until then.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
@@ -227,13 +228,14 @@ class Checkpointed(nn.Module):
         elif chain.length != len(self._stages):
             raise ValueError(f"the chain has {chain.length} stages but {type(self.model).__name__} has "
                              f"{len(self._stages)} (its stages and the loss): profile this model")
-        chain = self._stepped(chain)
+        chain = self._stepped(chain, self._stages)
         stages, chosen, block = self._stages, None, None
         if self._blocks:
             twin_stages = self.twin_stages(sample)
             segmented = [isinstance(stage, SegmentedStage) for stage in twin_stages]
             if any(segmented):
-                twins, self._twins = self._stepped(self._twins or self._profile(twin_stages, sample, target)), None
+                twins = self._stepped(self._twins or self._profile(twin_stages, sample, target), twin_stages)
+                self._twins = None
                 block = plan_blocks(chain, twins, segmented, **self._request)
                 stages = [t if use else s for s, t, use in zip(self._stages, twin_stages, block.inside, strict=True)]
                 chosen, chain = block.plan, block.chain
@@ -245,9 +247,9 @@ class Checkpointed(nn.Module):
         log.info("Checkpointed %s: %s schedule, predicted peak %d bytes, recompute factor %.3f",
                  chain.name, chosen.strategy, chosen.predicted_peak_bytes, chosen.recompute_factor)
 
-    def _stepped(self, chain: Chain) -> Chain:
-        """``chain`` as this wrapper's step runs it: with the optimizer in the backward where it is."""
-        return chain if self._stepper is None else chain.with_step_in_backward()
+    def _stepped(self, chain: Chain, stages: list[nn.Module]) -> Chain:
+        """``chain`` of ``stages`` as this wrapper's step runs it: with the optimizer in the backward where it is."""
+        return chain if self._stepper is None else chain.with_step_in_backward(shared_gradient_bytes(stages))
 
     def twin_stages(self, sample: torch.Tensor) -> list[nn.Module]:
         """The training stages with each coarse traced stage segmented for ``sample``'s sizes (the loss last)."""

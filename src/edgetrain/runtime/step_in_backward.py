@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["StepInBackward", "OptimizerFactory"]
+__all__ = ["StepInBackward", "OptimizerFactory", "shared_gradient_bytes"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # the optimizers whose memory the chain models (``chain.OPTIMIZERS``), by the class a factory makes
@@ -23,8 +23,10 @@ class StepInBackward:
     gradient, which is then dropped.
 
     Args:
-        stages: the stages of a chain; a parameter may belong to one stage only (a parameter shared by
-            two stages gets a gradient from each backward, and would be stepped twice).
+        stages: the stages of a chain. A parameter several stages hold (a GPT's token embedding tied to
+            its output layer) gets a part of its gradient from each of their backwards: it is stepped
+            once the last of them has added its part (:func:`shared_gradient_bytes`: its gradient is
+            held until then).
         make: builds the optimizer of one parameter, e.g. ``lambda ps: torch.optim.SGD(ps, lr=0.1)``.
         optimizer: the optimizer the chain was profiled for (``"sgd"`` or ``"adam"``); ``make``
             must build that kind, or the plan's memory would not be the step's.
@@ -34,7 +36,9 @@ class StepInBackward:
     """
 
     def __init__(self, stages: Sequence[nn.Module], make: OptimizerFactory, optimizer: str) -> None:
-        params = _stage_parameters(stages)
+        self._holders = _holders(stages)
+        params = list(self._holders)
+        self._added: dict[nn.Parameter, int] = {}   # this step's gradient parts so far, for a shared parameter
         self.optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {p: make([p]) for p in params}
         kinds = {_KINDS.get(type(opt), type(opt).__name__) for opt in self.optimizers.values()}
         if kinds - {optimizer}:
@@ -49,6 +53,10 @@ class StepInBackward:
 
     def _step(self, param: torch.Tensor) -> None:
         if self._paused:
+            return
+        added = self._added.pop(param, 0) + 1  # type: ignore[call-overload]
+        if added < len(self._holders[param]):  # type: ignore[index]
+            self._added[param] = added  # type: ignore[index]
             return
         optimizer = self.optimizers[param]  # type: ignore[index]
         optimizer.step()
@@ -70,15 +78,27 @@ class StepInBackward:
         self._handles = []
 
 
-def _stage_parameters(stages: Sequence[nn.Module]) -> list[nn.Parameter]:
-    """The trainable parameters of ``stages`` in order; refuses one that two stages share."""
-    owner: dict[nn.Parameter, int] = {}
+def _holders(stages: Sequence[nn.Module]) -> dict[nn.Parameter, list[int]]:
+    """The trainable parameters of ``stages`` in order, each with the stages that hold it."""
+    holders: dict[nn.Parameter, list[int]] = {}
     for index, stage in enumerate(stages):
         for param in stage.parameters():
-            if not param.requires_grad:
-                continue
-            first = owner.setdefault(param, index)
-            if first != index:
-                raise ValueError(f"a parameter of shape {list(param.shape)} is used by stages {first} and {index}: "
-                                 "step_in_backward would step it once per stage (untie it or train without it)")
-    return list(owner)
+            if param.requires_grad:
+                holders.setdefault(param, []).append(index)
+    return holders
+
+
+def shared_gradient_bytes(stages: Sequence[nn.Module]) -> list[int]:
+    """Per stage, the gradient bytes of the parameters it shares with earlier stages and holds last.
+
+    Such a gradient is made by this stage's backward (the first of the holders' to run) and lives until
+    the first holder's backward has added its part: with the optimizer in the backward it stays a held
+    gradient of this stage, where the profiler counts it (NOTE [ Shared parameters ] in
+    ``profile/profiler.py``), not workspace. Held to the step's end by the chain: at most the time from
+    the first holder's backward on, which is the step's last backward when the first holder is stage 0.
+    """
+    shared = [0] * len(stages)
+    for param, holding in _holders(stages).items():
+        if len(holding) > 1:
+            shared[holding[-1]] += param.untyped_storage().nbytes()
+    return shared
