@@ -36,6 +36,7 @@ from edgetrain.insitu.labels import (
     posterior_labels,
     propagate,
     relabel_tracks,
+    repeated_cross_fit,
     size_labels,
     track_evidence,
     vote,
@@ -343,6 +344,61 @@ def test_folds_take_whole_tracks_dealt_in_order_of_first_appearance() -> None:
         fold_of_tracks([1, 2], 1)
 
 
+def _stream_tracks(n_tracks: int = 12) -> list[int]:
+    """Track ids of a stream's detections: track t (ids 100 + t) has t % 4 + 1 detections, interleaved."""
+    rows = [(i, 100 + t) for t in range(n_tracks) for i in range(t % 4 + 1)]
+    return [tid for _, tid in sorted(rows)]
+
+
+def test_another_deal_shuffles_whole_tracks_into_balanced_folds() -> None:
+    tracks = _stream_tracks()
+    deals = [fold_of_tracks(tracks, 3, seed) for seed in (None, 1, 2)]
+
+    for fold in deals:
+        by_track = {tid: {int(f) for f, t in zip(fold, tracks, strict=True) if t == tid} for tid in set(tracks)}
+        assert all(len(folds) == 1 for folds in by_track.values())  # a track lies in one fold whole
+        assert sorted(np.bincount([f.pop() for f in by_track.values()])) == [4, 4, 4]  # 12 tracks dealt round-robin
+    assert deals[0].tolist() == fold_of_tracks(tracks, 3).tolist()  # no seed: the order of first appearance
+    assert deals[0].tolist() != deals[1].tolist() != deals[2].tolist() != deals[0].tolist()
+    assert fold_of_tracks(tracks, 3, 1).tolist() == deals[1].tolist()  # a seed's deal is reproducible
+
+
+def test_each_crops_mean_vote_comes_from_students_that_never_saw_its_track_one_per_deal() -> None:
+    tracks = _stream_tracks()
+    track_of = np.array(tracks)
+    calls: list[tuple[np.ndarray, np.ndarray, int]] = []
+
+    def vote(train: np.ndarray, held: np.ndarray, repeat: int) -> np.ndarray:
+        calls.append((train, held, repeat))
+        seen = np.array([(track_of[train] == tid).any() for tid in track_of[held]], dtype=float)
+        # columns: did the student see this crop's track, the deal's number, the crop's row, 1
+        return np.stack([seen, np.full(held.sum(), repeat), np.flatnonzero(held), np.ones(held.sum())], axis=1)
+
+    probs = repeated_cross_fit(tracks, 2, [None, 5, 6], 4, vote)
+
+    assert [repeat for _, _, repeat in calls] == [0, 0, 1, 1, 2, 2]  # two fold students per deal
+    for train, held, _ in calls:
+        assert (train == ~held).all()
+    for repeat in range(3):  # each deal holds every crop out exactly once
+        assert sum(held.astype(int) for _, held, r in calls if r == repeat).tolist() == [1] * len(tracks)
+    assert probs.tolist() == [[0.0, 1.0, float(row), 1.0] for row in range(len(tracks))]  # the mean of 3 votes
+    assert {tuple(held) for _, held, _ in calls[:2]} != {tuple(held) for _, held, _ in calls[2:4]}  # deals differ
+
+
+def test_one_deal_is_the_single_cross_fit_to_the_bit() -> None:
+    tracks = _stream_tracks()
+    rng = np.random.default_rng(0)
+    votes = rng.dirichlet(np.ones(4), size=(2, len(tracks)))  # fold k's student's votes on every crop
+
+    def vote(train: np.ndarray, held: np.ndarray, repeat: int) -> np.ndarray:
+        fold = int(held.argmax() != 0)  # fold 0 holds the first crop (dealt in order of first appearance)
+        return votes[fold][held]
+
+    fold = fold_of_tracks(tracks, 2)
+    single = np.where((fold == 0)[:, None], votes[0], votes[1])
+    assert np.array_equal(repeated_cross_fit(tracks, 2, [None], 4, vote), single)
+
+
 def test_the_cross_fitted_round_multiplies_students_teacher_and_size_and_keeps_the_surest_share() -> None:
     # Prepare: two classes whose log sizes centre on (0, 0) and (1, 1), unit covariance. Track 1 (3 detections):
     # the students say 0.9 : 0.1, the teacher 0.5 : 0.5, its size halfway (no say). Track 2 (2): the students
@@ -541,6 +597,46 @@ def test_the_final_student_learns_the_dropped_tracks_crops_without_a_label() -> 
     assert sim._dropped(crops, [3, 3], kept={3: 0}, weight=0.5) is None  # nothing dropped
 
 
+def test_each_deal_trains_its_own_fold_students_and_one_deal_is_the_single_cross_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import edgetrain.insitu.simulate as sim
+
+    tracks = _stream_tracks()
+    n = len(tracks)
+    crops = 2.0 ** np.arange(n)  # a fake student's "weights": the sum of its training crops (which rows)
+    learnt = np.arange(n) % 5 != 0  # the rows the round's students may learn
+    trained: list[tuple[float, int, str]] = []
+
+    def student(teacher: object, train_crops: np.ndarray, labels: np.ndarray, shipped: object,
+                config: sim.SimulateConfig) -> tuple[float, int]:
+        trained.append((float(train_crops.sum()), config.student_seed_offset, config.student_memory))
+        return float(train_crops.sum()), config.student_seed_offset
+
+    monkeypatch.setattr(sim, "_student", student)
+    monkeypatch.setattr(sim, "predict", lambda model, x: SimpleNamespace(
+        probs=np.tile([model[0], model[1], len(x), 0.0], (len(x), 1))))
+
+    def single(fold: np.ndarray, offset: int) -> np.ndarray:
+        """The single cross-fit by hand: each fold's crops voted on by the student of the others' learnt rows."""
+        out = np.zeros((n, 4))
+        for k in (0, 1):
+            out[fold == k] = [crops[(fold != k) & learnt].sum(), offset, (fold == k).sum(), 0.0]
+        return out
+
+    def probs(repeats: int) -> np.ndarray:
+        config = sim.SimulateConfig(seed=3, student_seed_offset=2, round_repeats=repeats)
+        return sim._cross_fitted_probs(None, crops, np.zeros(n), tracks, learnt, None, config)  # type: ignore[arg-type]
+
+    first = single(fold_of_tracks(tracks, 2), 2)
+    assert np.array_equal(probs(1), first)
+    again = single(fold_of_tracks(tracks, 2, 3 + 2 + sim.REPEAT_SEED_STRIDE), 2 + sim.REPEAT_SEED_STRIDE)
+    assert np.array_equal(probs(2), (first + again) / 2)
+    assert [offset for _, offset, _ in trained] == [2, 2, 2, 2, 1002, 1002]  # M=1, then M=2
+    assert {memory for _, _, memory in trained} == {sim.SimulateConfig.student_memory}  # the planned step, always
+
+
 def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_from_the_command_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
@@ -550,13 +646,15 @@ def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_
 
     configs: list[sim.SimulateConfig] = []
     monkeypatch.setattr(sim, "simulate", lambda config, store, progress: configs.append(config) or {})
-    for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4", "--track-consistency", "0.5"]):
+    for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4", "--track-consistency", "0.5",
+                       "--round-repeats", "3"]):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--json", "--store", str(tmp_path / "s"), *flags])
         assert result.exit_code == 0, result.output
 
     assert [c.student_lr for c in configs] == [sim.SimulateConfig.student_lr, 0.002]
     assert [c.student_seed_offset for c in configs] == [1, 4]
     assert [c.track_consistency for c in configs] == [sim.SimulateConfig.track_consistency, 0.5]
+    assert [c.round_repeats for c in configs] == [1, 3]
     for rate in ("0", "-0.001", "nan"):   # a student that cannot learn is refused in one line, before any work
         result = CliRunner().invoke(app, ["insitu", "simulate", "--store", str(tmp_path / "s"), "--student-lr", rate])
         assert result.exit_code == 2 and "--student-lr" in result.output and "> 0" in result.output, result.output
@@ -725,7 +823,9 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
                                                     "--labels size"),
                            (["--round-folds", "2", "--labels", "posterior"], "got 2 fold(s) with --labels posterior"),
                            (["--round-folds", "0", "--round-coverage", "0.8"], "below 1 with --round-folds only, "
-                                                                                 "got 0.8")):
+                                                                                 "got 0.8"),
+                           (["--round-repeats", "0"], "must be 1, or more with --round-folds, got 0"),
+                           (["--round-folds", "0", "--round-repeats", "2"], "or more with --round-folds, got 2")):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--quick", "--store", str(tmp_path / "s"), *flags])
 
         assert result.exit_code == 2 and result.stderr.strip().startswith("error: ")

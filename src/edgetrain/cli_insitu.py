@@ -91,6 +91,11 @@ def simulate_command(
                                                     "--round-folds: the share of the stored detections the last "
                                                     "round keeps, its surest tracks first; the rest are removed from "
                                                     "the store. Default 0.81 with --round-folds, else 1."),
+        round_repeats: int = typer.Option(1, "--round-repeats", help="With --round-folds: each self-training "
+                                          "round deals the stored tracks into folds this many times (the first "
+                                          "deal as with 1, each later one in a random order, with its own fold "
+                                          "students) and each crop's vote is the mean of its students' (each "
+                                          "never saw its track); costs this many times the fold students."),
         replay_crops: int = typer.Option(3000, "--replay-crops", min=0, help="Eye-level crops shipped with the "
                                          "teacher and replayed by the student (at most the teacher's ~3000)."),
         replay_weight: float = typer.Option(4.0, "--replay-weight", min=0.0, help="A replayed crop's loss weight "
@@ -123,7 +128,7 @@ def simulate_command(
                             false_positives_per_frame=false_positives, id_switch_rate=id_switch_rate,
                             motion_gate_px=motion_gate_px,
                             propagation=propagation, detector=detector, node_camera=node_camera, rounds=rounds,
-                            round_folds=folds, round_coverage=kept,
+                            round_folds=folds, round_coverage=kept, round_repeats=round_repeats,
                             replay_weight=replay_weight, student_lr=student_lr,
                             student_seed_offset=student_seed_offset, track_consistency=track_consistency,
                             gate=GateConfig(rule=labels, coverage=label_coverage),

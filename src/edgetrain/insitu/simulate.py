@@ -10,7 +10,7 @@ import copy
 import logging
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +27,9 @@ from .labels import (
     cross_fitted_labels,
     cross_fitted_scores,
     fit_stream,
-    fold_of_tracks,
     label_detections,
     relabel_tracks,
+    repeated_cross_fit,
     score_margins,
 )
 from .model import FitConfig, Outputs, Unlabelled, fit, predict
@@ -76,6 +76,8 @@ class SimulateConfig:
     round_coverage: float = 0.81  # with round_folds: the share of stored detections the last round keeps, surest
     # tracks first (an earlier round relabels every track; the next round's students learn its surest share only);
     # 0.81, not 0.8: the stream's detections in tracks too short to store (~0.5% with the motion gate) count too
+    round_repeats: int = 1  # with round_folds: deals of the tracks into folds per round, each with its own fold
+    # students; a crop's vote is its mean over them (NOTE [ Votes agreed over several fold orders ] in labels.py)
     track_consistency: float = 0.0  # > 0: the final student also learns the crops of the tracks the last round
     # drops, with no label, by the track-consistency term at this weight (NOTE [ Track consistency on the dropped
     # tracks ] in model.py)
@@ -121,6 +123,9 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
     if not 0.0 < config.round_coverage <= 1.0 or (config.round_coverage < 1.0 and not config.round_folds):
         raise ValueError(f"a round's kept share of detections must be in (0, 1], below 1 with --round-folds only, "
                          f"got {config.round_coverage}")
+    if config.round_repeats < 1 or (config.round_repeats > 1 and not config.round_folds):
+        raise ValueError(f"a round's deals of the tracks into folds must be 1, or more with --round-folds, got "
+                         f"{config.round_repeats}")
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     say = progress or (lambda message: log.info(message))
@@ -151,7 +156,8 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
         last = round_ == config.rounds
         ranked: dict[str, float] = {}
         if config.round_folds and labelled.fit is not None:
-            say(f"self-training round {round_}: {config.round_folds} students, each voting on the tracks it never saw")
+            say(f"self-training round {round_}: {config.round_folds * config.round_repeats} students, each voting on "
+                f"the tracks it never saw")
             learnt = np.ones(len(tracks), dtype=bool) if sure is None else np.isin(tracks, list(sure))
             evidence = cross_fitted_scores(tracks, _cross_fitted_probs(teacher, store_x, store_y, tracks, learnt,
                                                                        shipped, config), labelled.fit)
@@ -245,16 +251,24 @@ def _dropped(crops: np.ndarray, tracks: list[int], kept: dict[int, int], weight:
     return Unlabelled(crops[rows], track_of[rows], weight) if weight > 0 and rows.any() else None
 
 
+# A later deal's fold students draw from --student-seed-offset plus this times the deal's number: no deal's seed is
+# another offset's first deal's.
+REPEAT_SEED_STRIDE = 1000
+
+
 def _cross_fitted_probs(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, tracks: list[int],
                         learnt: np.ndarray, shipped: Teacher, config: SimulateConfig) -> np.ndarray:
-    """Each stored crop's probabilities (n, classes) from a student trained on the other folds' ``learnt`` crops."""
-    fold = fold_of_tracks(tracks, config.round_folds)
-    probs = np.zeros((len(crops), len(CLASSES)))
-    for k in range(config.round_folds):
-        held = fold == k
-        probs[held] = predict(_student(teacher, crops[~held & learnt], labels[~held & learnt], shipped, config),
-                              crops[held]).probs
-    return probs
+    """Each stored crop's probabilities (n, classes): the mean over ``config.round_repeats`` deals of the tracks of
+    the vote of a student trained on the other folds' ``learnt`` crops (the first deal is the single cross-fit's)."""
+    offsets = [config.student_seed_offset + REPEAT_SEED_STRIDE * repeat for repeat in range(config.round_repeats)]
+    deal_seeds: list[int | None] = [None] + [config.seed + offset for offset in offsets[1:]]
+
+    def vote(train: np.ndarray, held: np.ndarray, repeat: int) -> np.ndarray:
+        student = _student(teacher, crops[train & learnt], labels[train & learnt], shipped,
+                           replace(config, student_seed_offset=offsets[repeat]))
+        return predict(student, crops[held]).probs
+
+    return repeated_cross_fit(tracks, config.round_folds, deal_seeds, len(CLASSES), vote)
 
 
 @dataclass(frozen=True)
