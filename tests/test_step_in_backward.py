@@ -59,6 +59,33 @@ def _sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
 
+def _assert_steps_as_one_optimizer(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int,
+                                   loop: str = "step") -> None:
+    """Three steps of ``Checkpointed(memory=budget, step_in_backward=...)`` against one SGD after plain backprop:
+    the same parameters (<= 1e-6 relative), no gradient left, the tracker's peak at or under the prediction."""
+    reference, mine = copy.deepcopy(model), copy.deepcopy(model)
+    optimizer = _sgd(list(reference.parameters()))
+    wrapped = Checkpointed(mine, sample=x, target=y, memory=budget, measure_time=False, step_in_backward=_sgd)
+    assert all(torch.equal(p, r) for p, r in zip(mine.parameters(), reference.parameters(), strict=True))
+    for step in range(3):
+        nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with LiveBytesTracker() as tracker:
+            tracker.register_training_state(mine, None, x, y)
+            tracker.register(t for opt in wrapped.step_optimizers.values() for state in opt.state.values()
+                             for t in state.values())
+            if loop == "user":
+                nn.functional.cross_entropy(wrapped(x), y).backward()
+            else:
+                wrapped.step_loss(x, y)
+        if step > 0:   # the momentum buffers exist from the first step on, as the plan counts them
+            assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes, budget
+    assert all(p.grad is None for p in mine.parameters())
+    for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
+        assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
+
+
 @pytest.mark.parametrize("loop", ["step", "user"])
 def test_updates_equal_one_optimizer_after_plain_backprop_and_the_peak_holds(loop: str) -> None:
     model, x, y = _conv_flatten_linear()
@@ -66,27 +93,7 @@ def test_updates_equal_one_optimizer_after_plain_backprop_and_the_peak_holds(loo
     budgets = three_budgets(chain.with_step_in_backward())
     assert budgets[0] < three_budgets(chain)[0]
     for budget in budgets:
-        reference, mine = copy.deepcopy(model), copy.deepcopy(model)
-        optimizer = _sgd(list(reference.parameters()))
-        wrapped = Checkpointed(mine, sample=x, target=y, memory=budget, measure_time=False, step_in_backward=_sgd)
-        assert all(torch.equal(p, r) for p, r in zip(mine.parameters(), reference.parameters(), strict=True))
-        for step in range(3):
-            nn.functional.cross_entropy(reference(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            with LiveBytesTracker() as tracker:
-                tracker.register_training_state(mine, None, x, y)
-                tracker.register(t for opt in wrapped.step_optimizers.values() for state in opt.state.values()
-                                 for t in state.values())
-                if loop == "user":
-                    nn.functional.cross_entropy(wrapped(x), y).backward()
-                else:
-                    wrapped.step_loss(x, y)
-            if step > 0:   # the momentum buffers exist from the first step on, as the plan counts them
-                assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes, budget
-        assert all(p.grad is None for p in mine.parameters())
-        for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
-            assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
+        _assert_steps_as_one_optimizer(model, x, y, budget, loop)
 
 
 def test_a_parameter_two_stages_share_is_stepped_once_its_last_part_is_added_and_the_peak_holds() -> None:
@@ -97,22 +104,7 @@ def test_a_parameter_two_stages_share_is_stepped_once_its_last_part_is_added_and
     assert shared_gradient_bytes(training_stages(model)) == [0, 0, 0, 0, 16 * 17 * 4, 0, 0, 0]
     chain = profile(model, x, y, measure_time=False)
     for budget in three_budgets(chain.with_step_in_backward(shared_gradient_bytes(training_stages(model)))):
-        reference, mine = copy.deepcopy(model), copy.deepcopy(model)
-        optimizer = _sgd(list(reference.parameters()))
-        wrapped = Checkpointed(mine, sample=x, target=y, memory=budget, measure_time=False, step_in_backward=_sgd)
-        for step in range(3):
-            nn.functional.cross_entropy(reference(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            with LiveBytesTracker() as tracker:
-                tracker.register_training_state(mine, None, x, y)
-                tracker.register(t for opt in wrapped.step_optimizers.values() for state in opt.state.values()
-                                 for t in state.values())
-                wrapped.step_loss(x, y)
-            if step > 0:
-                assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes, budget
-        for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
-            assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
+        _assert_steps_as_one_optimizer(model, x, y, budget)
 
 
 def test_an_optimizer_of_another_kind_than_planned_is_refused() -> None:
