@@ -48,6 +48,17 @@ def test_the_gradients_of_a_stage_live_only_in_its_backward() -> None:
         stepped.with_optimizer("adam")
 
 
+def test_a_stage_holding_a_shared_weight_pays_its_update_in_its_backward() -> None:
+    # Stage a holds the weight (its bytes counted there), stage b makes its gradient (counted there, held until a's
+    # backward); a's backward adds its part (50 bytes of workspace) and then runs the update (7 bytes): 228 + 57.
+    chain = Chain(stages=(StageCost("a", 1.0, 1.0, out_bytes=10, saved_bytes=10, param_bytes=100,
+                                    bwd_workspace_bytes=50, output_saved=True),
+                          StageCost("b", 1.0, 1.0, out_bytes=10, saved_bytes=10, grad_bytes=100, output_saved=True),
+                          StageCost("loss", 1.0, 1.0, out_bytes=4, saved_bytes=4)),
+                  input_bytes=8, optimizer_workspace_bytes=7)
+    assert simulate(chain.with_step_in_backward([0, 100, 0]), keep_all(3)).peak_bytes == 285
+
+
 def _conv_flatten_linear() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
