@@ -164,11 +164,11 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
     # the compiled stages profiled as Checkpointed(compile_stages=True) will run them; else the model itself
     chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y)
-    in_backward = IN_BACKWARD in setting.partition(":")[0]
+    stepping = in_backward(setting)
 
     def stepped(plain: Any, stages: list[nn.Module]) -> Any:   # the chain as the step runs (Checkpointed plans it
         # so from the plain one)
-        return plain.with_step_in_backward(shared_gradient_bytes(stages)) if in_backward else plain
+        return plain.with_step_in_backward(shared_gradient_bytes(stages)) if stepping else plain
 
     least, twins = three_budgets(stepped(chain, training_stages(model)))[0], None
     if blocks:
@@ -180,8 +180,8 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     def planned(**request: Any) -> tuple[Checkpointed, Callable[[], None]]:
         wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=blocks, twins=twins,
                                compile_stages=compiled, **request,
-                               step_in_backward=(lambda ps: make_optimizer("sgd", ps)) if in_backward else None)
-        if in_backward:
+                               step_in_backward=(lambda ps: make_optimizer("sgd", ps)) if stepping else None)
+        if stepping:
             return wrapped, lambda: wrapped.step_loss(x, y)
         return wrapped, full_step(lambda: wrapped.step_loss(x, y), optimizer)
 
@@ -450,9 +450,9 @@ def configuration(row: dict[str, Any]) -> str:
     return named[0] if len(named) == 1 else "by round: " + "; ".join(named)
 
 
-def in_backward(row: dict[str, Any]) -> bool:
-    """Whether ``row`` stepped its optimizer in the backward (another contract than a whole step's)."""
-    return IN_BACKWARD in row["setting"].partition(":")[0]
+def in_backward(setting: str) -> bool:
+    """Whether ``setting`` steps its optimizer in the backward (another contract than a whole step's)."""
+    return IN_BACKWARD in setting.partition(":")[0]
 
 
 def inductor_graph(row: dict[str, Any]) -> bool:
@@ -481,9 +481,11 @@ def verdicts(rows: list[dict[str, Any]], with_regions: bool = True) -> list[dict
     first is named ``floor+step_in_backward``.
     """
     out = []
-    for name, run, contract in dict.fromkeys((row["model"], row.get("run", 0), in_backward(row)) for row in rows):
-        ran = [row for row in rows if (row["model"], row.get("run", 0), in_backward(row)) == (name, run, contract)
-               and "error" not in row]
+    def group(row: dict[str, Any]) -> tuple[str, int, bool]:   # a run's rows of one model and one contract
+        return row["model"], row.get("run", 0), in_backward(row["setting"])
+
+    for name, run, contract in dict.fromkeys(group(row) for row in rows):
+        ran = [row for row in rows if group(row) == (name, run, contract) and "error" not in row]
         inductor = [row for row in ran if row["setting"].startswith("inductor")]
         ours = [row for row in ran if row["setting"].startswith("edgetrain")
                 and (with_regions or not whole_graph(row))]
