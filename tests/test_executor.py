@@ -16,7 +16,7 @@ import copy
 import functools
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -30,7 +30,7 @@ from edgetrain.optim import make_optimizer
 from edgetrain.planners import OptimalTable, revolve, solve, uniform
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import Checkpointed, Executor, run_schedule
-from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, simulate
+from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, rng_replayed_stages, simulate
 from edgetrain.stages import training_stages
 
 log = logging.getLogger(__name__)
@@ -151,12 +151,12 @@ def measured_step_peak(c: Case, schedule: Schedule) -> int:
     model = c.fresh_model()
     stages = training_stages(model)
     opt = make_optimizer("sgd", model.parameters())
-    run_schedule(stages, schedule, c.x, c.y)  # creates the momentum buffers
+    run_schedule(stages, schedule, c.x, c.y, chain=c.chain)  # creates the momentum buffers
     opt.step()
     opt.zero_grad(set_to_none=True)
     with LiveBytesTracker() as tracker:
         tracker.register_training_state(model, opt, c.x, c.y)
-        run_schedule(stages, schedule, c.x, c.y)
+        run_schedule(stages, schedule, c.x, c.y, chain=c.chain)
         opt.step()
     return tracker.peak_bytes
 
@@ -173,7 +173,8 @@ def test_measured_peak_tracks_simulated_peak_over_budgets(name: str, record_prop
     log.info("%s measured/simulated over budgets %s: %s", name, budgets, [f"{r:.4f}" for r in ratios])
 
     for budget, stat, peak in zip(budgets, stats, measured, strict=False):
-        assert stat.peak_bytes <= budget
+        # the DP's recurrence leaves the generator states out (plan() plans lower where they do not fit)
+        assert stat.peak_bytes <= budget + c.chain.rng_reserve_bytes
         assert peak_tracks(peak, stat.peak_bytes), (peak, stat.peak_bytes)  # NOTE [ How close ... ] in steps.py
     assert all(later <= earlier for earlier, later in itertools.pairwise(measured))
     assert all(later.time_s >= earlier.time_s for earlier, later in itertools.pairwise(stats))
@@ -365,10 +366,36 @@ def test_checkpointed_graph_cannot_be_back_propagated_twice() -> None:
         loss.backward()
 
 
+def test_a_dropout_step_holds_the_generator_states_its_plan_counts() -> None:
+    """NOTE [ Generator states in the plan ]: on a small dropout net recomputed throughout (revolve with one slot),
+    the states (5,056 bytes each on CPU) outweigh an activation (4 KiB); the tracker, shown them by the executor,
+    measures the step's peak as predicted, states included."""
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 2))
+    x, y = torch.randn(16, 64), torch.randint(0, 2, (16,))
+    chain = profile(model, x, y, measure_time=False)
+    schedule = revolve(chain, 1)
+    assert chain.rng_state_bytes == torch.get_rng_state().nbytes
+    assert rng_replayed_stages(schedule, chain) == {1, 3}
+    opt = make_optimizer("sgd", model.parameters())
+    stages = training_stages(model)
+    run_schedule(stages, schedule, x, y, chain=chain)   # creates the momentum buffers
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with LiveBytesTracker() as tracker:
+        tracker.register_training_state(model, opt, x, y)
+        run_schedule(stages, schedule, x, y, chain=chain)
+        opt.step()
+    predicted = simulate(chain, schedule).peak_bytes
+    assert predicted > simulate(replace(chain, rng_state_bytes=0), schedule).peak_bytes + chain.rng_state_bytes
+    assert peak_tracks(tracker.peak_bytes, predicted), (tracker.peak_bytes, predicted)
+
+
 def test_only_recomputed_stages_that_draw_random_numbers_keep_the_generator_state(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A deterministic stage recomputes without the generator's state (5,056 bytes on CPU that no plan counts);
-    a dropout stage keeps it, so its recomputation draws the same mask (the exactness grid above)."""
+    """A deterministic stage recomputes without the generator's state (5,056 bytes on CPU, which the plan counts
+    for the stages that keep it); a dropout stage keeps it, so its recomputation draws the same mask (the
+    exactness grid above)."""
     from edgetrain.rng_state import RngState
     captured: list[int] = []
     original = RngState.capture

@@ -8,6 +8,7 @@ converted schedule must run in :func:`simulate` within the budget at exactly the
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from chains import chain_with_output_records
 from edgetrain import Chain
 from edgetrain.chain import StageCost
 from edgetrain.energy import EnergyProfile
-from edgetrain.errors import ScheduleError
+from edgetrain.errors import InfeasibleBudgetError, ScheduleError
 from edgetrain.planners.milp import chain_training_graph, milp
 from edgetrain.planners.milp_ops import milp_schedule
 from edgetrain.planners.milp_plan import MilpPlan, plan_milp
@@ -102,6 +103,21 @@ def test_result_for_another_chain_is_refused() -> None:
     other = Chain(chain.stages + chain.stages, input_bytes=1)
     with pytest.raises(ScheduleError, match="not for chain_training_graph"):
         milp_schedule(other, result)
+
+
+def test_plan_milp_fits_the_generator_states_the_milp_leaves_out() -> None:
+    """NOTE [ Generator states in the plan ]: a state of 2 bytes per recomputed stage, on chains whose records
+    are a few bytes; below keep-all's peak the converted schedule, states counted, fits the budget."""
+    for seed in range(4):
+        chain = replace(chain_with_output_records(random.Random(seed), 6), rng_state_bytes=2)
+        top = simulate(chain, keep_all(chain.length)).peak_bytes
+        for budget in range(top - 4, top):
+            try:
+                plan = plan_milp(chain, PROFILE, budget)
+            except InfeasibleBudgetError as exc:
+                assert exc.minimum_bytes is not None and exc.minimum_bytes > budget
+                continue
+            assert plan.schedule is not None and simulate(chain, plan.schedule).peak_bytes <= budget
 
 
 def test_plan_milp_carries_the_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, simulate
@@ -40,6 +42,28 @@ def test_budget_below_minimum_carries_the_minimum(resnet: Chain) -> None:
     minimum = caught.value.minimum_bytes
     assert minimum is not None
     assert plan(resnet, memory=minimum).predicted_peak_bytes <= minimum
+
+
+def test_a_plan_counts_the_generator_states_that_the_dp_leaves_out() -> None:
+    """NOTE [ Generator states in the plan ]: on a chain whose every stage draws random numbers, every budget
+    gets a plan whose simulated peak (the states counted) is within it, or an error whose minimum is itself
+    a budget that plans."""
+    chain = replace(Chain.uniform(8, act_bytes=10), rng_state_bytes=3)
+    keep_all_peak = simulate(chain, uniform(chain, 1)).peak_bytes
+    fitted = 0
+    for budget in range(1, keep_all_peak + 1):
+        try:
+            chosen = plan(chain, memory=budget, strategy="optimal")
+        except InfeasibleBudgetError as exc:
+            assert exc.minimum_bytes is not None and exc.minimum_bytes > budget
+            assert plan(chain, memory=exc.minimum_bytes, strategy="optimal").predicted_peak_bytes <= exc.minimum_bytes
+            continue
+        assert chosen.predicted_peak_bytes <= budget
+        fitted += chosen.stats.forward_advances > 0
+    assert fitted == 32   # budgets 68 (the least with its states; 50 without) to 99 (keep-all: 100)
+    # At 85 the DP's own schedule peaks at 89 with its states; planned lower by that excess, then again, its
+    # schedule for 77 bytes peaks at 82 with 4 advances. The whole reserve lower (58) would give 20.
+    assert plan(chain, memory=85, strategy="optimal").stats.forward_advances == 4
 
 
 def test_recompute_request_gives_least_memory_within_the_factor() -> None:

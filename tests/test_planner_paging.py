@@ -191,6 +191,24 @@ def test_plan_energy_answers_every_budget_from_the_least_it_states(name: str, st
         assert plan_energy(chain, CHEAP, budget, strategy=strategy).stats.peak_bytes <= budget
 
 
+@pytest.mark.parametrize("strategy", ["recompute", "paging-dp"])
+def test_plan_energy_fits_the_generator_states_its_planners_leave_out(strategy: str) -> None:
+    """NOTE [ Generator states in the plan ]: states of a quarter MB per recomputed stage; every budget from the
+    least the error states to keep-all's peak gets a schedule whose simulated peak, states counted, is within
+    (storage too slow to page: the schedules recompute)."""
+    chain = replace(AROUND_LEAST["uniform"][0], rng_state_bytes=MB // 4)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        plan_energy(chain, SLOW, 1, strategy=strategy)
+    least = info.value.minimum_bytes
+    assert least is not None
+    recomputed = 0
+    for budget in around_least(least, keep_all_peak(chain)):
+        stats = plan_energy(chain, SLOW, budget, strategy=strategy).stats
+        assert stats.peak_bytes <= budget
+        recomputed += stats.forward_advances > 0
+    assert recomputed > 0
+
+
 def test_paging_dp_schedule_round_trips_through_compact_form() -> None:
     rng = random.Random(7)
     chain = random_chain(rng, 8)

@@ -70,6 +70,27 @@ def test_the_loss_held_to_the_step_end_adds_its_bytes_at_every_op_and_to_the_opt
     assert simulate(replace(weighty, loss_held_bytes=8), keep_all(5)).peak_bytes == 50 + 50 + 1 + 50 + 1000 + 8
 
 
+def test_generator_states_are_held_from_a_recomputed_stages_first_forward_to_its_recorded_one() -> None:
+    """NOTE [ Generator states in the plan ]: stages 0, 1, 2 are forwarded twice. At Forward(2, ALL) (op 7) the
+    states of stages 0 and 1 are still held, stage 2's too, and its replay copies the current state: 4 states of
+    100 bytes over x_0, x_2, x_3 and δ_3; without states the peak is 6 (Backward(4))."""
+    schedule = Schedule(ops(
+        Forward(0, Keep.INPUT), Forward(1), Forward(2, Keep.INPUT), Forward(3, Keep.ALL), Forward(4, Keep.ALL),
+        Backward(4), Backward(3), Forward(2, Keep.ALL), Backward(2),
+        Forward(0, Keep.ALL), Forward(1, Keep.ALL), Backward(1), Backward(0)), 5)
+    drawing = replace(Chain.uniform(5), rng_state_bytes=100)
+    stats = simulate(drawing, schedule)
+    assert (stats.peak_bytes, stats.peak_op) == (4 + 4 * 100, 7)
+    # after each op: values and δ, then the states held (0; 0, 1; 0, 1, 2 until stage 2's record; 0, 1; 1; none)
+    assert [m.after_bytes for m in memory_timeline(drawing, schedule)] == [
+        2 + 100, 2 + 200, 3 + 300, 4 + 300, 5 + 300, 5 + 300, 3 + 300, 4 + 200, 2 + 200, 3 + 100, 4, 3, 1]
+    assert simulate(drawing, keep_all(5)).peak_bytes == 7   # nothing recomputed, nothing replayed
+    assert simulate(Chain.uniform(5), schedule).peak_bytes == 6   # a chain without states
+    deterministic = replace(drawing, stages=tuple(replace(s, uses_rng=False) for s in drawing.stages))
+    assert simulate(deterministic, schedule).peak_bytes == 6
+    assert drawing.rng_reserve_bytes == 6 * 100 and deterministic.rng_reserve_bytes == 0
+
+
 def test_unsaved_values_die_with_the_next_forward() -> None:
     # Stage 1 neither keeps its input nor is x_1 kept by stage 0: plain backprop frees x_1.
     stages = (StageCost("a", 1, 1, out_bytes=100, saved_bytes=100, output_saved=False),

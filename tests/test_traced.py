@@ -188,7 +188,8 @@ def test_issue_encoder_plans_at_every_factor_and_tracing_lets_it_recompute() -> 
     assert (opaque.length, traced.length) == (5, 20)
     for factor in (1.05, 1.5, 2.0, 3.0):  # each was "too close to it for a grid of 500 slots"
         assert plan(opaque, recompute=factor).predicted_peak_bytes == 8_301_504  # nothing to drop
-    assert plan(traced, recompute=1.5).predicted_peak_bytes == 3_479_232    # 0.42 of it
+    # 0.42 of it; 3,479,232 without the generator states of its seven recomputed dropout stages
+    assert plan(traced, recompute=1.5).predicted_peak_bytes == 3_511_232
 
 
 class Reused(nn.Module):

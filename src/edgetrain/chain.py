@@ -30,6 +30,10 @@ returns: both outlive the loss stage's own ops, where ``out_bytes`` and the work
 them. They are counted with the resident state, from the step's start: before the loss's
 forward that over-counts them (a few bytes for a scalar loss), and everywhere after it is what
 runs. The profiler measures them; a hand-made chain leaves them at 0.
+
+``rng_state_bytes`` -- one copy of the random generators' state (NOTE [ Generator states in the
+plan ] in schedule.py): what a schedule holds for each stage that draws random numbers and is
+recomputed. The profiler sets it on CPU (and meta) chains; 0 leaves the states out.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ class Chain:
     name: str = ""
     meta: dict[str, object] = field(default_factory=dict, compare=False)
     loss_held_bytes: int = 0
+    rng_state_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -167,6 +172,14 @@ class Chain:
     def value_bytes(self) -> tuple[int, ...]:
         """Size of ``x_0 .. x_L``: the input batch then each stage's output."""
         return (self.input_bytes, *(s.out_bytes for s in self.stages))
+
+    @property
+    def rng_reserve_bytes(self) -> int:
+        """The most generator-state bytes any schedule holds at once: one state per stage that draws random
+        numbers, and the copy a replay takes (NOTE [ Generator states in the plan ] in schedule.py). Planners
+        whose own model leaves the states out plan this much below a budget."""
+        drawing = sum(s.uses_rng for s in self.stages)
+        return (drawing + 1) * self.rng_state_bytes if drawing else 0
 
     @property
     def compute_time_s(self) -> float:

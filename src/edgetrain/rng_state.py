@@ -5,7 +5,7 @@ profiler, ``StageCost.uses_rng``)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,14 @@ class RngState:
         cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
         return cls(torch.get_rng_state(), cuda)
 
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.cpu, *self.cuda]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda:
@@ -34,7 +42,7 @@ class RngState:
 
     def equals(self, other: RngState) -> bool:
         """Whether no generator moved between the two captures."""
-        mine, theirs = [self.cpu, *self.cuda], [other.cpu, *other.cuda]
+        mine, theirs = self.tensors, other.tensors
         return len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
 
 
@@ -57,9 +65,10 @@ def _cuda_rng_in_use() -> bool:
 
 
 @contextlib.contextmanager
-def replayed_rng(state: RngState) -> Iterator[None]:
-    """Run with the RNG as it was at the stage's first forward; put the global state back after."""
-    now = RngState.capture()
+def replayed_rng(state: RngState, capture: Callable[[], RngState] = RngState.capture) -> Iterator[None]:
+    """Run with the RNG as it was at the stage's first forward; put the global state back after (from a copy
+    that ``capture`` takes)."""
+    now = capture()
     state.restore()
     try:
         yield

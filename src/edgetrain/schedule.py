@@ -33,12 +33,25 @@ Paging is charged *serially*: an op waits for its transfer, ``latency + bytes / 
 transfers with compute on background threads, so a real step can only be faster than this
 price, and a deadline met here is met there. A paged-out value's copy on disk is deleted when
 it is paged in or when the value dies; ``peak_disk_bytes`` is the most the step keeps there.
+
+NOTE [ Generator states in the plan ]
+A recomputed stage that draws random numbers (dropout) must draw the same ones again, or its
+gradient is not the one of the forward that made the loss. The executor keeps a copy of the
+generators' state (``Chain.rng_state_bytes``: 5,056 bytes for the CPU generator) from the stage's
+first forward until its recorded one, the last, and a replay copies the current state while it
+runs, to put it back after. The states are tensors like any other, which the c10 allocator (and
+the tracker, to which the executor shows them) sees, so the simulator counts them: every
+stage of :func:`rng_replayed_stages` holds one from its first forward to its recorded forward,
+and each of its forwards pays one more while it runs. The optimal DP's recurrence leaves them
+out; :func:`~edgetrain.planners.plan.plan` checks its schedules here and plans lower where they
+would not fit (the MILP and paging planners plan ``Chain.rng_reserve_bytes`` below a budget).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -54,7 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "Op",
            "Schedule", "Stats", "validate", "simulate", "keep_all", "OpMemory", "memory_timeline", "SimState",
-           "SimTally", "apply_op"]
+           "SimTally", "apply_op", "rng_replayed_stages"]
 
 SCHEDULE_VERSION = 2
 READABLE_VERSIONS = (1, 2)   # version 1 had no paging ops
@@ -345,8 +358,10 @@ class SimState:
     turns another model's solution into ops (``planners/milp_ops.py``) steps it op by op.
     """
 
-    def __init__(self, chain: Chain) -> None:
+    def __init__(self, chain: Chain, rng_replayed: frozenset[int] = frozenset()) -> None:
         self.chain = chain
+        self.rng_replayed = rng_replayed if chain.rng_state_bytes else frozenset()
+        self.rng_held: set[int] = set()   # stages whose generator state is kept to replay their draws
         self.values = chain.value_bytes
         self.held: set[int] = {0}
         self.recorded: set[int] = set()
@@ -390,7 +405,7 @@ class SimState:
     def memory(self) -> int:
         """RAM of the state: resident state (the loss held to the step's end included), gradients,
         records' own tensors, live values in RAM, δ."""
-        mem = self._resident_state + self.grads
+        mem = self._resident_state + self.grads + len(self.rng_held) * self.chain.rng_state_bytes
         # a record's own tensors; its input and output are values, alive while held, pinned or covered
         mem += sum(map(self._internals.__getitem__, self.recorded - self.paged_records))
         alive = (self.held | (self.recorded & self._inputs_saved)
@@ -432,6 +447,11 @@ def _forward(state: SimState, tally: SimTally, op: Forward, before: int, fail: C
     else:
         transient = before + stage.out_bytes + stage.fwd_workspace_bytes
         tally.advances += 1
+    if i in state.rng_replayed:   # NOTE [ Generator states in the plan ]: the state noted, or the replay's copy
+        transient += chain.rng_state_bytes
+        state.rng_held.add(i)
+        if op.keep is Keep.ALL:
+            state.rng_held.discard(i)
     if op.keep is not Keep.INPUT and i > 0:
         state.held.discard(i)
     output_dead = i + 1 < chain.length and i + 1 in state.done   # NOTE [ Dead outputs ]
@@ -553,7 +573,7 @@ def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
     """Check every op against the state and account memory, time and energy; raise on the first bad op."""
     if schedule.length != chain.length:
         raise ScheduleError(f"schedule is for {schedule.length} stages, chain has {chain.length}")
-    state, tally = SimState(chain), SimTally()
+    state, tally = SimState(chain, rng_replayed_stages(schedule, chain)), SimTally()
     peak, peak_op, peak_grads, peak_disk = state.memory(), None, 0, 0
 
     for index, op in enumerate(schedule.ops):
@@ -602,6 +622,15 @@ def _stats(chain: Chain, tally: SimTally, profile: EnergyProfile | None, *, peak
                  pageout_count=len(tally.pageout_transfers), pageout_bytes=sum(tally.pageout_transfers),
                  pagein_count=len(tally.pagein_transfers), pagein_bytes=sum(tally.pagein_transfers),
                  peak_disk_bytes=peak_disk, **energies)
+
+
+def rng_replayed_stages(schedule: Schedule, chain: Chain | None = None) -> frozenset[int]:
+    """The stages ``schedule`` forwards more than once whose forward draws random numbers (every stage it
+    forwards more than once, without a chain): a recomputation replays their draws (NOTE [ Generator states
+    in the plan ])."""
+    counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
+    return frozenset(stage for stage, count in counts.items()
+                     if count > 1 and (chain is None or chain.stages[stage].uses_rng))
 
 
 def validate(chain: Chain, schedule: Schedule) -> None:

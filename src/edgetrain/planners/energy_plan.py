@@ -131,10 +131,11 @@ def plan_energy(chain: Chain, profile: EnergyProfile, memory: int | str, *, dead
     if deadline_s is not None and deadline_s <= 0:
         raise ValueError(f"the deadline must be > 0 s, got {deadline_s}")
     start = time.perf_counter()
+    reserve = chain.rng_reserve_bytes   # NOTE [ Generator states in the plan ] in schedule.py
     try:
-        schedule = _BUILDERS[strategy](chain, profile, budget, deadline_s, slots)
+        schedule = _BUILDERS[strategy](chain, profile, max(budget - reserve, 0), deadline_s, slots)
     except InfeasibleBudgetError as exc:
-        minimum = exc.minimum_bytes
+        minimum = None if exc.minimum_bytes is None else exc.minimum_bytes + reserve
         raise InfeasibleBudgetError(
             f"budget {format_bytes(budget)} ({budget} bytes) is below what strategy {strategy!r} can fit for "
             f"{chain.name or 'this chain'}"

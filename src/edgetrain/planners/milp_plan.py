@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..chain import Chain
 from ..energy import EnergyProfile
-from ..errors import EdgetrainError
+from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..schedule import Schedule, simulate
 from ..units import parse_bytes
 from .milp import MilpResult, milp
@@ -82,6 +82,15 @@ def plan_milp(chain: Chain, profile: EnergyProfile, memory: int | str, *, deadli
         InfeasibleBudgetError: the budget is below the graph's least feasible peak.
     """
     budget = parse_bytes(memory)
-    result = milp(chain_training_graph(chain, profile), budget, deadline_s=deadline_s, time_limit_s=time_limit_s,
-                  read_back_once=True)
+    reserve = chain.rng_reserve_bytes   # NOTE [ Generator states in the plan ]
+    try:
+        result = milp(chain_training_graph(chain, profile), max(budget - reserve, 0), deadline_s=deadline_s,
+                      time_limit_s=time_limit_s, read_back_once=True)
+    except InfeasibleBudgetError as exc:
+        if not reserve or exc.minimum_bytes is None:
+            raise
+        minimum = exc.minimum_bytes + reserve
+        raise InfeasibleBudgetError(f"budget {budget} B is below the {minimum} B that the largest single step and "
+                                    f"the generator states ({reserve} B) need", minimum_bytes=minimum,
+                                    budget_bytes=budget) from exc
     return MilpPlan(result, profile.device_name, budget, chain.compute_time_s, chain=chain)

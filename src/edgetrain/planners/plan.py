@@ -18,13 +18,14 @@ from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
 from .dp_grid import Solver
 from .optimal import OptimalTable, solve
-from .optimal_exact import exact_minimum_bytes, least_peak_schedule, solve_exact
+from .optimal_exact import least_peak_schedule, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
 __all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "least_step_bytes", "STRATEGIES"]
 
 STRATEGIES = ("auto", "uniform", "revolve", "optimal")
+REPLANS = 4  # DP solves lowered by the generator states' excess before the reserve (_optimal_within_budget)
 EXACT_MAX_STAGES = 64  # longest chain the exact optimal table is solved for (NOTE [ Grid and exact optimal tables ])
 
 
@@ -185,7 +186,32 @@ def _keep_all_as_optimal(chain: Chain) -> Candidate:
 
 
 def _optimal_within_budget(chain: Chain, budget: int, slots: int, jit: bool) -> Candidate | None:
-    """The optimal DP's fastest schedule within ``budget``; None below its exact minimum.
+    """The optimal DP's fastest schedule whose simulated peak is within ``budget``; None where none is.
+
+    The DP's recurrence leaves the generator states out (NOTE [ Generator states in the plan ] in
+    schedule.py): where they take its schedule over the budget, it plans again lower by what they
+    took (a few times), then ``Chain.rng_reserve_bytes`` lower, and the least-peak schedule answers
+    where it alone fits. On such chains the schedule fits but may not be the fastest that does.
+    """
+    tried: list[Candidate | None] = []
+    lowered = budget
+    for _ in range(REPLANS):
+        tried.append(_optimal_dp_within(chain, lowered, slots, jit))
+        last = tried[-1]
+        if last is None or last.stats.peak_bytes <= budget:
+            break
+        lowered -= last.stats.peak_bytes - budget
+    if not any(c is not None and c.stats.peak_bytes <= budget for c in tried):
+        tried += [_optimal_dp_within(chain, budget - chain.rng_reserve_bytes, slots, jit), _least_peak_candidate(chain)]
+    return min((c for c in tried if c is not None and c.stats.peak_bytes <= budget), key=_fastest, default=None)
+
+
+def _least_peak_candidate(chain: Chain) -> Candidate:
+    return _candidate(chain, least_peak_schedule(chain))
+
+
+def _optimal_dp_within(chain: Chain, budget: int, slots: int, jit: bool) -> Candidate | None:
+    """The optimal DP's fastest schedule within ``budget`` by its own accounting; None below its exact minimum.
 
     NOTE [ Grid and exact optimal tables ]
     A table of ``slots`` units rounds memory up, so it misses schedules whose peak lies
@@ -213,7 +239,7 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int, jit: bool) -> 
             return None
     if table is not None:
         return _candidate(chain, table.schedule(budget))
-    least = _candidate(chain, least_peak_schedule(chain))
+    least = _least_peak_candidate(chain)
     return least if least.stats.peak_bytes <= budget else None
 
 
@@ -304,8 +330,8 @@ def _least_on_grid(chain: Chain, table: OptimalTable, time_limit_s: float) -> Ca
 def _below_minimum(chain: Chain, budget: int, names: tuple[str, ...]) -> InfeasibleBudgetError:
     minima = []
     for name in names:
-        if name == "optimal":
-            minima.append(exact_minimum_bytes(chain))
+        if name == "optimal":   # the DP's least schedule, its generator states counted
+            minima.append(_least_peak_candidate(chain).stats.peak_bytes)
         else:
             minima.append(min(c.stats.peak_bytes for c in _ENUMERATED[name](chain)))
     minimum = min(minima)

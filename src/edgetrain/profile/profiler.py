@@ -81,8 +81,16 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
         meta={"input_shape": list(x.shape), "device": x.device.type, "timed": timed,
               "saved_live_bytes": [m.saved_live_bytes for m in measures]},
         loss_held_bytes=_loss_held_bytes(measures[-1].output) if isinstance(stages[-1], LossStage) else 0,
+        rng_state_bytes=_rng_state_bytes(x.device, [m.cost for m in measures]),
     )
     return chain.with_optimizer(optimizer)
+
+
+def _rng_state_bytes(device: torch.device, costs: Sequence[StageCost]) -> int:
+    """A generator state's bytes where a plan must count them: kept in host memory, they are a CPU (or meta,
+    planned for CPU) step's, outside a GPU's (NOTE [ Generator states in the plan ] in schedule.py)."""
+    drawing = any(cost.uses_rng for cost in costs)
+    return RngState.capture().nbytes if drawing and device.type in ("cpu", "meta") else 0
 
 
 def _loss_held_bytes(loss: torch.Tensor) -> int:

@@ -122,8 +122,11 @@ def _planners(chain: Chain, profile: EnergyProfile, top_bytes: int, slots: int) 
 
     The tables' strategies run keep-all wherever it fits, as :func:`edgetrain.planners.plan` does:
     it is in all three classes and optimal there, but a grid rounds each local peak up, so at
-    exactly keep-all's peak a table misses it.
+    exactly keep-all's peak a table misses it. Below it every strategy plans ``Chain.rng_reserve_bytes``
+    lower, as :func:`~edgetrain.planners.energy_plan.plan_energy` does (NOTE [ Generator states in the plan ]).
     """
+    reserve = chain.rng_reserve_bytes
+
     def table(make: Callable[[], OptimalTable | PagingTable]) -> Planner:
         try:
             solved: OptimalTable | PagingTable | None = make()
@@ -135,13 +138,13 @@ def _planners(chain: Chain, profile: EnergyProfile, top_bytes: int, slots: int) 
                 return keep_all(chain.length)
             if solved is None:
                 raise InfeasibleBudgetError(f"no table schedule fits below {top_bytes} bytes", budget_bytes=budget)
-            return solved.schedule(budget)
+            return solved.schedule(budget - reserve)
         return schedule
 
     return {"paging-dp": table(lambda: solve_paging(chain, profile, top_bytes, slots=slots)),
             "recompute-only": table(lambda: solve(chain, top_bytes, slots=slots)),
             "paging-only": table(lambda: solve_paging(chain, profile, top_bytes, slots=slots, recompute=False)),
-            "capuchin": lambda budget: capuchin(chain, profile, budget)}
+            "capuchin": lambda budget: capuchin(chain, profile, budget - reserve)}
 
 
 def _point(energy_j: float, time_s: float, peak_bytes: int, base_energy_j: float) -> dict[str, float | int]:
@@ -194,7 +197,7 @@ def _panel(model: str, batch: int, size: int, chain: Chain, profile: EnergyProfi
     base_energy = base.energy_j or 0.0
     planners = _planners(chain, profile, base.peak_bytes, slots)
     try:
-        bottom = solve_paging(chain, profile, base.peak_bytes, slots=slots).min_memory_bytes
+        bottom = solve_paging(chain, profile, base.peak_bytes, slots=slots).min_memory_bytes + chain.rng_reserve_bytes
     except InfeasibleBudgetError:
         bottom = base.peak_bytes
     fixed = chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes

@@ -75,7 +75,6 @@ import contextlib
 import logging
 import os
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,7 +85,7 @@ from torch import nn
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
 from ..norm_statistics import frozen_statistics
-from ..profile.tracker import storage_key
+from ..profile.tracker import count_in_active_trackers, storage_key
 from ..rng_state import RngState, replayed_rng
 from ..schedule import (
     Backward,
@@ -101,6 +100,7 @@ from ..schedule import (
     Schedule,
     keep_all,
     memory_timeline,
+    rng_replayed_stages,
     simulate,
     validate,
 )
@@ -359,6 +359,9 @@ class _Run:
         self.stages = stages
         self.pager = pager
         self.rng_replayed = rng_replayed
+        # the generator states are host memory: a CPU step's, which its plan counts (NOTE [ Generator states in
+        # the plan ]), so the trackers are shown them
+        self.rng_counted = x.device.type == "cpu"
         self.on_op = on_op
         self.values: dict[int, torch.Tensor] = {0: x}
         self.records: dict[int, _Record] = {}
@@ -488,12 +491,18 @@ class _Run:
         if i not in self.forwarded:
             self.forwarded.add(i)
             if i in self.rng_replayed:
-                self.rng[i] = RngState.capture()
+                self.rng[i] = self._capture_rng()
             yield
             return
-        replayed = replayed_rng(self.rng[i]) if i in self.rng else contextlib.nullcontext()
+        replayed = replayed_rng(self.rng[i], self._capture_rng) if i in self.rng else contextlib.nullcontext()
         with replayed, frozen_statistics(self.stages[i]):
             yield
+
+    def _capture_rng(self) -> RngState:
+        state = RngState.capture()
+        if self.rng_counted:
+            count_in_active_trackers(state.tensors)
+        return state
 
     def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
         box: GradBox | None = None
@@ -648,10 +657,7 @@ class Executor:
         validate(chain if chain is not None else Chain.uniform(len(stages), saved_bytes=2), schedule)
         self.stages = stages
         self.schedule = schedule
-        counts = Counter(op.stage for op in schedule.ops if isinstance(op, Forward))
-        # the recomputed stages whose random numbers a recomputation replays (all of them without a chain)
-        self._rng_replayed = frozenset(stage for stage, count in counts.items()
-                                   if count > 1 and (chain is None or chain.stages[stage].uses_rng))
+        self._rng_replayed = rng_replayed_stages(schedule, chain)
         self._handoff, self._resume = self._loss_positions()
         # A parameter that several stages share (NOTE [ Shared parameters ] in profile/profiler.py) has its
         # gradient summed by the engine across the one graph of plain backprop, which held 50 KiB (3.4%) more
