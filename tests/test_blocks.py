@@ -281,3 +281,46 @@ def test_encoder_layers_given_whole_by_stages_are_planned_inside() -> None:
     stages = segmented_stages(stages_of(model), x)
     assert [type(s).__name__ for s in stages] == ["TokenEmbedding", "SegmentedStage", "ClsHead"]
     trains_below_the_chains_floor(model, x, y, stages)
+
+
+def test_a_segmented_stage_keeps_generator_states_for_the_segments_that_draw_and_its_plan_counts_them() -> None:
+    """NOTE [ Generator states in the plan ]: torch's checkpoint keeps a generator state (5,056 bytes on CPU,
+    made outside the dispatcher) for each segment that preserves it; only segments that draw do (three of the
+    layer's five segments), and the profile counts them in the stage's
+    record. By the c10 allocator's records the least two-level step is within 16 bytes of its prediction."""
+    from edgetrain.runtime import Checkpointed
+    from edgetrain.runtime.compiled import measured_step_peak_bytes
+
+    torch.manual_seed(0)
+    model = transformer_encoder_small(num_layers=1, d_model=32, nhead=4, dim_feedforward=128, max_len=64)
+    x, y = torch.randint(0, 1000, (2, 64)), torch.randint(0, 10, (2,))
+    stages = segmented_stages(stages_of(model), x)
+    layer = stages[1]
+    assert isinstance(layer, SegmentedStage)
+    assert (layer.kept_rng_states, len(layer.inputs_per_segment)) == (3, 5)
+    captured = []
+    original = torch.get_rng_state
+
+    def counted() -> torch.Tensor:
+        captured.append(1)
+        return original()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "get_rng_state", counted)
+        layer(stages[0](x))   # recorded: each checkpointed segment that preserves the state takes one
+    assert len(captured) == 3
+    chain = profile(model, x, y, measure_time=False)
+    twins = profile(nn.Sequential(*stages), x, y, measure_time=False)
+    least = least_block_bytes(chain, twins, [False, True, False, False])
+    wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=True, twins=twins, memory=least,
+                           measure_time=False)
+    assert wrapped.block_plan is not None and any(wrapped.block_plan.inside)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        wrapped.step_loss(x, y)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    step()
+    predicted = wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes
+    assert measured_step_peak_bytes(step) <= predicted + 16
+

@@ -12,7 +12,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["RngState", "RandomDraws", "replayed_rng"]
+__all__ = ["RngState", "RandomDraws", "replayed_rng", "STATE_WATCHERS"]
+
+# Called with the tensors of each state a plan counts as it is kept: the active byte trackers' ``register``
+# (profile/tracker.py). A state is made outside the dispatcher, where a tracker would not see it (NOTE
+# [ Generator states in the plan ] in schedule.py).
+STATE_WATCHERS: list[Callable[[list[torch.Tensor]], None]] = []
 
 
 @dataclass
@@ -23,9 +28,14 @@ class RngState:
     cuda: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
-    def capture(cls) -> RngState:
+    def capture(cls, counted: bool = False) -> RngState:
+        """The state now; ``counted``: one a plan counts, shown to :data:`STATE_WATCHERS`."""
         cuda = torch.cuda.get_rng_state_all() if _cuda_rng_in_use() else []
-        return cls(torch.get_rng_state(), cuda)
+        state = cls(torch.get_rng_state(), cuda)
+        if counted:
+            for watch in STATE_WATCHERS:
+                watch(state.tensors)
+        return state
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -65,10 +75,10 @@ def _cuda_rng_in_use() -> bool:
 
 
 @contextlib.contextmanager
-def replayed_rng(state: RngState, capture: Callable[[], RngState] = RngState.capture) -> Iterator[None]:
-    """Run with the RNG as it was at the stage's first forward; put the global state back after (from a copy
-    that ``capture`` takes)."""
-    now = capture()
+def replayed_rng(state: RngState, counted: bool = False) -> Iterator[None]:
+    """Run with the RNG as it was at the stage's first forward; put the global state back after (from a copy,
+    ``counted`` as :meth:`RngState.capture` says)."""
+    now = RngState.capture(counted)
     state.restore()
     try:
         yield

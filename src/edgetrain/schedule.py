@@ -45,6 +45,8 @@ stage of :func:`rng_replayed_stages` holds one from its first forward to its rec
 and each of its forwards pays one more while it runs. The optimal DP's recurrence leaves them
 out; :func:`~edgetrain.planners.plan.plan` checks its schedules here and plans lower where they
 would not fit (the MILP and paging planners plan ``Chain.rng_reserve_bytes`` below a budget).
+A stage checkpointed inside (``models/segmented.py``) keeps the states of its segments that draw
+in its record, where the profiler counts them (``saved_bytes``), and shows them to the trackers too.
 """
 
 from __future__ import annotations

@@ -26,9 +26,12 @@ Cuts are chosen on sizes measured by running the stage once (no autograd, statis
 RNG forked): for each limit ``T`` on a segment's new bytes, greedily the furthest cut within
 ``T``; of those, the cuts whose saved live values plus the largest segment are least. A cut
 is allowed only where every live value is a tensor that no later op changes in place (as
-between stages). A recomputed segment replays the RNG state of its first forward
-(``preserve_rng_state``) and runs its norm layers at momentum 0 (``frozen_statistics``), so
-dropout masks and running statistics are plain autograd's.
+between stages). A recomputed segment that draws random numbers (noted in the sizing run) replays
+the RNG state of its first forward (``preserve_rng_state``; a segment that draws none keeps no state)
+and every segment runs its norm layers at momentum 0 (``frozen_statistics``), so dropout masks and
+running statistics are plain autograd's. The states a recorded stage keeps are made outside the
+dispatcher: the stage says how many (``kept_rng_states``) and the profiler counts them in its
+record (NOTE [ Generator states in the plan ] in ``schedule.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch import fx, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..norm_statistics import frozen_statistics
+from ..rng_state import RandomDraws, RngState, replayed_rng
 from .traced import is_scalar_node, mutates, traced_module
 
 __all__ = ["SegmentedStage", "segmented_stage", "segmented_stages"]
@@ -57,6 +61,7 @@ class _Segment:
     reads: tuple[int, ...]   # value ids it takes, in order
     makes: tuple[int, ...]   # value ids it returns, in order
     drops: tuple[int, ...]   # value ids no later segment reads, released after it
+    draws: bool              # it draws random numbers: its recomputation replays the generator's state
 
 
 class SegmentedStage(nn.Module):
@@ -71,12 +76,14 @@ class SegmentedStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         values: dict[int, torch.Tensor] = {0: x}
-        recording = torch.is_grad_enabled()
+        recording, counted = torch.is_grad_enabled(), x.device.type == "cpu"
         for segment in self._segments:
             args = [values[k] for k in segment.reads]
             if recording:
-                made = checkpoint(segment.module, *args, use_reentrant=False, preserve_rng_state=True,
-                                  context_fn=_recompute_context(segment.module))
+                # the state its recomputation replays, kept (and on CPU shown to the trackers) as the executor's
+                state = RngState.capture(counted) if segment.draws else None
+                made = checkpoint(segment.module, *args, use_reentrant=False, preserve_rng_state=False,
+                                  context_fn=_recompute_context(segment.module, state, counted))
             else:
                 made = segment.module(*args)
             del args
@@ -84,6 +91,11 @@ class SegmentedStage(nn.Module):
             for k in segment.drops:
                 del values[k]
         return values[self._result]
+
+    @property
+    def kept_rng_states(self) -> int:
+        """Generator states a record of the stage keeps until its backward: one per segment that draws."""
+        return sum(segment.draws for segment in self._segments)
 
     @property
     def inputs_per_segment(self) -> tuple[int, ...]:
@@ -94,8 +106,16 @@ class SegmentedStage(nn.Module):
         return f"{self.name}: {len(self._segments)} segments"
 
 
-def _recompute_context(module: nn.Module) -> Any:
-    return lambda: (contextlib.nullcontext(), frozen_statistics(module))
+def _recompute_context(module: nn.Module, state: RngState | None, counted: bool) -> Any:
+    return lambda: (contextlib.nullcontext(), _recomputing(module, state, counted))
+
+
+@contextlib.contextmanager
+def _recomputing(module: nn.Module, state: RngState | None, counted: bool) -> Iterator[None]:
+    """A segment's recomputation: statistics frozen, the random numbers of its first forward drawn again."""
+    replayed = replayed_rng(state, counted) if state is not None else contextlib.nullcontext()
+    with frozen_statistics(module), replayed:
+        yield
 
 
 def segmented_stages(stages: Sequence[nn.Module], x: torch.Tensor) -> list[nn.Module]:
@@ -160,7 +180,7 @@ class _Graph:
         self.last_use = [max((self.position.get(user, end) for user in node.users), default=-1)
                          for node in self.nodes]
         self.last_use[self.position[self.result_node]] = end
-        self.storage, self.nbytes, self.is_tensor = _sizes(stage, x, self.nodes)
+        self.storage, self.nbytes, self.is_tensor, self.draws = _sizes(stage, x, self.nodes)
         self.result = self.position[self.result_node]
         # bytes of storages first made at each position: what a segment's ops hold for backward, roughly
         seen: set[int] = set()
@@ -228,8 +248,10 @@ class _Graph:
         pieces = [self._segment(a, b) for a, b in itertools.pairwise(bounds)]
         read_last = {k: j for j, (_, reads, _) in enumerate(pieces) for k in reads}
         return [_Segment(module, reads, makes,
-                         tuple(k for k in (*reads, *makes) if read_last.get(k, -1) <= j and k != self.result))
-                for j, (module, reads, makes) in enumerate(pieces)]
+                         tuple(k for k in (*reads, *makes) if read_last.get(k, -1) <= j and k != self.result),
+                         any(self.draws[a + 1:b + 1]))
+                for j, ((module, reads, makes), (a, b)) in enumerate(zip(pieces, itertools.pairwise(bounds),
+                                                                         strict=True))]
 
     def _segment(self, after: int, upto: int) -> tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]:
         """The ops after position ``after`` up to ``upto``: a module from the values they read to those read later."""
@@ -251,14 +273,19 @@ class _Graph:
         return fx.GraphModule(self.stage, graph, class_name="Segment"), tuple(reads), tuple(makes)
 
 
-def _sizes(stage: fx.GraphModule, x: torch.Tensor, nodes: list[fx.Node]) -> tuple[list[int], list[int], list[bool]]:
-    """Storage key, storage bytes and tensor-ness of each node's value, from one run of the stage."""
+def _sizes(stage: fx.GraphModule, x: torch.Tensor,
+           nodes: list[fx.Node]) -> tuple[list[int], list[int], list[bool], list[bool]]:
+    """Storage key, storage bytes and tensor-ness of each node's value, and whether it drew random numbers,
+    from one run of the stage."""
     values: dict[fx.Node, Any] = {}
+
+    draws: dict[fx.Node, bool] = {}
 
     class _Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            values[n] = value
+            with RandomDraws() as watched:
+                value = super().run_node(n)
+            values[n], draws[n] = value, watched.drew
             return value
 
     with _unrecorded(stage):
@@ -272,4 +299,4 @@ def _sizes(stage: fx.GraphModule, x: torch.Tensor, nodes: list[fx.Node]) -> tupl
         is_tensor.append(tensor)
         storage.append(value.untyped_storage().data_ptr() if tensor else -1 - len(storage))
         nbytes.append(value.untyped_storage().nbytes() if tensor else 0)
-    return storage, nbytes, is_tensor
+    return storage, nbytes, is_tensor, [draws[node] for node in nodes]

@@ -23,8 +23,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["AllocatorWindow", "LiveBytesTracker", "SavedTensors", "allocator_window", "storage_key", "storage_bytes",
-           "count_in_active_trackers"]
+from ..rng_state import STATE_WATCHERS
+
+__all__ = ["AllocatorWindow", "LiveBytesTracker", "SavedTensors", "allocator_window", "storage_key", "storage_bytes"]
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -57,13 +58,13 @@ class LiveBytesTracker(TorchDispatchMode):
         self.peak_bytes = 0
 
     def __enter__(self) -> LiveBytesTracker:
-        _ACTIVE.append(self)
+        STATE_WATCHERS.append(self.register)   # generator states a plan counts, made outside the dispatcher
         super().__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
-        _ACTIVE.remove(self)
+        STATE_WATCHERS.remove(self.register)
 
     def register(self, tensors: Iterable[torch.Tensor | None]) -> None:
         """Count already existing tensors (weights, inputs, optimizer state) from now on."""
@@ -109,17 +110,6 @@ class LiveBytesTracker(TorchDispatchMode):
             if isinstance(item, torch.Tensor):
                 self._track(item)
         return out
-
-
-_ACTIVE: list[LiveBytesTracker] = []
-
-
-def count_in_active_trackers(tensors: Iterable[torch.Tensor]) -> None:
-    """Count, in every tracker now active, tensors made outside the dispatcher that a plan counts (the
-    generator states an executor keeps: NOTE [ Generator states in the plan ] in schedule.py)."""
-    kept = list(tensors)
-    for tracker in _ACTIVE:
-        tracker.register(kept)
 
 
 class SavedTensors:

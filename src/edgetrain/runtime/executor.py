@@ -85,7 +85,7 @@ from torch import nn
 from ..chain import Chain
 from ..errors import PagingError, ScheduleError
 from ..norm_statistics import frozen_statistics
-from ..profile.tracker import count_in_active_trackers, storage_key
+from ..profile.tracker import storage_key
 from ..rng_state import RngState, replayed_rng
 from ..schedule import (
     Backward,
@@ -491,18 +491,12 @@ class _Run:
         if i not in self.forwarded:
             self.forwarded.add(i)
             if i in self.rng_replayed:
-                self.rng[i] = self._capture_rng()
+                self.rng[i] = RngState.capture(self.rng_counted)
             yield
             return
-        replayed = replayed_rng(self.rng[i], self._capture_rng) if i in self.rng else contextlib.nullcontext()
+        replayed = replayed_rng(self.rng[i], self.rng_counted) if i in self.rng else contextlib.nullcontext()
         with replayed, frozen_statistics(self.stages[i]):
             yield
-
-    def _capture_rng(self) -> RngState:
-        state = RngState.capture()
-        if self.rng_counted:
-            count_in_active_trackers(state.tensors)
-        return state
 
     def _record(self, i: int, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
         box: GradBox | None = None
