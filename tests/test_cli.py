@@ -197,3 +197,11 @@ def test_energy_plan_where_no_checkpoint_sequential_fits() -> None:
     report = json.loads(out)
     assert report["baseline"] is None
     assert report["recompute_only_energy_j"] is not None and report["energy_j"] <= report["recompute_only_energy_j"]
+
+
+def test_train_passes_step_in_backward_to_the_run(tmp_path: Path) -> None:
+    """The flag reaches the run's settings: with a shipped plan (a whole step's) it is refused in one line."""
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text("{}")
+    code, _, err = run("train", "--plan", str(plan_file), "--step-in-backward", "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and "drop --step-in-backward" in err and len(err.strip().splitlines()) == 1

@@ -17,6 +17,7 @@ import pytest
 import torch
 from steps import peak_tracks
 
+from edgetrain.errors import EdgetrainError
 from edgetrain.train import StateStore, TrainConfig, train
 
 SMALL = ["--model", "resnet18", "--image", "32", "--batch", "8", "--samples", "160", "--epochs", "2",
@@ -146,6 +147,40 @@ def test_another_schedule_gives_the_same_numbers(tmp_path: Path) -> None:
     assert squeezed.recompute_factor > 1.0 == plain.recompute_factor   # a different schedule really ran
     assert (squeezed.accuracy, squeezed.val_loss) == (plain.accuracy, plain.val_loss)
     assert all(torch.equal(plain_weights[k], squeezed_weights[k]) for k in plain_weights)
+
+
+def test_the_optimizer_stepped_in_the_backward_trains_as_the_whole_step_and_resumes_exactly(tmp_path: Path) -> None:
+    """``--step-in-backward`` (one SGD per parameter, stepped from its gradient's accumulation): the weights and
+    losses of the whole step's run under a cosine rate (a new rate at every step, in every parameter's
+    optimizer), a lower predicted peak (no step holds every gradient), and a run stopped after its first epoch
+    and resumed (each parameter's momentum restored) ends where the unbroken one does."""
+    def run(name: str, in_backward: bool, epochs: int = 2, schedule: str = "cosine", resume: bool = False) -> object:
+        config = TrainConfig(model="resnet18", image=32, batch=8, samples=32, epochs=epochs, recompute=1.5,
+                             run_dir=tmp_path / name, data_root=tmp_path / "data", save_every=100,
+                             lr_schedule=schedule, step_in_backward=in_backward, resume=resume)
+        return train(config)
+
+    def same_run(name: str, other: str) -> bool:
+        expected = final_weights(tmp_path / other)
+        return step_losses(tmp_path / name) == step_losses(tmp_path / other) and all(
+            torch.equal(tensor, expected[key]) for key, tensor in final_weights(tmp_path / name).items())
+
+    whole, stepped = run("whole", False), run("stepped", True)
+    assert stepped.predicted_peak_bytes < whole.predicted_peak_bytes   # type: ignore[attr-defined]
+    assert same_run("stepped", "whole")
+    run("steady", True, schedule="constant")   # a constant rate: a first epoch alone trains as the run's first
+    run("parts", True, epochs=1, schedule="constant")
+    run("parts", True, schedule="constant", resume=True)
+    assert same_run("parts", "steady")
+
+
+def test_the_optimizer_in_the_backward_is_refused_with_a_shipped_plan_and_is_part_of_the_run(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text("{}")
+    with pytest.raises(EdgetrainError, match="drop --step-in-backward"):
+        TrainConfig(plan_file=plan_file, step_in_backward=True).check()
+    assert "step_in_backward" not in TrainConfig().identity().identity
+    assert TrainConfig(step_in_backward=True).identity().identity["step_in_backward"] is True
 
 
 def test_a_cosine_rate_falls_from_the_rate_to_zero_and_each_step_trains_at_its_own(tmp_path: Path) -> None:

@@ -634,7 +634,10 @@ def train_command(
                                     "not meet a changed --memory/--recompute (recorded in the metrics)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the data, the model and the order."),
         save_every: int = typer.Option(50, "--save-every", min=1, help="Save the training state every N steps."),
-        skip_corrupt: bool = typer.Option(False, "--skip-corrupt", help="Skip and count unreadable samples.")) -> None:
+        skip_corrupt: bool = typer.Option(False, "--skip-corrupt", help="Skip and count unreadable samples."),
+        step_in_backward: bool = typer.Option(False, "--step-in-backward", help="Update each parameter as soon "
+                                              "as its gradient is made (one optimizer per parameter): the "
+                                              "gradients never all live at once; planned so.")) -> None:
     """Train a model within a memory budget: plan, train with the plan, evaluate every epoch, save state."""
     from .train import TrainConfig
 
@@ -643,7 +646,8 @@ def train_command(
                          plan_file=plan_file, page_dir=page_dir, epochs=epochs, optimizer=optimizer,
                          lr=lr, lr_schedule=lr_schedule, workers=workers, run_dir=run_dir, resume=resume,
                          overwrite=overwrite, replan=replan,
-                         seed=seed, save_every=save_every, skip_corrupt=skip_corrupt)
+                         seed=seed, save_every=save_every, skip_corrupt=skip_corrupt,
+                         step_in_backward=step_in_backward)
     summary = _train_with_progress(config)
     _print_summary(summary, run_dir)
 

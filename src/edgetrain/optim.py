@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import torch
 
 from .chain import OPTIMIZERS
 from .errors import UnknownNameError
 
-__all__ = ["make_optimizer", "DEFAULT_LR", "LR_SCHEDULES", "scheduled_rate", "set_learning_rate"]
+__all__ = ["make_optimizer", "DEFAULT_LR", "LR_SCHEDULES", "scheduled_rate", "set_learning_rate", "TrainingOptimizer"]
 
 DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}
 LR_SCHEDULES = ("constant", "cosine")
@@ -38,7 +39,26 @@ def scheduled_rate(rate: float, schedule: str, step: int, total_steps: int) -> f
     return rate * (1 + math.cos(math.pi * min(step, total_steps) / total_steps)) / 2
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
+class TrainingOptimizer(Protocol):
+    """What a training loop asks of its optimizer: a ``torch.optim.Optimizer``, or one optimizer per parameter
+    stepped in the backward (:class:`~edgetrain.runtime.step_in_backward.StepInBackward`)."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def state(self) -> Mapping[Any, Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> Any: ...
+
+
+def set_learning_rate(optimizer: TrainingOptimizer, rate: float) -> None:
     """Every parameter group's rate becomes ``rate`` (the optimizer's state is kept)."""
     for group in optimizer.param_groups:
         group["lr"] = rate

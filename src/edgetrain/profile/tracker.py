@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..optim import TrainingOptimizer
 from ..rng_state import STATE_WATCHERS
 
 __all__ = ["AllocatorWindow", "LiveBytesTracker", "SavedTensors", "allocator_window", "storage_key", "storage_bytes"]
@@ -72,7 +73,7 @@ class LiveBytesTracker(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor):
                 self._track(tensor)
 
-    def register_training_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+    def register_training_state(self, model: torch.nn.Module, optimizer: TrainingOptimizer | None,
                                 *batch: torch.Tensor) -> None:
         """Count what lives across a training step: weights, buffers, optimizer state, the batch."""
         self.register(model.parameters())

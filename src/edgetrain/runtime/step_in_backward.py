@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,6 +17,7 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # the optimizers whose memory the chain models (``chain.OPTIMIZERS``), by the class a factory makes
 _KINDS: dict[type[torch.optim.Optimizer], str] = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam"}
 _STEPPER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # parameter -> the StepInBackward that hooks it
+STATE_KEY = "step_in_backward"   # its state_dict's one key: the per-parameter optimizers' states
 
 
 class StepInBackward:
@@ -70,6 +72,35 @@ class StepInBackward:
             yield
         finally:
             self._paused = False
+
+    # --- to a training loop, the one optimizer it saves, restores and sets the rate of (optim.TrainingOptimizer)
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every parameter's optimizer's groups: a rate set in them is the next backward's."""
+        return [group for optimizer in self.optimizers.values() for group in optimizer.param_groups]
+
+    @property
+    def state(self) -> dict[nn.Parameter, Any]:
+        return {p: optimizer.state[p] for p, optimizer in self.optimizers.items() if p in optimizer.state}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each parameter's optimizer's ``state_dict()``, in the stages' order of parameters."""
+        return {STATE_KEY: [optimizer.state_dict() for optimizer in self.optimizers.values()]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        parts = state_dict.get(STATE_KEY)
+        if not isinstance(parts, list) or len(parts) != len(self.optimizers):
+            found = "one optimizer's state" if parts is None else f"{len(parts)} parameters' states"
+            raise ValueError(f"the saved optimizer state is {found}, not one for each of these "
+                             f"{len(self.optimizers)} parameters stepped in the backward")
+        for optimizer, part in zip(self.optimizers.values(), parts, strict=True):
+            optimizer.load_state_dict(part)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: each gradient was dropped once its parameter was stepped."""
+
+    def step(self) -> None:
+        """Nothing to do: the backward stepped every parameter."""
 
     def remove(self) -> None:
         """Unhook every parameter: later backwards leave gradients in ``.grad`` again."""

@@ -31,6 +31,8 @@ class TrainConfig:
     ``resume`` continues the run in ``run_dir`` (or starts it when there is none yet);
     ``overwrite`` replaces a run that is there; ``replan`` lets a resumed run plan again when
     its saved plan does not meet a changed budget (see NOTE [ Run directory protocol ]).
+    ``step_in_backward`` updates each parameter as soon as its gradient is made, one optimizer per
+    parameter, and plans for it (NOTE [ The optimizer step in the backward ] in ``chain.py``).
     """
 
     model: str = "resnet18"
@@ -59,6 +61,7 @@ class TrainConfig:
     save_every: int = 50
     keep_last: int = 2
     skip_corrupt: bool = False
+    step_in_backward: bool = False
 
     def check(self) -> None:
         """Refuse any setting that cannot work, before any work; one-line messages.
@@ -95,6 +98,8 @@ class TrainConfig:
         if self.plan_file is not None and (self.recompute is not None or self.step_memory is not None
                                            or self.strategy != "auto"):
             raise EdgetrainError("--plan replaces planning: drop --recompute, --step-memory and --strategy")
+        if self.plan_file is not None and self.step_in_backward:
+            raise EdgetrainError("--plan ships a plan for a whole step: drop --step-in-backward, or plan here")
         if self.recompute is not None and not (math.isfinite(self.recompute) and self.recompute >= 1):
             raise EdgetrainError(f"--recompute is a factor ρ >= 1 (time with recomputation over time without), "
                                  f"got {self.recompute}")
@@ -173,6 +178,8 @@ class TrainConfig:
             "seed": self.seed, "skip_corrupt": self.skip_corrupt}
         if self.lr_schedule != "constant":  # runs recorded before schedules existed keep their identity
             identity["lr_schedule"] = self.lr_schedule
+        if self.step_in_backward:   # and before the optimizer moved into the backward
+            identity["step_in_backward"] = True
         request = {"budget_bytes": self.budget_bytes(), "step_budget_bytes": self.step_budget_bytes(),
                    "recompute": self.recompute, "device": self.device, "strategy": self.strategy}
         if self.plan_file is not None:

@@ -33,11 +33,12 @@ from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt,
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..fileio import to_json, write_atomic, write_json
 from ..models import get_model_spec
-from ..optim import make_optimizer, set_learning_rate
+from ..optim import TrainingOptimizer, make_optimizer, set_learning_rate
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
 from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
+from ..runtime.step_in_backward import StepInBackward, shared_gradient_bytes
 from ..schedule import Schedule, keep_all, simulate, validate
 from ..stages import training_stages
 from ..units import format_bytes
@@ -221,7 +222,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
 
     torch.manual_seed(config.seed)
     model = spec.build(num_classes)
-    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+    stages = training_stages(model)
     store = StateStore(run.file(STATE_DIR), keep_last=config.keep_last)
     sampler = ResumableSampler(len(train_set), config.seed)
 
@@ -230,6 +231,9 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     if shipped is not None:
         shipped.check_matches(num_classes=num_classes)
     chain = shipped.chain if shipped is not None else profile_batch(model, sample_x, sample_y, config)
+    optimizer = _optimizer(config, model, stages)   # after profiling: its backwards must step nothing
+    if config.step_in_backward:
+        chain = chain.with_step_in_backward(shared_gradient_bytes(stages))
     epoch, step, resumed_at = 0, 0, None
     if opening.state is not None:  # after profiling (NOTE [ Exact resume ]); the loaded copy is then dropped
         opening.state.restore(model, optimizer, sampler=sampler)
@@ -244,7 +248,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     saved = opening.schedule if opening.schedule is not None else None if shipped is None else shipped.schedule
     chosen = choose_plan(chain, config, budget, saved)
     del sample_x, sample_y
-    executor = Executor(training_stages(model), chosen.schedule, chain, page_dir=config.page_dir)
+    executor = Executor(stages, chosen.schedule, chain, page_dir=config.page_dir)
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
     run.record(identity, _plan_figures(chosen, baseline))
     predicted_process = ProcessBudget(0, baseline).predicted_process_bytes(chosen.predicted_peak_bytes)
@@ -409,7 +413,15 @@ def _batches(dataset: Dataset[Any], sampler: ResumableSampler, config: TrainConf
         yield batch if batch is not None and len(batch[1]) >= 2 else None
 
 
-def _train_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+def _optimizer(config: TrainConfig, model: nn.Module, stages: list[nn.Module]) -> TrainingOptimizer:
+    """The run's optimizer: one over the model, or one per parameter stepped in the backward of ``stages``."""
+    if not config.step_in_backward:
+        return make_optimizer(config.optimizer, model.parameters(), config.lr)
+    return StepInBackward(stages, lambda params: make_optimizer(config.optimizer, params, config.lr),
+                          config.optimizer)
+
+
+def _train_step(executor: Executor, model: nn.Module, optimizer: TrainingOptimizer, x: torch.Tensor,
                 y: torch.Tensor, step: int, epoch: int, measure: bool) -> StepMetrics:
     start = time.perf_counter()
     peak = None
@@ -425,14 +437,14 @@ def _train_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Opt
                        peak_bytes=peak, process_peak_bytes=read_process_memory().peak_rss_bytes)
 
 
-def _step(executor: Executor, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+def _step(executor: Executor, optimizer: TrainingOptimizer, x: torch.Tensor, y: torch.Tensor) -> float:
     optimizer.zero_grad(set_to_none=True)
     loss = executor.step(x, y)
     optimizer.step()
     return float(loss)
 
 
-def _capture(step: int, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Schedule,
+def _capture(step: int, epoch: int, model: nn.Module, optimizer: TrainingOptimizer, schedule: Schedule,
              sampler: ResumableSampler, consumed: int) -> TrainingState:
     return TrainingState.capture(step=step, epoch=epoch, model=model, optimizer=optimizer, schedule=schedule,
                                  sampler=sampler.state_dict(consumed=consumed))

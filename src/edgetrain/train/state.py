@@ -63,6 +63,7 @@ from torch.utils.data import Sampler
 
 from ..errors import EdgetrainError
 from ..fileio import fsync_dir
+from ..optim import TrainingOptimizer
 from ..schedule import Schedule
 
 __all__ = [
@@ -274,7 +275,7 @@ class TrainingState:
     torch_version: str = str(torch.__version__)
 
     @classmethod
-    def capture(cls, *, step: int, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+    def capture(cls, *, step: int, epoch: int, model: nn.Module, optimizer: TrainingOptimizer | None = None,
                 schedule: Schedule | None = None, sampler: ResumableSampler | Mapping[str, int] | None = None,
                 lr_scheduler: Any = None, metadata: Mapping[str, Any] | None = None,
                 rng: bool = True) -> TrainingState:
@@ -292,7 +293,7 @@ class TrainingState:
                    lr_scheduler=lr_scheduler.state_dict() if lr_scheduler is not None else None,
                    metadata=dict(metadata or {}))
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+    def restore(self, model: nn.Module, optimizer: TrainingOptimizer | None = None, *,
                 sampler: ResumableSampler | None = None, lr_scheduler: Any = None, rng: bool = True) -> None:
         """Load the state into a freshly built run; each object passed must have its part saved.
 
