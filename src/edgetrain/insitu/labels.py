@@ -246,6 +246,14 @@ def propagate(labels: Sequence[int], trusted: Sequence[bool], config: GateConfig
     return [None] * first + [label] * (len(labels) - first)
 
 
+def _members(ids: Sequence[int] | np.ndarray) -> dict[int, list[int]]:
+    """Each track's rows in ``ids``, tracks in order of first appearance."""
+    members: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        members.setdefault(int(tid), []).append(i)
+    return members
+
+
 def pseudo_labels(ids: Sequence[int], teacher_labels: np.ndarray, trusted: np.ndarray, config: GateConfig,
                   propagation: str) -> list[int | None]:
     """Each detection's pseudo-label (None: not stored); ``ids`` are track ids of detections in frame order.
@@ -258,11 +266,8 @@ def pseudo_labels(ids: Sequence[int], teacher_labels: np.ndarray, trusted: np.nd
         raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {propagation!r}")
     if propagation == "none":
         return [int(label) if ok else None for label, ok in zip(teacher_labels, trusted, strict=True)]
-    tracks: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        tracks.setdefault(tid, []).append(i)
     pseudo: list[int | None] = [None] * len(ids)
-    for members in tracks.values():
+    for members in _members(ids).values():
         labels = propagate([int(teacher_labels[i]) for i in members], [bool(trusted[i]) for i in members],
                            config, backward=propagation == "track")
         for i, label in zip(members, labels, strict=True):
@@ -337,10 +342,7 @@ def posterior_labels(ids: Sequence[int], probs: np.ndarray, weights: np.ndarray,
     if propagation == "none":
         return [int(label) for label in weighted.argmax(axis=1)]
     labels = [0] * len(ids)
-    tracks: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        tracks.setdefault(tid, []).append(i)
-    for members in tracks.values():
+    for members in _members(ids).values():
         votes = weighted[members]
         votes = votes.cumsum(axis=0) if propagation == "forward" else np.broadcast_to(votes.sum(axis=0), votes.shape)
         for i, label in zip(members, votes.argmax(axis=1), strict=True):
@@ -469,14 +471,6 @@ def track_side_views(ids: Sequence[int] | np.ndarray, boxes: np.ndarray, camera:
         views.append(float(np.median(np.abs(np.cos(heading - measured[rows])))) if travel >= min_travel_m
                      else float("nan"))
     return np.array(views)
-
-
-def _members(ids: Sequence[int] | np.ndarray) -> dict[int, list[int]]:
-    """Each track's rows in ``ids``, tracks in order of first appearance."""
-    members: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        members.setdefault(int(tid), []).append(i)
-    return members
 
 
 @dataclass(frozen=True)
