@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +16,15 @@ import pytest
 
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
 from edgetrain.insitu.labels import (
+    MIN_HEADING_TRAVEL_M,
     SIZE_OUTLIER_LOG_DENSITY,
     Alignment,
     Calibration,
     GateConfig,
+    HeadingSizes,
     SizeModel,
     StreamFit,
+    TrackEvidence,
     accepted,
     box_size_m,
     calibrate,
@@ -29,7 +33,11 @@ from edgetrain.insitu.labels import (
     cross_fitted_scores,
     elevation_deg,
     fit_alignment,
+    fit_size_model,
+    fit_stream,
     fold_of_tracks,
+    ground_point_m,
+    heading_rad,
     label_detections,
     log_aspect,
     min_margin,
@@ -39,6 +47,7 @@ from edgetrain.insitu.labels import (
     repeated_cross_fit,
     size_labels,
     track_evidence,
+    track_side_views,
     vote,
 )
 from edgetrain.insitu.model import Outputs
@@ -299,6 +308,180 @@ def test_the_size_rule_corrects_tracks_the_teacher_leans_wrong_on_by_their_size(
     assert (tracks.posteriors.argmax(axis=1) != truth).nonzero()[0].tolist() == [0, 1, 8, 9]
     assert by_size == truth.tolist()
     assert by_round == dict(enumerate(truth.tolist()))
+
+
+def _boxes_over(feet: np.ndarray) -> np.ndarray:
+    """Boxes (n, 4) 10 px wide and 20 px high standing on the steep camera's image of ground points ``feet`` (n, 2)."""
+    pixels = STEEP.project(np.column_stack([feet, np.zeros(len(feet))]))[0]
+    return np.column_stack([pixels[:, 0] - 5, pixels[:, 1] - 20, pixels[:, 0] + 5, pixels[:, 1]])
+
+
+def test_a_straight_track_along_x_has_heading_0_from_its_boxes_foot_points() -> None:
+    # Prepare: a box whose foot moves along x from (-2, 6) to (2, 6) m, one along y, one at 120 degrees (9 boxes).
+    steps = np.linspace(0.0, 4.0, 9)[:, None]
+    along_x = np.array([-2.0, 6.0]) + steps * [1.0, 0.0]
+    along_y = np.array([0.0, 3.0]) + steps * [0.0, 1.0]
+    slanted = np.array([1.0, 4.0]) + steps * [np.cos(2 * np.pi / 3), np.sin(2 * np.pi / 3)]
+
+    # Execute: the foot points back from the boxes alone, and their heading (mod pi) and travel.
+    feet = ground_point_m(_boxes_over(along_x), STEEP)
+
+    # Assert: the mount maps the boxes' bottom centres back to the ground points exactly; headings are the
+    # paths' directions mod 180 degrees, whatever the order of the boxes, and each travels 4 m.
+    assert np.allclose(feet, along_x)
+    assert np.allclose(heading_rad(feet), (0.0, 4.0)) or np.allclose(heading_rad(feet), (np.pi, 4.0))
+    assert np.allclose(heading_rad(ground_point_m(_boxes_over(along_y), STEEP)), (np.pi / 2, 4.0))
+    assert np.allclose(heading_rad(ground_point_m(_boxes_over(slanted[::-1]), STEEP)), (2 * np.pi / 3, 4.0))
+
+
+def test_a_tracks_side_view_is_1_side_on_0_end_on_and_unknown_when_it_barely_moves() -> None:
+    # Prepare: track 1 crosses along x at 6 m, right of the image's centre (side-on), track 2 comes along y at
+    # x = 0 (end-on), track 3 moves 0.9 m along x (under MIN_HEADING_TRAVEL_M); their boxes shuffled.
+    steps = np.linspace(0.0, 4.0, 9)[:, None]
+    side_on = np.array([1.0, 6.0]) + steps * [1.0, 0.0]
+    end_on = np.array([0.0, 3.0]) + steps * [0.0, 1.0]
+    still = np.array([1.0, 5.0]) + np.linspace(0.0, 0.9, 3)[:, None] * [1.0, 0.0]
+    boxes = np.concatenate([_boxes_over(side_on), _boxes_over(end_on), _boxes_over(still)])
+    ids = np.array([1] * 9 + [2] * 9 + [3] * 3)
+    order = np.random.default_rng(0).permutation(len(ids))
+
+    # Execute
+    views = track_side_views(ids[order], boxes[order], STEEP)
+
+    # Assert: a box a focal lengths right of the centre measures the ground along (1, -a cos 60 deg): side-on,
+    # |cos| of that angle is 1 / sqrt(1 + (a / 2)^2), the median over the track's boxes; end-on at x = 0, 0.
+    across = ((boxes[:9, 0] + boxes[:9, 2]) / 2 - STEEP.width_px / 2) / STEEP.focal_px
+    assert MIN_HEADING_TRAVEL_M == 1.0
+    assert len(views) == 3
+    by_track = dict(zip(dict.fromkeys(ids[order].tolist()), views, strict=True))
+    assert np.isclose(by_track[1], np.median(1 / np.sqrt(1 + (across / 2) ** 2)))
+    assert by_track[1] < 0.99  # the box width measures the ground slantwise off the image's centre
+    assert np.isclose(by_track[2], 0.0, atol=1e-9)
+    assert np.isnan(by_track[3])
+
+
+def _crates_and_pyramids(noise: float, pyramid_height_m: float, lean: float) -> tuple[TrackEvidence, np.ndarray]:
+    """Forty tracks (three frames each, side views 0, 0.25, ..., 1, four of each per class): crates (class 0, 2 m x
+    1 m, 1 m high) and pyramids (class 1, 1.1 m wide whatever the view, ``pyramid_height_m`` high), log sizes with
+    ``noise``; the teacher leans ``lean`` on the truth of the four crates seen end-on, 0.7 on the others'.
+    Returns the evidence and the true classes."""
+    rng = np.random.default_rng(0)
+    views = np.tile([0.0, 0.25, 0.5, 0.75, 1.0], 8)
+    truth = np.repeat([0, 1], 20)
+    width = np.where(truth == 0, np.log(1.0) + (np.log(2.0) - np.log(1.0)) * views, np.log(1.1))
+    log_sizes = np.column_stack([width, np.where(truth == 0, 0.0, np.log(pyramid_height_m))])
+    log_sizes += rng.normal(0.0, noise, (40, 2))
+    lean = np.where((truth == 0) & (views == 0.0), lean, 0.7)
+    posteriors = np.where(truth[:, None] == np.arange(2), lean[:, None], 1 - lean[:, None])
+    return TrackEvidence(list(range(40)), posteriors, log_sizes, np.full(40, 3.0), views), truth
+
+
+def test_the_heading_size_model_recovers_a_classs_length_and_width_from_tracks_at_several_headings() -> None:
+    # Execute: the size model's EM given the side views, on exact sizes and on sizes with 2% noise (pyramids 1.5 m
+    # high: the classes' sizes apart at every view).
+    exact = fit_size_model(_crates_and_pyramids(0.0, 1.5, 0.7)[0]).heading
+    noisy = fit_size_model(_crates_and_pyramids(0.02, 1.5, 0.7)[0]).heading
+
+    # Assert: side-on the crate is its length (2 m) wide, end-on its width (1 m); the pyramid 1.1 m both ways; the
+    # heights do not change with the view.
+    assert exact is not None and noisy is not None
+    assert np.allclose(np.exp(exact.side_on), [[2.0, 1.0], [1.1, 1.5]], rtol=1e-6)
+    assert np.allclose(np.exp(exact.end_on), [[1.0, 1.0], [1.1, 1.5]], rtol=1e-6)
+    assert np.allclose(np.exp(noisy.side_on), [[2.0, 1.0], [1.1, 1.5]], rtol=0.03)
+    assert np.allclose(np.exp(noisy.end_on), [[1.0, 1.0], [1.1, 1.5]], rtol=0.03)
+
+
+def test_the_heading_puts_end_on_crates_the_teacher_leans_wrong_on_right_where_one_size_per_class_does_not() -> None:
+    # Prepare: the tracks above with 2% noise, pyramids 1 m high like the crates and the teacher leaning 0.45 : 0.55
+    # wrong on the end-on crates; and the same without their side views (one Gaussian per class).
+    given, truth = _crates_and_pyramids(0.02, 1.0, 0.45)
+    plain = replace(given, side_views=None)
+    ids = np.repeat(np.arange(40), 3)
+    probs = np.repeat(given.posteriors, 3, axis=0)
+    log_sizes = dict(enumerate(given.log_sizes))
+    views = dict(enumerate(given.side_views.tolist()))
+
+    # Execute: the size rule's labels and its self-training round's, with and without the views.
+    with_heading, without = size_labels(given), size_labels(plain)
+    round_with = relabel_tracks(ids.tolist(), probs, log_sizes, views)
+    round_without = relabel_tracks(ids.tolist(), probs, log_sizes)
+
+    # Assert: 1 m wide, the end-on crates lie nearer the pyramids' 1.1 m than the crates' mean (~1.4 m): one size
+    # per class follows the teacher onto them; given the view, every track is right.
+    end_on = [i for i in range(40) if truth[i] == 0 and given.side_views[i] == 0.0]
+    assert with_heading == truth.tolist() and round_with == dict(enumerate(truth.tolist()))
+    assert [without[i] for i in end_on] == [1] * 4 and [round_without[i] for i in end_on] == [1] * 4
+
+
+def test_the_cross_fitted_round_judges_a_tracks_size_given_its_side_view_and_without_one_by_one_size() -> None:
+    # Prepare: two classes; given the view, class 0 is log width 0 end-on and 1 side-on, class 1 0.5 both ways
+    # (unit covariances); one size per class: log sizes centred on (0.5, 0) and (0, 0). Three tracks of log size
+    # (0, 0): end-on, side-on, no heading; students and teacher undecided.
+    heading = HeadingSizes(np.array([[0.0, 0.0], [0.5, 0.0]]), np.array([[1.0, 0.0], [0.5, 0.0]]),
+                           np.tile(np.eye(2), (2, 1, 1)))
+    sizes = SizeModel(np.array([[0.5, 0.0], [0.0, 0.0]]), np.tile(np.eye(2), (2, 1, 1)), heading=heading)
+    undecided = np.array([0.5, 0.5])
+    fit = StreamFit(Alignment(np.array([0.0, 90.0]), np.ones((1, 2))), sizes, dict.fromkeys([1, 2, 3], np.zeros(2)),
+                    track_posteriors=dict.fromkeys([1, 2, 3], undecided),
+                    track_side_views={1: 0.0, 2: 1.0, 3: float("nan")})
+
+    # Execute
+    evidence = cross_fitted_scores([1, 2, 3], np.tile(undecided, (3, 1)), fit, outlier_log_density=float("-inf"))
+
+    # Assert: end-on the track is class 0's (log widths 0 off against 0.5), side-on class 1's (1 against 0.5),
+    # with no heading class 1's (0.5 against 0): likelihood ratios exp(0.125), exp(-0.375), exp(-0.125).
+    def odds(log_ratio: float) -> list[float]:
+        return [1 / (1 + np.exp(-log_ratio)), 1 / (1 + np.exp(log_ratio))]
+
+    assert np.allclose(evidence.posteriors, [odds(0.125), odds(-0.375), odds(-0.125)])
+    assert evidence.side_views is not None and evidence.side_views[:2].tolist() == [0.0, 1.0]
+
+
+def test_the_stream_fit_judges_size_given_the_heading_by_default_and_not_with_the_flag_off() -> None:
+    # Prepare: the steep camera's stream of three tracks crossing along x and three along y (9 boxes each),
+    # the teacher's probabilities a fixed mix.
+    steps = np.linspace(0.0, 4.0, 9)[:, None]
+    paths = [np.array([-2.0 + k, 4.0 + k]) + steps * [1.0, 0.0] for k in range(3)]
+    paths += [np.array([-1.0 + k, 2.0]) + steps * [0.0, 1.0] for k in range(3)]
+    boxes = np.concatenate([_boxes_over(path) for path in paths])
+    tracks = np.repeat(np.arange(6), 9)
+    probs = np.tile([0.4, 0.3, 0.2, 0.1], (54, 1))
+    prior = np.full(4, 0.25)
+
+    # Execute
+    on = fit_stream(tracks, probs, boxes, STEEP, prior, GateConfig(rule="size"))
+    off = fit_stream(tracks, probs, boxes, STEEP, prior, GateConfig(rule="size", size_heading=False))
+
+    # Assert: by default each track has its side view (~1 across, ~0 along y) and the size model a heading part.
+    assert GateConfig().size_heading and GateConfig(rule="size").size_heading
+    assert on.sizes is not None and on.sizes.heading is not None
+    assert [round(view) for view in on.track_side_views.values()] == [1, 1, 1, 0, 0, 0]
+    assert off.sizes is not None and off.sizes.heading is None and off.track_side_views == {}
+
+
+def test_a_clips_size_labels_judge_each_track_given_its_heading_unless_the_flag_is_off() -> None:
+    # Prepare: a clip of two tracks of 10 x 20 px boxes, one crossing along x (side-on), one coming along y
+    # (end-on); an undecided teacher; a size model whose one-size part cannot tell the classes apart while its
+    # heading part puts class 0 at log size (0, 0) end-on and (5, 5) side-on, class 1 the other way round.
+    steps = np.linspace(0.0, 4.0, 9)[:, None]
+    boxes = np.concatenate([_boxes_over(np.array([-2.0, 6.0]) + steps * [1.0, 0.0]),
+                            _boxes_over(np.array([0.0, 3.0]) + steps * [0.0, 1.0])])
+    ids = [1] * 9 + [2] * 9
+    outputs = Outputs(np.full((18, 2), 0.5), np.zeros((18, 4)))
+    calibration = Calibration(np.zeros((2, 4)), np.ones(4), 1.0, np.zeros((2, 2)), np.array([0.5, 0.5]))
+    flat = Alignment(np.array([0.0, 90.0]), np.ones((1, 2)))
+    wide = np.tile(10 * np.eye(2), (2, 1, 1))
+    sizes = SizeModel(np.zeros((2, 2)), wide, heading=HeadingSizes(np.array([[0.0, 0.0], [5.0, 5.0]]),
+                                                                   np.array([[5.0, 5.0], [0.0, 0.0]]), wide))
+
+    def labels(size_heading: bool) -> list[int | None]:
+        config = GateConfig(rule="size", size_heading=size_heading)
+        return label_detections(ids, outputs, boxes, calibration, STEEP, config, "track", flat, sizes)[0]
+
+    # Assert: the boxes (~0.5 m) are nearer class 1's side-on size and class 0's end-on one; without the heading
+    # both tracks tie (class 0 first).
+    assert labels(True) == [1] * 9 + [0] * 9
+    assert labels(False) == [0] * 18
 
 
 def test_the_labelled_share_keeps_the_surest_tracks_holding_that_share_of_detections() -> None:
@@ -647,7 +830,7 @@ def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_
     configs: list[sim.SimulateConfig] = []
     monkeypatch.setattr(sim, "simulate", lambda config, store, progress: configs.append(config) or {})
     for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4", "--track-consistency", "0.5",
-                       "--round-repeats", "3"]):
+                       "--round-repeats", "3", "--no-size-heading"]):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--json", "--store", str(tmp_path / "s"), *flags])
         assert result.exit_code == 0, result.output
 
@@ -655,6 +838,7 @@ def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_
     assert [c.student_seed_offset for c in configs] == [1, 4]
     assert [c.track_consistency for c in configs] == [sim.SimulateConfig.track_consistency, 0.5]
     assert [c.round_repeats for c in configs] == [1, 3]
+    assert [c.gate.size_heading for c in configs] == [True, False]
     for rate in ("0", "-0.001", "nan"):   # a student that cannot learn is refused in one line, before any work
         result = CliRunner().invoke(app, ["insitu", "simulate", "--store", str(tmp_path / "s"), "--student-lr", rate])
         assert result.exit_code == 2 and "--student-lr" in result.output and "> 0" in result.output, result.output
@@ -833,13 +1017,15 @@ def test_self_training_rounds_without_whole_tracks_are_refused_in_one_line(tmp_p
 
 
 def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
-    # Prepare: the same clip with every object's true class changed; an untrained network as the teacher.
+    # Prepare: the same clip with every object's true class and view (azimuth, elevation) changed; an untrained
+    # network as the teacher.
     import dataclasses
 
     from edgetrain.insitu.model import classifier, predict
 
     relabelled = Video(pole_clip.camera, pole_clip.frames,
-                       tuple(dataclasses.replace(t, label=(t.label + 1) % 4) for t in pole_clip.truth))
+                       tuple(dataclasses.replace(t, label=(t.label + 1) % 4, azimuth_deg=90 - t.azimuth_deg,
+                                                 elevation_deg=90 - t.elevation_deg) for t in pole_clip.truth))
     teacher = classifier(4, seed=0)
     calibration = Calibration(np.zeros((4, 64)), np.ones(64), float("inf"), np.tile([-np.inf, np.inf], (4, 1)))
 
@@ -851,7 +1037,11 @@ def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
         boxes = np.array([d.box for d in detections])
         return label_detections(ids, outputs, boxes, calibration, video.camera, GateConfig(rule=rule), "track")[0]
 
-    # Assert: the pseudo-labels are the same: the true classes never reach them.
+    # Assert: the pseudo-labels are the same: the true classes and views never reach them (the size rule judges
+    # tracks given the heading their boxes show: most have one).
     for rule in ("size", "posterior", "gate"):
         assert labels(pole_clip, rule) == labels(relabelled, rule)
     assert any(label is not None for label in labels(pole_clip, "posterior"))
+    detections, _ = detect(pole_clip, seed=1)
+    views = track_side_views(track(detections), np.array([d.box for d in detections]), pole_clip.camera)
+    assert GateConfig().size_heading and np.isfinite(views).mean() > 0.5

@@ -73,6 +73,10 @@ def simulate_command(
                                    "'posterior' (each track's teacher probabilities weighted by the view from the "
                                    "node's mount and aligned to the class prior; every track labelled) or 'gate' "
                                    "(the first increment's competence gate and vote)."),
+        size_heading: bool = typer.Option(True, "--size-heading/--no-size-heading", help="With --labels size: a "
+                                          "track that moves is judged by the size its class has at its heading "
+                                          "relative to the camera (from the ground path of its boxes' foot "
+                                          "points); --no-size-heading: one size per class whatever the heading."),
         label_coverage: float = typer.Option(1.0, "--label-coverage", min=0.0, max=1.0, help="With --labels size: "
                                              "the share of the stream's detections labelled, the tracks the rule "
                                              "is surest of first (the margin of their two best scores); the rest "
@@ -131,7 +135,7 @@ def simulate_command(
                             round_folds=folds, round_coverage=kept, round_repeats=round_repeats,
                             replay_weight=replay_weight, student_lr=student_lr,
                             student_seed_offset=student_seed_offset, track_consistency=track_consistency,
-                            gate=GateConfig(rule=labels, coverage=label_coverage),
+                            gate=GateConfig(rule=labels, coverage=label_coverage, size_heading=size_heading),
                             **overrides)
     if store.exists():
         shutil.rmtree(store)

@@ -107,6 +107,24 @@ deal in order of first appearance, as before; each later one in a random order o
 deal's fold students with their own seed, and gives each detection the mean of the M votes it got, each
 from a student that never saw its track; the round's cues then meet as before. The students train one
 after the other (each within the planned step memory); the round costs M times its fold students.
+
+NOTE [ The size cue given the track's heading ]
+A box's width depends on which side of the object the camera sees: a crate (2 m x 1 m footprint) is ~2 m
+wide seen side-on and ~1 m end-on, so one Gaussian of log size per class (NOTE [ Object size from the
+mount ... ]) is wide for crates and puts end-on crates near pyramids (seed 7: every cue called them
+pyramids; docs/insitu.md). The generator moves every object along its long axis on a straight path, and
+the node sees that path without ground truth: each box's foot point (bottom centre) maps to the ground
+through the mount (:func:`ground_point_m`), and the principal axis of a track's foot points is its heading
+(:func:`heading_rad`, modulo 180°: a footprint looks the same from the front and the back). A box's width
+in pixels measures the footprint along the ground direction that moves the image's x the most ((1, -a cos
+tilt) for a box centred a focal lengths off the image's centre), so per box |cos| of the angle between
+the heading and that direction is 1 side-on and 0 end-on, and the track's *side view* is its median
+(:func:`track_side_views`). With ``GateConfig.size_heading`` the size model's mean is linear in it per
+class (:class:`HeadingSizes`: the log size end-on and side-on, fitted by weighted least squares in the
+same EM: for a crate, exp of the side-on log width is its length and the end-on one its width); |cos|
+rather than cos 2θ, because near end-on a box's width grows with the angle itself (cos 2θ is flat there).
+Tracks whose foot points travel less than :data:`MIN_HEADING_TRAVEL_M` (no heading) keep the plain
+Gaussian, fitted as before on every track.
 """
 
 from __future__ import annotations
@@ -124,8 +142,8 @@ __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "
            "posterior_labels", "label_detections", "relabel_tracks", "box_size_m", "SizeModel", "fit_size_model",
            "TrackEvidence", "track_evidence", "size_scores", "size_labels", "min_margin", "StreamFit",
            "fit_stream", "fold_of_tracks", "HeldOutVote", "repeated_cross_fit", "cross_fitted_scores",
-           "cross_fitted_labels", "score_margins",
-           "SIZE_OUTLIER_LOG_DENSITY"]
+           "cross_fitted_labels", "score_margins", "ground_point_m", "heading_rad", "track_side_views",
+           "HeadingSizes", "SIZE_OUTLIER_LOG_DENSITY", "MIN_HEADING_TRAVEL_M"]
 
 PROPAGATION = ("track", "forward", "none")
 # NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
@@ -149,6 +167,8 @@ class GateConfig:
     min_agreement: float = 0.8
     coverage: float = 1.0  # size rule: the share of the stream's detections labelled, surest tracks first
     min_track_frames: int = 3  # size rule: shorter tracks are neither fitted nor labelled (mostly false boxes)
+    size_heading: bool = True  # size rule: a moving track's size is judged given its heading (NOTE [ The size cue
+    # given the track's heading ])
 
 
 @dataclass(frozen=True)
@@ -226,6 +246,14 @@ def propagate(labels: Sequence[int], trusted: Sequence[bool], config: GateConfig
     return [None] * first + [label] * (len(labels) - first)
 
 
+def _members(ids: Sequence[int] | np.ndarray) -> dict[int, list[int]]:
+    """Each track's rows in ``ids``, tracks in order of first appearance."""
+    members: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        members.setdefault(int(tid), []).append(i)
+    return members
+
+
 def pseudo_labels(ids: Sequence[int], teacher_labels: np.ndarray, trusted: np.ndarray, config: GateConfig,
                   propagation: str) -> list[int | None]:
     """Each detection's pseudo-label (None: not stored); ``ids`` are track ids of detections in frame order.
@@ -238,11 +266,8 @@ def pseudo_labels(ids: Sequence[int], teacher_labels: np.ndarray, trusted: np.nd
         raise ValueError(f"propagation must be one of {', '.join(PROPAGATION)}, got {propagation!r}")
     if propagation == "none":
         return [int(label) if ok else None for label, ok in zip(teacher_labels, trusted, strict=True)]
-    tracks: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        tracks.setdefault(tid, []).append(i)
     pseudo: list[int | None] = [None] * len(ids)
-    for members in tracks.values():
+    for members in _members(ids).values():
         labels = propagate([int(teacher_labels[i]) for i in members], [bool(trusted[i]) for i in members],
                            config, backward=propagation == "track")
         for i, label in zip(members, labels, strict=True):
@@ -317,10 +342,7 @@ def posterior_labels(ids: Sequence[int], probs: np.ndarray, weights: np.ndarray,
     if propagation == "none":
         return [int(label) for label in weighted.argmax(axis=1)]
     labels = [0] * len(ids)
-    tracks: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        tracks.setdefault(tid, []).append(i)
-    for members in tracks.values():
+    for members in _members(ids).values():
         votes = weighted[members]
         votes = votes.cumsum(axis=0) if propagation == "forward" else np.broadcast_to(votes.sum(axis=0), votes.shape)
         for i, label in zip(members, votes.argmax(axis=1), strict=True):
@@ -357,7 +379,7 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
         return labels, weights >= 1.0
     if propagation != "track":
         raise ValueError(f"the size rule labels whole tracks: use the posterior rule with propagation {propagation}")
-    tracks = track_evidence(ids, aligned * weights[:, None], np.log(box_size_m(boxes, camera)))
+    tracks = _size_evidence(ids, aligned * weights[:, None], boxes, camera, config)
     scores = size_scores(tracks, fit_size_model(tracks, min_frames=config.min_track_frames) if sizes is None else sizes)
     margin = min_margin(scores, tracks.frames, config.coverage) if margin is None else margin
     sure = (score_margins(scores) >= margin) & (tracks.frames >= config.min_track_frames)
@@ -366,18 +388,20 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
     return [by_track[int(tid)] for tid in ids], weights >= 1.0
 
 
-def relabel_tracks(tracks: Sequence[int], probs: np.ndarray,
-                   log_sizes: dict[int, np.ndarray] | None = None) -> dict[int, int]:
+def relabel_tracks(tracks: Sequence[int], probs: np.ndarray, log_sizes: dict[int, np.ndarray] | None = None,
+                   side_views: dict[int, float] | None = None) -> dict[int, int]:
     """A self-training round's labels: each track's arg-max of the summed probabilities (n, classes) of its frames.
 
     With ``log_sizes`` (each track's median log box size, :func:`track_evidence`), the size rule's
     round: the summed probabilities, normalised, times the size likelihoods of a :class:`SizeModel`
-    fitted to them (NOTE [ Object size from the mount ... ]).
+    fitted to them (NOTE [ Object size from the mount ... ]), given each track's side view where
+    ``side_views`` has some (NOTE [ The size cue given the track's heading ]).
     """
     evidence = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
     if log_sizes is None:
         return {tid: int(label) for tid, label in zip(evidence.ids, evidence.posteriors.argmax(axis=1), strict=True)}
-    evidence = replace(evidence, log_sizes=np.array([log_sizes[tid] for tid in evidence.ids]))
+    evidence = replace(evidence, log_sizes=np.array([log_sizes[tid] for tid in evidence.ids]),
+                       side_views=np.array([side_views[tid] for tid in evidence.ids]) if side_views else None)
     return dict(zip(evidence.ids, size_labels(evidence), strict=True))
 
 
@@ -394,6 +418,61 @@ def box_size_m(boxes: np.ndarray, camera: Camera) -> np.ndarray:
     return (boxes[:, 2:] - boxes[:, :2]) * (depth_m / camera.focal_px)[:, None]
 
 
+# A track whose foot points travel less than this along their principal axis has no heading (NOTE [ The size cue
+# given the track's heading ]): walking pace is 0.18-0.35 m per frame, and a foot point jitters by ~0.1 m.
+MIN_HEADING_TRAVEL_M = 1.0
+
+
+def ground_point_m(boxes: np.ndarray, camera: Camera) -> np.ndarray:
+    """Each box's foot point (its bottom row's centre) on the ground (n, 2): metres right of and ahead of the mount.
+
+    The pixel's ray (forward + right x a - up x r, a and r its offsets from the image's centre in focal
+    lengths) meets the ground ``height_m`` below the camera; rays less than 1° below the horizon are taken
+    at 1° (as :func:`box_size_m` does).
+    """
+    boxes = np.asarray(boxes, dtype=float).reshape(-1, 4)
+    across = ((boxes[:, 0] + boxes[:, 2]) / 2 - camera.width_px / 2) / camera.focal_px
+    down = (boxes[:, 3] - camera.height_px / 2) / camera.focal_px
+    tilt = np.radians(camera.tilt_deg)
+    drop = np.maximum(np.sin(tilt) + down * np.cos(tilt), np.sqrt(1 + down**2) * np.sin(np.radians(1.0)))
+    reach = camera.height_m / drop
+    return np.stack([across * reach, (np.cos(tilt) - down * np.sin(tilt)) * reach], axis=1)
+
+
+def heading_rad(points: np.ndarray) -> tuple[float, float]:
+    """The heading of a track's ground points (k, 2), in [0, pi), and how far they travel along it (metres).
+
+    The heading is the points' principal axis (the line they scatter least about), so the order of the
+    points does not matter and a heading and its reverse are one (NOTE [ The size cue given the track's
+    heading ]).
+    """
+    centred = points - points.mean(axis=0)
+    axis = np.linalg.svd(centred, full_matrices=False)[2][0]
+    along = centred @ axis
+    return float(np.arctan2(axis[1], axis[0]) % np.pi), float(along.max() - along.min())
+
+
+def track_side_views(ids: Sequence[int] | np.ndarray, boxes: np.ndarray, camera: Camera,
+                     min_travel_m: float = MIN_HEADING_TRAVEL_M) -> np.ndarray:
+    """Each track's side view (m,), in order of first appearance: 1 seen side-on, 0 end-on, NaN without a heading.
+
+    Per box, |cos| of the angle between the track's heading (:func:`heading_rad` of its foot points) and
+    the ground direction its box width measures ((1, -a cos tilt), a: the box's centre off the image's
+    centre in focal lengths); the track's is the median over its boxes. Tracks whose foot points travel
+    less than ``min_travel_m`` have none (NaN).
+    """
+    boxes = np.asarray(boxes, dtype=float).reshape(-1, 4)
+    feet = ground_point_m(boxes, camera)
+    across = ((boxes[:, 0] + boxes[:, 2]) / 2 - camera.width_px / 2) / camera.focal_px
+    measured = np.arctan2(-across * np.cos(np.radians(camera.tilt_deg)), 1.0)
+    views = []
+    for rows in _members(ids).values():
+        heading, travel = heading_rad(feet[rows])
+        views.append(float(np.median(np.abs(np.cos(heading - measured[rows])))) if travel >= min_travel_m
+                     else float("nan"))
+    return np.array(views)
+
+
 @dataclass(frozen=True)
 class TrackEvidence:
     """Per track (in order of first appearance), what the size rule reads."""
@@ -402,17 +481,33 @@ class TrackEvidence:
     posteriors: np.ndarray  # (m, classes): the summed votes of its frames, normalised
     log_sizes: np.ndarray  # (m, 2): the median of its frames' log box sizes
     frames: np.ndarray  # (m,): its number of detections
+    side_views: np.ndarray | None = None  # (m,): track_side_views (NaN: no heading); None: the size cue ignores it
 
 
-def track_evidence(ids: Sequence[int] | np.ndarray, votes: np.ndarray, log_sizes: np.ndarray) -> TrackEvidence:
-    """The :class:`TrackEvidence` of detections: track ``ids`` (n,), ``votes`` (n, classes), ``log_sizes`` (n, 2)."""
-    members: dict[int, list[int]] = {}
-    for i, tid in enumerate(ids):
-        members.setdefault(int(tid), []).append(i)
+def track_evidence(ids: Sequence[int] | np.ndarray, votes: np.ndarray, log_sizes: np.ndarray,
+                   side_views: np.ndarray | None = None) -> TrackEvidence:
+    """The :class:`TrackEvidence` of detections: track ``ids`` (n,), ``votes`` (n, classes), ``log_sizes`` (n, 2),
+    and each track's ``side_views`` (m,: :func:`track_side_views` of the same ``ids``; None: none)."""
+    members = _members(ids)
     sums = np.stack([votes[rows].sum(axis=0) for rows in members.values()])
     return TrackEvidence(list(members), sums / np.maximum(sums.sum(axis=1, keepdims=True), 1e-12),
                          np.stack([np.median(log_sizes[rows], axis=0) for rows in members.values()]),
-                         np.array([len(rows) for rows in members.values()], dtype=float))
+                         np.array([len(rows) for rows in members.values()], dtype=float), side_views)
+
+
+@dataclass(frozen=True)
+class HeadingSizes:
+    """Per class, a Gaussian of a track's log box size about a mean linear in its side view s (NOTE [ The size cue
+    given the track's heading ]): ``end_on`` at s = 0, ``side_on`` at s = 1."""
+
+    end_on: np.ndarray  # (classes, 2)
+    side_on: np.ndarray  # (classes, 2)
+    covariances: np.ndarray  # (classes, 2, 2): of the log sizes about that mean
+
+    def means(self, side_views: np.ndarray) -> np.ndarray:
+        """The mean log size (m, classes, 2) of each class at each of ``side_views`` (m,)."""
+        s = side_views[:, None, None]
+        return (1 - s) * self.end_on[None] + s * self.side_on[None]
 
 
 @dataclass(frozen=True)
@@ -424,14 +519,26 @@ class SizeModel:
     # a uniform outlier density added under every class (per log metre squared; -inf: none): NOTE [ Cross-fitted
     # self-training ]
     outlier_log_density: float = float("-inf")
+    heading: HeadingSizes | None = None  # the sizes given the side view, for the tracks that have one (else the above)
 
-    def log_likelihood(self, log_sizes: np.ndarray) -> np.ndarray:
-        """log (N(log_sizes | class) + exp(outlier_log_density)) for each row of ``log_sizes`` (m, 2) and class."""
-        diff = log_sizes[:, None, :] - self.means[None]  # (m, classes, 2)
-        inverse = np.linalg.inv(self.covariances)
-        mahalanobis = np.einsum("mci,cij,mcj->mc", diff, inverse, diff)
-        gaussian = -0.5 * (mahalanobis + np.log(np.linalg.det(self.covariances)) + 2 * np.log(2 * np.pi))
+    def log_likelihood(self, log_sizes: np.ndarray, side_views: np.ndarray | None = None) -> np.ndarray:
+        """log (N(log_sizes | class) + exp(outlier_log_density)) for each row of ``log_sizes`` (m, 2) and class.
+
+        With ``side_views`` (m,) and a ``heading`` model, a row with a finite side view is judged by ``heading``.
+        """
+        gaussian = _log_gaussian(log_sizes[:, None, :] - self.means[None], self.covariances)
+        if self.heading is not None and side_views is not None:
+            known = np.isfinite(side_views)
+            given = _log_gaussian(log_sizes[:, None, :] - self.heading.means(np.where(known, side_views, 0.0)),
+                                  self.heading.covariances)
+            gaussian = np.where(known[:, None], given, gaussian)
         return np.logaddexp(gaussian, self.outlier_log_density)
+
+
+def _log_gaussian(diff: np.ndarray, covariances: np.ndarray) -> np.ndarray:
+    """log N(diff | 0, covariance of its class) (m, classes) of ``diff`` (m, classes, 2)."""
+    mahalanobis = np.einsum("mci,cij,mcj->mc", diff, np.linalg.inv(covariances), diff)
+    return -0.5 * (mahalanobis + np.log(np.linalg.det(covariances)) + diff.shape[2] * np.log(2 * np.pi))
 
 
 def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1e-3,
@@ -439,11 +546,12 @@ def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1
     """The :class:`SizeModel` of ``tracks``, by EM.
 
     Each round fits every class's weighted mean and covariance (plus ``ridge`` on the diagonal) under
-    the tracks' current assignments, each track weighing its number of detections, then sets each
+    the tracks' current assignments, each track weighing its number of detections (with the tracks'
+    side views, also every class's :class:`HeadingSizes` on the tracks that have one), then sets each
     assignment to the track's posterior times the classes' likelihoods of its size (NOTE [ Object
-    size from the mount ... ]). Tracks of fewer than ``min_frames`` detections (mostly false
-    positives and fragments, whose median size is noisy) are labelled but not fitted, unless no
-    track is longer.
+    size from the mount ... ]; NOTE [ The size cue given the track's heading ]). Tracks of fewer than
+    ``min_frames`` detections (mostly false positives and fragments, whose median size is noisy) are
+    labelled but not fitted, unless no track is longer.
     """
     posteriors, log_sizes = tracks.posteriors, tracks.log_sizes
     fitted = tracks.frames * (tracks.frames >= min_frames) if (tracks.frames >= min_frames).any() else tracks.frames
@@ -451,7 +559,10 @@ def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1
     model = SizeModel(np.zeros((posteriors.shape[1], 2)), np.tile(np.eye(2), (posteriors.shape[1], 1, 1)))
     for _ in range(iterations):
         model = _weighted_gaussians(assignment * fitted[:, None], log_sizes, ridge)
-        joint = np.log(np.maximum(posteriors, 1e-12)) + model.log_likelihood(log_sizes)
+        if tracks.side_views is not None and np.isfinite(tracks.side_views).any():
+            model = replace(model, heading=_heading_sizes(assignment * fitted[:, None], log_sizes, tracks.side_views,
+                                                          ridge))
+        joint = np.log(np.maximum(posteriors, 1e-12)) + model.log_likelihood(log_sizes, tracks.side_views)
         assignment = np.exp(joint - joint.max(axis=1, keepdims=True))
         assignment /= assignment.sum(axis=1, keepdims=True)
     return model
@@ -474,13 +585,35 @@ def _weighted_gaussians(weights: np.ndarray, points: np.ndarray, ridge: float) -
     return SizeModel(np.array(means), np.array(covariances))
 
 
+def _heading_sizes(weights: np.ndarray, points: np.ndarray, side_views: np.ndarray, ridge: float) -> HeadingSizes:
+    """Per column of ``weights`` (m, classes), the weighted least-squares line of ``points`` (m, d) in
+    ``side_views`` (m,), on the rows with a finite side view.
+
+    The covariance is of the residuals, with the reliability weights' degrees of freedom less one for the
+    slope (as :func:`_weighted_gaussians`, plus ``ridge`` on the diagonal).
+    """
+    known = np.isfinite(side_views)
+    s, y = side_views[known], points[known]
+    design = np.stack([1 - s, s], axis=1)  # the coefficients are the end-on and side-on log sizes
+    end_on, side_on, covariances = [], [], []
+    for w in weights[known].T + 1e-6:  # no class without weight
+        root = np.sqrt(w)[:, None]
+        coefficients = np.linalg.lstsq(design * root, y * root, rcond=None)[0]
+        residual = y - design @ coefficients
+        dof = max(w.sum() - (w**2).sum() / w.sum() - 1, 1e-12)
+        covariances.append((w[:, None] * residual).T @ residual / dof + ridge * np.eye(points.shape[1]))
+        end_on.append(coefficients[0])
+        side_on.append(coefficients[1])
+    return HeadingSizes(np.array(end_on), np.array(side_on), np.array(covariances))
+
+
 def size_scores(tracks: TrackEvidence, model: SizeModel | None = None) -> np.ndarray:
     """Each track's log posterior plus the log size likelihood of its median log size, per class (m, classes).
 
     ``model`` fitted on these tracks (:func:`fit_size_model`) when None.
     """
     model = fit_size_model(tracks) if model is None else model
-    return np.log(np.maximum(tracks.posteriors, 1e-12)) + model.log_likelihood(tracks.log_sizes)
+    return np.log(np.maximum(tracks.posteriors, 1e-12)) + model.log_likelihood(tracks.log_sizes, tracks.side_views)
 
 
 def size_labels(tracks: TrackEvidence, model: SizeModel | None = None) -> list[int]:
@@ -522,6 +655,8 @@ class StreamFit:
     # the size rule's: each track's posterior (aligned, view-weighted teacher votes, normalised; the
     # cross-fitted round reads it)
     track_posteriors: dict[int, np.ndarray] = field(default_factory=dict)
+    # the size rule's with GateConfig.size_heading: each track's side view (track_side_views; NaN: no heading)
+    track_side_views: dict[int, float] = field(default_factory=dict)
 
 
 def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera: Camera, prior: np.ndarray,
@@ -535,11 +670,20 @@ def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera:
     if config.rule != "size" or len(probs) == 0:
         return StreamFit(alignment, None, {})
     votes = alignment.apply(probs, elevations) * competence_weights(elevations, config)[:, None]
-    evidence = track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)))
+    evidence = _size_evidence(tracks, votes, boxes, camera, config)
     sizes = fit_size_model(evidence, min_frames=config.min_track_frames)
+    views = {} if evidence.side_views is None else dict(zip(evidence.ids, evidence.side_views.tolist(), strict=True))
     return StreamFit(alignment, sizes, dict(zip(evidence.ids, evidence.log_sizes, strict=True)),
                      min_margin(size_scores(evidence, sizes), evidence.frames, config.coverage),
-                     dict(zip(evidence.ids, evidence.posteriors, strict=True)))
+                     dict(zip(evidence.ids, evidence.posteriors, strict=True)), views)
+
+
+def _size_evidence(tracks: Sequence[int] | np.ndarray, votes: np.ndarray, boxes: np.ndarray, camera: Camera,
+                   config: GateConfig) -> TrackEvidence:
+    """The size rule's :class:`TrackEvidence` of detections: their ``votes`` per track, their boxes' log sizes
+    and, with ``config.size_heading``, each track's side view (NOTE [ The size cue given the track's heading ])."""
+    views = track_side_views(tracks, boxes, camera) if config.size_heading else None
+    return track_evidence(tracks, votes, np.log(box_size_m(boxes, camera)), views)
 
 
 def fold_of_tracks(tracks: Sequence[int], folds: int, shuffle_seed: int | None = None) -> np.ndarray:
@@ -598,11 +742,13 @@ def cross_fitted_scores(tracks: Sequence[int], probs: np.ndarray, fit: StreamFit
     student = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
     log_sizes = np.array([fit.track_log_sizes[tid] for tid in student.ids])
     teacher = np.array([fit.track_posteriors[tid] for tid in student.ids])
+    views = np.array([fit.track_side_views[tid] for tid in student.ids]) if fit.track_side_views else None
     sizes = replace(fit.sizes, outlier_log_density=outlier_log_density)
     joint = (np.log(np.maximum(student.posteriors, 1e-12)) + np.log(np.maximum(teacher, 1e-12))
-             + sizes.log_likelihood(log_sizes))
+             + sizes.log_likelihood(log_sizes, views))
     posteriors = np.exp(joint - joint.max(axis=1, keepdims=True))
-    return replace(student, posteriors=posteriors / posteriors.sum(axis=1, keepdims=True), log_sizes=log_sizes)
+    return replace(student, posteriors=posteriors / posteriors.sum(axis=1, keepdims=True), log_sizes=log_sizes,
+                   side_views=views)
 
 
 def cross_fitted_labels(evidence: TrackEvidence, coverage: float) -> dict[int, int]:

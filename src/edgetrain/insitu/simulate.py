@@ -169,8 +169,10 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
                 say(f"self-training round {round_}: {store.keep_tracks(new_labels)} stored frames of the least sure "
                     f"tracks removed")
         else:
-            sizes = labelled.fit.track_log_sizes if config.gate.rule == "size" and labelled.fit is not None else None
-            new_labels = relabel_tracks(tracks, predict(student, store_x).probs, sizes)
+            fit = labelled.fit if config.gate.rule == "size" else None
+            new_labels = relabel_tracks(tracks, predict(student, store_x).probs,
+                                        None if fit is None else fit.track_log_sizes,
+                                        None if fit is None else fit.track_side_views)
         changed = store.relabel(new_labels)
         store_x, store_y = store.load()
         say(f"self-training round {round_}: the students relabelled {changed} stored frames")
