@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from edgetrain.chain import Chain
-from edgetrain.runtime import StepCheck, check_step, three_budgets
+from edgetrain.runtime import Checkpointed, StepCheck, check_step, three_budgets
 from edgetrain.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule
 
 
@@ -88,3 +88,19 @@ def with_paged_records(chain: Chain, stages: Sequence[int]) -> Schedule:
             forward.append(PageOutRecord(i))
             backward.insert(0, PageInRecord(i))
     return Schedule(tuple(forward + backward), chain.length, strategy="keep_all+record-paging")
+
+
+def allocator_step_peaks(wrapped: Checkpointed, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
+    """A steady-state SGD step of ``wrapped``: its peak above what lives between steps by the c10 allocator's
+    records, and its plan's prediction of it."""
+    from edgetrain.runtime.compiled import measured_step_peak_bytes
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        wrapped.step_loss(x, y)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    step()
+    return measured_step_peak_bytes(step), wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes
+

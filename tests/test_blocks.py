@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from chains import around_least
-from steps import check_tracks, peak_tracks, with_paged_records
+from steps import allocator_step_peaks, check_tracks, peak_tracks, with_paged_records
 from torch import fx, nn
 
 from edgetrain.chain import Chain
@@ -289,7 +289,6 @@ def test_a_segmented_stage_keeps_generator_states_for_the_segments_that_draw_and
     layer's five segments), and the profile counts them in the stage's
     record. By the c10 allocator's records the least two-level step is within 16 bytes of its prediction."""
     from edgetrain.runtime import Checkpointed
-    from edgetrain.runtime.compiled import measured_step_peak_bytes
 
     torch.manual_seed(0)
     model = transformer_encoder_small(num_layers=1, d_model=32, nhead=4, dim_feedforward=128, max_len=64)
@@ -314,13 +313,6 @@ def test_a_segmented_stage_keeps_generator_states_for_the_segments_that_draw_and
     wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=True, twins=twins, memory=least,
                            measure_time=False)
     assert wrapped.block_plan is not None and any(wrapped.block_plan.inside)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step() -> None:
-        wrapped.step_loss(x, y)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    step()
-    predicted = wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes
-    assert measured_step_peak_bytes(step) <= predicted + 16
+    measured, predicted = allocator_step_peaks(wrapped, model, x, y)
+    assert measured <= predicted + 16
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
+from steps import allocator_step_peaks
 from torch import nn
 
 from edgetrain.profile import profile
 from edgetrain.profile.tracker import LiveBytesTracker
 from edgetrain.runtime import Checkpointed, three_budgets
-from edgetrain.runtime.compiled import measured_step_peak_bytes
-from edgetrain.schedule import Forward
+from edgetrain.schedule import rng_replayed_stages
 from edgetrain.stages import CompiledStage, compiled_stages, training_stages
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -101,16 +99,8 @@ def _least_budget_step(compiled: bool, dropout: bool = False) -> tuple[int, int,
     chain = Checkpointed(model, sample=x, target=y, recompute=1.0, compile_stages=compiled, measure_time=False).chain
     wrapped = Checkpointed(model, sample=x, target=y, memory=three_budgets(chain)[0], chain=chain,
                            compile_stages=compiled, measure_time=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step() -> None:
-        wrapped.step_loss(x, y)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    step()
-    forwards = Counter(op.stage for op in wrapped.plan.schedule.ops if isinstance(op, Forward))
-    replayed = sum(count > 1 and wrapped.chain.stages[i].uses_rng for i, count in forwards.items())
-    return measured_step_peak_bytes(step), wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes, replayed
+    measured, predicted = allocator_step_peaks(wrapped, model, x, y)
+    return measured, predicted, len(rng_replayed_stages(wrapped.plan.schedule, wrapped.chain))
 
 
 def test_a_plan_on_compiled_stages_holds_less_than_the_same_plan_on_eager_stages() -> None:
