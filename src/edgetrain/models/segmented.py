@@ -27,11 +27,12 @@ RNG forked): for each limit ``T`` on a segment's new bytes, greedily the furthes
 ``T``; of those, the cuts whose saved live values plus the largest segment are least. A cut
 is allowed only where every live value is a tensor that no later op changes in place (as
 between stages). A recomputed segment that draws random numbers (noted in the sizing run) replays
-the RNG state of its first forward (``preserve_rng_state``; a segment that draws none keeps no state)
-and every segment runs its norm layers at momentum 0 (``frozen_statistics``), so dropout masks and
-running statistics are plain autograd's. The states a recorded stage keeps are made outside the
-dispatcher: the stage says how many (``kept_rng_states``) and the profiler counts them in its
-record (NOTE [ Generator states in the plan ] in ``schedule.py``).
+the RNG state of its first forward, which the stage keeps as the executor keeps a recomputed stage's
+(torch's ``preserve_rng_state`` would keep one for every segment, and unseen); a segment that draws
+none keeps no state. Every segment runs its norm layers at momentum 0 (``frozen_statistics``), so
+dropout masks and running statistics are plain autograd's. The states a recorded stage keeps are
+made outside the dispatcher: the stage says how many (``kept_rng_states``), the profiler counts them
+in its record and the trackers are shown them (NOTE [ Generator states in the plan ] in ``schedule.py``).
 """
 
 from __future__ import annotations
@@ -278,7 +279,6 @@ def _sizes(stage: fx.GraphModule, x: torch.Tensor,
     """Storage key, storage bytes and tensor-ness of each node's value, and whether it drew random numbers,
     from one run of the stage."""
     values: dict[fx.Node, Any] = {}
-
     draws: dict[fx.Node, bool] = {}
 
     class _Recorder(fx.Interpreter):

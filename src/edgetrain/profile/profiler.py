@@ -81,12 +81,12 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
         meta={"input_shape": list(x.shape), "device": x.device.type, "timed": timed,
               "saved_live_bytes": [m.saved_live_bytes for m in measures]},
         loss_held_bytes=_loss_held_bytes(measures[-1].output) if isinstance(stages[-1], LossStage) else 0,
-        rng_state_bytes=rng_state_nbytes(x.device) if any(m.cost.uses_rng for m in measures) else 0,
+        rng_state_bytes=_rng_state_nbytes(x.device) if any(m.cost.uses_rng for m in measures) else 0,
     )
     return chain.with_optimizer(optimizer)
 
 
-def rng_state_nbytes(device: torch.device) -> int:
+def _rng_state_nbytes(device: torch.device) -> int:
     """A generator state's bytes where a plan must count them: kept in host memory, they are a CPU (or meta,
     planned for CPU) step's, outside a GPU's (NOTE [ Generator states in the plan ] in schedule.py)."""
     return RngState.capture().nbytes if device.type in ("cpu", "meta") else 0
@@ -267,9 +267,9 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
     saved = dict(recorded.new_bytes)
     if storage_key(y) not in existing:
         saved[storage_key(y)] = y.untyped_storage().nbytes()
-    # a stage that checkpoints inside (models/segmented.py) keeps generator states in its record: made outside
-    # the dispatcher, they are no saved tensor (its backward's copies the trackers see)
-    saved_bytes = sum(saved.values()) + getattr(module, "kept_rng_states", 0) * rng_state_nbytes(x.device)
+    # a stage that checkpoints inside (models/segmented.py) keeps generator states in its record, made outside
+    # the dispatcher and so no saved tensor; the copy each replay takes in its backward the tracker is shown
+    saved_bytes = sum(saved.values()) + getattr(module, "kept_rng_states", 0) * _rng_state_nbytes(x.device)
     rec_workspace = max(0, recorded_forward.peak_bytes - recorded_forward.net_bytes)
     saved_live = recorded_forward.net_bytes
 
