@@ -163,8 +163,9 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     compiled = setting.startswith("edgetrain+compile")
     blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
     # the compiled stages profiled as Checkpointed(compile_stages=True) will run them; else the model itself
-    chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y)
     stepping = in_backward(setting)
+    chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y,
+                    step_in_backward=stepping)
 
     def stepped(plain: Any, stages: list[nn.Module]) -> Any:   # the chain as the step runs (Checkpointed plans it
         # so from the plain one)
@@ -173,7 +174,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     least, twins = three_budgets(stepped(chain, training_stages(model)))[0], None
     if blocks:
         stages = segmented_stages(stages_of(model), x)
-        twins = profile(nn.Sequential(*stages), x, y)
+        twins = profile(nn.Sequential(*stages), x, y, step_in_backward=stepping)
         least = least_block_bytes(stepped(chain, training_stages(model)), stepped(twins, training_stages(
             nn.Sequential(*stages))), [isinstance(stage, SegmentedStage) for stage in stages] + [False])
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from steps import peak_tracks
 from torch import nn
 
 from edgetrain import Checkpointed
@@ -73,7 +74,8 @@ def _sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
 def _assert_steps_as_one_optimizer(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int,
                                    loop: str = "step") -> None:
     """Three steps of ``Checkpointed(memory=budget, step_in_backward=...)`` against one SGD after plain backprop:
-    the same parameters (<= 1e-6 relative), no gradient left, the tracker's peak at or under the prediction."""
+    the same parameters (<= 1e-6 relative), no gradient left, the tracker's peak the prediction (each stage's
+    backward measured with its gradients dropped as made: ``profile(step_in_backward=True)``)."""
     reference, mine = copy.deepcopy(model), copy.deepcopy(model)
     optimizer = _sgd(list(reference.parameters()))
     wrapped = Checkpointed(mine, sample=x, target=y, memory=budget, measure_time=False, step_in_backward=_sgd)
@@ -91,7 +93,7 @@ def _assert_steps_as_one_optimizer(model: nn.Module, x: torch.Tensor, y: torch.T
             else:
                 wrapped.step_loss(x, y)
         if step > 0:   # the momentum buffers exist from the first step on, as the plan counts them
-            assert tracker.peak_bytes <= wrapped.plan.predicted_peak_bytes, budget
+            assert peak_tracks(tracker.peak_bytes, wrapped.plan.predicted_peak_bytes), (budget, tracker.peak_bytes)
     assert all(p.grad is None for p in mine.parameters())
     for p, r in zip(mine.parameters(), reference.parameters(), strict=True):
         assert ((p - r).abs().max() / r.abs().max()).item() <= 1e-6
@@ -105,6 +107,44 @@ def test_updates_equal_one_optimizer_after_plain_backprop_and_the_peak_holds(loo
     assert budgets[0] < three_budgets(chain)[0]
     for budget in budgets:
         _assert_steps_as_one_optimizer(model, x, y, budget, loop)
+
+
+class _Blocks(nn.Module):
+    """Two stages of two Linear layers each, then a head: a stage's backward makes two weights' gradients, one
+    after the other, and with the optimizer in the backward the first is dropped before the second is made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+                                    for _ in range(2))
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def stages(self) -> list[nn.Module]:
+        return [*self.blocks, self.head]
+
+
+def test_a_stage_whose_backward_drops_each_gradient_as_made_is_planned_as_measured() -> None:
+    """``profile(step_in_backward=True)`` measures each stage's backward with its gradients dropped as made: a
+    block's two layers' gradients (263,168 bytes each with the bias) never meet, which the bound without the
+    measurement counts at once; the measured peak is one layer's gradients lower, less at most the two activation
+    gradients (4 KiB each) that the engine holds longer there. The tracker's peak is the measured plan's."""
+    torch.manual_seed(0)
+    model, x, y = _Blocks(), torch.randn(4, 256), torch.randint(0, 10, (4,))
+    measured = profile(model, x, y, measure_time=False, step_in_backward=True)
+    bound = replace(measured, stages=tuple(replace(s, bwd_stepped_workspace_bytes=None) for s in measured.stages))
+    block = measured.stages[0]
+    assert block.grad_bytes == 2 * 257 * 256 * 4
+    gap = bound.with_step_in_backward().stages[0].bwd_workspace_bytes - \
+        measured.with_step_in_backward().stages[0].bwd_workspace_bytes
+    layer, activation = 257 * 256 * 4, 4 * 256 * 4
+    assert layer - 2 * activation <= gap <= layer
+    for budget in three_budgets(measured.with_step_in_backward()):
+        _assert_steps_as_one_optimizer(model, x, y, budget)
 
 
 def test_a_parameter_two_stages_share_is_stepped_once_its_last_part_is_added_and_the_peak_holds() -> None:

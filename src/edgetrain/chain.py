@@ -63,9 +63,12 @@ NOMINAL_FLOPS_PER_S = 1e10
 # least step peak) no schedule, ours or torch.compile's, can go below that. Updating each
 # parameter as soon as autograd has accumulated its gradient, and dropping the gradient then
 # (PyTorch's ``register_post_accumulate_grad_hook``, as in its "optimizer step in backward"
-# recipe), keeps only the gradients of the stage whose backward runs. In the chain that is a
-# stage's ``grad_bytes`` moved into its backward workspace, together with one parameter's update
-# transient (Adam's two temporaries, counted at the chain's largest parameter: an upper bound);
+# recipe), keeps only the gradients of the stage whose backward runs, and of those only what one
+# op has made and not yet handed over. In the chain that is a stage's backward workspace as the
+# profiler measures it with each gradient dropped as made (``profile(step_in_backward=True)``,
+# ``bwd_stepped_workspace_bytes``; without it, the whole-step workspace plus all the stage's
+# ``grad_bytes``, an upper bound), together with one parameter's update transient (Adam's two
+# temporaries, counted at the chain's largest parameter: an upper bound);
 # the optimizer state stays resident. The price is the contract: no ``.grad`` outlives the
 # backward, so global-norm clipping, gradient accumulation and one optimizer over the whole model
 # (its ``state_dict``) are gone; each parameter has an optimizer of its own.
@@ -89,6 +92,9 @@ class StageCost:
     input_saved: bool = True
     output_saved: bool = True
     uses_rng: bool = True   # its forward draws random numbers (dropout): a recomputation replays them
+    # the backward's workspace when each parameter's gradient is dropped as soon as it is accumulated (the optimizer
+    # stepped in the backward), measured by profile(step_in_backward=True); None: not measured
+    bwd_stepped_workspace_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("out_bytes", "saved_bytes", "param_bytes", "grad_bytes", "fwd_workspace_bytes",
@@ -112,6 +118,15 @@ def optimizer_memory(optimizer: str, trainable_bytes: int, largest_param_bytes: 
     if optimizer == "adam":
         return 2 * trainable_bytes + 4 * n_param_tensors, 2 * largest_param_bytes
     raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+
+
+def _stepped_workspace(stage: StageCost, held: int) -> int:
+    """A stage's backward workspace with its gradients dropped as they are made, ``held`` bytes of them kept: as
+    measured (``bwd_stepped_workspace_bytes``), else the whole step's workspace plus every gradient the stage
+    makes but the held ones, all at once (an upper bound: each is dropped once made)."""
+    if stage.bwd_stepped_workspace_bytes is not None:
+        return stage.bwd_stepped_workspace_bytes
+    return stage.bwd_workspace_bytes + stage.grad_bytes - held
 
 
 @dataclass(frozen=True)
@@ -210,7 +225,7 @@ class Chain:
             raise ValueError(f"shared_grad_bytes must give each of the {self.length} stages at most its grad_bytes, "
                              f"got {shared}")
         update = self.optimizer_workspace_bytes   # one parameter's update at a time: at most the largest's
-        stages = tuple(replace(s, grad_bytes=held, bwd_workspace_bytes=s.bwd_workspace_bytes + s.grad_bytes - held
+        stages = tuple(replace(s, grad_bytes=held, bwd_workspace_bytes=_stepped_workspace(s, held)
                                + (update if s.grad_bytes or s.param_bytes else 0))
                        for s, held in zip(self.stages, shared, strict=True))
         return replace(self, stages=stages, optimizer_workspace_bytes=0, meta={**self.meta, STEP_IN_BACKWARD: True})

@@ -43,7 +43,7 @@ class _StageMeasure:
 def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torch.Tensor | None = None, *,
             loss_fn: LossFn | None = None, optimizer: str = "sgd", measure_time: bool = True,
             repeats: int = 5, flops_per_s: float = NOMINAL_FLOPS_PER_S,
-            progress: Callable[[int, int], None] | None = None) -> Chain:
+            progress: Callable[[int, int], None] | None = None, step_in_backward: bool = False) -> Chain:
     """Profile one training step of ``model`` into a chain of stages (the loss is the last stage).
 
     Args:
@@ -55,6 +55,9 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
         measure_time: time stages on real tensors (median of ``repeats``); on the meta device,
             or when False, times are FLOPs / ``flops_per_s``.
         progress: called as ``progress(stage_index, n_stages)`` after each stage.
+        step_in_backward: also measure each stage's backward with every parameter's gradient dropped as
+            soon as it is accumulated (``StageCost.bwd_stepped_workspace_bytes``), for
+            :meth:`Chain.with_step_in_backward`: one more recorded forward and backward per stage.
 
     Returns:
         A :class:`Chain` whose simulated keep-everything schedule predicts the step's peak.
@@ -67,7 +70,7 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
     x = sample if isinstance(sample, torch.Tensor) else torch.randn(*sample, device=device)
     timed = measure_time and x.device.type != "meta"
     with _preserved_buffers(model):
-        measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress)
+        measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress, step_in_backward)
     params = [p for p in model.parameters() if p.requires_grad]
     staged = {id(p) for stage in stages for p in stage.parameters()}
     chain = Chain(
@@ -101,7 +104,8 @@ def _loss_held_bytes(loss: torch.Tensor) -> int:
 
 def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor | None, timed: bool,
                  repeats: int, flops_per_s: float,
-                 progress: Callable[[int, int], None] | None) -> tuple[list[_StageMeasure], torch.Tensor]:
+                 progress: Callable[[int, int], None] | None,
+                 stepped: bool) -> tuple[list[_StageMeasure], torch.Tensor]:
     measures: list[_StageMeasure] = []
     with LiveBytesTracker() as tracker:
         for module in stages:
@@ -120,10 +124,11 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
                                grads={k for k, i in last_holder.items() if i == index})
             if is_compiled(module):
                 measure = _profile_compiled_stage(module, current, index > 0, tracker, flops_per_s,
-                                                  name=_stage_name(module, index), counted=counted)
+                                                  name=_stage_name(module, index), counted=counted, stepped=stepped)
             else:
                 measure = _profile_stage(module, current, index > 0, tracker.live_keys(), _tracker_window(tracker),
-                                         flops_per_s, name=_stage_name(module, index), counted=counted)
+                                         flops_per_s, name=_stage_name(module, index), counted=counted,
+                                         stepped=stepped)
             measures.append(measure)
             current = measure.output
             if progress is not None:
@@ -208,7 +213,7 @@ def _eager(module: nn.Module) -> nn.Module:
 
 
 def _profile_compiled_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, tracker: LiveBytesTracker,
-                            flops_per_s: float, name: str, counted: _Counted) -> _StageMeasure:
+                            flops_per_s: float, name: str, counted: _Counted, stepped: bool) -> _StageMeasure:
     """A compiled stage, run and measured outside every dispatch mode (NOTE [ Compiled code and the tracker ]).
 
     It is compiled first, both ways the executor runs it (without autograd for a recomputation, with it
@@ -226,13 +231,13 @@ def _profile_compiled_stage(module: nn.Module, x: torch.Tensor, input_grad: bool
         del warm
         _clear_grads(module)
         measure = _profile_stage(module, x, input_grad, tracker.live_keys(), allocator_window, flops_per_s,
-                                 name=name, counted=counted)
+                                 name=name, counted=counted, stepped=stepped)
     tracker.register([measure.output])
     return measure
 
 
 def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existing: set[int], window: Window,
-                   flops_per_s: float, name: str, counted: _Counted) -> _StageMeasure:
+                   flops_per_s: float, name: str, counted: _Counted, stepped: bool = False) -> _StageMeasure:
     """One stage's costs, each phase measured by ``window``; ``existing``: the storages alive before it
     (weights, its input), which its saved tensors do not pay for."""
     params = [p for p in module.parameters() if p.requires_grad]
@@ -288,6 +293,7 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
     x_rec.grad = None
     for p in params:
         p.grad = None
+    stepped_workspace = _stepped_backward_workspace(module, x, input_grad, params, window) if stepped else None
 
     weight_bytes = storage_bytes(p for p in module.parameters() if id(p) in counted.weights)  # frozen ones too
     fwd_flops, bwd_flops = _count_flops(_eager(module), x, input_grad)
@@ -297,9 +303,35 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
                      grad_bytes=grad_bytes, fwd_workspace_bytes=fwd_workspace,
                      rec_workspace_bytes=rec_workspace, bwd_workspace_bytes=bwd_workspace,
                      input_saved=storage_key(x_rec) in recorded.keys or aliases_input, output_saved=output_saved,
-                     uses_rng=uses_rng)
+                     uses_rng=uses_rng, bwd_stepped_workspace_bytes=stepped_workspace)
     log.debug("profiled %s: %s", name, cost)
     return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=saved_live)
+
+
+def _stepped_backward_workspace(module: nn.Module, x: torch.Tensor, input_grad: bool, params: list[nn.Parameter],
+                                window: Window) -> int:
+    """The stage's backward peak above its input's gradient when every parameter's gradient is dropped as soon
+    as autograd has accumulated it, as the optimizer stepped in the backward drops it (NOTE [ The optimizer
+    step in the backward ] in chain.py): a recorded forward again, then its backward so measured."""
+    x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
+    y = module(x_rec)
+    box = GradBox()
+    seed = HandOver.apply(y, box) if y.requires_grad else None
+    box.grad = None if y.dim() == 0 else torch.ones_like(y)
+    handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in params]
+    try:
+        with window() as backward:
+            if seed is not None:
+                seed_backward(seed)
+    finally:
+        for handle in handles:
+            handle.remove()
+    grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
+    return backward.peak_bytes - grad_in
+
+
+def _drop_grad(param: torch.Tensor) -> None:
+    param.grad = None
 
 
 def _count_flops(module: nn.Module, x: torch.Tensor, input_grad: bool) -> tuple[float, float]:

@@ -263,7 +263,7 @@ class Checkpointed(nn.Module):
         paused = self._stepper.paused() if self._stepper is not None else contextlib.nullcontext()
         with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model), paused:
             return profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
-                           measure_time=self._measure_time)
+                           measure_time=self._measure_time, step_in_backward=self._stepper is not None)
 
     def _use(self, key: _InputKey) -> None:
         """Switch to the plan of an input already seen (a smaller last batch of every epoch, say)."""

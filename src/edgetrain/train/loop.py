@@ -351,7 +351,8 @@ def open_run_data(config: TrainConfig, run_path: Path) -> tuple[FileDataset, Fil
 def profile_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> Chain:
     """Profile one batch, leaving the RNG as it was (NOTE [ Exact resume ])."""
     rng = capture_rng()
-    chain = replace(profile(model, x, y, optimizer=config.optimizer, repeats=2), name=config.model)
+    chain = replace(profile(model, x, y, optimizer=config.optimizer, repeats=2,
+                            step_in_backward=config.step_in_backward), name=config.model)
     restore_rng(rng)
     return chain
 
