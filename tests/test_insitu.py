@@ -391,6 +391,76 @@ def test_the_heading_size_model_recovers_a_classs_length_and_width_from_tracks_a
     assert np.allclose(np.exp(noisy.end_on), [[1.0, 1.0], [1.1, 1.5]], rtol=0.03)
 
 
+def test_a_class_seen_at_many_views_by_many_tracks_keeps_its_least_squares_slope() -> None:
+    from edgetrain.insitu.labels import _heading_sizes
+
+    # Prepare: one class, 40 tracks (3 to 12 frames each) at side views spread over [0, 1], log width 0 + 0.7 s
+    # (a crate), height flat, 5% noise.
+    rng = np.random.default_rng(1)
+    views = rng.uniform(0.0, 1.0, 40)
+    frames = rng.integers(3, 13, 40).astype(float)
+    log_sizes = np.column_stack([0.7 * views, np.zeros(40)]) + rng.normal(0.0, 0.05, (40, 2))
+
+    # Execute
+    heading = _heading_sizes(frames[:, None], log_sizes, views, 1e-3)
+
+    # Assert: the slope is the weighted least-squares line's, to the rounding (the 1e-6 floor on the weights aside).
+    line = np.polyfit(views, log_sizes, 1, w=np.sqrt(frames))  # rows: slope, intercept
+    assert np.allclose(heading.end_on[0], line[1], atol=1e-6)
+    assert np.allclose(heading.side_on[0] - heading.end_on[0], line[0], atol=1e-6)
+    assert abs(heading.side_on[0, 0] - heading.end_on[0, 0] - 0.7) < 0.05
+
+
+def test_a_class_with_two_tracks_or_two_seen_side_on_near_its_end_on_size_has_no_slope() -> None:
+    from edgetrain.insitu.labels import _heading_sizes
+
+    # Prepare: (a) a class with two tracks, 10 and 30 frames, end-on 1 m and side-on 2 m wide (a line fits them
+    # exactly); (b) 20 tracks seen end-on (views 0-0.1) and two side-on (0.9, 1.0), sizes with 5% noise, the two
+    # side-on ones 5% wider (one noise's width) or 0.7 wider (a crate's length), 10 frames each.
+    two_views, two_sizes = np.array([0.0, 1.0]), np.log([[1.0, 1.0], [2.0, 1.0]])
+    two_frames = np.array([10.0, 30.0])
+    rng = np.random.default_rng(0)
+    views = np.concatenate([np.linspace(0.0, 0.1, 20), [0.9, 1.0]])
+    noisy = rng.normal(0.0, 0.05, (22, 2))
+    wider = {offset: noisy + np.outer(views > 0.5, [offset, 0.0]) for offset in (0.05, 0.7)}
+    frames = np.full((22, 1), 10.0)
+
+    # Execute
+    two = _heading_sizes(two_frames[:, None], two_sizes, two_views, 1e-3)
+    near = _heading_sizes(frames, wider[0.05], views, 1e-3)
+    far = _heading_sizes(frames, wider[0.7], views, 1e-3)
+
+    # Assert: two tracks, and two side-on ones a noise's width off, get one size at every view: the weighted mean,
+    # with the weighted scatter over the reliability weights' degrees of freedom (plus the ridge); two side-on ones
+    # a crate's length off keep a slope.
+    mean = two_frames @ two_sizes / two_frames.sum()
+    scatter = ((two_sizes - mean).T * two_frames) @ (two_sizes - mean)
+    dof = two_frames.sum() - (two_frames**2).sum() / two_frames.sum()
+    assert np.allclose(two.end_on[0], mean) and np.allclose(two.side_on[0], mean)
+    assert np.allclose(two.covariances[0], scatter / dof + 1e-3 * np.eye(2))
+    assert np.allclose(near.end_on[0], wider[0.05].mean(axis=0)) and np.allclose(near.side_on[0], near.end_on[0])
+    assert far.side_on[0, 0] - far.end_on[0, 0] > 0.6
+
+
+def test_a_slope_is_kept_where_its_likelihood_gain_in_effective_tracks_beats_half_a_log_of_their_number() -> None:
+    from edgetrain.insitu.labels import _slope_lowers_bic
+
+    # Prepare: four tracks of equal weight, one size dimension, residual sums of squares flat / line of 2.0 and 2.3
+    # (either side of the closed-form threshold below), and the same with frames 1, 1, 1, 5 (Kish: 64 / 28 tracks).
+    line = np.array([[1.0], [-1.0], [1.0], [-1.0]]) / 2
+
+    def kept(ratio: float, frames: list[float]) -> bool:
+        return _slope_lowers_bic(np.array(frames), line * np.sqrt(ratio), line, 0.0)
+
+    # Assert: n = 4: 0.5 * 4 * log((S_flat / 3) / (S_line / 2)) > 0.5 * log 4 iff S_flat / S_line > 1.5 sqrt 2
+    # = 2.12; n = 64 / 28 = 2.29 tracks: n / 2 * log((S_flat / (n - 1)) / (S_line / (n - 2))) > log(n) / 2 iff the
+    # ratio > (n - 1) / (n - 2) * n ** (1 / n) (= 6.1), on the weighted sums of squares (weights' share of each row).
+    assert not kept(2.0, [1, 1, 1, 1]) and kept(2.3, [1, 1, 1, 1])
+    tracks = 64 / 28
+    threshold = (tracks - 1) / (tracks - 2) * tracks ** (1 / tracks)
+    assert not kept(threshold * 0.98, [1, 1, 1, 5]) and kept(threshold * 1.02, [1, 1, 1, 5])
+
+
 def test_the_heading_puts_end_on_crates_the_teacher_leans_wrong_on_right_where_one_size_per_class_does_not() -> None:
     # Prepare: the tracks above with 2% noise, pyramids 1 m high like the crates and the teacher leaning 0.45 : 0.55
     # wrong on the end-on crates; and the same without their side views (one Gaussian per class).
