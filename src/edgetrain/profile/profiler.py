@@ -280,16 +280,10 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
 
     # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
     #    is handed to the engine as the executor hands it (edgetrain.seeded_backward): freed once used.
-    box = GradBox()
-    seed = HandOver.apply(y, box) if y.requires_grad else None
-    box.grad = None if y.dim() == 0 else torch.ones_like(y)
-    with window() as backward:
-        if seed is not None:
-            seed_backward(seed)
-    grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
+    backward_peak, grad_in = _seeded_backward(y, x_rec, window)
     grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
-    bwd_workspace = backward.peak_bytes - grad_in - grad_bytes
-    del y, seed, box
+    bwd_workspace = backward_peak - grad_in - grad_bytes
+    del y
     x_rec.grad = None
     for p in params:
         p.grad = None
@@ -315,19 +309,26 @@ def _stepped_backward_workspace(module: nn.Module, x: torch.Tensor, input_grad: 
     step in the backward ] in chain.py): a recorded forward again, then its backward so measured."""
     x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
     y = module(x_rec)
-    box = GradBox()
-    seed = HandOver.apply(y, box) if y.requires_grad else None
-    box.grad = None if y.dim() == 0 else torch.ones_like(y)
     handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in params]
     try:
-        with window() as backward:
-            if seed is not None:
-                seed_backward(seed)
+        backward_peak, grad_in = _seeded_backward(y, x_rec, window)
     finally:
         for handle in handles:
             handle.remove()
-    grad_in = x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
-    return backward.peak_bytes - grad_in
+    return backward_peak - grad_in
+
+
+def _seeded_backward(y: torch.Tensor, x_rec: torch.Tensor, window: Window) -> tuple[int, int]:
+    """Back-propagate a recorded stage from ``y`` with a ones gradient handed to the engine as the executor hands
+    it (edgetrain.seeded_backward: freed once used), measured by ``window``: its peak, and the bytes of the
+    gradient it leaves in ``x_rec``."""
+    box = GradBox()
+    seed = HandOver.apply(y, box) if y.requires_grad else None
+    box.grad = None if y.dim() == 0 else torch.ones_like(y)
+    with window() as backward:
+        if seed is not None:
+            seed_backward(seed)
+    return backward.peak_bytes, x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
 
 
 def _drop_grad(param: torch.Tensor) -> None:
