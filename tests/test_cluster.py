@@ -47,6 +47,11 @@ STEPS = 20
 GLOBAL_BATCH = 8
 SHARES = (5, 3)  # unequal on purpose: a plain 1/N average would be wrong
 REL_TOL = 1e-5   # float32 sums in another order: measured differences are ~1e-7 relative
+# after two PowerSGD steps: its QR turns float-order differences of ~1e-7 into ~1e-3 (measured on an AMD EPYC, torch
+# 2.13: the real 2-node cluster itself at one thread against two moves step 4's loss by 1.3e-3 relative and the
+# held-out loss by 1.5e-3; the simulation is 0.9e-3 and 0.2e-3 from the one-thread run; rank 1, exact all-reduce and
+# rank 4 are 1.1e-2, 3.4e-2 and 2.2e-2 from it)
+COMPRESSED_REL_TOL = 3e-3
 NORM_STEPS = 6
 NORM_REL_TOL = 1e-10   # float64: in float32 the cross-node sums' other order differs by far more than 1e-5 where a
 # channel's sum of gradients nearly cancels, which no float32 tolerance tells from a bug
@@ -864,6 +869,7 @@ def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_p
     # 8, cosine rate, PowerSGD rank 2 after 1 exact step: a real cluster of plain local processes, and the simulation
     # of the same run (NOTE [ The compressed cluster in one process ]).
     bench = load_benchmark("final_loss", monkeypatch)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread (conftest): one float order
     config = TrainConfig(model="resnet18", samples=25, batch=8, image=32, epochs=2, save_every=100,
                          lr_schedule="cosine", run_dir=tmp_path / "real")
     run_local(config, [NodeSpec()] * 2, LocalOptions(spares=False, max_restarts=0, compress_rank=2, compress_after=1,
@@ -873,13 +879,20 @@ def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_p
     with bench.cluster_of_one():
         simulated = bench.simulate(replace(config, run_dir=tmp_path / "sim"), bench.sim_mode("powersgd:2:1", 2, True))
     # Assert: every step's logged loss and rank 0's held-out loss after each epoch (from rank 0's own running
-    # statistics) are the real run's, to the float tolerance of the exact step against one node: the simulation
-    # computes each node's gradient as the node does and only sums PowerSGD's matrices in another order. Steps 3 and
-    # 4 train on the weights of compressed steps.
-    assert simulated["losses"] == pytest.approx([r["loss"] for r in records if "loss" in r], rel=REL_TOL)
-    assert len(simulated["losses"]) == 4
-    assert simulated["val_curve"] == pytest.approx([r["val_loss"] for r in records if "val_loss" in r], rel=REL_TOL)
-    assert len(simulated["val_curve"]) == 2
+    # statistics) are the real run's: the simulation computes each node's gradient as the node does and only sums
+    # PowerSGD's matrices in another order. Up to the weights of one compressed step (steps 1-3, the first epoch's
+    # held-out loss) to the float tolerance of the exact step against one node; after a second (step 4, the second
+    # epoch's) to COMPRESSED_REL_TOL, which still tells PowerSGD rank 2 from rank 1, the nearest other run.
+    losses = [r["loss"] for r in records if "loss" in r]
+    val_curve = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(simulated["losses"]) == len(losses) == 4 and len(simulated["val_curve"]) == len(val_curve) == 2
+    assert simulated["losses"][:3] == pytest.approx(losses[:3], rel=REL_TOL)
+    assert simulated["val_curve"][0] == pytest.approx(val_curve[0], rel=REL_TOL)
+    assert simulated["losses"][3] == pytest.approx(losses[3], rel=COMPRESSED_REL_TOL)
+    assert simulated["val_curve"][1] == pytest.approx(val_curve[1], rel=COMPRESSED_REL_TOL)
+    with bench.cluster_of_one():
+        rank_one = bench.simulate(replace(config, run_dir=tmp_path / "sim1"), bench.sim_mode("powersgd:1:1", 2, True))
+    assert rank_one["losses"][3] != pytest.approx(losses[3], rel=COMPRESSED_REL_TOL)
 
 
 class _SummingStandIn:
