@@ -17,8 +17,10 @@ def fixed_host_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command that calibrates this machine, in this process or a child, gets :data:`TEST_HOST`."""
     monkeypatch.setenv(CALIBRATION_ENV, f"{TEST_HOST.gemm_fp64_flops_per_s},{TEST_HOST.training_flops_per_s}")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
-    torch.set_num_threads(1)
+# `make test` runs two workers on two cores: one thread each; and one thread in a single process too, where the
+# allocator's records see every allocation (records_every_allocation) and plans count kernels' scratch
+torch.set_num_threads(1)
+if os.environ.get("PYTEST_XDIST_WORKER"):
     # and so do the processes the tests start (`edgetrain train` ...): two workers each running a
     # two-thread child oversubscribe the cores, and OpenMP's waiting threads then slow both several-fold
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -32,7 +32,7 @@ def test_the_compiled_step_fits_its_budget_and_gives_autograds_gradients() -> No
     The peak is the allocator's records (LiveBytesTracker, a dispatch mode, saw plain training's peak here: the
     compiled step does not run as compiled under it)."""
     model, reference = _mlp(), _mlp()
-    x, y = torch.randn(16, 32, dtype=torch.float64), torch.randint(0, 10, (16,))
+    x, y = torch.randn(64, 32, dtype=torch.float64), torch.randint(0, 10, (64,))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     chain = profile(model, x, y, measure_time=False)
     budget = three_budgets(chain)[1]   # below plain training's peak
@@ -65,7 +65,7 @@ def test_the_fastest_candidate_that_fits_is_chosen_and_below_them_all_the_least_
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: inductor's graphs at 1.0 (fast, large) and 0.5, and two regions plans; the budget leaves 700 bytes
     model = _mlp()
-    x, y = torch.randn(16, 32, dtype=torch.float64), torch.randint(0, 10, (16,))
+    x, y = torch.randn(64, 32, dtype=torch.float64), torch.randint(0, 10, (64,))
     chain = profile(model, x, y, measure_time=False)
     measured = [CompiledCandidate(1.0, None, 900, 0.010), CompiledCandidate(0.5, None, 700, 0.013),
                 CompiledCandidate(1.0, "SR...", 650, 0.012), CompiledCandidate(1.0, "SRR..", 500, 0.020)]

@@ -73,8 +73,9 @@ def small(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         return EfficientNet(10, stages=(B0_STAGES[0], (6, 3, 1, 16, 16, 1))), image, labels
     if name == "densenet121":          # dense blocks (every earlier map joined) and a transition
         return DenseNet((2, 2), growth=8, init_features=16, num_classes=10), image, labels
-    if name == "unet":                 # segmentation: a class per pixel
-        return unet(3, 2, width=4), image, torch.randint(0, 2, (2, 32, 32))
+    if name == "unet":                 # segmentation: a class per pixel; at 32 px its convolutions' scratch (128 KiB
+        # each) leaves no memory to plan
+        return unet(3, 2, width=4), torch.randn(2, 3, 64, 64), torch.randint(0, 2, (2, 64, 64))
     tokens = torch.randint(0, 128, (2, 16))  # next-token targets: the tokens shifted
     return gpt_decoder(128, 16, 2, 32, 4), tokens, torch.roll(tokens, -1, 1)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from steps import StepResult, observe, peak_tracks, plain_autograd_step
+from steps import StepPeaks, StepResult, measured_schedule_step, observe, peaks_track, plain_autograd_step
 from torch import nn
 
 from edgetrain.chain import Chain
@@ -145,20 +145,14 @@ def test_schedules_under_test_do_recompute() -> None:
 
 # --- memory against the simulator ------------------------------------------------------------------
 
-def measured_step_peak(c: Case, schedule: Schedule) -> int:
-    """Live-bytes peak of a steady-state SGD step run by ``schedule``; weights, buffers, batch
-    and momentum registered, nothing else that existed before."""
+def measured_step_peak(c: Case, schedule: Schedule) -> StepPeaks:
+    """A steady-state SGD step run by ``schedule`` by both instruments; weights, buffers, batch and momentum
+    registered with the tracker, nothing else that existed before."""
     model = c.fresh_model()
     stages = training_stages(model)
     opt = make_optimizer("sgd", model.parameters())
-    run_schedule(stages, schedule, c.x, c.y, chain=c.chain)  # creates the momentum buffers
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    with LiveBytesTracker() as tracker:
-        tracker.register_training_state(model, opt, c.x, c.y)
-        run_schedule(stages, schedule, c.x, c.y, chain=c.chain)
-        opt.step()
-    return tracker.peak_bytes
+    return measured_schedule_step(lambda: run_schedule(stages, schedule, c.x, c.y, chain=c.chain), model, opt,
+                                  c.x, c.y)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -167,15 +161,16 @@ def test_measured_peak_tracks_simulated_peak_over_budgets(name: str, record_prop
     budgets = c.budgets(6)  # keep-all's peak down to the least feasible
     schedules = [c.table.schedule(b) for b in budgets]
     stats = [simulate(c.chain, s) for s in schedules]
-    measured = [measured_step_peak(c, s) for s in schedules]
+    peaks = [measured_step_peak(c, s) for s in schedules]
+    measured = [p.allocated for p in peaks]
     ratios = [m / s.peak_bytes for m, s in zip(measured, stats, strict=False)]
     record_property("measured_over_simulated", ratios)
     log.info("%s measured/simulated over budgets %s: %s", name, budgets, [f"{r:.4f}" for r in ratios])
 
-    for budget, stat, peak in zip(budgets, stats, measured, strict=False):
+    for budget, stat, schedule, peak in zip(budgets, stats, schedules, peaks, strict=False):
         # the DP's recurrence leaves the generator states out (plan() plans lower where they do not fit)
         assert stat.peak_bytes <= budget + c.chain.rng_reserve_bytes
-        assert peak_tracks(peak, stat.peak_bytes), (peak, stat.peak_bytes)  # NOTE [ How close ... ] in steps.py
+        assert peaks_track(peak, c.chain, schedule), (peak, stat.peak_bytes)  # NOTE [ How close ... ] in steps.py
     assert all(later <= earlier for earlier, later in itertools.pairwise(measured))
     assert all(later.time_s >= earlier.time_s for earlier, later in itertools.pairwise(stats))
     assert measured[-1] < measured[0]  # the sweep did save memory
@@ -188,11 +183,10 @@ def test_an_executor_that_keeps_every_activation_fails_the_peak_check(monkeypatc
 
     c = case("transformer_small", *MEMORY_SIZES["transformer_small"])
     schedule = c.table.schedule(c.budgets(6)[-1])   # the least memory: values are dropped and recomputed
-    simulated = simulate(c.chain, schedule).peak_bytes
-    assert peak_tracks(measured_step_peak(c, schedule), simulated)
+    assert peaks_track(measured_step_peak(c, schedule), c.chain, schedule)
     monkeypatch.setattr(executor._Run, "release", lambda self, k: None)
     hoarding = measured_step_peak(c, schedule)
-    assert not peak_tracks(hoarding, simulated), (hoarding, simulated)
+    assert not peaks_track(hoarding, c.chain, schedule), hoarding
 
 
 def test_unsaved_transformer_layer_input_is_freed() -> None:
@@ -307,17 +301,12 @@ def test_checkpointed_user_loop_step_stays_within_the_predicted_peak() -> None:
     model = c.fresh_model()
     wrapped = Checkpointed(model, sample=c.x, target=c.y, memory=mid_budget("transformer_small"), measure_time=False)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(2):  # the first step creates the momentum buffers; the second is measured
-        opt.zero_grad(set_to_none=True)
-        with LiveBytesTracker() as tracker:
-            tracker.register_training_state(model, opt, c.x, c.y)
-            nn.functional.cross_entropy(wrapped(c.x), c.y).backward()
-            opt.step()
-    log.info("Checkpointed user loop: measured %d, predicted %d", tracker.peak_bytes,
-             wrapped.plan.predicted_peak_bytes)
+    peaks = measured_schedule_step(lambda: nn.functional.cross_entropy(wrapped(c.x), c.y).backward(), model, opt,
+                                   c.x, c.y)
+    log.info("Checkpointed user loop: measured %s, predicted %d", peaks, wrapped.plan.predicted_peak_bytes)
     # No slack: the rest of the schedule runs once the engine has let go of the model output's gradient
     # (NOTE [ Checkpointed in a user loop ]); run inside the function's backward it was +320 bytes over.
-    assert peak_tracks(tracker.peak_bytes, wrapped.plan.predicted_peak_bytes)
+    assert peaks_track(peaks, wrapped.chain, wrapped.plan.schedule), peaks
 
 
 def test_checkpointed_replans_on_a_new_input_shape(caplog: pytest.LogCaptureFixture) -> None:
@@ -379,16 +368,10 @@ def test_a_dropout_step_holds_the_generator_states_its_plan_counts() -> None:
     assert rng_replayed_stages(schedule, chain) == {1, 3}
     opt = make_optimizer("sgd", model.parameters())
     stages = training_stages(model)
-    run_schedule(stages, schedule, x, y, chain=chain)   # creates the momentum buffers
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    with LiveBytesTracker() as tracker:
-        tracker.register_training_state(model, opt, x, y)
-        run_schedule(stages, schedule, x, y, chain=chain)
-        opt.step()
+    peaks = measured_schedule_step(lambda: run_schedule(stages, schedule, x, y, chain=chain), model, opt, x, y)
     predicted = simulate(chain, schedule).peak_bytes
     assert predicted > simulate(replace(chain, rng_state_bytes=0), schedule).peak_bytes + chain.rng_state_bytes
-    assert peak_tracks(tracker.peak_bytes, predicted), (tracker.peak_bytes, predicted)
+    assert peaks_track(peaks, chain, schedule), (peaks, predicted)
 
 
 def test_only_recomputed_stages_that_draw_random_numbers_keep_the_generator_state(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from steps import between_least_and_keep_all_mib
 
 from edgetrain.devices.catalog import tomllib
 
@@ -103,8 +104,9 @@ def test_training_and_planning_run_with_the_planning_extras_unimportable(tmp_pat
     from_plan = _run(tmp_path, "-m", "edgetrain", "train", "--model", "resnet18", "--data", "synthetic",
                      "--samples", "40", "--batch", "8", "--image", "64", "--plan", str(shipped), "--memory", "800MiB",
                      "--epochs", "1", "--run-dir", str(tmp_path / "shipped"))
+    step_mib = between_least_and_keep_all_mib("resnet18", batch=8, image=64)
     trained = _run(tmp_path, "-m", "edgetrain", "train", "--model", "resnet18", "--data", "synthetic",
-                   "--samples", "40", "--batch", "8", "--image", "64", "--step-memory", "136MiB",
+                   "--samples", "40", "--batch", "8", "--image", "64", "--step-memory", f"{step_mib}MiB",
                    "--strategy", "optimal", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     milp = _run(tmp_path, "-m", "edgetrain", "plan", "--model", "resnet18", "--batch", "8", "--device", "rpi4",
                 "--memory", "250MiB", "--objective", "energy", "--strategy", "milp")
@@ -121,6 +123,6 @@ def test_training_and_planning_run_with_the_planning_extras_unimportable(tmp_pat
     assert trained.returncode == 0, trained.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["strategy"] == "optimal" and summary["recompute_factor"] > 1
-    assert summary["measured_peak_bytes"] <= summary["tensor_budget_bytes"] == 136 * 2**20
+    assert summary["measured_peak_bytes"] <= summary["tensor_budget_bytes"] == step_mib * 2**20
     assert milp.returncode == 2
     assert milp.stderr.strip().splitlines() == ["error: the MILP planner needs HiGHS: pip install 'edgetrain[plan]'"]

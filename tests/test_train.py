@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from steps import peak_tracks
+from steps import between_least_and_keep_all_mib, peak_tracks
 
 from edgetrain.errors import EdgetrainError
 from edgetrain.train import StateStore, TrainConfig, train
@@ -40,12 +40,13 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
-    config = TrainConfig(model="resnet18", image=32, batch=8, samples=120, epochs=2, step_memory="140MiB",
+    step_mib = between_least_and_keep_all_mib("resnet18", batch=8, image=32)
+    config = TrainConfig(model="resnet18", image=32, batch=8, samples=120, epochs=2, step_memory=f"{step_mib}MiB",
                          run_dir=tmp_path / "run", data_root=tmp_path / "data", save_every=5)
     summary = train(config)
     assert summary.steps == 2 * (96 // 8)
     assert 0.0 <= summary.accuracy <= 1.0 and summary.chance_accuracy == 0.1
-    assert summary.tensor_budget_bytes == 140 * 2**20 and summary.budget_bytes is None  # no process budget asked
+    assert summary.tensor_budget_bytes == step_mib * 2**20 and summary.budget_bytes is None  # no process budget asked
     assert peak_tracks(summary.measured_peak_bytes, summary.predicted_peak_bytes)   # not 0, not above the plan
     assert summary.predicted_peak_bytes <= summary.tensor_budget_bytes
     assert summary.runtime_baseline_bytes < summary.process_peak_bytes

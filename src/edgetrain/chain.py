@@ -31,6 +31,24 @@ them. They are counted with the resident state, from the step's start: before th
 forward that over-counts them (a few bytes for a scalar loss), and everywhere after it is what
 runs. The profiler measures them; a hand-made chain leaves them at 0.
 
+NOTE [ A kernel's scratch in the plan ]
+``*_scratch_bytes`` -- the part of each workspace that no tensor shows: buffers a kernel allocates
+and frees inside one op (oneDNN's convolution reorders a 3x3 weight into a blocked copy, 9 MiB for
+a 512-channel layer; its backward takes per-thread scratch). The allocator hands them out like any
+tensor, so the process holds them at the op's peak; :class:`~edgetrain.profile.LiveBytesTracker`,
+at the dispatcher, never sees them. The profiler measures each phase of a real-tensor stage by
+the c10 allocator's records and by the tracker at once (NOTE [ One session, many windows ] in
+profile/tracker.py): the workspaces are the allocator's, the scratch the difference. Every
+planner plans the workspaces as they are, so a plan's peak holds for the allocator too (ResNet-18
+at batch 8, 128 px: 8-10 MiB a stage; the tracker alone had planned 8 MiB under the allocator's
+peak). ``Chain.without_scratch()`` is the chain as the tracker sees it, whose simulated peak the
+tracker's measurement is checked against to the byte. The records hold only the allocations of
+threads that carry the profiler's state, which the intra-op pool's workers do not: the profiler
+measures bytes at one thread (times at the process's count), and a step is checked against the
+records only at one thread (elsewhere the tracker against ``without_scratch()``). So at N threads
+the scratch of the N-1 workers is not in a plan. On the meta device, and under a user's own
+``torch.profiler`` session, scratch is 0.
+
 ``rng_state_bytes`` -- one copy of the random generators' state (NOTE [ Generator states in the
 plan ] in schedule.py): what a schedule holds for each stage that draws random numbers and is
 recomputed. The profiler sets it on CPU (and meta) chains; 0 leaves the states out.
@@ -95,10 +113,17 @@ class StageCost:
     # the backward's workspace when each parameter's gradient is dropped as soon as it is accumulated (the optimizer
     # stepped in the backward), measured by profile(step_in_backward=True); None: not measured
     bwd_stepped_workspace_bytes: int | None = None
+    # the part of each workspace above that kernels allocate and free inside one op, which no tensor shows
+    # (NOTE [ A kernel's scratch in the plan ])
+    fwd_scratch_bytes: int = 0
+    rec_scratch_bytes: int = 0
+    bwd_scratch_bytes: int = 0
+    bwd_stepped_scratch_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("out_bytes", "saved_bytes", "param_bytes", "grad_bytes", "fwd_workspace_bytes",
-                     "rec_workspace_bytes"):
+                     "rec_workspace_bytes", "fwd_scratch_bytes", "rec_scratch_bytes", "bwd_scratch_bytes",
+                     "bwd_stepped_scratch_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"stage {self.name!r}: {name} must be >= 0, got {getattr(self, name)}")
         if self.fwd_time_s < 0 or self.bwd_time_s < 0:
@@ -226,9 +251,24 @@ class Chain:
                              f"got {shared}")
         update = self.optimizer_workspace_bytes   # one parameter's update at a time: at most the largest's
         stages = tuple(replace(s, grad_bytes=held, bwd_workspace_bytes=_stepped_workspace(s, held)
-                               + (update if s.grad_bytes or s.param_bytes else 0))
+                               + (update if s.grad_bytes or s.param_bytes else 0),
+                               bwd_scratch_bytes=s.bwd_stepped_scratch_bytes if s.bwd_stepped_workspace_bytes
+                               is not None else s.bwd_scratch_bytes)
                        for s, held in zip(self.stages, shared, strict=True))
         return replace(self, stages=stages, optimizer_workspace_bytes=0, meta={**self.meta, STEP_IN_BACKWARD: True})
+
+    def without_scratch(self) -> Chain:
+        """The chain as :class:`~edgetrain.profile.LiveBytesTracker` sees a step: every workspace less its kernels'
+        scratch (NOTE [ A kernel's scratch in the plan ]). A schedule's peak on it is what the tracker measures."""
+        stages = tuple(replace(s, fwd_workspace_bytes=s.fwd_workspace_bytes - s.fwd_scratch_bytes,
+                               rec_workspace_bytes=s.rec_workspace_bytes - s.rec_scratch_bytes,
+                               bwd_workspace_bytes=s.bwd_workspace_bytes - s.bwd_scratch_bytes,
+                               bwd_stepped_workspace_bytes=None if s.bwd_stepped_workspace_bytes is None
+                               else s.bwd_stepped_workspace_bytes - s.bwd_stepped_scratch_bytes,
+                               fwd_scratch_bytes=0, rec_scratch_bytes=0, bwd_scratch_bytes=0,
+                               bwd_stepped_scratch_bytes=0)
+                       for s in self.stages)
+        return replace(self, stages=stages)
 
     @classmethod
     def uniform(cls, length: int, *, fwd_time_s: float = 1.0, bwd_time_s: float = 1.0,

@@ -26,7 +26,15 @@ from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from ..rng_state import RandomDraws, RngState
 from ..seeded_backward import GradBox, HandOver, seed_backward
 from ..stages import CompiledStage, LossFn, LossStage, training_stages
-from .tracker import AllocatorWindow, LiveBytesTracker, SavedTensors, allocator_window, storage_bytes, storage_key
+from .tracker import (
+    AllocatorRecorder,
+    AllocatorWindow,
+    LiveBytesTracker,
+    SavedTensors,
+    profiler_running,
+    storage_bytes,
+    storage_key,
+)
 
 __all__ = ["profile"]
 
@@ -107,7 +115,7 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
                  progress: Callable[[int, int], None] | None,
                  stepped: bool) -> tuple[list[_StageMeasure], torch.Tensor]:
     measures: list[_StageMeasure] = []
-    with LiveBytesTracker() as tracker:
+    with LiveBytesTracker() as tracker, _one_intra_op_thread(x.device):
         for module in stages:
             tracker.register(module.parameters())
             tracker.register(module.buffers())
@@ -126,7 +134,7 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
                 measure = _profile_compiled_stage(module, current, index > 0, tracker, flops_per_s,
                                                   name=_stage_name(module, index), counted=counted, stepped=stepped)
             else:
-                measure = _profile_stage(module, current, index > 0, tracker.live_keys(), _tracker_window(tracker),
+                measure = _profile_stage(module, current, index > 0, tracker.live_keys(), _recorder(tracker, current),
                                          flops_per_s, name=_stage_name(module, index), counted=counted,
                                          stepped=stepped)
             measures.append(measure)
@@ -183,20 +191,55 @@ def _timed(stages: list[nn.Module], x: torch.Tensor, measures: list[_StageMeasur
     return timed
 
 
-Window = Callable[[], contextlib.AbstractContextManager[AllocatorWindow]]
+class _TrackerWindows:
+    """Windows measured by ``tracker`` alone, each filled as it closes: its live bytes' net change and peak. On the
+    meta device, and where the user's own ``torch.profiler`` session runs (no second one can start)."""
 
+    def __init__(self, tracker: LiveBytesTracker) -> None:
+        self.tracker = tracker
 
-def _tracker_window(tracker: LiveBytesTracker) -> Window:
-    """Windows measured by ``tracker``: its live bytes' net change and peak over the block."""
+    def __enter__(self) -> _TrackerWindows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
     @contextlib.contextmanager
-    def window() -> Iterator[AllocatorWindow]:
+    def window(self) -> Iterator[AllocatorWindow]:
         measured = AllocatorWindow()
-        before = tracker.current_bytes
-        tracker.reset_peak()
+        before = self.tracker.current_bytes
+        self.tracker.reset_peak()
         yield measured
-        measured.net_bytes = tracker.current_bytes - before
-        measured.peak_bytes = tracker.peak_bytes - before
-    return window
+        measured.net_bytes = self.tracker.current_bytes - before
+        measured.peak_bytes = self.tracker.peak_bytes - before
+
+
+Recorder = AllocatorRecorder | _TrackerWindows
+
+
+def _recorder(tracker: LiveBytesTracker, x: torch.Tensor) -> Recorder:
+    """How a stage's phases are measured (NOTE [ A kernel's scratch in the plan ]): by the allocator's records and
+    the tracker at once, at one intra-op thread (``_one_intra_op_thread``)."""
+    if x.device.type == "meta":
+        return _TrackerWindows(tracker)
+    if profiler_running():
+        log.warning("torch.profiler is running: stages measured by the tensors alone, without their kernels' scratch")
+        return _TrackerWindows(tracker)
+    return AllocatorRecorder(x.device, tracker)
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread(device: torch.device) -> Iterator[None]:
+    """One intra-op thread on the CPU while a chain's bytes are measured, where the allocator's records see every
+    allocation (:func:`~edgetrain.profile.tracker.records_every_allocation`): the kernels' scratch of the profiling
+    thread is planned, a further thread's own buffers are not (NOTE [ A kernel's scratch in the plan ])."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def is_compiled(module: nn.Module) -> bool:
@@ -230,105 +273,106 @@ def _profile_compiled_stage(module: nn.Module, x: torch.Tensor, input_grad: bool
             torch.autograd.backward(warm, None if warm.dim() == 0 else torch.ones_like(warm))
         del warm
         _clear_grads(module)
-        measure = _profile_stage(module, x, input_grad, tracker.live_keys(), allocator_window, flops_per_s,
+        measure = _profile_stage(module, x, input_grad, tracker.live_keys(), AllocatorRecorder(x.device), flops_per_s,
                                  name=name, counted=counted, stepped=stepped)
     tracker.register([measure.output])
     return measure
 
 
-def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existing: set[int], window: Window,
+def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existing: set[int], recorder: Recorder,
                    flops_per_s: float, name: str, counted: _Counted, stepped: bool = False) -> _StageMeasure:
-    """One stage's costs, each phase measured by ``window``; ``existing``: the storages alive before it
-    (weights, its input), which its saved tensors do not pay for."""
+    """One stage's costs, each phase a window of ``recorder`` (read once it has closed); ``existing``: the storages
+    alive before it (weights, its input), which its saved tensors do not pay for."""
     params = [p for p in module.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
+    with recorder:
+        # 1. Without autograd: output size, forward workspace, and whether the forward draws random numbers.
+        rng_before, on_meta = RngState.capture(), x.device.type == "meta"
+        # no generator moves on the meta device: there the ops that would draw are watched instead (a mode that
+        # would make a compiled stage run eagerly, but compiled stages are refused on meta)
+        draws = RandomDraws() if on_meta else contextlib.nullcontext()
+        with recorder.window() as forward, torch.no_grad(), draws:
+            output = module(x)
+        uses_rng = draws.drew if isinstance(draws, RandomDraws) else not rng_before.equals(RngState.capture())
+        existing = existing | {storage_key(output)}   # alive before the recorded forward too
 
-    # 1. Without autograd: output size, forward workspace, and whether the forward draws random numbers.
-    rng_before, on_meta = RngState.capture(), x.device.type == "meta"
-    # no generator moves on the meta device: there the ops that would draw are watched instead (a mode that
-    # would make a compiled stage run eagerly, but compiled stages are refused on meta)
-    draws = RandomDraws() if on_meta else contextlib.nullcontext()
-    with window() as forward, torch.no_grad(), draws:
-        output = module(x)
-    uses_rng = draws.drew if isinstance(draws, RandomDraws) else not rng_before.equals(RngState.capture())
+        # 2. Recorded: saved tensors (hooks) and recorded-forward workspace.
+        x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
+        with recorder.window() as recorded_forward, SavedTensors(existing) as recorded:
+            y = module(x_rec)
+        output_saved = storage_key(y) in recorded.keys
+        # NOTE [ A stage whose output is a view of its input ]
+        # Flatten, a reshape, a slice: the output shares the input's storage, so the input's bytes live
+        # as long as the output does, whatever the record saves. Marked as a record that keeps its input:
+        # its saved bytes (0: nothing new) less its output's then cancel the one storage counted twice.
+        # Left unmarked, a plan that ran the stage before it without recording (the input then released)
+        # counted the shared storage as freed: 32 KiB under the measured peak on a conv -> flatten ->
+        # linear chain (tests/test_step_in_backward.py).
+        aliases_input = storage_key(y) == storage_key(x_rec)
+        input_saved = storage_key(x_rec) in recorded.keys or aliases_input
+        saved = dict(recorded.new_bytes)
+        if storage_key(y) not in existing:
+            saved[storage_key(y)] = y.untyped_storage().nbytes()
+
+        # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
+        #    is handed to the engine as the executor hands it (edgetrain.seeded_backward): freed once used.
+        backward, grad_in = _seeded_backward(y, x_rec, recorder)
+        grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
+        del y
+        x_rec.grad = None
+        for p in params:
+            p.grad = None
+        stepped_backward = _stepped_backward(module, x, input_grad, params, recorder) if stepped else None
+
     out_bytes = output.untyped_storage().nbytes()
-    fwd_workspace = max(0, forward.peak_bytes - out_bytes)
-    existing = existing | {storage_key(output)}   # alive before the recorded forward too
-
-    # 2. Recorded: saved tensors (hooks) and recorded-forward workspace.
-    x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
-    with window() as recorded_forward, SavedTensors(existing) as recorded:
-        y = module(x_rec)
-    output_saved = storage_key(y) in recorded.keys
-    # NOTE [ A stage whose output is a view of its input ]
-    # Flatten, a reshape, a slice: the output shares the input's storage, so the input's bytes live
-    # as long as the output does, whatever the record saves. Marked as a record that keeps its input:
-    # its saved bytes (0: nothing new) less its output's then cancel the one storage counted twice.
-    # Left unmarked, a plan that ran the stage before it without recording (the input then released)
-    # counted the shared storage as freed: 32 KiB under the measured peak on a conv -> flatten ->
-    # linear chain (tests/test_step_in_backward.py).
-    aliases_input = storage_key(y) == storage_key(x_rec)
-    saved = dict(recorded.new_bytes)
-    if storage_key(y) not in existing:
-        saved[storage_key(y)] = y.untyped_storage().nbytes()
     # a stage that checkpoints inside (models/segmented.py) keeps generator states in its record, made outside
     # the dispatcher and so no saved tensor; the copy each replay takes in its backward the tracker is shown
     saved_bytes = sum(saved.values()) + getattr(module, "kept_rng_states", 0) * _rng_state_nbytes(x.device)
-    rec_workspace = max(0, recorded_forward.peak_bytes - recorded_forward.net_bytes)
-    saved_live = recorded_forward.net_bytes
-
-    # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
-    #    is handed to the engine as the executor hands it (edgetrain.seeded_backward): freed once used.
-    backward_peak, grad_in = _seeded_backward(y, x_rec, window)
-    grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
-    bwd_workspace = backward_peak - grad_in - grad_bytes
-    del y
-    x_rec.grad = None
-    for p in params:
-        p.grad = None
-    stepped_workspace = _stepped_backward_workspace(module, x, input_grad, params, window) if stepped else None
-
     weight_bytes = storage_bytes(p for p in module.parameters() if id(p) in counted.weights)  # frozen ones too
     fwd_flops, bwd_flops = _count_flops(_eager(module), x, input_grad)
     cost = StageCost(name=name, fwd_time_s=fwd_flops / flops_per_s, bwd_time_s=bwd_flops / flops_per_s,
-                     out_bytes=out_bytes,
-                     saved_bytes=saved_bytes, param_bytes=weight_bytes,
-                     grad_bytes=grad_bytes, fwd_workspace_bytes=fwd_workspace,
-                     rec_workspace_bytes=rec_workspace, bwd_workspace_bytes=bwd_workspace,
-                     input_saved=storage_key(x_rec) in recorded.keys or aliases_input, output_saved=output_saved,
-                     uses_rng=uses_rng, bwd_stepped_workspace_bytes=stepped_workspace)
+                     out_bytes=out_bytes, saved_bytes=saved_bytes, param_bytes=weight_bytes, grad_bytes=grad_bytes,
+                     fwd_workspace_bytes=max(0, forward.peak_bytes - out_bytes),
+                     rec_workspace_bytes=max(0, recorded_forward.peak_bytes - recorded_forward.net_bytes),
+                     bwd_workspace_bytes=backward.peak_bytes - grad_in - grad_bytes,
+                     fwd_scratch_bytes=forward.scratch_bytes, rec_scratch_bytes=recorded_forward.scratch_bytes,
+                     bwd_scratch_bytes=backward.scratch_bytes,
+                     input_saved=input_saved, output_saved=output_saved, uses_rng=uses_rng,
+                     bwd_stepped_workspace_bytes=None if stepped_backward is None
+                     else stepped_backward.peak_bytes - grad_in,
+                     bwd_stepped_scratch_bytes=0 if stepped_backward is None else stepped_backward.scratch_bytes)
     log.debug("profiled %s: %s", name, cost)
-    return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=saved_live)
+    return _StageMeasure(cost=cost, output=output.detach(), saved_live_bytes=recorded_forward.net_bytes)
 
 
-def _stepped_backward_workspace(module: nn.Module, x: torch.Tensor, input_grad: bool, params: list[nn.Parameter],
-                                window: Window) -> int:
-    """The stage's backward peak above its input's gradient when every parameter's gradient is dropped as soon
-    as autograd has accumulated it, as the optimizer stepped in the backward drops it (NOTE [ The optimizer
-    step in the backward ] in chain.py): a recorded forward again, then its backward so measured."""
+def _stepped_backward(module: nn.Module, x: torch.Tensor, input_grad: bool, params: list[nn.Parameter],
+                      recorder: Recorder) -> AllocatorWindow:
+    """The stage's backward with every parameter's gradient dropped as soon as autograd has accumulated it, as
+    the optimizer stepped in the backward drops it (NOTE [ The optimizer step in the backward ] in chain.py): a
+    recorded forward again, then its backward as a window of ``recorder``."""
     x_rec = x.detach().requires_grad_(input_grad and x.is_floating_point())
     y = module(x_rec)
     handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in params]
     try:
-        backward_peak, grad_in = _seeded_backward(y, x_rec, window)
+        backward, _ = _seeded_backward(y, x_rec, recorder)
     finally:
         for handle in handles:
             handle.remove()
-    return backward_peak - grad_in
+    return backward
 
 
-def _seeded_backward(y: torch.Tensor, x_rec: torch.Tensor, window: Window) -> tuple[int, int]:
+def _seeded_backward(y: torch.Tensor, x_rec: torch.Tensor, recorder: Recorder) -> tuple[AllocatorWindow, int]:
     """Back-propagate a recorded stage from ``y`` with a ones gradient handed to the engine as the executor hands
-    it (edgetrain.seeded_backward: freed once used), measured by ``window``: its peak, and the bytes of the
+    it (edgetrain.seeded_backward: freed once used), as a window of ``recorder``; the window, and the bytes of the
     gradient it leaves in ``x_rec``."""
     box = GradBox()
     seed = HandOver.apply(y, box) if y.requires_grad else None
     box.grad = None if y.dim() == 0 else torch.ones_like(y)
-    with window() as backward:
+    with recorder.window() as backward:
         if seed is not None:
             seed_backward(seed)
-    return backward.peak_bytes, x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
+    return backward, x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
 
 
 def _drop_grad(param: torch.Tensor) -> None:

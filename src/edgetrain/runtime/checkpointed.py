@@ -59,6 +59,7 @@ from ..models.traced import training_mode
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profile import profile
+from ..schedule import simulate
 from ..seeded_backward import GradBox
 from ..stages import LossFn, compiled_stages, training_stages
 from .executor import Executor, PendingBackward
@@ -246,6 +247,12 @@ class Checkpointed(nn.Module):
         self._use(key)
         log.info("Checkpointed %s: %s schedule, predicted peak %d bytes, recompute factor %.3f",
                  chain.name, chosen.strategy, chosen.predicted_peak_bytes, chosen.recompute_factor)
+
+    @property
+    def predicted_tracked_peak_bytes(self) -> int:
+        """The plan's peak as :class:`~edgetrain.profile.LiveBytesTracker` counts a step: without the kernels'
+        scratch, which only the allocator sees (NOTE [ A kernel's scratch in the plan ] in chain.py)."""
+        return simulate(self.chain.without_scratch(), self.plan.schedule).peak_bytes
 
     def _stepped(self, chain: Chain, stages: list[nn.Module]) -> Chain:
         """``chain`` of ``stages`` as this wrapper's step runs it: with the optimizer in the backward where it is."""
