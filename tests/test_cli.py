@@ -120,7 +120,10 @@ def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -
             assert row["plan"]["predicted_process_bytes"] <= 2 * 2**30
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["predicted_peak_bytes"] <= summary["tensor_budget_bytes"]
-    assert summary["predicted_peak_bytes"] * 0.995 <= summary["measured_peak_bytes"] <= summary["tensor_budget_bytes"]
+    # measured by the tracker: against the plan's peak without the kernels' scratch, which only the allocator sees
+    assert summary["predicted_tracked_peak_bytes"] < summary["predicted_peak_bytes"]   # the convolutions' scratch
+    assert (summary["predicted_tracked_peak_bytes"] * 0.995 <= summary["measured_peak_bytes"]
+            <= summary["predicted_tracked_peak_bytes"])
     assert summary["runtime_baseline_bytes"] < summary["process_peak_bytes"]
     assert summary["recompute_factor"] > 1.0  # plain training does not fit the demo budget
 

@@ -47,7 +47,9 @@ def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
     assert summary.steps == 2 * (96 // 8)
     assert 0.0 <= summary.accuracy <= 1.0 and summary.chance_accuracy == 0.1
     assert summary.tensor_budget_bytes == step_mib * 2**20 and summary.budget_bytes is None  # no process budget asked
-    assert peak_tracks(summary.measured_peak_bytes, summary.predicted_peak_bytes)   # not 0, not above the plan
+    assert summary.predicted_tracked_peak_bytes is not None   # the tracker's share of the plan: not 0, not above it
+    assert peak_tracks(summary.measured_peak_bytes, summary.predicted_tracked_peak_bytes)
+    assert summary.predicted_tracked_peak_bytes < summary.predicted_peak_bytes   # the convolutions' scratch
     assert summary.predicted_peak_bytes <= summary.tensor_budget_bytes
     assert summary.runtime_baseline_bytes < summary.process_peak_bytes
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -692,8 +692,10 @@ def _print_summary(summary: Any, run_dir: Path) -> None:
     console.print(f"process peak {format_bytes(summary.process_peak_bytes)} vs {budget} (predicted "
                   f"{format_bytes(summary.predicted_process_peak_bytes)}; runtime baseline "
                   f"{format_bytes(summary.runtime_baseline_bytes)})")
-    console.print(f"tensor peak {measured} by the {summary.peak_measured_by} (predicted "
-                  f"{format_bytes(summary.predicted_peak_bytes)}); "
+    tracked = ("" if summary.predicted_tracked_peak_bytes is None else
+               f"{format_bytes(summary.predicted_tracked_peak_bytes)} in tensors, ")
+    console.print(f"tensor peak {measured} (predicted {tracked}{format_bytes(summary.predicted_peak_bytes)} with the "
+                  f"kernels' scratch); "
                   f"plan {summary.strategy}, "
                   f"ρ = {summary.recompute_factor:.3f}; {summary.steps} steps in {summary.wall_time_s:.1f} s")
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}, summary: {run_dir / 'summary.json'}")

@@ -16,7 +16,6 @@ dropped on resume, since those steps are run again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -38,7 +37,6 @@ from ..optim import TrainingOptimizer, make_optimizer, set_learning_rate
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
 from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
-from ..profile.tracker import full_allocator_window, records_every_allocation
 from ..runtime import Executor
 from ..runtime.step_in_backward import StepInBackward, shared_gradient_bytes
 from ..schedule import Schedule, keep_all, simulate, validate
@@ -77,9 +75,6 @@ class StepMetrics:
     process_peak_bytes: int = 0
 
 
-PEAK_BY_ALLOCATOR, PEAK_BY_TRACKER = "allocator", "tracker"
-
-
 @dataclass(frozen=True)
 class TrainSummary:
     """``summary.json``: how the run went, measured. ``None`` where a figure does not exist
@@ -105,10 +100,9 @@ class TrainSummary:
     resumed_from_step: int | None = None
     skipped_samples: int = 0
     config: dict[str, Any] = field(default_factory=dict)
-    # how measured_peak_bytes was measured: the allocator's records (kernels' scratch included, one intra-op thread)
-    # or the tracker (at more threads, where the records miss the workers' allocations, or for a chain from the meta
-    # device, which has no scratch to check)
-    peak_measured_by: str = PEAK_BY_TRACKER
+    # the plan's peak as the tracker counts a step (measured_peak_bytes): without the kernels' scratch, which only the
+    # allocator's records see (NOTE [ A kernel's scratch in the plan ] in chain.py); None in summaries from before it
+    predicted_tracked_peak_bytes: int | None = None
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TrainSummary:
@@ -258,10 +252,9 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     chosen = choose_plan(chain, config, budget, saved)
     del sample_x, sample_y
     executor = Executor(stages, chosen.schedule, chain, page_dir=config.page_dir)
-    # the step's peak by the instrument the plan counted with: the allocator's records where the chain holds the
-    # kernels' scratch (profiled here, one intra-op thread), else the tracker (a chain from the meta device, a
-    # plan made on another machine)
-    by_allocator = records_every_allocation() and chain.meta.get("device") != "meta"
+    # measured by the tracker, not by the allocator's records: a torch.profiler session around a step held ~30 MiB
+    # of the process's memory (MobileNetV2 at batch 32, 48 px), which a process budget would pay
+    predicted_tracked = simulate(chain.without_scratch(), chosen.schedule).peak_bytes
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
     run.record(identity, _plan_figures(chosen, baseline))
     predicted_process = ProcessBudget(0, baseline).predicted_process_bytes(chosen.predicted_peak_bytes)
@@ -296,8 +289,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
                 measure = step == min(max(start_step, 1), total_steps - 1) or (step > start_step and
                                                                                 step == epoch_start)
                 set_learning_rate(optimizer, config.learning_rate_at(step, total_steps))
-                metrics = _train_step(executor, model, optimizer, *batch, step + 1, epoch,
-                                      (PEAK_BY_ALLOCATOR if by_allocator else PEAK_BY_TRACKER) if measure else None)
+                metrics = _train_step(executor, model, optimizer, *batch, step + 1, epoch, measure)
                 step += 1
                 measured_peak = max(measured_peak, metrics.peak_bytes or 0)
                 process_peak = max(process_peak, metrics.process_peak_bytes)
@@ -328,7 +320,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
         resumed_from_step=None if resumed_at is None else resumed_at[0],
         skipped_samples=train_set.corrupt_count + val_set.corrupt_count,
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        peak_measured_by=PEAK_BY_ALLOCATOR if by_allocator else PEAK_BY_TRACKER)
+        predicted_tracked_peak_bytes=predicted_tracked)
     write_json(run.file(SUMMARY_FILE), asdict(summary))
     return summary
 
@@ -438,18 +430,14 @@ def _optimizer(config: TrainConfig, model: nn.Module, stages: list[nn.Module]) -
 
 
 def _train_step(executor: Executor, model: nn.Module, optimizer: TrainingOptimizer, x: torch.Tensor,
-                y: torch.Tensor, step: int, epoch: int, measure_by: str | None) -> StepMetrics:
-    """One step; with ``measure_by`` its tensor peak, by the tracker or the allocator's records."""
+                y: torch.Tensor, step: int, epoch: int, measure: bool) -> StepMetrics:
     start = time.perf_counter()
     peak = None
-    if measure_by is not None:
-        allocations = full_allocator_window(x.device) if measure_by == PEAK_BY_ALLOCATOR else contextlib.nullcontext()
+    if measure:
         with LiveBytesTracker() as tracker:
             tracker.register_training_state(model, optimizer, x, y)
-            state_bytes = tracker.current_bytes
-            with allocations as allocated:
-                loss = _step(executor, optimizer, x, y)
-        peak = tracker.peak_bytes if allocated is None else state_bytes + allocated.peak_bytes
+            loss = _step(executor, optimizer, x, y)
+        peak = tracker.peak_bytes
     else:
         loss = _step(executor, optimizer, x, y)
     elapsed = time.perf_counter() - start
