@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import load_benchmark
 
 from edgetrain.insitu.detect import Detection, crop, detect, detectable
 from edgetrain.insitu.labels import (
@@ -1115,3 +1116,49 @@ def test_the_labelling_path_reads_no_true_class(pole_clip: Video) -> None:
     detections, _ = detect(pole_clip, seed=1)
     views = track_side_views(track(detections), np.array([d.box for d in detections]), pole_clip.camera)
     assert GateConfig().size_heading and np.isfinite(views).mean() > 0.5
+
+
+def _goal_report(teacher: float, student: float, oracle: float, *, precision: float = 0.98, coverage: float = 0.81,
+                 eye: tuple[float, float] = (0.9, 0.9), bands: dict[str, tuple[float, float]] | None = None,
+                 ) -> dict[str, object]:
+    """The keys of an ``insitu simulate --json`` report that the goals table reads."""
+    bands = bands or {"0-40": (student, oracle)}
+    return {"teacher_accuracy": teacher, "student_accuracy": student, "oracle_student_accuracy": oracle,
+            "pseudo_label_precision": precision, "pseudo_label_coverage": coverage,
+            "teacher_accuracy_eye_level": eye[0], "student_accuracy_eye_level": eye[1],
+            "student_accuracy_by_elevation": {band: s for band, (s, _) in bands.items()},
+            "oracle_student_accuracy_by_elevation": {band: o for band, (_, o) in bands.items()}}
+
+
+def test_the_goals_table_judges_the_mean_of_the_offsets_and_bounds_the_student_by_its_oracle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    table = load_benchmark("insitu_table", monkeypatch)
+    # A seed whose oracle is 24 points above the teacher: no student equal to it would meet +25.
+    first = _goal_report(0.6, 0.83, 0.84, eye=(0.90, 0.915), bands={"0-40": (0.8, 0.9), "60-90": (0.7, 0.75)})
+    second = _goal_report(0.3, 0.55, 0.56, precision=0.95, coverage=0.80, eye=(0.90, 0.87),
+                          bands={"0-40": (0.9, 0.85), "40-60": (0.8, 0.8)})
+    figures = table.goal_figures(first)
+    assert figures["student_points"] == pytest.approx(23.0) and figures["oracle_points"] == pytest.approx(24.0)
+    assert figures["ratio"] == pytest.approx(0.83 / 0.84) and figures["eye_points"] == pytest.approx(1.5)
+    assert figures["student_minus_oracle_0-40"] == pytest.approx(-10.0)
+    assert figures["student_minus_oracle_60-90"] == pytest.approx(-5.0)
+    assert table.goals_met(figures) == {"labels": True, "points": False, "ratio": True, "eye": True,
+                                        "oracle_reaches_points": False}
+    second_met = table.goals_met(table.goal_figures(second))  # the thresholds themselves meet the goals ...
+    assert second_met["labels"] and second_met["points"] and second_met["oracle_reaches_points"]
+    assert not second_met["eye"]  # ... 3 points below the teacher at eye level does not (forgetting)
+    mean = table.mean_figures([figures, table.goal_figures(second)])
+    assert mean["student_points"] == pytest.approx(24.0) and mean["oracle_points"] == pytest.approx(25.0)
+    assert mean["ratio"] == pytest.approx((0.83 / 0.84 + 0.55 / 0.56) / 2)  # the mean of the runs' ratios,
+    assert mean["ratio"] != pytest.approx((0.83 + 0.55) / (0.84 + 0.56))  # not the ratio of the mean accuracies
+    assert mean["student_minus_oracle_0-40"] == pytest.approx(-2.5)  # both rows have the band ...
+    assert mean["student_minus_oracle_60-90"] == pytest.approx(-5.0)  # ... one row only: its own figure
+    assert mean["precision"] == pytest.approx(0.965) and mean["coverage"] == pytest.approx(0.805)
+    assert table.goals_met(mean) == {"labels": True, "points": False, "ratio": True, "eye": True,
+                                     "oracle_reaches_points": True}
+
+    rows = table.goals_table([("o1", first), ("o2", second)]).splitlines()
+    assert len(rows) == 2 + 3 and rows[-1].startswith("| mean | 0.965 @ 0.805 | +24.0 | +25.0 |")
+    assert rows[2].endswith("| labels, ratio, eye | no |") and rows[-1].endswith("| labels, ratio, eye | yes |")
+    assert rows[0].index("0-40°") < rows[0].index("40-60°") < rows[0].index("60-90°")  # the bands in order
+    assert "| -10.0 |  | -5.0 |" in rows[2] and "| +5.0 | +0.0 |  |" in rows[3]  # a band a run lacks: no figure
