@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,9 +11,8 @@ from torch import nn
 
 from edgetrain.chain import Chain
 from edgetrain.optim import TrainingOptimizer
-from edgetrain.profile import LiveBytesTracker
-from edgetrain.profile.tracker import full_allocator_window
 from edgetrain.runtime import Checkpointed, StepCheck, check_step, three_budgets
+from edgetrain.runtime.verify import StepPeaks, step_peaks
 from edgetrain.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule, simulate
 
 
@@ -65,29 +63,6 @@ def check_tracks(check: StepCheck) -> bool:
     peak, the tracker against the plan's peak without kernels' scratch."""
     return (peak_tracks(check.measured_peak_bytes, check.predicted_peak_bytes, ALLOCATOR_SLACK_BYTES)
             and peak_tracks(check.tracked_peak_bytes, check.predicted_tracked_peak_bytes))
-
-
-@dataclass
-class StepPeaks:
-    """A step's peak by both instruments: ``tracked`` by LiveBytesTracker, ``allocated`` the state at the step's
-    start plus the most the c10 allocator handed out above it (kernels' scratch included)."""
-
-    tracked: int = 0
-    allocated: int = 0
-
-
-@contextmanager
-def step_peaks(model: nn.Module, optimizer: TrainingOptimizer | None, *batch: torch.Tensor) -> Iterator[StepPeaks]:
-    """Measure the block (a training step) by both instruments, the training state registered with the tracker."""
-    peaks = StepPeaks()
-    with LiveBytesTracker() as tracker:
-        tracker.register_training_state(model, optimizer, *batch)
-        state_bytes = tracker.current_bytes
-        with full_allocator_window(batch[0].device) as allocated:
-            yield peaks
-    # where the records cannot see every thread's allocations, the profile measured no scratch either
-    peaks.tracked = tracker.peak_bytes
-    peaks.allocated = tracker.peak_bytes if allocated is None else state_bytes + allocated.peak_bytes
 
 
 def peaks_track(peaks: StepPeaks, chain: Chain, schedule: Schedule) -> bool:

@@ -8,16 +8,19 @@ the step compute plain backprop's gradients, and does it stay within the peak th
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..chain import Chain
+from ..optim import TrainingOptimizer
 from ..profile import LiveBytesTracker
 from ..profile.tracker import full_allocator_window
 
-__all__ = ["LOOPS", "StepCheck", "check_step", "three_budgets"]
+__all__ = ["LOOPS", "StepCheck", "StepPeaks", "check_step", "step_peaks", "three_budgets"]
 
 
 @dataclass(frozen=True)
@@ -90,20 +93,38 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     optimizer = torch.optim.SGD(mine.parameters(), lr=0.01, momentum=0.9)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    with LiveBytesTracker() as tracker:
-        tracker.register_training_state(mine, optimizer, x, y)
-        state_bytes = tracker.current_bytes
-        with full_allocator_window(x.device) as allocated:
-            step()
-            optimizer.step()
-    # where the records cannot see every thread's allocations, the profile measured no scratch either
-    measured = tracker.peak_bytes if allocated is None else state_bytes + allocated.peak_bytes
+    with step_peaks(mine, optimizer, x, y) as peaks:
+        step()
+        optimizer.step()
     block = wrapped.block_plan
     factor = wrapped.plan.recompute_factor if block is None else block.recompute_factor
-    return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, measured,
+    return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, peaks.allocated,
                      wrapped.plan.stats.forward_advances, factor, max(errors, default=0.0),
-                     tracked_peak_bytes=tracker.peak_bytes,
+                     tracked_peak_bytes=peaks.tracked,
                      predicted_tracked_peak_bytes=wrapped.predicted_tracked_peak_bytes)
+
+
+@dataclass
+class StepPeaks:
+    """A step's peak by both instruments: ``tracked`` by LiveBytesTracker, ``allocated`` the state at the step's
+    start plus the most the c10 allocator handed out above it (kernels' scratch included)."""
+
+    tracked: int = 0
+    allocated: int = 0
+
+
+@contextmanager
+def step_peaks(model: nn.Module, optimizer: TrainingOptimizer | None, *batch: torch.Tensor) -> Iterator[StepPeaks]:
+    """Measure the block (a training step) by both instruments, the training state registered with the tracker."""
+    peaks = StepPeaks()
+    with LiveBytesTracker() as tracker:
+        tracker.register_training_state(model, optimizer, *batch)
+        state_bytes = tracker.current_bytes
+        with full_allocator_window(batch[0].device) as allocated:
+            yield peaks
+    # where the records cannot see every thread's allocations, the profile measured no scratch either
+    peaks.tracked = tracker.peak_bytes
+    peaks.allocated = tracker.peak_bytes if allocated is None else state_bytes + allocated.peak_bytes
 
 
 def three_budgets(chain: Chain) -> list[int]:
