@@ -175,3 +175,20 @@ def test_long_chain_requests_get_a_schedule_never_a_grid_error(chain: Chain) -> 
 @pytest.mark.parametrize("chain", [*CHAINS, *LONG_CHAINS], ids=lambda chain: f"{chain.name}-{chain.resident_bytes}")
 def test_least_peak_schedule_reaches_the_exact_minimum(chain: Chain) -> None:
     assert simulate(chain, least_peak_schedule(chain)).peak_bytes == exact_minimum_bytes(chain)
+
+
+def test_a_long_chain_at_its_least_budget_gets_a_faster_schedule_than_the_least_peak_one() -> None:
+    """NOTE [ Schedules a grid charges above what they hold ]: on 80 stages (no exact table) the grid finds
+    nothing at the least budget, and the least-peak schedule (which only minimises the peak) was the answer;
+    schedules the grid places above the budget that hold no more than it are faster. The plan is the fastest
+    that fits of every candidate, and fits."""
+    from edgetrain.planners.plan import _least_peak_candidate, _rounded_up_candidates
+
+    chain = random_chain(80, 0)
+    least = least_feasible(chain)
+    chosen = plan(chain, memory=least)
+    least_peak = _least_peak_candidate(chain)
+    assert chosen.predicted_peak_bytes <= least == least_peak.stats.peak_bytes
+    assert chosen.recompute_factor < 0.85 * least_peak.stats.recompute_factor   # measured: 1.584 against 1.984
+    fitting = [c for c in _rounded_up_candidates(chain, least, 500) if c.stats.peak_bytes <= least]
+    assert fitting and chosen.predicted_time_s <= min(c.stats.time_s for c in fitting)
