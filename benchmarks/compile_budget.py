@@ -189,7 +189,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     fits: list[int] = []
     budget: int | None = None   # the memory request planned at, where the setting asks for memory
     if match_step_bytes is not None:
-        budget = max(least, chain.resident_bytes + match_step_bytes)
+        budget = max(least, chain.between_steps_bytes + match_step_bytes)
         for _ in range(4):
             wrapped, step = planned(memory=budget)
             step()
@@ -202,9 +202,9 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
         wrapped, step = planned(memory=budget)
     else:
         wrapped, step = planned(recompute=float(value))
-    return step, {"resident_bytes": wrapped.chain.resident_bytes, "least_bytes": least,
+    return step, {"between_steps_bytes": wrapped.chain.between_steps_bytes, "least_bytes": least,
                   "budget_bytes": budget, "gradients_bytes": chain.gradients_bytes,   # a whole step's floor
-                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.resident_bytes,
+                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.between_steps_bytes,
                   "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
                   "fit_step_peaks_bytes": fits}
 
@@ -237,7 +237,7 @@ def compiled_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer:
     from edgetrain.profile import profile
     from edgetrain.runtime.compiled import fit_compiled
     chain = profile(model, x, y)
-    fit = fit_compiled(model, x, y, chain.resident_bytes + match_step_bytes, optimizer, chain=chain)
+    fit = fit_compiled(model, x, y, chain.between_steps_bytes + match_step_bytes, optimizer, chain=chain)
     return whole_graph_step(model, x, y, optimizer, chain, fit.chosen, fit.candidates)
 
 
@@ -252,8 +252,8 @@ def whole_graph_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimiz
     stats = simulate(chain, single_level(text_kinds(kinds)))
     step = training_step(build_compiled(model, chosen), x, y, optimizer, nn.functional.cross_entropy)
     return step, {
-        "resident_bytes": chain.resident_bytes, "least_bytes": three_budgets(chain)[0],
-        "predicted_step_peak_bytes": stats.peak_bytes - chain.resident_bytes,
+        "between_steps_bytes": chain.between_steps_bytes, "least_bytes": three_budgets(chain)[0],
+        "predicted_step_peak_bytes": stats.peak_bytes - chain.between_steps_bytes,
         "recompute_factor": stats.recompute_factor, "partitioner_budget": chosen.partitioner_budget,
         "single_level_kinds": kinds,
         "candidates": [{"kinds": c.regions or "." * chain.length, "partitioner_budget": c.partitioner_budget,

@@ -294,7 +294,7 @@ def test_a_segmented_stage_keeps_generator_states_for_the_segments_that_draw_and
     """NOTE [ Generator states in the plan ]: torch's checkpoint keeps a generator state (5,056 bytes on CPU,
     made outside the dispatcher) for each segment that preserves it; only segments that draw do (three of the
     layer's five segments), and the profile counts them in the stage's
-    record. By the c10 allocator's records the least two-level step is within 16 bytes of its prediction."""
+    record. By the c10 allocator's records the least two-level step is not above its prediction."""
     from edgetrain.runtime import Checkpointed
 
     torch.manual_seed(0)
@@ -321,5 +321,5 @@ def test_a_segmented_stage_keeps_generator_states_for_the_segments_that_draw_and
                            measure_time=False)
     assert wrapped.block_plan is not None and any(wrapped.block_plan.inside)
     measured, predicted = allocator_step_peaks(wrapped, model, x, y)
-    assert measured <= predicted + 16
+    assert measured <= predicted
 

@@ -53,7 +53,7 @@ def test_the_compiled_step_fits_its_budget_and_gives_autograds_gradients() -> No
     optimizer.zero_grad(set_to_none=True)
     # The module built afresh is the chosen candidate's graph, compiled at its partitioner budget
     step = training_step(fit.module, x, y, optimizer, nn.functional.cross_entropy)
-    assert measured_step_peak_bytes(step) == fit.chosen.step_peak_bytes <= budget - chain.resident_bytes
+    assert measured_step_peak_bytes(step) == fit.chosen.step_peak_bytes <= budget - chain.between_steps_bytes
 
 
 def _candidates(monkeypatch: pytest.MonkeyPatch, measured: list[CompiledCandidate]) -> None:
@@ -72,12 +72,12 @@ def test_the_fastest_candidate_that_fits_is_chosen_and_below_them_all_the_least_
     _candidates(monkeypatch, measured)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     # Execute and assert: of those within 700 bytes the fastest, the regions plan SR...
-    fit = fit_compiled(model, x, y, chain.resident_bytes + 700, optimizer, chain=chain)
-    assert fit.chosen == measured[2] and fit.predicted_peak_bytes == chain.resident_bytes + 650
+    fit = fit_compiled(model, x, y, chain.between_steps_bytes + 700, optimizer, chain=chain)
+    assert fit.chosen == measured[2] and fit.predicted_peak_bytes == chain.between_steps_bytes + 650
     # A budget at 700 exactly still takes inductor's 0.5 graph over the slower SRR..
     _candidates(monkeypatch, measured[:2] + measured[3:])
-    assert fit_compiled(model, x, y, chain.resident_bytes + 700, optimizer, chain=chain).chosen == measured[1]
+    assert fit_compiled(model, x, y, chain.between_steps_bytes + 700, optimizer, chain=chain).chosen == measured[1]
     # Below every candidate: one line naming the least total measured
     with pytest.raises(InfeasibleBudgetError, match=re.escape("regions SRR.. at partitioner budget 1.0")) as error:
-        fit_compiled(model, x, y, chain.resident_bytes + 499, optimizer, chain=chain)
-    assert error.value.minimum_bytes == chain.resident_bytes + 500
+        fit_compiled(model, x, y, chain.between_steps_bytes + 499, optimizer, chain=chain)
+    assert error.value.minimum_bytes == chain.between_steps_bytes + 500

@@ -122,10 +122,10 @@ def test_measuring_compiled_code_inside_a_running_profiler_session_is_refused_in
 
 @pytest.mark.parametrize(("compiled", "dropout"), [(False, False), (True, False), (False, True)])
 def test_a_least_plan_holds_its_prediction_by_the_allocators_records_too(compiled: bool, dropout: bool) -> None:
-    """A second instrument: the c10 allocator's records of the step, eager or compiled stages. Up to 16 bytes above
-    the prediction are allocations outside the dispatcher. With dropout, the generator's state kept for every
-    recomputed stage that draws (5,056 bytes each) and the copy a replay takes are in the plan (NOTE [ Generator
-    states in the plan ]); left out, they would show here."""
+    """A second instrument: the c10 allocator's records of the step, eager or compiled stages, not above the
+    prediction (the loss and its seed, which live inside a step of this loop, counted there). With dropout, the
+    generator's state kept for every recomputed stage that draws (5,056 bytes each) and the copy a replay takes are
+    in the plan (NOTE [ Generator states in the plan ]); left out, they would show here."""
     measured, predicted, replayed = _least_budget_step(compiled, dropout)
     assert (replayed > 0) == dropout
-    assert measured <= predicted + 16
+    assert measured <= predicted

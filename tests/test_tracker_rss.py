@@ -30,7 +30,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from steps import ALLOCATOR_SLACK_BYTES, peak_tracks
+from steps import peak_tracks
 
 CHILD = textwrap.dedent('''
     import json, sys
@@ -81,8 +81,9 @@ CHILD = textwrap.dedent('''
         opt.step()
         rows.append({"fraction": fraction, "tracked": tracked, "rss": status("VmHWM:") - before,
                      "recomputes": simulate(chain, schedule).forward_advances > 0,
-                     "planned": simulate(chain, schedule).peak_bytes - chain.resident_bytes,
-                     "planned_tensors": simulate(chain.without_scratch(), schedule).peak_bytes - chain.resident_bytes})
+                     "planned": simulate(chain, schedule).peak_bytes - chain.between_steps_bytes,
+                     "planned_tensors": simulate(chain.without_scratch(), schedule).peak_bytes
+                     - chain.between_steps_bytes})
     print(json.dumps(rows))
 ''')
 
@@ -119,7 +120,7 @@ def test_tracker_peak_agrees_with_the_kernel(name: str, batch: int, size: int, f
         # the kernel between the plan's tensors and the plan with its kernels' scratch (whose pages a kernel may
         # leave untouched); the tracker at the plan's tensors
         assert low * row["planned_tensors"] <= row["rss"] <= high * row["planned"], row
-        assert peak_tracks(row["tracked"], row["planned_tensors"], ALLOCATOR_SLACK_BYTES), row
+        assert peak_tracks(row["tracked"], row["planned_tensors"]), row
     if len(rows) > 1:
         # The two instruments see the same saving from keep-all to least memory (within 1% of keep-all).
         saved_tracked, saved_rss = rows[0]["tracked"] - rows[-1]["tracked"], rows[0]["rss"] - rows[-1]["rss"]

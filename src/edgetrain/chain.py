@@ -209,6 +209,14 @@ class Chain:
         return self.weights_bytes + self.optimizer_state_bytes + self.loss_held_bytes
 
     @property
+    def between_steps_bytes(self) -> int:
+        """``resident_bytes`` but the loss held: what lives between two steps of a loop that lets each step's loss
+        go (the c10 allocator's records of such a loop count the loss and its seed inside the step). A step's
+        peak *above* this is the share to set against one measured so
+        (``runtime.compiled.measured_step_peak_bytes``)."""
+        return self.resident_bytes - self.loss_held_bytes
+
+    @property
     def value_bytes(self) -> tuple[int, ...]:
         """Size of ``x_0 .. x_L``: the input batch then each stage's output."""
         return (self.input_bytes, *(s.out_bytes for s in self.stages))

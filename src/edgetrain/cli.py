@@ -17,7 +17,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -35,9 +35,6 @@ from .cli_power import power_app, register_bench
 from .errors import EdgetrainError
 from .fileio import write_atomic
 from .units import format_bytes
-
-if TYPE_CHECKING:
-    from .chain import Chain
 
 app = typer.Typer(help="Make deep-learning training fit and run well on small edge machines.",
                   no_args_is_help=True, add_completion=False)
@@ -713,6 +710,7 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     """
     from .devices import get_device
     from .planners.plan import least_step_bytes
+    from .profile import chain_for
     from .reports.node_fit import DEMO_SQUEEZE, node_fit_rows
     from .schedule import keep_all, simulate
     from .train import TrainConfig
@@ -729,7 +727,7 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
     model, batch, image = "mobilenet_v2", 32, 48
     # profiled on real tensors, as the run will be: its kernels' scratch (NOTE [ A kernel's scratch in the plan ])
     # raises the least step above the meta device's estimate
-    chain = _real_chain(model, batch, image, num_classes=10)
+    chain = chain_for(model, batch, image, num_classes=10, device="cpu")
     plain, least = simulate(chain, keep_all(chain.length)).peak_bytes, least_step_bytes(chain)
     budget = max(int(plain * squeeze), int(least * 1.02))  # the squeeze, or 2% above the least step if it is tighter
     console.rule(f"2. Train {model} with its step's tensors within {format_bytes(budget)}")
@@ -742,20 +740,6 @@ def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where r
                          overwrite=True)
     summary = _train_with_progress(config)
     _print_summary(summary, config.run_dir)
-
-
-def _real_chain(model: str, batch: int, image: int, num_classes: int) -> Chain:
-    """The chain of zoo ``model`` profiled on real tensors on this machine (times from FLOPs)."""
-    import torch
-
-    from .models import get_model_spec
-    from .profile import profile
-
-    spec = get_model_spec(model)
-    torch.manual_seed(0)
-    net = spec.build(num_classes=num_classes)
-    return profile(net, spec.example_input(batch, image), spec.example_target(batch, num_classes=num_classes),
-                   measure_time=False)
 
 
 def _print_node_fit(rows: list[dict[str, Any]]) -> None:

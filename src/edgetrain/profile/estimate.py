@@ -56,17 +56,26 @@ class MemoryEstimate:
                 "total_bytes": self.total_bytes, **self.fit(device)}
 
 
-def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_classes: int | None = None) -> Chain:
-    """The chain of a zoo model, profiled on the meta device: sizes exact, times from FLOPs."""
+def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_classes: int | None = None,
+              device: str = "meta") -> Chain:
+    """The chain of a zoo model: sizes exact, times from FLOPs.
+
+    On the meta device (the default) nothing is allocated. On ``"cpu"`` the model is built (weights from seed 0;
+    the caller's generator is left as it was) and profiled on real tensors, so the chain carries the scratch that this
+    machine's kernels allocate inside an op (NOTE [ A kernel's scratch in the plan ] in chain.py): what a run here
+    will use, and what a test's budget measured here must clear.
+    """
     spec = get_model_spec(model)
     check_input(spec, batch, size)
-    with torch.device("meta"):
-        net = spec.build(num_classes)
-    net.train()
-    sample = spec.example_input(batch, size, device="meta")
-    target = spec.example_target(batch, device="meta")
+    sample = spec.example_input(batch, size, device=device)
+    target = spec.example_target(batch, device=device, num_classes=num_classes)
     try:
-        chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
+        with torch.random.fork_rng(devices=[]):   # the weights' init and the profiled dropouts draw
+            torch.manual_seed(0)
+            with torch.device(device):
+                net = spec.build(num_classes)
+            net.train()
+            chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
     except ValueError as exc:
         if "more than 1 value per channel" not in str(exc):
             raise

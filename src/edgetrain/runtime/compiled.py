@@ -72,13 +72,14 @@ class CompiledStep:
     module: nn.Module
     chosen: CompiledCandidate
     candidates: list[CompiledCandidate]
-    resident_bytes: int
+    between_steps_bytes: int
     budget_bytes: int
 
     @property
     def predicted_peak_bytes(self) -> int:
-        """The step's tensor peak as measured in the search, with what the step holds anyway."""
-        return self.resident_bytes + self.chosen.step_peak_bytes
+        """The step's tensor peak as measured in the search, with what lives between steps
+        (``Chain.between_steps_bytes``)."""
+        return self.between_steps_bytes + self.chosen.step_peak_bytes
 
 
 class _PartitionedAt(nn.Module):
@@ -157,7 +158,7 @@ def fit_compiled(model: nn.Module, x: torch.Tensor, y: torch.Tensor, memory: int
     """
     budget = parse_bytes(memory) if isinstance(memory, str) else memory
     chain = chain if chain is not None else profile(model, x, y, loss_fn=loss_fn)
-    step_budget = budget - chain.resident_bytes
+    step_budget = budget - chain.between_steps_bytes
     candidates = compiled_candidates(model, x, y, step_budget, optimizer, loss_fn=loss_fn, chain=chain,
                                      partitioner_budgets=partitioner_budgets, regions_budget=regions_budget)
     fitting = [c for c in candidates if c.step_peak_bytes <= step_budget]
@@ -165,11 +166,11 @@ def fit_compiled(model: nn.Module, x: torch.Tensor, y: torch.Tensor, memory: int
         least = min(candidates, key=lambda c: c.step_peak_bytes)
         raise InfeasibleBudgetError(
             f"{format_bytes(budget)} is below every compiled step of {type(model).__name__}: the least measured "
-            f"needs {format_bytes(chain.resident_bytes + least.step_peak_bytes)} ({_describe(least)}); give "
+            f"needs {format_bytes(chain.between_steps_bytes + least.step_peak_bytes)} ({_describe(least)}); give "
             f"at least that, or train uncompiled (Checkpointed) below it",
-            minimum_bytes=chain.resident_bytes + least.step_peak_bytes, budget_bytes=budget)
+            minimum_bytes=chain.between_steps_bytes + least.step_peak_bytes, budget_bytes=budget)
     chosen = min(fitting, key=lambda c: c.step_cpu_s)
-    return CompiledStep(build_compiled(model, chosen), chosen, candidates, chain.resident_bytes, budget)
+    return CompiledStep(build_compiled(model, chosen), chosen, candidates, chain.between_steps_bytes, budget)
 
 
 def compiled_candidates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step_budget: int,
@@ -225,7 +226,7 @@ def _fitted_regions(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimize
     peak by an overshoot, so that the plan changes; up by an undershoot; halfway once both a fitting and an
     overshooting budget are known)."""
     least, _, keep_all_bytes = three_budgets(chain)
-    plan_budget = min(max(least, chain.resident_bytes + step_budget), keep_all_bytes - 1)
+    plan_budget = min(max(least, chain.between_steps_bytes + step_budget), keep_all_bytes - 1)
     measured: dict[str, CompiledCandidate] = {}
     fitting: list[int] = []
     over: list[int] = []
