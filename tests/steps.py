@@ -48,11 +48,10 @@ def plain_autograd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed
 PEAK_FLOOR = 0.995          # the README's lower figure; the least measured is 0.998
 
 
-def peak_tracks(measured_bytes: int, simulated_bytes: int, extra_bytes: int = 0) -> bool:
-    """Whether a measured peak is what the simulator said: not above it (beyond ``extra_bytes``
-    the caller accounts for by hand), and not far below it, which would mean the step or the
-    tracker lost something."""
-    return simulated_bytes * PEAK_FLOOR <= measured_bytes <= simulated_bytes + extra_bytes
+def peak_tracks(measured_bytes: int, simulated_bytes: int) -> bool:
+    """Whether a measured peak is what the simulator said: not above it, and not far below it,
+    which would mean the step or the tracker lost something."""
+    return simulated_bytes * PEAK_FLOOR <= measured_bytes <= simulated_bytes
 
 
 def check_tracks(check: StepCheck) -> bool:
