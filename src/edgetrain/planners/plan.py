@@ -8,7 +8,6 @@ a step without recomputation (the founding paper's binary search over memory).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -239,12 +238,12 @@ def _optimal_dp_within(chain: Chain, budget: int, slots: int, jit: bool) -> Cand
         except InfeasibleBudgetError:
             return None
     fitting = [c for c in (_candidate(chain, table.schedule(budget)) if table is not None else None,
-                           *(_rounded_up_candidates(chain, budget, slots) if jit else ()),
+                           *(_rounded_up_candidates(chain, budget, everything.stats.peak_bytes, slots) if jit else ()),
                            _least_peak_candidate(chain)) if c is not None and c.stats.peak_bytes <= budget]
     return min(fitting, key=_fastest, default=None)
 
 
-def _rounded_up_candidates(chain: Chain, budget: int, slots: int) -> list[Candidate]:
+def _rounded_up_candidates(chain: Chain, budget: int, keep_all_peak: int, slots: int) -> list[Candidate]:
     """On a chain too long for the exact table, the schedules a grid finds *above* ``budget`` that fit it.
 
     NOTE [ Schedules a grid charges above what they hold ]
@@ -256,9 +255,8 @@ def _rounded_up_candidates(chain: Chain, budget: int, slots: int) -> list[Candid
     solved up to keep-all's peak (numba's solver: this is planning outside a training process) is read at
     each unit from ``budget`` to ``rounding_bytes`` above it, each new schedule simulated.
     """
-    try:
-        table = solve(chain, _keep_all_peak(chain), slots=slots, solver=_solver(True))
-    except InfeasibleBudgetError:
+    table = _keep_all_table(chain, keep_all_peak, slots, jit=True)
+    if table is None:
         return []
     found: list[Candidate] = []
     times: set[float] = set()
@@ -326,10 +324,7 @@ def _least_memory_within(chain: Chain, time_limit_s: float, slots: int, jit: boo
     leaves the grid empty.
     """
     keep_all_peak = _keep_all_peak(chain)
-    grid = None
-    if jit or chain.length > EXACT_MAX_STAGES:
-        with contextlib.suppress(InfeasibleBudgetError):
-            grid = solve(chain, keep_all_peak, slots=slots, solver=_solver(jit))
+    grid = _keep_all_table(chain, keep_all_peak, slots, jit) if jit or chain.length > EXACT_MAX_STAGES else None
     if grid is not None and (grid.rounding_bytes == 0 or chain.length > EXACT_MAX_STAGES):
         return _least_on_grid(chain, grid, time_limit_s)
     if grid is None and chain.length > EXACT_MAX_STAGES:
@@ -337,6 +332,15 @@ def _least_memory_within(chain: Chain, time_limit_s: float, slots: int, jit: boo
     # Here the chain is short enough for the exact table (the grid was skipped or not exact).
     table = solve_exact(chain, keep_all_peak)
     return _candidate(chain, table.schedule(table.least_memory_within(time_limit_s)))
+
+
+def _keep_all_table(chain: Chain, keep_all_peak: int, slots: int, jit: bool) -> OptimalTable | None:
+    """The grid table solved up to keep-all's peak (every budget a plan can ask); None where rounding leaves it
+    empty."""
+    try:
+        return solve(chain, keep_all_peak, slots=slots, solver=_solver(jit))
+    except InfeasibleBudgetError:
+        return None
 
 
 def _least_on_grid(chain: Chain, table: OptimalTable, time_limit_s: float) -> Candidate:
