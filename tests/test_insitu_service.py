@@ -33,8 +33,9 @@ RUN = ["--camera", "0", "--memory", "1GiB", "--frames", "100", "--chunk-frames",
        "--round-steps", "5"]
 
 
-def _sure_teacher(path: Path, label: int = 0) -> Path:
-    """A teacher sure of ``label`` (0.87) on every crop, with a gate that trusts whatever is sure: every track labelled.
+def _sure_teacher(path: Path, label: int = 0, logit: float = 3.0) -> Path:
+    """A teacher sure of ``label`` (0.87 at ``logit`` 3) on every crop, with a gate that trusts whatever is sure: every
+    track labelled.
 
     It stands in for a trained teacher (tens of seconds to train) where the test is about the
     service's mechanics, not accuracy.
@@ -42,7 +43,7 @@ def _sure_teacher(path: Path, label: int = 0) -> Path:
     model = classifier(len(CLASSES), 0)
     with torch.no_grad():
         model[-1].weight.zero_()
-        model[-1].bias.copy_(torch.tensor([3.0 if c == label else 0.0 for c in range(len(CLASSES))]))
+        model[-1].bias.copy_(torch.tensor([logit if c == label else 0.0 for c in range(len(CLASSES))]))
     n = len(CLASSES)
     calibration = Calibration(np.zeros((n, 64)), np.ones(64), float("inf"),
                               np.tile([-np.inf, np.inf], (n, 1)))
@@ -196,6 +197,29 @@ def test_a_student_that_beats_the_teacher_is_promoted_then_served(tmp_path: Path
     assert not serving.reload_if_promoted(store / "model.pt")  # unchanged: not loaded again
 
 
+def test_a_student_promoted_after_the_last_chunk_is_what_the_service_serves_at_its_end(tmp_path: Path) -> None:
+    # Prepare: a stream already stored (cursor at --frames) whose tracks are labelled 0, and a teacher that leans to 1:
+    # the student learns them and is promoted after the last chunk.
+    store = tmp_path / "node"
+    store.mkdir()
+    _sure_teacher(store / "teacher.pt", label=1, logit=0.5)
+    rng = np.random.default_rng(1)
+    FrameStore(store / "frames", quota_bytes=2**20).add(
+        [(encode_png(rng.integers(180, 256, size=(32, 32, 3), dtype=np.uint8)), 0, track)
+         for track in range(40) for _ in range(3)], cursor=25)
+
+    service = _service(store, "--camera", "0", "--memory", "1GiB", "--frames", "25", "--chunk-frames", "25",
+                       "--student-steps", "20", "--round-steps", "10")
+    out, _ = service.communicate(timeout=300)
+    lines = out.splitlines()
+
+    # No chunk left to take it at: the service takes it once the student is done, and says so.
+    assert service.returncode == 0
+    promoted = [s["step"] for s in _events(lines, "student") if s["promoted"]]
+    assert _events(lines, "chunk") == [] and _events(lines, "start")[0]["serving"] == "teacher" and promoted
+    assert _events(lines, "done")[0]["serving"] == f"student@{promoted[-1]}"
+
+
 def test_a_folder_camera_gives_its_frames_in_chunks_from_the_cursor(tmp_path: Path) -> None:
     video = render_video(POLE, 30, seed=5, rate=0.12)
     write_video(video, tmp_path / "cam")
@@ -213,8 +237,69 @@ def test_a_folder_camera_gives_its_frames_in_chunks_from_the_cursor(tmp_path: Pa
                           render_video(POLE, 20, 2300).frames)
 
 
+def test_a_video_file_camera_gives_its_frames_in_chunks_from_the_cursor(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    from typer.testing import CliRunner
+
+    from edgetrain.cli import app
+
+    # The generated world written by `insitu world --video` as lossless FFV1 and as H.264.
+    runs = [CliRunner().invoke(app, ["insitu", "world", "--out", str(tmp_path / "cam"), "--frames", "30", "--seed",
+                                     "5", "--video", str(tmp_path / name)]) for name in ("clip.mkv", "clip.mp4")]
+    folder = np.concatenate([c.frames for c in camera_chunks(str(tmp_path / "cam"), 30, start=0)])
+
+    lossless = list(camera_chunks(str(tmp_path / "clip.mkv"), 12, start=12, truth=False))
+    lossy = np.concatenate([c.frames for c in camera_chunks(str(tmp_path / "clip.mp4"), 30, start=0, truth=False)])
+
+    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
+    # Frames 12-23 and 24-29, every pixel as rendered (RGB, in order); seen from the node's mount, with no truth.
+    assert [len(c.frames) for c in lossless] == [12, 6]
+    assert np.array_equal(np.concatenate([c.frames for c in lossless]), folder[12:])
+    assert all(c.camera == STEEP and c.truth == () for c in lossless)
+    # H.264 is lossy: every frame there, within 30 dB of the rendered one (a channel swap or a shifted frame is not).
+    assert lossy.shape == folder.shape
+    mse = ((lossy.astype(float) - folder) ** 2).mean(axis=(1, 2, 3))
+    assert (10 * np.log10(255**2 / mse)).min() > 30
+
+
+def test_a_video_file_the_service_cannot_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    from edgetrain.insitu.video import write_frames
+
+    small = write_frames(np.zeros((3, 96, 128, 3), dtype=np.uint8), tmp_path / "small.mkv", 5.0)
+    (tmp_path / "junk.mp4").write_bytes(b"not a video")
+
+    with pytest.raises(EdgetrainError, match=r"video file, which carries no truth .* use --detector motion"):
+        next(camera_chunks(str(small), 10, start=0))
+    with pytest.raises(EdgetrainError, match="is 128x96, the node's mount sees 256x192"):
+        next(camera_chunks(str(small), 10, start=0, truth=False))
+    with pytest.raises(EdgetrainError, match="not a video FFmpeg can read"):
+        next(camera_chunks(str(tmp_path / "junk.mp4"), 10, start=0, truth=False))
+
+
+def test_the_service_runs_on_a_video_file_with_the_motion_detector(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    from edgetrain.insitu.video import write_frames
+
+    store = tmp_path / "node"
+    store.mkdir()
+    _sure_teacher(store / "teacher.pt")
+    video = write_frames(render_video(STEEP, 50, seed=2300, rate=0.08).frames, tmp_path / "cam.mkv", 5.0)
+
+    service = _service(store, "--camera", str(video), "--detector", "motion", "--memory", "1GiB", "--chunk-frames",
+                       "25", "--student-steps", "10", "--round-steps", "5")
+    out, _ = service.communicate(timeout=300)
+    lines = out.splitlines()
+
+    # The whole file, in two chunks, its moving objects boxed, tracked, labelled and stored; then the end of the file.
+    assert service.returncode == 0
+    assert [c["first_frame"] for c in _events(lines, "chunk")] == [0, 25]
+    done = _events(lines, "done")[0]
+    assert done["frames"] == 50 and done["stored_frames"] == len(_manifest(store)["frames"]) > 0
+
+
 def test_a_bad_camera_or_cursor_is_refused_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(EdgetrainError, match="neither a seed nor a folder"):
+    with pytest.raises(EdgetrainError, match="neither a seed, a video file nor a folder"):
         next(camera_chunks(str(tmp_path), 10, start=0))
     with pytest.raises(EdgetrainError, match="cursor 15 is not a multiple of --chunk-frames 10"):
         next(camera_chunks("0", 10, start=15))

@@ -27,18 +27,26 @@ def world_command(out: Path = typer.Option(Path("out/insitu/world"), "--out", "-
                   frames: int = typer.Option(60, "--frames", min=1, help="Frames to render (5 frames/s)."),
                   seed: int = typer.Option(0, "--seed", help="Seed of the world."),
                   sheet: bool = typer.Option(False, "--sheet", help="Also write sheet.png: 6 frames of both cameras "
-                                             "with the truth boxes drawn.")) -> None:
+                                             "with the truth boxes drawn."),
+                  video_file: Path | None = typer.Option(
+                      None, "--video", help="Also write the frames as this video file: .mkv (lossless FFV1) or .mp4 "
+                      "(H.264); needs the `video` extra.")
+                  ) -> None:
     """Render a clip of the camera world: frame_NNNNN.png and truth.json (ground truth, for evaluation only)."""
-    from .insitu.world import EYE_LEVEL, node_camera, render_video, write_video
+    from .insitu.world import EYE_LEVEL, FRAME_RATE_HZ, node_camera, render_video, write_video
 
     video = render_video(EYE_LEVEL[0] if camera == "eye" else node_camera(camera), frames, seed)
     write_video(video, out)
+    if video_file is not None:
+        from .insitu.video import write_frames
+
+        write_frames(video.frames, video_file, FRAME_RATE_HZ)
     if sheet:
         from .insitu.sheet import contact_sheet
 
         contact_sheet(seed, out / "sheet.png")
     console.print(f"{frames} frames, {len(video.truth)} object records, {len({t.track_id for t in video.truth})} "
-                  f"tracks -> {out}")
+                  f"tracks -> {out}" + ("" if video_file is None else f", {video_file}"))
 
 
 @insitu_app.command("simulate")
@@ -150,8 +158,9 @@ def simulate_command(
 @clean_errors
 def run_command(
         camera: str = typer.Option(..., "--camera", help="A seed (a generated world seen by --node-camera, "
-                                   "endless) or a folder from `edgetrain insitu world` (its truth.json feeds the "
-                                   "stand-in detector only)."),
+                                   "endless), a folder from `edgetrain insitu world` (its truth.json feeds the "
+                                   "stand-in detector only) or a video file seen from --node-camera's mount (needs "
+                                   "--detector motion and the `video` extra)."),
         store: Path = typer.Option(..., "--store", help="The service's directory: teacher, frame store, student "
                                    "states, promoted model, status.jsonl. A rerun continues where it stopped."),
         memory: str | None = typer.Option(None, "--memory", help="The whole service's memory (inference + "

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
 import logging
 import os
@@ -81,6 +82,7 @@ from .store import FrameStore, encode_png
 from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
 from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
 from .tracker import TrackerConfig, track
+from .video import read_frames
 from .world import Camera, ObjectTruth, Video, node_camera, render_video
 
 __all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student",
@@ -96,6 +98,7 @@ ALIGNMENT_CHUNKS = 6  # the posterior and size rules fit over the last 6 chunks 
 @dataclass(frozen=True)
 class ServiceConfig:
     camera: str  # an integer: the seed of a generated world seen by `node_camera`; else a folder from `insitu world`
+    # or a video file (seen from `node_camera`'s mount)
     memory_bytes: int  # the whole service: inference process + student process
     frames: int | None = None  # stop after this many frames of the stream (None: the whole stream, forever)
     chunk_frames: int = 200  # 40 s at 5 frames/s: a generated chunk is one of `insitu simulate`'s node clips
@@ -126,7 +129,8 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
     (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
     ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
     order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]),
-    and is not needed (``truth=False``) by the motion detector.
+    and is not needed (``truth=False``) by the motion detector, the only one a video file can feed
+    (NOTE [ A video file as the camera ]).
     """
     if start % chunk_frames:
         raise EdgetrainError(f"the store's cursor {start} is not a multiple of --chunk-frames {chunk_frames}: "
@@ -136,10 +140,16 @@ def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = T
         while True:
             yield render_video(node_camera(preset), chunk_frames, int(camera) * 1000 + 300 + k, rate=0.08)
             k += 1
+    if Path(camera).is_file():  # NOTE [ A video file as the camera ]
+        if truth:
+            raise EdgetrainError(f"--camera {camera!r} is a video file, which carries no truth for the stand-in "
+                                 "detector: use --detector motion")
+        yield from _video_chunks(Path(camera), chunk_frames, start, node_camera(preset))
+        return
     folder = Path(camera)
     paths = sorted(folder.glob("frame_*.png"))
     if not paths or (truth and not (folder / "truth.json").exists()):
-        raise EdgetrainError(f"--camera {camera!r} is neither a seed nor a folder of frame_*.png"
+        raise EdgetrainError(f"--camera {camera!r} is neither a seed, a video file nor a folder of frame_*.png"
                              + (" with truth.json (from `edgetrain insitu world`; --detector motion needs none)"
                                 if truth else ""))
     yield from _folder_chunks(folder, paths, chunk_frames, start, node_camera(preset))
@@ -159,6 +169,12 @@ def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: in
         frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in chunk])
         yield Video(cam, frames, tuple(replace(t, frame=t.frame - first) for t in truth
                                        if first <= t.frame < first + len(chunk)))
+
+
+def _video_chunks(path: Path, chunk_frames: int, start: int, mount: Camera) -> Iterator[Video]:
+    frames = read_frames(path, start, (mount.width_px, mount.height_px))
+    while chunk := list(itertools.islice(frames, chunk_frames)):
+        yield Video(mount, np.stack(chunk), ())
 
 
 def clip(video: Video, first: int, stop: int) -> Video:
@@ -322,6 +338,7 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
         student.wait()
         _check_exit(student, root)
         student = None
+        serving.reload_if_promoted(root / PROMOTED)  # promoted after the last chunk: served from now on
     finally:
         if student is not None:
             student.terminate()

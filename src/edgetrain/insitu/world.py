@@ -34,9 +34,10 @@ from PIL import Image, ImageDraw
 from ..fileio import write_json
 
 __all__ = ["CLASSES", "Camera", "EYE_LEVEL", "POLE", "STEEP", "NODE_CAMERAS", "node_camera", "ObjectTruth", "Video",
-           "render_video", "write_video"]
+           "render_video", "write_video", "FRAME_RATE_HZ"]
 
 CLASSES = ("crate", "barrel", "pyramid", "dome")
+FRAME_RATE_HZ = 5.0  # world time: a rendered frame is 0.2 s after the one before
 
 _Face = tuple[np.ndarray, tuple[int, int, int]]  # vertices (k, 3) in object coordinates, RGB colour
 
