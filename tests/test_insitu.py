@@ -751,7 +751,7 @@ def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_ra
 
     assert student is not teacher  # a copy of the teacher is fine-tuned
     crops, labels, config, weights, unlabelled = calls[0]
-    assert config == FitConfig(epochs=8, lr=3e-3, seed=6, memory="19MiB")
+    assert config == FitConfig(epochs=12, lr=3e-3, seed=6, memory="19MiB")  # 8 epochs until session 22
     assert labels.tolist() == [0, 1, 2, 2, 3] and len(crops) == 5 and weights.tolist() == [1, 1, 4, 4, 4]
     assert unlabelled is None  # the rounds' students and the oracle learn labelled crops only
     assert sim.SimulateConfig().student_lr == 4e-3  # 1e-3 until session 14 (NOTE [ The student's learning rate ])
@@ -891,7 +891,7 @@ def test_each_deal_trains_its_own_fold_students_and_one_deal_is_the_single_cross
     assert {memory for _, _, memory in trained} == {sim.SimulateConfig.student_memory}  # the planned step, always
 
 
-def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_from_the_command_line(
+def test_simulates_student_learning_rate_epochs_seed_offset_and_track_consistency_come_from_the_command_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
@@ -901,7 +901,7 @@ def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_
     configs: list[sim.SimulateConfig] = []
     monkeypatch.setattr(sim, "simulate", lambda config, store, progress: configs.append(config) or {})
     for flags in ([], ["--student-lr", "0.002", "--student-seed-offset", "4", "--track-consistency", "0.5",
-                       "--round-repeats", "3", "--no-size-heading"]):
+                       "--round-repeats", "3", "--no-size-heading", "--student-epochs", "5"]):
         result = CliRunner().invoke(app, ["insitu", "simulate", "--json", "--store", str(tmp_path / "s"), *flags])
         assert result.exit_code == 0, result.output
 
@@ -909,6 +909,7 @@ def test_simulates_student_learning_rate_seed_offset_and_track_consistency_come_
     assert [c.student_seed_offset for c in configs] == [1, 4]
     assert [c.track_consistency for c in configs] == [sim.SimulateConfig.track_consistency, 0.5]
     assert [c.round_repeats for c in configs] == [1, 3]
+    assert [c.student_epochs for c in configs] == [sim.SimulateConfig.student_epochs, 5]
     assert [c.gate.size_heading for c in configs] == [True, False]
     for rate in ("0", "-0.001", "nan"):   # a student that cannot learn is refused in one line, before any work
         result = CliRunner().invoke(app, ["insitu", "simulate", "--store", str(tmp_path / "s"), "--student-lr", rate])

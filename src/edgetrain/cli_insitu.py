@@ -115,6 +115,9 @@ def simulate_command(
         student_lr: float = typer.Option(4e-3, "--student-lr", callback=finite("--student-lr", above=0),
                                          help="Every student's peak learning rate "
                                          "(one-cycle schedule): the rounds', the final one's and the oracle's."),
+        student_epochs: int = typer.Option(12, "--student-epochs", min=1,
+                                           help="Every student's epochs over its crops (the rounds', the final "
+                                           "one's and the oracle's)."),
         student_seed_offset: int = typer.Option(1, "--student-seed-offset", help="Every student's shuffling and "
                                                 "augmentation seed is --seed plus this; the world, the teacher and "
                                                 "the stream stay those of --seed."),
@@ -132,7 +135,8 @@ def simulate_command(
     from .insitu.simulate import QUICK, SimulateConfig, simulate
     from .units import parse_bytes
 
-    overrides: dict[str, Any] = {"replay_crops": replay_crops, **(QUICK if quick else {})}
+    overrides: dict[str, Any] = {"replay_crops": replay_crops, "student_epochs": student_epochs,
+                                 **(QUICK if quick else {})}
     folds = (SimulateConfig.round_folds if labels == "size" else 0) if round_folds is None else round_folds
     kept = (SimulateConfig.round_coverage if folds else 1.0) if round_coverage is None else round_coverage
     rounds = (SimulateConfig.rounds if folds else 1) if rounds is None else rounds
