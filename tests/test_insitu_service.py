@@ -268,6 +268,8 @@ def test_a_video_file_the_service_cannot_read_is_refused_in_one_line(tmp_path: P
 
     small = write_frames(np.zeros((3, 96, 128, 3), dtype=np.uint8), tmp_path / "small.mkv", 5.0)
     (tmp_path / "junk.mp4").write_bytes(b"not a video")
+    whole = write_frames(render_video(STEEP, 20, seed=1, rate=0.08).frames, tmp_path / "whole.mkv", 5.0).read_bytes()
+    (tmp_path / "garbled.mkv").write_bytes(whole[:4000] + bytes(len(whole) - 8000) + whole[-4000:])
 
     with pytest.raises(EdgetrainError, match=r"video file, which carries no truth .* use --detector motion"):
         next(camera_chunks(str(small), 10, start=0))
@@ -275,6 +277,8 @@ def test_a_video_file_the_service_cannot_read_is_refused_in_one_line(tmp_path: P
         next(camera_chunks(str(small), 10, start=0, truth=False))
     with pytest.raises(EdgetrainError, match="not a video FFmpeg can read"):
         next(camera_chunks(str(tmp_path / "junk.mp4"), 10, start=0, truth=False))
+    with pytest.raises(EdgetrainError, match=r"garbled.mkv': the data after frame \d+ cannot be decoded"):
+        next(camera_chunks(str(tmp_path / "garbled.mkv"), 10, start=0, truth=False))
 
 
 def test_the_service_runs_on_a_video_file_with_the_motion_detector(tmp_path: Path) -> None:

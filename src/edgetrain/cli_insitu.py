@@ -36,11 +36,11 @@ def world_command(out: Path = typer.Option(Path("out/insitu/world"), "--out", "-
     from .insitu.world import EYE_LEVEL, FRAME_RATE_HZ, node_camera, render_video, write_video
 
     video = render_video(EYE_LEVEL[0] if camera == "eye" else node_camera(camera), frames, seed)
-    write_video(video, out)
-    if video_file is not None:
+    if video_file is not None:  # first: a container it cannot write is refused before anything is written
         from .insitu.video import write_frames
 
         write_frames(video.frames, video_file, FRAME_RATE_HZ)
+    write_video(video, out)
     if sheet:
         from .insitu.sheet import contact_sheet
 

@@ -25,11 +25,10 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..fileio import write_atomic
 
-__all__ = ["VIDEO_SUFFIXES", "read_frames", "write_frames"]
+__all__ = ["read_frames", "write_frames"]
 
 # Containers written by `write_frames`, with their codec and pixel format.
 _WRITERS = {".mkv": ("matroska", "ffv1", "bgr0", {}), ".mp4": ("mp4", "libx264", "yuv420p", {"crf": "18"})}
-VIDEO_SUFFIXES = (".mkv", ".mp4", ".avi", ".mov", ".webm")  # files `--camera` takes as video without trying
 
 
 def _av() -> Any:
@@ -43,7 +42,8 @@ def _av() -> Any:
 def read_frames(path: Path, start: int = 0, size: tuple[int, int] | None = None) -> Iterator[np.ndarray]:
     """The frames of the video at ``path`` from frame ``start`` on, each (H, W, 3) uint8 RGB.
 
-    ``size``: the (width, height) every frame must have; a frame of another size is refused.
+    ``size``: the (width, height) every frame must have; a frame of another size is refused. A file cut short
+    (a recording stopped by a power cut) gives the frames it holds; one whose data cannot be decoded is refused.
     """
     av = _av()
     try:
@@ -53,13 +53,19 @@ def read_frames(path: Path, start: int = 0, size: tuple[int, int] | None = None)
     with container:
         if not container.streams.video:
             raise EdgetrainError(f"--camera {str(path)!r} has no video stream")
-        for index, frame in enumerate(container.decode(video=0)):
-            if index < start:
-                continue
-            if size is not None and (frame.width, frame.height) != size:
-                raise EdgetrainError(f"--camera {str(path)!r} is {frame.width}x{frame.height}, the node's mount "
-                                     f"sees {size[0]}x{size[1]}: record at the mount's resolution")
-            yield frame.to_ndarray(format="rgb24")
+        decoded = 0
+        try:
+            for frame in container.decode(video=0):
+                decoded += 1
+                if decoded <= start:
+                    continue
+                if size is not None and (frame.width, frame.height) != size:
+                    raise EdgetrainError(f"--camera {str(path)!r} is {frame.width}x{frame.height}, the node's mount "
+                                         f"sees {size[0]}x{size[1]}: record at the mount's resolution")
+                yield frame.to_ndarray(format="rgb24")
+        except av.FFmpegError as error:
+            raise EdgetrainError(f"--camera {str(path)!r}: the data after frame {decoded} cannot be decoded "
+                                 f"({error})") from error
 
 
 def write_frames(frames: np.ndarray, path: Path, rate_hz: float) -> Path:
