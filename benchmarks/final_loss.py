@@ -34,10 +34,19 @@ Modes: ``single`` (the reference), ``reordered`` (the noise floor), ``rolled``, 
 ``powersgd:RANK[:AFTER]`` (rank RANK after AFTER exact steps). Runs go seed by seed, every mode of a seed, and
 each run is appended to ``--runs`` (JSON lines) as it ends: runs already there with the same settings are not run
 again, so a run cut off keeps what it did and a later one adds seeds (``--seeds 40-79``). The table is over every
-run in ``--runs`` (and in the files of ``--read``) with these settings: per mode, the seed-by-seed relative
-difference of the final held-out loss from the single node's, its mean, standard error, 90% confidence interval
-(Student's t), and the equivalence verdict (TOST at 5% each side: within ±``--margin`` when the whole interval
-lies inside it, outside when it lies wholly beyond it, else undecided, with the seeds a decision would need).
+run in ``--runs`` (and in the files of ``--read``, whose runs are not run again) with these settings: per mode and
+per reading of the final loss, the seed-by-seed relative difference from the single node's, its mean, standard
+error, 90% confidence interval (Student's t), and the equivalence verdict (TOST at 5% each side: within
+±``--margin`` when the whole interval lies inside it, outside when it lies wholly beyond it, else undecided, with
+the seeds a decision would need).
+
+NOTE [ Two readings of the final loss ]
+The issue's "final loss within 0.5% of single-node training" names no data set, so the table reads it twice:
+the **held-out** loss (rank 0's evaluation of the held-out split after the last epoch: what the model does on
+images it never trained on) and the **training** loss, the mean of the last epoch's logged step losses (one pass
+over the training data as the run trains on it, BatchNorm in training mode, as the time-to-target tables read the
+loss; its weights move little, the rate falling to 0 over that epoch with ``--lr-schedule cosine``). The two can
+disagree: a compressed run that fits its training data less can still generalise as well.
 
 Usage: ``python benchmarks/final_loss.py [--modes single,reordered,powersgd:8:16] [--seeds 0-39] [--model resnet18]
 [--image 32] [--batch 32] [--nodes 4] [--steps 40] [--epochs 4] [--lr-schedule cosine] [--local-batch-norm]
@@ -63,6 +72,7 @@ import torch.distributed as dist
 from torch import nn
 
 from edgetrain.data import collate_skip_corrupt
+from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.group import all_reduce_gradients
 from edgetrain.distributed.node import cluster_step, seed_step
@@ -232,23 +242,37 @@ def equivalence(differences: list[float], margin: float, confidence: float = 0.9
             "seeds_if_equal": math.ceil((z * sd / margin) ** 2)}
 
 
-def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float) -> list[dict[str, Any]]:
-    """Per mode: its seeds, mean held-out loss, median wall time, and (but for the single node) the seed-by-seed
-    relative difference from the single node's held-out loss with its :func:`equivalence`."""
+READINGS = {"held_out": "held-out loss after the last epoch",
+            "training": "the last epoch's training loss (mean of its steps' losses)"}
+
+
+def final_losses(run: dict[str, Any], steps_per_epoch: int) -> dict[str, float]:
+    """A run's final loss in both readings (NOTE [ Two readings of the final loss ])."""
+    return {"held_out": run["val_loss"], "training": statistics.mean(run["losses"][-steps_per_epoch:])}
+
+
+def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
+              steps_per_epoch: int) -> list[dict[str, Any]]:
+    """Per mode: its seeds, median wall time, and per reading of the final loss (:data:`READINGS`) the mean over its
+    seeds and (but for the single node) the seed-by-seed relative difference from the single node's with its
+    :func:`equivalence`."""
     by_mode: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in modes}
     for run in runs:
         if run["mode"] in by_mode:
             by_mode[run["mode"]][run["seed"]] = run
-    single = by_mode.get("single", {})
+    finals = {m: {s: final_losses(r, steps_per_epoch) for s, r in seeds.items()} for m, seeds in by_mode.items()}
+    single = finals.get("single", {})
     rows = []
-    for name, seeds in by_mode.items():
+    for name, seeds in finals.items():
         paired = sorted(s for s in seeds if s in single)
-        row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "val_loss": statistics.mean(
-            r["val_loss"] for r in seeds.values()) if seeds else None,
-            "wall_s": statistics.median(r["wall_s"] for r in seeds.values()) if seeds else None}
-        if name != "single" and paired:
-            differences = [seeds[s]["val_loss"] / single[s]["val_loss"] - 1 for s in paired]
-            row["vs_single"] = {**equivalence(differences, margin), "differences": differences, "paired": paired}
+        row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "wall_s": statistics.median(
+            r["wall_s"] for r in by_mode[name].values()) if seeds else None}
+        for reading in READINGS:
+            row[reading] = {"loss": statistics.mean(f[reading] for f in seeds.values()) if seeds else None}
+            if name != "single" and paired:
+                differences = [seeds[s][reading] / single[s][reading] - 1 for s in paired]
+                row[reading]["vs_single"] = {**equivalence(differences, margin), "differences": differences,
+                                             "paired": paired}
         rows.append(row)
     return rows
 
@@ -286,23 +310,27 @@ def markdown(result: dict[str, Any]) -> str:
     out = [f"`{result['command']}`", "",
            f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} simulated nodes (BatchNorm "
            f"{'over each node' if s['local_batch_norm'] else 'over the global batch'}), {s['epochs']} epochs of "
-           f"{s['steps']} steps, {s['lr_schedule']} rate; held-out loss after the last epoch, each mode against the "
-           f"single node seed by seed; 90% interval (Student's t); within ±{result['margin']:.1%}: the whole interval "
-           f"inside (TOST). Load average (1 min) at the runs' starts: {result['loads'][0]:.2f} to "
-           f"{result['loads'][1]:.2f}.", "",
-           "| mode | seeds | held-out loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
-           "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median) |",
-           "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
-    for r in result["rows"]:
-        v = r.get("vs_single")
-        versus = "-" if v is None else f"{v['mean']:+.2%}" + ("" if v["se"] is None else f" ± {v['se']:.2%}")
-        interval = "-" if v is None or v["ci"] is None else f"{v['ci'][0]:+.2%} .. {v['ci'][1]:+.2%}"
-        out.append(f"| {r['mode']} | {len(r['seeds'])} | {r['val_loss']:.4f} | {versus} | "
-                   f"{'-' if v is None or v['sd'] is None else format(v['sd'], '.2%')} | {interval} | "
-                   f"{'-' if v is None else v['verdict']} | "
-                   f"{'-' if v is None or v['seeds_needed'] is None else v['seeds_needed']} | "
-                   f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {r['wall_s']:.0f} |")
+           f"{s['steps']} steps, {s['lr_schedule']} rate; each mode's final loss against the single node's, seed by "
+           f"seed; 90% interval (Student's t); within ±{result['margin']:.1%}: the whole interval inside (TOST). "
+           f"Load average (1 min) at the runs' starts: {result['loads'][0]:.2f} to {result['loads'][1]:.2f}."]
+    for reading, title in READINGS.items():
+        out += ["", f"Final loss: {title}.", "",
+                "| mode | seeds | loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
+                "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median) |",
+                "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+        out += [_markdown_row(row, reading) for row in result["rows"]]
     return "\n".join(out) + "\n"
+
+
+def _markdown_row(row: dict[str, Any], reading: str) -> str:
+    v = row[reading].get("vs_single")
+    versus = "-" if v is None else f"{v['mean']:+.2%}" + ("" if v["se"] is None else f" ± {v['se']:.2%}")
+    interval = "-" if v is None or v["ci"] is None else f"{v['ci'][0]:+.2%} .. {v['ci'][1]:+.2%}"
+    return (f"| {row['mode']} | {len(row['seeds'])} | {row[reading]['loss']:.4f} | {versus} | "
+            f"{'-' if v is None or v['sd'] is None else format(v['sd'], '.2%')} | {interval} | "
+            f"{'-' if v is None else v['verdict']} | "
+            f"{'-' if v is None or v['seeds_needed'] is None else v['seeds_needed']} | "
+            f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {row['wall_s']:.0f} |")
 
 
 def main() -> None:
@@ -321,7 +349,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("out/final_loss_runs.jsonl"),
                         help="JSON lines, one per run, appended as each ends")
     parser.add_argument("--read", type=lambda s: [Path(p) for p in s.split(",")], default=[],
-                        help="more runs files for the table (another process's --runs)")
+                        help="more runs files: their runs are not run again and join the table (another "
+                        "process's --runs)")
     parser.add_argument("--out", type=Path, default=Path("out/bench_final_loss.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_final_loss.md"))
     args = parser.parse_args()
@@ -335,7 +364,7 @@ def main() -> None:
         f"--{k.replace('_', '-')}" if v is True else
         f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
         for k, v in vars(args).items() if k not in ("out", "md", "read", "seeds") and v is not False)
-    done = {(r["mode"], r["seed"]) for r in _read_runs([args.runs], settings)}
+    done = {(r["mode"], r["seed"]) for r in _read_runs([args.runs, *args.read], settings)}
     args.runs.parent.mkdir(parents=True, exist_ok=True)
     with cluster_of_one():
         for seed in args.seeds:
@@ -343,7 +372,8 @@ def main() -> None:
                 for mode in (m for m in modes if (m.name, seed) not in done):
                     load = _load()
                     run = simulate(_config(args, seed, Path(scratch)), mode)
-                    line = {"settings": settings, "mode": mode.name, "seed": seed, "load_before": load,
+                    line = {"settings": settings, "mode": mode.name, "seed": seed, "cpu": cpu_model(),
+                            "torch": torch.__version__, "load_before": load,
                             "load_after": _load(), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                                  time.gmtime()), **run}
                     with args.runs.open("a") as runs_file:
@@ -353,7 +383,7 @@ def main() -> None:
     runs = _read_runs([args.runs, *args.read], settings)
     result = {"command": command, "settings": settings, "margin": args.margin,
               "loads": [f(float(r["load_before"].split()[0]) for r in runs) for f in (min, max)],
-              "rows": summarise(runs, args.modes, args.margin), "runs": runs}
+              "rows": summarise(runs, args.modes, args.margin, args.steps), "runs": runs}
     write_result(result, args.out, args.md, markdown)
 
 
