@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,57 @@ def test_a_video_file_camera_gives_its_frames_in_chunks_from_the_cursor(tmp_path
     assert lossy.shape == folder.shape
     mse = ((lossy.astype(float) - folder) ** 2).mean(axis=(1, 2, 3))
     assert (10 * np.log10(255**2 / mse)).min() > 30
+
+
+def _numbered_frames(count: int) -> np.ndarray:
+    """``count`` small RGB frames, each told apart by its red level and a bar that moves."""
+    frames = np.zeros((count, 48, 64, 3), dtype=np.uint8)
+    for t in range(count):
+        frames[t, :, :, 0] = 2 * t
+        frames[t, 5:20, t % 40:t % 40 + 10] = 255
+    return frames
+
+
+def _variable_rate_mkv(frames: np.ndarray, path: Path) -> None:
+    """``frames`` as lossless FFV1 whose timestamps skip: frame ``i`` at ``i + i // 10`` fifteenths of a second."""
+    import av
+
+    with av.open(str(path), mode="w", format="matroska") as container:
+        stream = container.add_stream("ffv1", rate=15)
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "bgr0"
+        for index, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts, frame.time_base = index + index // 10, Fraction(1, 15)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+
+
+def test_a_resumed_video_seeks_to_a_key_frame_and_gives_the_frames_a_full_decode_gives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("av")
+    import edgetrain.insitu.video as video_module
+
+    # Prepare: 120 frames as FFV1 and H.264 (constant rate: timestamps count frames) and as FFV1 whose timestamps
+    # skip every tenth frame; a spy on the seek (NOTE [ Resuming inside a video ]).
+    frames = _numbered_frames(120)
+    files = [video_module.write_frames(frames, tmp_path / name, 15.0) for name in ("cam.mkv", "cam.mp4")]
+    _variable_rate_mkv(frames, tmp_path / "vfr.mkv")
+    sought: list[bool] = []
+    seek = video_module._sought
+    monkeypatch.setattr(video_module, "_sought", lambda *a: sought.append((got := seek(*a)) is not None) or got)
+    # Execute / Assert: from each cursor, the frames of a decode from the first frame, every pixel, after a seek
+    # where the rate is constant and by counting frames where it is not; past the end, none.
+    for path in [*files, tmp_path / "vfr.mkv"]:
+        whole = np.stack(list(video_module.read_frames(path)))
+        assert len(whole) == 120
+        for start in (1, 13, 50, 119):
+            sought.clear()
+            resumed = np.stack(list(video_module.read_frames(path, start)))
+            assert np.array_equal(resumed, whole[start:]), (path.name, start)
+            assert sought == [path.name != "vfr.mkv"], (path.name, start)
+        assert list(video_module.read_frames(path, 120)) == []
+    assert np.array_equal(np.stack(list(video_module.read_frames(files[0]))), frames)  # FFV1: lossless
 
 
 def test_a_video_file_the_service_cannot_read_is_refused_in_one_line(tmp_path: Path) -> None:

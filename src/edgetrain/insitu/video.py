@@ -10,12 +10,24 @@ misstate every size).
 
 ``insitu world --video`` writes the generated world the other way: ``.mkv`` as FFV1 in RGB (bgr0),
 lossless (a test reads back every pixel), ``.mp4`` as H.264 (libx264, lossy, the size a camera records).
+
+NOTE [ Resuming inside a video ]
+A service resumed after a power cut goes on from its cursor, a frame index. Decoding every frame before it
+costs minutes on an hour of recording, so the reader seeks to the key frame at or before the cursor and
+decodes from there. A frame's index is read from its timestamp at the stream's constant rate, which holds
+only where the timestamps count the frames. So the packets up to the first key frame past the cursor are
+read first (demuxing only: no decoding) and must hold each index from 0 exactly once: a variable rate or a
+gap makes an index appear twice or not at all. After the seek, each decoded frame must carry the next index
+from the key frame's on. Where any check fails (or the stream has no rate, no timestamps, or cannot seek)
+the reader opens the file again and counts decoded frames from the first, as before. Not covered: a decoder
+that drops a frame it cannot decode before the cursor, where counting and timestamps part by that frame.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -44,28 +56,99 @@ def read_frames(path: Path, start: int = 0, size: tuple[int, int] | None = None)
 
     ``size``: the (width, height) every frame must have; a frame of another size is refused. A file cut short
     (a recording stopped by a power cut) gives the frames it holds; one whose data cannot be decoded is refused.
+    A later ``start`` (a resumed service) seeks to the key frame before it (NOTE [ Resuming inside a video ]).
     """
     av = _av()
+    decoded = start  # frames decoded so far, for the error's message
+    try:
+        for frame in _decoded_from(av, path, start):
+            decoded += 1
+            if size is not None and (frame.width, frame.height) != size:
+                raise EdgetrainError(f"--camera {str(path)!r} is {frame.width}x{frame.height}, the node's mount "
+                                     f"sees {size[0]}x{size[1]}: record at the mount's resolution")
+            yield frame.to_ndarray(format="rgb24")
+    except av.FFmpegError as error:
+        raise EdgetrainError(f"--camera {str(path)!r}: the data after frame {decoded} cannot be decoded "
+                             f"({error})") from error
+
+
+def _open(av: Any, path: Path) -> Any:
     try:
         container = av.open(str(path))
     except (av.FFmpegError, OSError) as error:
         raise EdgetrainError(f"--camera {str(path)!r}: not a video FFmpeg can read ({error})") from error
-    with container:
-        if not container.streams.video:
-            raise EdgetrainError(f"--camera {str(path)!r} has no video stream")
-        decoded = 0
-        try:
-            for frame in container.decode(video=0):
-                decoded += 1
-                if decoded <= start:
-                    continue
-                if size is not None and (frame.width, frame.height) != size:
-                    raise EdgetrainError(f"--camera {str(path)!r} is {frame.width}x{frame.height}, the node's mount "
-                                         f"sees {size[0]}x{size[1]}: record at the mount's resolution")
-                yield frame.to_ndarray(format="rgb24")
-        except av.FFmpegError as error:
-            raise EdgetrainError(f"--camera {str(path)!r}: the data after frame {decoded} cannot be decoded "
-                                 f"({error})") from error
+    if not container.streams.video:
+        container.close()
+        raise EdgetrainError(f"--camera {str(path)!r} has no video stream")
+    return container
+
+
+def _decoded_from(av: Any, path: Path, start: int) -> Iterator[Any]:
+    """The decoded frames of ``path`` from index ``start`` on: after a seek where the timestamps allow one, else
+    every frame decoded from the first."""
+    if start:
+        with _open(av, path) as container:
+            frames = _sought(av, container, container.streams.video[0], start)
+            if frames is not None:
+                yield from frames
+                return
+    with _open(av, path) as container:
+        yield from itertools.islice(container.decode(video=0), start, None)
+
+
+def _sought(av: Any, container: Any, stream: Any, start: int) -> Iterator[Any] | None:
+    """Frames ``start`` on after seeking to the key frame at or before it, or None where the timestamps do not
+    count the frames up to it (NOTE [ Resuming inside a video ])."""
+    index_of = _frame_index(stream)
+    if index_of is None:
+        return None
+    key = _key_frame_before(container, stream, start, index_of)
+    if key is None:
+        return None
+    try:
+        container.seek(key, stream=stream, backward=True, any_frame=False)
+    except av.FFmpegError:
+        return None
+    decoded = container.decode(stream)
+    expected = index_of(key)
+    for frame in decoded:
+        if frame.pts is None or index_of(frame.pts) != expected:
+            return None
+        if expected == start:
+            return itertools.chain([frame], decoded)
+        expected += 1
+    return None
+
+
+def _frame_index(stream: Any) -> Callable[[int], int] | None:
+    """A frame's index from its timestamp at the stream's constant rate, or None without a rate or a first
+    timestamp."""
+    rate, first, unit = stream.average_rate, stream.start_time, stream.time_base
+    if not rate or first is None or not unit:
+        return None
+    return lambda pts: round((pts - first) * unit * rate)
+
+
+def _key_frame_before(container: Any, stream: Any, start: int, index_of: Callable[[int], int]) -> int | None:
+    """The timestamp of the last key frame at or before frame ``start``, read from the packets alone (no
+    decoding), where the packets up to the first key frame past ``start`` hold each index from 0 once; else
+    None. The packets are read again from the first after this (the caller seeks)."""
+    seen: set[int] = set()
+    key = None
+    for packet in container.demux(stream):
+        if packet.pts is None:
+            if packet.size:
+                return None  # a frame without a timestamp: no index to read
+            continue
+        index = index_of(packet.pts)
+        if packet.is_keyframe and index > start:
+            break
+        if index in seen:
+            return None
+        seen.add(index)
+        if packet.is_keyframe and index <= start:
+            key = packet.pts
+    return key if seen == set(range(len(seen))) and len(seen) > start else None
 
 
 def write_frames(frames: np.ndarray, path: Path, rate_hz: float) -> Path:
