@@ -246,9 +246,12 @@ READINGS = {"held_out": "held-out loss after the last epoch",
             "training": "the last epoch's training loss (mean of its steps' losses)"}
 
 
-def final_losses(run: dict[str, Any], steps_per_epoch: int) -> dict[str, float]:
-    """A run's final loss in both readings (NOTE [ Two readings of the final loss ])."""
-    return {"held_out": run["val_loss"], "training": statistics.mean(run["losses"][-steps_per_epoch:])}
+def epoch_losses(run: dict[str, Any], steps_per_epoch: int) -> list[dict[str, float]]:
+    """A run's loss after each epoch in both readings (NOTE [ Two readings of the final loss ]); the last is its
+    final loss."""
+    return [{"held_out": held_out, "training": statistics.mean(run["losses"][e * steps_per_epoch:
+                                                                            (e + 1) * steps_per_epoch])}
+            for e, held_out in enumerate(run["val_curve"])]
 
 
 def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
@@ -260,19 +263,22 @@ def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
     for run in runs:
         if run["mode"] in by_mode:
             by_mode[run["mode"]][run["seed"]] = run
-    finals = {m: {s: final_losses(r, steps_per_epoch) for s, r in seeds.items()} for m, seeds in by_mode.items()}
-    single = finals.get("single", {})
+    curves = {m: {s: epoch_losses(r, steps_per_epoch) for s, r in seeds.items()} for m, seeds in by_mode.items()}
+    single = curves.get("single", {})
     rows = []
-    for name, seeds in finals.items():
+    for name, seeds in curves.items():
         paired = sorted(s for s in seeds if s in single)
         row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "wall_s": statistics.median(
             r["wall_s"] for r in by_mode[name].values()) if seeds else None}
         for reading in READINGS:
-            row[reading] = {"loss": statistics.mean(f[reading] for f in seeds.values()) if seeds else None}
+            row[reading] = {"loss": statistics.mean(c[-1][reading] for c in seeds.values()) if seeds else None}
             if name != "single" and paired:
-                differences = [seeds[s][reading] / single[s][reading] - 1 for s in paired]
-                row[reading]["vs_single"] = {**equivalence(differences, margin), "differences": differences,
+                by_epoch = [[seeds[s][e][reading] / single[s][e][reading] - 1 for s in paired]
+                            for e in range(len(single[paired[0]]))]
+                row[reading]["vs_single"] = {**equivalence(by_epoch[-1], margin), "differences": by_epoch[-1],
                                              "paired": paired}
+                row[reading]["by_epoch"] = [{"mean": statistics.mean(d), "se": statistics.stdev(d) / math.sqrt(len(d))
+                                             if len(d) > 1 else None} for d in by_epoch]
         rows.append(row)
     return rows
 
@@ -319,6 +325,15 @@ def markdown(result: dict[str, Any]) -> str:
                 "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median) |",
                 "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
         out += [_markdown_row(row, reading) for row in result["rows"]]
+    compared = [row for row in result["rows"] if "by_epoch" in row["held_out"]]
+    if compared:
+        epochs = len(compared[0]["held_out"]["by_epoch"])
+        out += ["", "Each mode against the single node after every epoch, both readings (mean ± SE over the paired "
+                "seeds):", "", "| mode | reading | " + " | ".join(f"epoch {e + 1}" for e in range(epochs)) + " |",
+                "| --- | --- |" + " ---: |" * epochs]
+        out += [f"| {row['mode']} | {reading.replace('_', '-')} | " + " | ".join(
+            f"{d['mean']:+.2%}" + ("" if d["se"] is None else f" ± {d['se']:.2%}") for d in row[reading]["by_epoch"])
+            + " |" for row in compared for reading in READINGS]
     return "\n".join(out) + "\n"
 
 

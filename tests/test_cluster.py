@@ -978,8 +978,10 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     assert unsure["seeds_if_equal"] == math.ceil((1.644854 * 0.0221736 / 0.005) ** 2)  # 54
     assert bench.equivalence([0.001], 0.005)["verdict"] == "undecided"
     # Rows: each mode against the single node seed by seed, only the seeds both have, in both readings: the held-out
-    # loss, and the mean of the last epoch's step losses (2 steps an epoch here; the epoch before is left out).
-    runs = [{"mode": m, "seed": s, "val_loss": v, "losses": [9.0, 9.0, t, t + 2], "wall_s": 1.0} for m, s, v, t in
+    # loss, and the mean of the last epoch's step losses (2 steps an epoch here; the epoch before is left out of the
+    # final loss and read as the first epoch's).
+    runs = [{"mode": m, "seed": s, "val_loss": v, "val_curve": [v + 1, v], "losses": [9.0, 9.0, t, t + 2],
+             "wall_s": 1.0} for m, s, v, t in
             [("single", 0, 1.0, 1.0), ("single", 1, 2.0, 3.0), ("powersgd:8", 0, 1.1, 1.5), ("powersgd:8", 1, 1.8, 3.0),
              ("powersgd:8", 2, 5.0, 1.0), ("reordered", 1, 2.0, 3.0)]]
     single, powersgd, reordered = bench.summarise(runs, ["single", "powersgd:8", "reordered"], 0.005, 2)
@@ -989,6 +991,9 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     assert powersgd["held_out"]["vs_single"]["differences"] == pytest.approx([0.1, -0.1])
     assert powersgd["training"]["vs_single"]["differences"] == pytest.approx([2.5 / 2 - 1, 0.0])
     assert powersgd["seeds"] == [0, 1, 2] and powersgd["held_out"]["loss"] == pytest.approx(7.9 / 3)
+    # After each epoch: the first epoch's held-out losses 2.1 / 2.0 and 2.8 / 3.0, its step losses all 9.
+    assert [d["mean"] for d in powersgd["held_out"]["by_epoch"]] == pytest.approx([(0.05 - 0.2 / 3) / 2, 0.0])
+    assert [d["mean"] for d in powersgd["training"]["by_epoch"]] == pytest.approx([0.0, 0.125])
     assert reordered["held_out"]["vs_single"]["differences"] == [0.0]
     assert reordered["held_out"]["vs_single"]["ci"] is None
     table = bench.markdown({"command": "c", "settings": {"model": "m", "image": 32, "batch": 32, "nodes": 4,
@@ -997,6 +1002,7 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
                             "margin": 0.005, "loads": [0.5, 1.5], "rows": [single, powersgd, reordered]})
     assert "| powersgd:8 | 3 | 2.6333 | +0.00% ± 10.00% |" in table   # held-out: mean of +10% and -10%
     assert "| powersgd:8 | 3 | 2.8333 | +12.50% ± 12.50% |" in table  # training: (2.5 + 4 + 2) / 3; +25% and 0%
+    assert "| powersgd:8 | training | +0.00% ± 0.00% | +12.50% ± 12.50% |" in table
     with pytest.raises(SystemExit, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
         bench.sim_mode("exact", 4, False)
     assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
