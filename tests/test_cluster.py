@@ -984,6 +984,9 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
              "wall_s": 1.0} for m, s, v, t in
             [("single", 0, 1.0, 1.0), ("single", 1, 2.0, 3.0), ("powersgd:8", 0, 1.1, 1.5), ("powersgd:8", 1, 1.8, 3.0),
              ("powersgd:8", 2, 5.0, 1.0), ("reordered", 1, 2.0, 3.0)]]
+    for run, evaluated in zip(runs, [1.0, None, 1.2, 1.0, 5.0, None], strict=True):  # the training split, evaluated
+        if evaluated is not None:
+            run["train_eval_loss"] = evaluated
     single, powersgd, reordered = bench.summarise(runs, ["single", "powersgd:8", "reordered"], 0.005, 2)
     assert "vs_single" not in single["held_out"] and "vs_single" not in single["training"]
     assert single["seeds"] == [0, 1] and single["training"]["loss"] == pytest.approx(3.0)  # (2 + 4) / 2
@@ -994,6 +997,14 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     # After each epoch: the first epoch's held-out losses 2.1 / 2.0 and 2.8 / 3.0, its step losses all 9.
     assert [d["mean"] for d in powersgd["held_out"]["by_epoch"]] == pytest.approx([(0.05 - 0.2 / 3) / 2, 0.0])
     assert [d["mean"] for d in powersgd["training"]["by_epoch"]] == pytest.approx([0.0, 0.125])
+    # The evaluated training split where runs have it: paired on seed 0 alone (seed 1's single run has none), after
+    # the last epoch only.
+    assert (single["training_eval"]["seeds"], single["training_eval"]["loss"]) == (1, 1.0)
+    assert powersgd["training_eval"]["seeds"] == 3 and powersgd["training_eval"]["loss"] == pytest.approx(2.4)
+    assert powersgd["training_eval"]["vs_single"]["paired"] == [0]
+    assert powersgd["training_eval"]["vs_single"]["differences"] == pytest.approx([0.2])
+    assert powersgd["training_eval"]["by_epoch"][0] is None
+    assert "vs_single" not in reordered["training_eval"]
     assert reordered["held_out"]["vs_single"]["differences"] == [0.0]
     assert reordered["held_out"]["vs_single"]["ci"] is None
     table = bench.markdown({"command": "c", "settings": {"model": "m", "image": 32, "batch": 32, "nodes": 4,
@@ -1003,6 +1014,8 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     assert "| powersgd:8 | 3 | 2.6333 | +0.00% ± 10.00% |" in table   # held-out: mean of +10% and -10%
     assert "| powersgd:8 | 3 | 2.8333 | +12.50% ± 12.50% |" in table  # training: (2.5 + 4 + 2) / 3; +25% and 0%
     assert "| powersgd:8 | training | +0.00% ± 0.00% | +12.50% ± 12.50% |" in table
+    assert "| powersgd:8 | training eval | - | +20.00% |" in table
+    assert "| reordered | 0 | - | - |" in table
     with pytest.raises(SystemExit, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
         bench.sim_mode("exact", 4, False)
     assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
