@@ -349,15 +349,19 @@ def markdown(result: dict[str, Any]) -> str:
                 "| mode | reading | " + " | ".join(f"epoch {e + 1}" for e in range(epochs)) + " |",
                 "| --- | --- |" + " ---: |" * epochs]
         out += [f"| {row['mode']} | {reading.replace('_', ' ')} | " + " | ".join(
-            "-" if d is None else f"{d['mean']:+.2%}" + ("" if d["se"] is None else f" ± {d['se']:.2%}")
-            for d in row[reading]["by_epoch"]) + " |" for row in compared for reading in READINGS
-            if "by_epoch" in row[reading]]
+            "-" if d is None else _mean_se(d) for d in row[reading]["by_epoch"]) + " |"
+            for row in compared for reading in READINGS if "by_epoch" in row[reading]]
     return "\n".join(out) + "\n"
+
+
+def _mean_se(difference: dict[str, Any]) -> str:
+    """A relative difference's mean, with its standard error where there is one: ``+1.20% ± 0.50%``."""
+    return f"{difference['mean']:+.2%}" + ("" if difference["se"] is None else f" ± {difference['se']:.2%}")
 
 
 def _markdown_row(row: dict[str, Any], reading: str) -> str:
     v = row[reading].get("vs_single")
-    versus = "-" if v is None else f"{v['mean']:+.2%}" + ("" if v["se"] is None else f" ± {v['se']:.2%}")
+    versus = "-" if v is None else _mean_se(v)
     interval = "-" if v is None or v["ci"] is None else f"{v['ci'][0]:+.2%} .. {v['ci'][1]:+.2%}"
     loss = "-" if row[reading]["loss"] is None else f"{row[reading]['loss']:.4f}"
     return (f"| {row['mode']} | {row[reading]['seeds']} | {loss} | {versus} | "

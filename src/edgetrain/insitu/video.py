@@ -146,7 +146,7 @@ def _key_frame_before(container: Any, stream: Any, start: int, index_of: Callabl
         if index in seen:
             return None
         seen.add(index)
-        if packet.is_keyframe and index <= start:
+        if packet.is_keyframe:  # at or before start: a later one ended the loop
             key = packet.pts
     return key if seen == set(range(len(seen))) and len(seen) > start else None
 
