@@ -311,12 +311,19 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _read_runs(paths: list[Path], settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The runs in ``paths`` (JSON lines) with these settings."""
+    """The runs in ``paths`` (JSON lines) with these settings. The single node's runs in any batch order have no
+    per-node BatchNorm to set (:func:`sim_mode`: one slice), so they count whatever ``--local-batch-norm`` was."""
     runs = []
     for path in paths:
         if path.exists():
-            runs += [r for r in map(json.loads, path.read_text().splitlines()) if r["settings"] == settings]
+            runs += [r for r in map(json.loads, path.read_text().splitlines()) if _same_run(r, settings)]
     return runs
+
+
+def _same_run(run: dict[str, Any], settings: dict[str, Any]) -> bool:
+    if run["mode"] in ORDERS:
+        return {**run["settings"], "local_batch_norm": None} == {**settings, "local_batch_norm": None}
+    return run["settings"] == settings
 
 
 def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:

@@ -1026,3 +1026,18 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     batch = torch.arange(6)
     assert [bench._ordered(batch, order).tolist() for order in ("as-is", "reversed", "rolled")] == [
         [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [3, 4, 5, 0, 1, 2]]
+
+
+def test_the_final_loss_runs_file_shares_the_single_node_across_batch_norm_settings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The single node's step has one slice whatever --local-batch-norm says (sim_mode), so its runs serve both
+    # settings; a compressed mode's run serves only its own, and other settings (here the batch) none.
+    bench = load_benchmark("final_loss", monkeypatch)
+    local = {"model": "resnet18", "image": 32, "batch": 128, "nodes": 4, "steps": 40, "epochs": 4,
+             "lr_schedule": "cosine", "local_batch_norm": True}
+    runs_file = tmp_path / "runs.jsonl"
+    runs_file.write_text("".join(json.dumps({"settings": s, "mode": m, "seed": 0}) + "\n" for s, m in [
+        (local, "single"), (local, "reordered"), (local, "powersgd:8"), ({**local, "batch": 32}, "single")]))
+    read = bench._read_runs([runs_file, tmp_path / "absent.jsonl"], {**local, "local_batch_norm": False})
+    assert [(r["mode"], r["settings"]["batch"]) for r in read] == [("single", 128), ("reordered", 128)]
+    assert [r["mode"] for r in bench._read_runs([runs_file], local)] == ["single", "reordered", "powersgd:8"]
