@@ -146,7 +146,7 @@ def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
     total_steps = config.total_steps(len(train_set))
     losses: list[float] = []
     curve: list[float] = []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for epoch in range(config.epochs):
         sampler.set_epoch(epoch)
         order = sampler.order().tolist()
@@ -168,7 +168,7 @@ def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
         curve.append(val_loss)
     _, train_eval_loss = evaluate(model, train_set, config.batch)  # after training: nothing above depends on it
     return {"losses": losses, "val_curve": curve, "val_loss": curve[-1], "train_eval_loss": train_eval_loss,
-            "wall_s": time.perf_counter() - started}
+            "wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu_started}
 
 
 def _ordered(batch: torch.Tensor, order: str) -> torch.Tensor:
@@ -265,6 +265,12 @@ def epoch_losses(run: dict[str, Any], steps_per_epoch: int) -> list[dict[str, fl
     return curve
 
 
+def _run_seconds(run: dict[str, Any]) -> float:
+    """A run's CPU time (one thread: its compute, not the time it was stopped, SIGSTOP, for another job), or its wall
+    time where it recorded none (runs before session 24)."""
+    return run.get("cpu_s", run["wall_s"])
+
+
 def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
               steps_per_epoch: int) -> list[dict[str, Any]]:
     """Per mode: its seeds, median wall time, and per reading of the final loss (:data:`READINGS`) the mean over the
@@ -279,7 +285,7 @@ def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
     rows = []
     for name, seeds in curves.items():
         row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "wall_s": statistics.median(
-            r["wall_s"] for r in by_mode[name].values()) if seeds else None}
+            _run_seconds(r) for r in by_mode[name].values()) if seeds else None}
         for reading in READINGS:
             have = [s for s in sorted(seeds) if reading in seeds[s][-1]]
             row[reading] = {"seeds": len(have),
@@ -345,7 +351,7 @@ def markdown(result: dict[str, Any]) -> str:
     for reading, title in READINGS.items():
         out += ["", f"Final loss: {title}.", "",
                 "| mode | seeds | loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
-                "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median) |",
+                "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median, CPU) |",
                 "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
         out += [_markdown_row(row, reading) for row in result["rows"]]
     compared = [row for row in result["rows"] if "by_epoch" in row["held_out"]]
