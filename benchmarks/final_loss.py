@@ -351,7 +351,8 @@ def markdown(result: dict[str, Any]) -> str:
     for reading, title in READINGS.items():
         out += ["", f"Final loss: {title}.", "",
                 "| mode | seeds | loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
-                "seeds a decision needs (at this mean) | seeds were the true difference 0 | s per run (median, CPU) |",
+                "seeds a decision needs (at this mean) | seeds were the true difference 0 | "
+                "s per run (median; CPU time, wall where none) |",
                 "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
         out += [_markdown_row(row, reading) for row in result["rows"]]
     compared = [row for row in result["rows"] if "by_epoch" in row["held_out"]]
