@@ -273,9 +273,10 @@ def _run_seconds(run: dict[str, Any]) -> float:
 
 def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
               steps_per_epoch: int) -> list[dict[str, Any]]:
-    """Per mode: its seeds, median wall time, and per reading of the final loss (:data:`READINGS`) the mean over the
-    seeds that have it and (but for the single node) the seed-by-seed relative difference from the single node's,
-    with its :func:`equivalence` after the last epoch and its mean and standard error after every epoch read."""
+    """Per mode: its seeds, median seconds a run (:func:`_run_seconds`), and per reading of the final loss
+    (:data:`READINGS`) the mean over the seeds that have it and (but for the single node) the seed-by-seed relative
+    difference from the single node's, with its :func:`equivalence` after the last epoch and its mean and standard
+    error after every epoch read."""
     by_mode: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in modes}
     for run in runs:
         if run["mode"] in by_mode:
@@ -284,7 +285,7 @@ def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
     single = curves.get("single", {})
     rows = []
     for name, seeds in curves.items():
-        row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "wall_s": statistics.median(
+        row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "run_s": statistics.median(
             _run_seconds(r) for r in by_mode[name].values()) if seeds else None}
         for reading in READINGS:
             have = [s for s in sorted(seeds) if reading in seeds[s][-1]]
@@ -382,7 +383,7 @@ def _markdown_row(row: dict[str, Any], reading: str) -> str:
             f"{'-' if v is None or v['sd'] is None else format(v['sd'], '.2%')} | {interval} | "
             f"{'-' if v is None else v['verdict']} | "
             f"{'-' if v is None or v['seeds_needed'] is None else v['seeds_needed']} | "
-            f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {row['wall_s']:.0f} |")
+            f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {row['run_s']:.0f} |")
 
 
 def main() -> None:
