@@ -463,6 +463,35 @@ def test_a_sigterm_whose_exit_is_swallowed_still_unwinds_the_supervisor() -> Non
     assert unwound.value.code == 128 + signal.SIGTERM
 
 
+def test_a_sigterm_while_a_spare_starts_still_ends_that_spare(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: SIGTERM lands just after a spare's fork, before the supervisor has it in hand (as in CI, where a
+    # spare outlived its supervisor); the spare is a sleep standing in for the worker.
+    from edgetrain.distributed import local
+
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def popen_then_sigterm(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(popen(["sleep", "60"], **kwargs))
+        signal.raise_signal(signal.SIGTERM)
+        return started[-1]
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen_then_sigterm)
+    try:
+        # Execute
+        with pytest.raises(SystemExit) as unwound, local._termination_unwinds(), \
+                local._Spares(tmp_path / "logs", tmp_path, None, enabled=True) as spares:
+            spares.fill(0, {"spec": "unused", "shares": []})
+        # Assert: the supervisor unwound with SIGTERM's status, and its unwinding ended the spare
+        assert unwound.value.code == 128 + signal.SIGTERM
+        assert len(started) == 1 and started[0].poll() == -signal.SIGKILL
+    finally:
+        for proc in started:  # never leave it behind, even when the test fails
+            proc.kill()
+            proc.wait()
+
+
 def _hang_report(proc: subprocess.Popen[bytes], stderr: Path) -> str:
     """What a supervisor that ignored SIGTERM was doing: its signal state and wait channel, then its Python stacks
     (SIGABRT makes faulthandler print them)."""
