@@ -179,22 +179,28 @@ class Mode(NamedTuple):
     rank: int = 0
     after: int = 0
     outer: tuple[float, float] = PLAIN
+    wire: str = "float32"
 
     def options(self, **given: Any) -> LocalOptions:
         return LocalOptions(average_every=self.every, compress_rank=self.rank, compress_after=self.after,
-                            outer_lr=self.outer[0], outer_momentum=self.outer[1], spares=False, **given)
+                            outer_lr=self.outer[0], outer_momentum=self.outer[1], wire_dtype=self.wire, spares=False,
+                            **given)
 
 
-MODE_NAMES = "single, exact, powersgd[:RANK[:AFTER]], average, diloco"
+MODE_NAMES = "single, exact, fp16, bf16, powersgd[:RANK[:AFTER]], average, diloco"
 
 
 def mode(name: str, args: argparse.Namespace, nodes: int) -> Mode:
     """The row a name on the command line stands for: ``single`` (1 node), ``exact`` (whole gradients summed every
-    step), ``powersgd`` (rank ``--compress-rank`` after ``--compress-after`` exact steps; ``powersgd:R`` and
-    ``powersgd:R:A`` give the rank and the exact steps), ``average`` (weights averaged every ``--average-every``
-    steps), ``diloco`` (the same with the outer step of ``--outer-lr`` and ``--outer-momentum``)."""
+    step), ``fp16`` and ``bf16`` (whole gradients summed in that precision, overlapped with the backward: NOTE
+    [ Half-precision buckets overlapped with the backward ]), ``powersgd`` (rank ``--compress-rank`` after
+    ``--compress-after`` exact steps; ``powersgd:R`` and ``powersgd:R:A`` give the rank and the exact steps),
+    ``average`` (weights averaged every ``--average-every`` steps), ``diloco`` (the same with the outer step of
+    ``--outer-lr`` and ``--outer-momentum``)."""
     every, outer = args.average_every, (args.outer_lr, args.outer_momentum)
     fixed = {"single": Mode("single node", 1), "exact": Mode("all-reduce every step", nodes),
+             "fp16": Mode("float16 all-reduce, overlapped", nodes, wire="float16"),
+             "bf16": Mode("bfloat16 all-reduce, overlapped", nodes, wire="bfloat16"),
              "average": Mode(f"average every {every} steps", nodes, every),
              "diloco": Mode(f"DiLoCo every {every} steps, outer lr {outer[0]:g}, Nesterov {outer[1]:g}", nodes,
                             every, outer=outer)}
@@ -218,7 +224,8 @@ def numbers_per_step(model: str, row: Mode, classes: int = 10) -> float:
     parameters = [p for p in get_model_spec(model).build(classes).parameters() if p.requires_grad]
     if row.rank:
         return float(PowerSGD(parameters, row.rank).sent_numbers)
-    return sum(p.numel() for p in parameters) / row.every
+    half = 0.5 if row.wire != "float32" else 1.0  # a float16 number is half a float32's bytes
+    return half * sum(p.numel() for p in parameters) / row.every
 
 
 def compression(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:

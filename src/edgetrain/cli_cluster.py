@@ -49,6 +49,9 @@ OuterLrOpt = typer.Option(1.0, "--outer-lr", min=0.0, help="With --average-every
                           "averaging; the paper: 0.7).")
 OuterMomentumOpt = typer.Option(0.0, "--outer-momentum", min=0.0, max=0.999, help="The outer step's Nesterov "
                                 "momentum (the paper: 0.9).")
+WireOpt = typer.Option("float32", "--wire", help="How whole gradients cross the links: float32 (as they are, after "
+                       "the backward), float16 or bfloat16 (half the bytes, each bucket sent while the backward "
+                       "computes the rest; for slow links).")
 ConnectOpt = typer.Option(60.0, "--connect-timeout", min=0.1, help="Seconds to wait for the master and every node.")
 
 
@@ -74,7 +77,7 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                 connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                 compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
                 local_batch_norm: bool = LocalNormOpt, outer_lr: float = OuterLrOpt,
-                outer_momentum: float = OuterMomentumOpt,
+                outer_momentum: float = OuterMomentumOpt, wire: str = WireOpt,
                 device: str | None = typer.Option(None, "--device", "-d", help="This node's device (it plans "
                                                      "for its memory and gets a share by its speed)."),
                 memory: str | None = typer.Option(None, "--memory", help="This node's process budget, e.g. "
@@ -100,7 +103,8 @@ def run_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sampl
                              ClusterOptions(connect_timeout_s=connect_timeout, timeout_s=timeout,
                                             average_every=average_every, compress_rank=compress_rank,
                                             compress_after=compress_after, local_batch_norm=local_batch_norm,
-                                            outer_lr=outer_lr, outer_momentum=outer_momentum))
+                                            outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                            wire_dtype=wire))
     except ClusterError as exc:  # a refusal every node shares: its one line, then the node ends at once
         error(str(exc))
         end_refused_node(2)
@@ -141,7 +145,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   connect_timeout: float = ConnectOpt, average_every: int = AverageOpt,
                   compress_rank: int = CompressOpt, compress_after: int = CompressAfterOpt,
                   local_batch_norm: bool = LocalNormOpt, outer_lr: float = OuterLrOpt,
-                  outer_momentum: float = OuterMomentumOpt,
+                  outer_momentum: float = OuterMomentumOpt, wire: str = WireOpt,
                   nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
                   device: list[str] = typer.Option([], "--device", "-d", help="Device of every node, or one "
                                                    "--device per node (e.g. -d rpi4 -d rpi4 -d jetson-nano)."),
@@ -187,7 +191,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                            faults=_faults(kill, stop, cut), preset=preset if netns else None,
                            cpus_per_node=cpus_per_node, average_every=average_every, compress_rank=compress_rank,
                            compress_after=compress_after, local_batch_norm=local_batch_norm,
-                           outer_lr=outer_lr, outer_momentum=outer_momentum)
+                           outer_lr=outer_lr, outer_momentum=outer_momentum, wire_dtype=wire)
     report = run_local(config, specs, options)
     console.print(to_json(report.to_dict(), indent=2))
     console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "

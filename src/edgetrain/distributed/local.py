@@ -136,7 +136,13 @@ class LocalOptions:
     local_batch_norm: bool = False
     outer_lr: float = 1.0
     outer_momentum: float = 0.0
+    wire_dtype: str = "float32"
     spares: bool = True
+
+    def __post_init__(self) -> None:
+        # the nodes' own checks of these settings, made once before any node starts
+        ClusterOptions(average_every=self.average_every, outer_lr=self.outer_lr, outer_momentum=self.outer_momentum,
+                       wire_dtype=self.wire_dtype)
 
 
 @dataclass
@@ -446,6 +452,7 @@ class _Group:
                                                  compress_after=options.compress_after,
                                                  local_batch_norm=options.local_batch_norm,
                                                  outer_lr=options.outer_lr, outer_momentum=options.outer_momentum,
+                                                 wire_dtype=options.wire_dtype,
                                                  profile_dir=scratch / f"profiles-{node_id}")
                 spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
                 self.spec_files[node_id] = spec_file

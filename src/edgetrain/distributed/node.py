@@ -121,6 +121,7 @@ from .group import (
     join,
     leave,
 )
+from .overlap import WIRE_DTYPES, HalfPrecisionAllReduce
 from .split import split_batch
 
 __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters", "OuterStep",
@@ -173,6 +174,10 @@ class ClusterOptions:
             averaging always does.
         outer_lr, outer_momentum: with ``average_every > 1``, DiLoCo's outer step on the averaged
             weights (NOTE [ Outer step ]); 1 and 0 are plain averaging.
+        wire_dtype: ``float32`` sums whole gradients as they are, after the backward; ``float16`` or
+            ``bfloat16`` sums them in that precision, bucket by bucket while the backward runs (NOTE
+            [ Half-precision buckets overlapped with the backward ]); with ``compress_rank``, in
+            the exact steps before compression starts.
     """
 
     connect_timeout_s: float = 60.0
@@ -186,8 +191,14 @@ class ClusterOptions:
     local_batch_norm: bool = False
     outer_lr: float = 1.0
     outer_momentum: float = 0.0
+    wire_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.wire_dtype not in ("float32", *WIRE_DTYPES):
+            raise EdgetrainError(f"--wire must be one of float32, {', '.join(WIRE_DTYPES)}; got {self.wire_dtype!r}")
+        if self.wire_dtype != "float32" and self.average_every > 1:
+            raise EdgetrainError(f"--wire {self.wire_dtype} sums gradients every step; with --average-every "
+                                 f"{self.average_every} the nodes average weights instead (use one or the other)")
         if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
             raise EdgetrainError(f"--outer-lr must be a finite number > 0, got {self.outer_lr}")
         if not 0 <= self.outer_momentum < 1:
@@ -326,26 +337,31 @@ class StepResult:
 
 def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer,
                  batch: tuple[torch.Tensor, torch.Tensor] | None, *, average: bool = True,
-                 compressor: PowerSGD | None = None) -> StepResult:
+                 compressor: PowerSGD | None = None, half: HalfPrecisionAllReduce | None = None) -> StepResult:
     """This node's part of one step (NOTE [ Cluster step ]): its slice through its executor, gradients summed
     with weight ``samples here / samples in all``, then the optimizer step every node takes alike.
 
     ``average=False`` is a local step of periodic averaging (NOTE [ Periodic averaging ]): the
     node steps on its own gradient and only the loss is summed. ``batch`` None: this node has no
     sample this step (all corrupt); it still joins the all-reduces (a model with cross-node
-    BatchNorm needs a batch of no sample instead, to join its layers'). ``sync_s`` counts the
-    network and the wait for slower nodes.
+    BatchNorm needs a batch of no sample instead, to join its layers'). ``half`` (whole gradients, when
+    ``compressor`` is None): sums them in half precision, bucket by bucket during the backward (NOTE
+    [ Half-precision buckets overlapped with the backward ]). ``sync_s`` counts the network and the wait
+    for slower nodes after this node's backward.
     """
     optimizer.zero_grad(set_to_none=True)
-    count, loss = 0, 0.0
-    if batch is not None:
-        with cross_node_statistics(model) if average else contextlib.nullcontext():
-            value = executor.step(*batch)
-        count = len(batch[1])
-        loss = float(value) if count else 0.0   # the mean over no sample is NaN
+    count, loss = (0, 0.0) if batch is None else (len(batch[1]), 0.0)
+    overlapped = half if average and compressor is None else None
+    with overlapped.collecting(count) if overlapped is not None else contextlib.nullcontext():
+        if batch is not None:
+            with cross_node_statistics(model) if average else contextlib.nullcontext():
+                value = executor.step(*batch)
+            loss = float(value) if count else 0.0   # the mean over no sample is NaN
     computed = time.perf_counter()
     total, loss_sum = all_reduce_sum([count, loss * count])
-    if total > 0 and average:
+    if overlapped is not None:  # every node started the same buckets, so every node waits for them
+        overlapped.finish(1.0 / total if total else 0.0)
+    elif total > 0 and average:
         all_reduce_gradients(model.parameters(), count / total, compressor)
     synced = time.perf_counter()
     if total > 0 and (count > 0 or average):
@@ -430,7 +446,7 @@ def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list
     settings = {**cluster_settings(config), "average_every": options.average_every,
                 "compress_rank": options.compress_rank, "compress_after": options.compress_after,
                 "local_batch_norm": options.local_batch_norm, "outer_lr": options.outer_lr,
-                "outer_momentum": options.outer_momentum}
+                "outer_momentum": options.outer_momentum, "wire_dtype": options.wire_dtype}
     mine = {"edgetrain": __version__, "torch": torch.__version__, "config": config_hash(settings),
             "speed": speed, "speed_error": speed_error, "device": node.device}
     verdicts = gather_verdicts(mine)
@@ -527,6 +543,12 @@ class _NodeRun:
         self.executor = Executor(training_stages(self.model), self.chosen.schedule, None)
         self.compressor = None if options.compress_rank == 0 else PowerSGD(self.model.parameters(),
                                                                            options.compress_rank, seed=config.seed)
+        self.half = None
+        if options.wire_dtype in WIRE_DTYPES and env.world_size > 1:  # every node makes the group: all agree
+            import torch.distributed as dist
+
+            self.half = HalfPrecisionAllReduce(self.model.parameters(), WIRE_DTYPES[options.wire_dtype],
+                                               group=dist.new_group(backend="gloo"))
         self.step, self.epoch = 0, 0
         self.resumed_from: int | None = None
         if opening.state is not None:
@@ -614,7 +636,8 @@ class _NodeRun:
         rate = self.config.learning_rate_at(self.step, self.total_steps)
         set_learning_rate(self.optimizer, rate)
         result = cluster_step(self.executor, self.model, self.optimizer, batch, average=exact,
-                              compressor=self.compressor if self.step >= self.compress_after else None)
+                              compressor=self.compressor if self.step >= self.compress_after else None,
+                              half=self.half)
         if result.samples == 0:
             raise ClusterError(f"step {self.step + 1}: no readable sample in the global batch")
         self.step += 1
