@@ -53,12 +53,13 @@ Usage: ``python benchmarks/cluster.py [--nodes 1,2,4] [--presets gigabit,100mbit
 [--failures kill,stop,cut] [--failure-preset gigabit|wifi20] [--crash-runs N] [--saves N] [--local-batch-norm]
 [--node-crash-runs N] [--node-crash-model M] [--node-crash-nodes N] [--node-crash-batch B] [--node-crash-steps S]
 [--node-crash-after A,B] [--tables link,scaling,ttt,compression,failures,crashes,node-crashes,save] [--out PATH]
-[--md PATH]``.
+[--md PATH] [--keep-runs DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -68,7 +69,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -803,6 +804,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+@contextlib.contextmanager
+def _scratch(kept: Path | None) -> Iterator[str]:
+    """The folder the runs go in: ``kept`` (made if missing, left in place; refused when not empty, as a run folder
+    that is already there would be resumed, not run) or a temporary one."""
+    if kept is not None:
+        if kept.exists() and any(kept.iterdir()):
+            raise SystemExit(f"--keep-runs {kept}: not empty (a run already there would be resumed)")
+        kept.mkdir(parents=True, exist_ok=True)
+        yield str(kept)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
+        yield scratch
+
+
 def write_result(result: dict[str, Any], out: Path, md: Path, render: Callable[[dict[str, Any]], str]) -> None:
     """The run's JSON to ``out`` and its markdown (``render(result)``) to ``md``, which is also printed."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -883,6 +898,9 @@ def main() -> None:
     parser.add_argument("--tables", type=lambda s: s.split(","),
                         default=["link", "scaling", "ttt", "compression", "failures", "crashes", "node-crashes",
                                  "save"])
+    parser.add_argument("--keep-runs", type=Path, default=None,
+                        help="run every table's runs in this folder and keep them (default: a scratch folder removed "
+                        "at the end, also when the benchmark is stopped)")
     parser.add_argument("--out", type=Path, default=Path("out/bench_cluster.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_cluster.md"))
     args = parser.parse_args()
@@ -899,7 +917,7 @@ def main() -> None:
                      if can_emulate() is None and args.presets != ["none"] else
                      f"Not emulated ({can_emulate() or 'preset none'}): nodes share the machine's {os.cpu_count()} "
                      "cores.")}
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as scratch:
+    with _scratch(args.keep_runs) as scratch:
         for table, build in (("link", link), ("scaling", scaling), ("ttt", time_to_target),
                              ("compression", compression), ("failures", failures), ("crashes", crashes),
                              ("node-crashes", node_crashes), ("save", state_saves)):
