@@ -74,7 +74,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from edgetrain.benchstats import Spread, spread
+from edgetrain.benchstats import Spread, equivalence, spread
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
@@ -256,9 +256,9 @@ def _compression_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: i
     """One seed's run of a row: its step times, last steps' training loss and the held-out loss after every epoch;
     None when it crashed (its node logs kept beside ``--out``)."""
     preset = args.presets[-1]
-    config = replace(_config(scratch / f"compress-{row.nodes}-{row.every}-{row.rank}-{row.after}-{row.outer[0]:g}-"
-                                       f"{row.outer[1]:g}-{seed}", args.model, args.batches[0], args.compress_steps,
-                             args.image, args.compress_epochs), seed=seed, lr_schedule=args.lr_schedule)
+    config = replace(_config(scratch / _run_name("compress", row, seed), args.model, args.batches[0],
+                             args.compress_steps, args.image, args.compress_epochs),
+                     seed=seed, lr_schedule=args.lr_schedule)
     load = _load()
     try:
         steps, report = _run(config, row.nodes, row.options(preset=None if preset == "none" else preset,
@@ -316,14 +316,24 @@ def _smoothed(losses: list[float], window: int) -> list[float]:
     return [statistics.mean(losses[max(0, i + 1 - window):i + 1]) for i in range(len(losses))]
 
 
-def _time_to(steps: list[dict[str, Any]], target: float, window: int) -> tuple[float | None, int | None]:
+def _time_to(run: dict[str, Any], target: float, window: int) -> tuple[float | None, int | None]:
     """Seconds from the start of step 1 to the end of the first step whose smoothed loss is at most ``target``
     (training only: joining, profiling and planning come before step 1), and that step; None when never."""
-    start = steps[0]["wall_time"] - steps[0]["time_s"]
-    for record, loss in zip(steps, _smoothed([r["loss"] for r in steps], window), strict=True):
+    for step, (wall_time, loss) in enumerate(zip(run["wall_times"], _smoothed(run["losses"], window), strict=True)):
         if loss <= target:
-            return record["wall_time"] - start, record["step"]
+            return wall_time - _started_at(run), step + 1
     return None, None
+
+
+def _started_at(run: dict[str, Any]) -> float:
+    """The wall time step 1 of a time-to-target run started at. Results before session 26 did not record it; a run
+    of theirs that reached its target gives it back from its time and step to that target."""
+    if "started_at" in run:
+        return float(run["started_at"])
+    if run.get("steps_to_target") is None:
+        raise SystemExit(f"--ttt-read: {run['mode']}, seed {run['seed']}: no start time (an older result's run that "
+                         "never reached its target)")
+    return float(run["wall_times"][run["steps_to_target"] - 1] - run["time_to_target_s"])
 
 
 def _averaged_loss(losses: list[float], every: int, window: int) -> float | None:
@@ -337,47 +347,104 @@ def _averaged_loss(losses: list[float], every: int, window: int) -> float | None
 def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
     """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
     whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
-    per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run."""
+    per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run. A run of the
+    same settings in a ``--ttt-read`` result is taken from there, not run again."""
     if args.ttt_modes[0] != "single":
         raise SystemExit(f"--ttt-modes: 'single' first (it sets the targets), then any of {MODE_NAMES}")
     modes = [mode(name, args, args.ttt_nodes) for name in args.ttt_modes]
-    seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat) for repeat in range(args.repeats)]
-    return [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
+    done = _read_ttt_runs(args)
+    seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat, done) for repeat in range(args.repeats)]
+    rows = [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
+    for row in rows[1:]:
+        row["final_vs_single"] = _final_versus_single(row["runs"], rows[0]["runs"], args.margin)
+    return rows
 
 
-def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[Mode], seed: int) -> list[dict[str, Any]]:
-    """Every mode's run with one seed, with its time and steps to the seed's target and its efficiency."""
-    batch, steps, window = args.ttt_batch, args.ttt_steps, args.ttt_window
-    quota = (os.cpu_count() or 1) / args.ttt_nodes
+def _final_versus_single(runs: list[dict[str, Any]], single: list[dict[str, Any]], margin: float) -> dict[str, Any]:
+    """Seed by seed, a mode's final loss (the last ``--ttt-window`` steps' mean) over the single node's minus 1,
+    and whether they are within ±``margin`` (:func:`~edgetrain.benchstats.equivalence`)."""
+    differences = [run["final_loss"] / reference["final_loss"] - 1 for run, reference in zip(runs, single, strict=True)]
+    return {**equivalence(differences, margin), "differences": differences}
+
+
+TTT_SETTINGS = ("preset", "batch", "weak", "cpus_per_node", "window", "target_at", "steps")
+
+
+def _read_ttt_runs(args: argparse.Namespace) -> dict[tuple[str, int], dict[str, Any]]:
+    """The time-to-target runs of the ``--ttt-read`` results whose model, image, BatchNorm and row settings are
+    this call's, by mode and seed."""
+    wanted = {"preset": args.ttt_preset, "weak": args.ttt_weak, "cpus_per_node": (os.cpu_count() or 1) / args.ttt_nodes,
+              "window": args.ttt_window, "target_at": args.ttt_target_at, "steps": args.ttt_steps}
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in args.ttt_read:
+        result = json.loads(path.read_text())
+        given = _command_options(result["command"])
+        if (given.get("model"), given.get("image"), result.get("local_batch_norm")) != (
+                args.model, str(args.image), args.local_batch_norm):
+            continue
+        for row in result.get("ttt", []):
+            scale = row["nodes"] if args.ttt_weak else 1
+            if all(row[key] == value for key, value in wanted.items()) and row["batch"] == args.ttt_batch * scale:
+                runs.update({(run["mode"], run["seed"]): run for run in row["runs"]})
+    return runs
+
+
+def _command_options(command: str) -> dict[str, str | None]:
+    """``--name value`` and bare ``--flag`` of a recorded command line, by name."""
+    words = command.split()
+    return {word[2:]: (words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None)
+            for i, word in enumerate(words) if word.startswith("--")}
+
+
+def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[Mode], seed: int,
+                   done: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every mode's run with one seed (from ``done`` when there), with its time and steps to the seed's target and
+    its efficiency."""
+    steps, window = args.ttt_steps, args.ttt_window
     runs: list[dict[str, Any]] = []
     target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
     for row in modes:
-        # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
-        # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
-        scale = row.nodes if args.ttt_weak else 1
-        config = _config(scratch / f"ttt-{row.nodes}-{row.every}-{row.rank}-{row.after}-{row.outer[0]:g}-"
-                                   f"{row.outer[1]:g}-{seed}", args.model, batch * scale, steps, args.image)
-        config = replace(config, seed=seed, lr=config.learning_rate() * scale)
-        load = _load()
-        trained, report = _run(config, row.nodes, row.options(preset=args.ttt_preset, cpus_per_node=quota,
-                                                              local_batch_norm=args.local_batch_norm))
-        runs.append({"mode": row.label, "nodes": row.nodes, "seed": seed, "batch": batch * scale,
-                     "cpus_per_node": quota,
-                     "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
-                     "averaged_loss": _averaged_loss([r["loss"] for r in trained], row.every, window),
-                     **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
-                     "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
-                     "emulation": report["emulation"]})
+        if (row.label, seed) in done:
+            log.info("time to target: %s, seed %d: read from --ttt-read", row.label, seed)
+            runs.append(dict(done[row.label, seed]))
+        else:
+            runs.append(_ttt_run(args, scratch, row, seed))
         target = _smoothed(runs[0]["losses"], window)[target_step - 1]  # the single node's run comes first
+        runs[-1]["started_at"] = _started_at(runs[-1])
         runs[-1]["target_loss"] = target
-        runs[-1]["time_to_target_s"], runs[-1]["steps_to_target"] = _time_to(trained, target, window)
-        log.info("time to target: %s, seed %d, %d steps, restarts %d", row.label, seed, len(trained),
-                 report["restarts"])
+        runs[-1]["time_to_target_s"], runs[-1]["steps_to_target"] = _time_to(runs[-1], target, window)
     reference = runs[0]["time_to_target_s"]
     for run in runs:
         t = run["time_to_target_s"]
         run["efficiency"] = None if t is None or reference is None else reference / (run["nodes"] * t)
     return runs
+
+
+def _ttt_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: int) -> dict[str, Any]:
+    """One time-to-target run and what the table reads of it."""
+    batch, window = args.ttt_batch, args.ttt_window
+    # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
+    # global batch (the linear scaling rule, Goyal et al. 2017, without warm-up)
+    scale = row.nodes if args.ttt_weak else 1
+    config = _config(scratch / _run_name("ttt", row, seed), args.model, batch * scale, args.ttt_steps, args.image)
+    config = replace(config, seed=seed, lr=config.learning_rate() * scale)
+    load = _load()
+    trained, report = _run(config, row.nodes, row.options(preset=args.ttt_preset,
+                                                          cpus_per_node=(os.cpu_count() or 1) / args.ttt_nodes,
+                                                          local_batch_norm=args.local_batch_norm))
+    log.info("time to target: %s, seed %d, %d steps, restarts %d", row.label, seed, len(trained), report["restarts"])
+    return {"mode": row.label, "nodes": row.nodes, "seed": seed, "batch": batch * scale,
+            "cpus_per_node": (os.cpu_count() or 1) / args.ttt_nodes,
+            "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
+            "averaged_loss": _averaged_loss([r["loss"] for r in trained], row.every, window),
+            **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
+            "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
+            "started_at": trained[0]["wall_time"] - trained[0]["time_s"], "emulation": report["emulation"]}
+
+
+def _run_name(table: str, row: Mode, seed: int) -> str:
+    """A run's folder: every setting that tells two of a table's rows apart, and the seed."""
+    return f"{table}-{row.nodes}-{row.every}-{row.rank}-{row.after}-{row.outer[0]:g}-{row.outer[1]:g}-{row.wire}-{seed}"
 
 
 def _ttt_row(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -688,6 +755,17 @@ def _scaled(value: dict[str, Any] | None, factor: float) -> dict[str, Any] | Non
     return {**value, **{k: value[k] * factor for k in ("median", "q1", "q3", "iqr")}}
 
 
+def _equivalence_text(value: dict[str, Any] | None) -> str:
+    """'mean ± SE (each seed), low .. high: verdict', '-' for none."""
+    if value is None:
+        return "-"
+    each = ", ".join(f"{d:+.2%}" for d in value["differences"])
+    if value["se"] is None:
+        return f"{value['mean']:+.2%} ({each}): {value['verdict']}"
+    low, high = value["ci"]
+    return f"{value['mean']:+.2%} ± {value['se']:.2%} ({each}), {low:+.2%} .. {high:+.2%}: {value['verdict']}"
+
+
 def _load() -> str:
     """The 1-, 5- and 15-minute load averages, as ``uptime`` shows them."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -727,14 +805,16 @@ def markdown(result: dict[str, Any]) -> str:
                 "target, step and sync s: each run's median, then over the seeds:", "",
                 "| mode | nodes | reached / seeds | time to target s (median, IQR, CoV) | steps to target | efficiency "
                 "| step s | mean step s (averaging steps in) | sync s | final loss (last " + str(first["window"]) +
-                ", mean of seeds) | loss on averaged weights (last " + str(first["window"]) + " such steps) | "
+                ", mean of seeds) | final loss vs single: mean ± SE (each seed), 90% interval, within ±"
+                f"{result['margin']:.1%}? | loss on averaged weights (last " + str(first["window"]) + " such steps) | "
                 "steps | restarts | load before |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                "| --- |" + " ---: |" * 9 + " --- |" + " ---: |" * 3 + " --- |"]
     out += [f"| {r['mode']} | {r['nodes']} | {r['reached']} / {len(r['seeds'])} | "
             f"{_spread_text(r['time_to_target_s'])} | {_each(r['steps_to_target'])} | "
             f"{_spread_text(r['efficiency'], '{:.2f}')} | {_spread_text(r['step_s'])} | "
             f"{_spread_text(r.get('mean_step_s'))} | {_spread_text(r['sync_s'])} | "
-            f"{r['final_loss']:.4f} | {_fmt(r.get('averaged_loss'), '.4f')} | {r['steps']} | {r['restarts']} | "
+            f"{r['final_loss']:.4f} | {_equivalence_text(r.get('final_vs_single'))} | "
+            f"{_fmt(r.get('averaged_loss'), '.4f')} | {r['steps']} | {r['restarts']} | "
             f"{'; '.join(r['load_before'])} |"
             for r in result.get("ttt", [])]
     if "compression" in result:
@@ -893,6 +973,11 @@ def main() -> None:
     parser.add_argument("--ttt-seed", type=int, default=0)
     parser.add_argument("--ttt-weak", action="store_true", help="N nodes train N x --ttt-batch per step at N x the "
                         "learning rate (each node the single node's batch); default: the same global batch")
+    parser.add_argument("--ttt-read", type=lambda s: [Path(p) for p in s.split(",")], default=[],
+                        help="earlier results (--out JSON) whose time-to-target runs of these settings are read, not "
+                        "run again (seeds added to a table)")
+    parser.add_argument("--margin", type=float, default=0.005,
+                        help="the final loss's equivalence margin against the single node (0.005: ±0.5%%)")
     parser.add_argument("--ttt-target-at", type=float, default=0.75,
                         help="the target: the single node's smoothed loss at this fraction of its steps")
     parser.add_argument("--tables", type=lambda s: s.split(","),
@@ -907,11 +992,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     cpus = args.cpus_per_node or (os.cpu_count() or 1) / max(args.nodes)
-    result: dict[str, Any] = {"load_before": _load(), "local_batch_norm": args.local_batch_norm,
+    result: dict[str, Any] = {"load_before": _load(), "local_batch_norm": args.local_batch_norm, "margin": args.margin,
         "command": "python benchmarks/cluster.py " + " ".join(
             f"--{k.replace('_', '-')}" if v is True else
             f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md") and v is not False and v is not None),
+            for k, v in vars(args).items() if k not in ("out", "md") and v is not False and v is not None and v != []),
         "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
                      "same at every node count; the time-to-target table: cores / --ttt-nodes)."
                      if can_emulate() is None and args.presets != ["none"] else

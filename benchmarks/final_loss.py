@@ -75,6 +75,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from edgetrain.benchstats import equivalence
 from edgetrain.data import collate_skip_corrupt
 from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.compress import PowerSGD
@@ -220,32 +221,6 @@ def sliced_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Opt
     all_reduce_gradients(params, 1.0, compressor)
     optimizer.step()
     return loss_sum / total
-
-
-def equivalence(differences: list[float], margin: float, confidence: float = 0.90) -> dict[str, Any]:
-    """Mean, standard deviation and standard error of the seed-by-seed differences, their ``confidence`` interval
-    (Student's t) and the verdict: "within" ±``margin`` when the whole interval lies inside (TOST at
-    ``(1 - confidence) / 2`` each side), "outside" when it lies wholly beyond, else "undecided", with the seeds a
-    decision would need at this mean and spread, and those it would need were the true difference 0 (normal
-    quantile: ``(z · sd / gap)²``)."""
-    from scipy.stats import t as student_t
-
-    n = len(differences)
-    mean = statistics.mean(differences)
-    if n < 2:
-        return {"n": n, "mean": mean, "sd": None, "se": None, "ci": None, "verdict": "undecided", "seeds_needed": None,
-                "seeds_if_equal": None}
-    sd = statistics.stdev(differences)
-    se = sd / math.sqrt(n)
-    half = float(student_t.ppf(0.5 + confidence / 2, n - 1)) * se
-    low, high = mean - half, mean + half
-    verdict = "within" if -margin < low and high < margin else \
-        "outside" if low > margin or high < -margin else "undecided"
-    gap = abs(margin - abs(mean))
-    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
-    needed = None if verdict != "undecided" or gap == 0 else max(n, math.ceil((z * sd / gap) ** 2))
-    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci": [low, high], "verdict": verdict, "seeds_needed": needed,
-            "seeds_if_equal": math.ceil((z * sd / margin) ** 2)}
 
 
 READINGS = {"held_out": "held-out loss after the last epoch",

@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 from benchmark_scripts import load_benchmark
 from torch import nn
 
+from edgetrain.benchstats import equivalence
 from edgetrain.chain import Chain
 from edgetrain.distributed import split_batch
 from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
@@ -822,6 +823,74 @@ def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps
     assert bench._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
 
 
+def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_nodes_and_reads_earlier_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: run_local stood in for. Every run logs 4 steps of losses 4, 3, 2, 1 times a factor per mode and seed:
+    # the single node 1 (4 s a step), whole gradients 1.002, 1.006, 1.002 (seeds 0-2), float16 1 (both 1 s a step).
+    bench = load_benchmark("cluster", monkeypatch)
+    factors = {("float32", 1): (1.0,) * 3, ("float32", 4): (1.002, 1.006, 1.002), ("float16", 4): (1.0,) * 3}
+    folders: list[Path] = []
+
+    def fake_run_local(config: TrainConfig, nodes: list[NodeSpec], options: LocalOptions) -> Any:
+        assert not config.run_dir.exists()  # a folder already there would be resumed, not run
+        folders.append(config.run_dir)
+        factor = factors[options.wire_dtype, len(nodes)][config.seed]
+        step_s = 4.0 if len(nodes) == 1 else 1.0
+        records = [{"step": s, "loss": (5 - s) * factor, "time_s": step_s, "sync_s": 0.0,
+                    "wall_time": 100.0 + s * step_s} for s in (1, 2, 3, 4)]
+        config.run_dir.mkdir(parents=True)
+        (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return argparse.Namespace(to_dict=lambda: {"restarts": 0, "emulation": "plain"})
+
+    monkeypatch.setattr(bench, "run_local", fake_run_local)
+    args = argparse.Namespace(ttt_modes=["single", "exact", "fp16"], ttt_nodes=4, ttt_batch=8, ttt_steps=4,
+                              ttt_window=2, ttt_target_at=0.5, ttt_weak=False, ttt_seed=0, repeats=2,
+                              ttt_preset="none", model="resnet18", image=32, local_batch_norm=False, margin=0.005,
+                              ttt_read=[], average_every=4, outer_lr=0.7, outer_momentum=0.9, compress_rank=2,
+                              compress_after=0)
+    # Execute
+    single, exact, half = bench.time_to_target(args, tmp_path / "scratch", 1.0)
+    # Assert: the target is the single node's mean of steps 1-2 (3.5), reached at step 2 in 8 s; whole gradients
+    # reach it at step 3 (3 s): efficiency 8 / (4 x 3). Final loss (mean of the last 2 steps) against the single
+    # node's: +0.2% and +0.6%, mean 0.4%, SE 0.2% (sd 0.283%), t(0.95, 1 df) = 6.313752: undecided.
+    assert single["target_losses"] == [3.5, 3.5] and single["steps_to_target"] == [2, 2]
+    assert exact["steps_to_target"] == [3, 3] and exact["time_to_target_s"]["median"] == 3.0
+    assert exact["efficiency"]["median"] == pytest.approx(8 / 12)
+    versus = exact["final_vs_single"]
+    assert versus["differences"] == pytest.approx([0.002, 0.006])
+    assert (versus["mean"], versus["se"]) == pytest.approx((0.004, 0.002))
+    assert versus["ci"] == pytest.approx([0.004 - 6.313752 * 0.002, 0.004 + 6.313752 * 0.002], rel=1e-6)
+    assert versus["verdict"] == "undecided"
+    assert half["final_vs_single"]["differences"] == [0.0, 0.0] and half["final_vs_single"]["verdict"] == "within"
+    assert "final_vs_single" not in single
+    assert len(set(folders)) == 6  # whole gradients and float16 in folders of their own
+    table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "", "margin": 0.005,
+                            "ttt": [single, exact, half]})
+    assert "| +0.40% ± 0.20% (+0.20%, +0.60%), -0.86% .. +1.66%: undecided |" in table
+    assert "within ±0.5%?" in table
+
+    # Prepare: the result saved as a run before session 26 saved it (no start time), and a call for seeds 0-2
+    for row in (single, exact, half):
+        for run in row["runs"]:
+            del run["started_at"]
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"command": "python benchmarks/cluster.py --model resnet18 --image 32",
+                                   "local_batch_norm": False, "ttt": [single, exact, half]}))
+    folders.clear()
+    args.ttt_read, args.repeats = [earlier], 3
+    # Execute
+    again = bench.time_to_target(args, tmp_path / "scratch-2", 1.0)
+    # Assert: seeds 0 and 1 read (their times kept), only seed 2 run
+    assert [f.name.rsplit("-", 1)[1] for f in folders] == ["2", "2", "2"]
+    assert again[1]["steps_to_target"] == [3, 3, 3] and again[1]["time_to_target_s"]["median"] == 3.0
+    assert again[1]["final_vs_single"]["differences"] == pytest.approx([0.002, 0.006, 0.002])
+    # Another image size is another experiment: nothing read
+    earlier.write_text(earlier.read_text().replace("--image 32", "--image 64"))
+    folders.clear()
+    bench.time_to_target(args, tmp_path / "scratch-3", 1.0)
+    assert len(folders) == 9
+
+
 def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single_nodes_and_the_exact_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: run_local stood in for; every run logs 2 steps and a held-out loss after each of 2 epochs. The last
@@ -994,18 +1063,18 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
         monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_benchmark("final_loss", monkeypatch)
     # 4 differences: mean 0.001, sd sqrt(16e-6 / 3) = 0.0023094, SE 0.0011547 (by hand), t(0.95, 3 df) = 2.353363
-    near = bench.equivalence([0.003, -0.001, 0.003, -0.001], 0.005)
+    near = equivalence([0.003, -0.001, 0.003, -0.001], 0.005)
     assert (near["n"], near["mean"], near["sd"], near["se"]) == pytest.approx((4, 0.001, 0.0023094, 0.0011547),
                                                                                rel=1e-4)
     assert near["ci"] == pytest.approx([0.001 - 2.353363 * 0.0011547, 0.001 + 2.353363 * 0.0011547], rel=1e-5)
     assert near["verdict"] == "within" and near["seeds_needed"] is None
-    far = bench.equivalence([0.02, 0.021, 0.019], 0.005)
+    far = equivalence([0.02, 0.021, 0.019], 0.005)
     assert far["verdict"] == "outside"
-    unsure = bench.equivalence([0.03, -0.02, 0.01, -0.01], 0.005)  # mean 0.0025, sd sqrt(14.75e-4 / 3) = 0.0221736
+    unsure = equivalence([0.03, -0.02, 0.01, -0.01], 0.005)  # mean 0.0025, sd sqrt(14.75e-4 / 3) = 0.0221736
     assert unsure["verdict"] == "undecided"
     assert unsure["seeds_needed"] == math.ceil((1.644854 * 0.0221736 / 0.0025) ** 2)  # 213
     assert unsure["seeds_if_equal"] == math.ceil((1.644854 * 0.0221736 / 0.005) ** 2)  # 54
-    assert bench.equivalence([0.001], 0.005)["verdict"] == "undecided"
+    assert equivalence([0.001], 0.005)["verdict"] == "undecided"
     # Rows: each mode against the single node seed by seed, only the seeds both have, in both readings: the held-out
     # loss, and the mean of the last epoch's step losses (2 steps an epoch here; the epoch before is left out of the
     # final loss and read as the first epoch's).

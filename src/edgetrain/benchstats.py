@@ -4,11 +4,13 @@ Seed 002 (shared/seeds) asks an edge-training benchmark profile for the variatio
 (training time per epoch was consistent across boards, CoV < 1%) and for the software versions,
 which moved it more than the boards did. :func:`spread` gives median, quartiles, IQR and CoV of
 repeated measurements; :func:`software_setup` records torch, Python, the kernel, the CPU, the
-governor and the power mode.
+governor and the power mode. :func:`equivalence` decides whether paired seed-by-seed differences
+lie within a margin (two one-sided tests), as the final-loss goals of issue #14 are read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -20,7 +22,7 @@ from typing import Any
 from .devices.rate import cpu_model
 from .errors import EdgetrainError
 
-__all__ = ["Spread", "software_setup", "spread"]
+__all__ = ["Spread", "equivalence", "software_setup", "spread"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,32 @@ def spread(values: Sequence[float]) -> Spread:
     q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
     mean = statistics.fmean(data)
     return Spread(len(data), statistics.median(data), q1, q3, 100.0 * statistics.stdev(data) / mean if mean else None)
+
+
+def equivalence(differences: list[float], margin: float, confidence: float = 0.90) -> dict[str, Any]:
+    """Mean, standard deviation and standard error of the seed-by-seed differences, their ``confidence`` interval
+    (Student's t) and the verdict: "within" ±``margin`` when the whole interval lies inside (TOST at
+    ``(1 - confidence) / 2`` each side), "outside" when it lies wholly beyond, else "undecided", with the seeds a
+    decision would need at this mean and spread, and those it would need were the true difference 0 (normal
+    quantile: ``(z · sd / gap)²``). Needs scipy (the ``insitu`` extra)."""
+    from scipy.stats import t as student_t
+
+    n = len(differences)
+    mean = statistics.mean(differences)
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": None, "se": None, "ci": None, "verdict": "undecided", "seeds_needed": None,
+                "seeds_if_equal": None}
+    sd = statistics.stdev(differences)
+    se = sd / math.sqrt(n)
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 1)) * se
+    low, high = mean - half, mean + half
+    verdict = "within" if -margin < low and high < margin else \
+        "outside" if low > margin or high < -margin else "undecided"
+    gap = abs(margin - abs(mean))
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    needed = None if verdict != "undecided" or gap == 0 else max(n, math.ceil((z * sd / gap) ** 2))
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci": [low, high], "verdict": verdict, "seeds_needed": needed,
+            "seeds_if_equal": math.ceil((z * sd / margin) ** 2)}
 
 
 def software_setup(root: Path = Path("/")) -> dict[str, Any]:

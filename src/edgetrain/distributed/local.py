@@ -269,13 +269,13 @@ def _starting() -> Iterator[None]:
         yield
     finally:
         _DEFERRING.pop()
-    if len(_TERMINATED) > received:
-        raise SystemExit(128 + _TERMINATED[-1])
+    _unwind_if_terminated(since=received)
 
 
-def _unwind_if_terminated() -> None:
-    """Raise the SystemExit of a SIGTERM whose own was swallowed (NOTE [ Supervision ])."""
-    if _TERMINATED:
+def _unwind_if_terminated(since: int = 0) -> None:
+    """Raise the SystemExit of a SIGTERM whose own was swallowed or held (NOTE [ Supervision ]): one of those
+    received after the first ``since``."""
+    if len(_TERMINATED) > since:
         raise SystemExit(128 + _TERMINATED[-1])
 
 

@@ -350,7 +350,8 @@ def cluster_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Op
     for slower nodes after this node's backward.
     """
     optimizer.zero_grad(set_to_none=True)
-    count, loss = (0, 0.0) if batch is None else (len(batch[1]), 0.0)
+    count = 0 if batch is None else len(batch[1])
+    loss = 0.0
     overlapped = half if average and compressor is None else None
     with overlapped.collecting(count) if overlapped is not None else contextlib.nullcontext():
         if batch is not None:
