@@ -31,7 +31,8 @@ order (the mean loss and BatchNorm's statistics do not depend on the samples' or
 
 Modes: ``single`` (the reference), ``reordered`` (the noise floor), ``rolled``, ``exact`` (whole gradients; with
 ``--local-batch-norm`` only: with BatchNorm over the global batch it is the single node's step),
-``powersgd:RANK[:AFTER]`` (rank RANK after AFTER exact steps). Runs go seed by seed, every mode of a seed, and
+``powersgd:RANK[:AFTER]`` (rank RANK after AFTER exact steps), ``cluster:WIRE`` (a real cluster: NOTE [ A real
+cluster beside the simulation ]). Runs go seed by seed, every mode of a seed, and
 each run is appended to ``--runs`` (JSON lines) as it ends: runs already there with the same settings are not run
 again, so a run cut off keeps what it did and a later one adds seeds (``--seeds 40-79``). The table is over every
 run in ``--runs`` (and in the files of ``--read``, whose runs are not run again) with these settings: per mode and
@@ -39,6 +40,17 @@ per reading of the final loss, the seed-by-seed relative difference from the sin
 error, 90% confidence interval (Student's t), and the equivalence verdict (TOST at 5% each side: within
 ±``--margin`` when the whole interval lies inside it, outside when it lies wholly beyond it, else undecided, with
 the seeds a decision would need).
+
+NOTE [ A real cluster beside the simulation ]
+A node that sends its gradient in float16 (``--wire float16``) rounds its own slice's sum before the all-reduce adds
+the nodes' in float16: that rounding is not linear, so the one-process trick above does not give it, and with
+BatchNorm over the global batch a node's gradient needs every node's statistics layer by layer. Mode
+``cluster:WIRE`` (``float32``, ``float16``, ``bfloat16``) therefore trains the run on a real ``cluster local`` of
+``--nodes`` plain local processes (one thread each unless ``OMP_NUM_THREADS`` says otherwise; no network shaping,
+no CPU quota, spares off, no restart allowed): the system itself, about the single run's CPU time spread over the
+processes. Its readings are the simulation's but the training split evaluated after the last epoch, which a
+cluster does not log. ``cluster:float32`` is the whole-gradient cluster in its own float order: the real system's
+noise floor beside ``reordered``.
 
 NOTE [ Two readings of the final loss ]
 The issue's "final loss within 0.5% of single-node training" names no data set, so the table reads it three ways:
@@ -63,6 +75,8 @@ import argparse
 import contextlib
 import json
 import math
+import os
+import resource
 import statistics
 import tempfile
 import time
@@ -80,7 +94,8 @@ from edgetrain.data import collate_skip_corrupt
 from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.group import all_reduce_gradients
-from edgetrain.distributed.node import cluster_step, seed_step
+from edgetrain.distributed.local import LocalOptions, run_local
+from edgetrain.distributed.node import NodeSpec, cluster_step, seed_step
 from edgetrain.distributed.split import split_batch
 from edgetrain.models import get_model_spec
 from edgetrain.optim import make_optimizer, set_learning_rate
@@ -91,20 +106,23 @@ from edgetrain.train import TrainConfig
 from edgetrain.train.loop import evaluate, open_run_data
 from edgetrain.train.state import ResumableSampler
 
-MODE_NAMES = "single, reordered, rolled, exact (with --local-batch-norm), powersgd:RANK[:AFTER]"
+MODE_NAMES = "single, reordered, rolled, exact (with --local-batch-norm), powersgd:RANK[:AFTER], cluster:WIRE"
+WIRES = ("float32", "float16", "bfloat16")   # cluster:WIRE, a real cluster summing whole gradients in this type
 ORDERS = {"single": "as-is", "reordered": "reversed", "rolled": "rolled"}   # the single node's batch orders
 
 
 class SimMode(NamedTuple):
     """One row's step: its name, the slices a global batch goes through (the nodes with BatchNorm per node, else 1),
     PowerSGD's rank (0: whole gradients) and the exact steps before it, and the order of the batch's samples
-    (``as-is``; ``reversed``; ``rolled`` by half the batch)."""
+    (``as-is``; ``reversed``; ``rolled`` by half the batch); ``wire``: not simulated, a real cluster's run summing
+    whole gradients in this type (NOTE [ A real cluster beside the simulation ])."""
 
     name: str
     slices: int
     rank: int = 0
     after: int = 0
     order: str = "as-is"
+    wire: str | None = None
 
 
 def sim_mode(name: str, nodes: int, local_batch_norm: bool) -> SimMode:
@@ -115,6 +133,8 @@ def sim_mode(name: str, nodes: int, local_batch_norm: bool) -> SimMode:
     if name == "exact" and local_batch_norm:
         return SimMode(name, slices)
     kind, *numbers = name.split(":")
+    if kind == "cluster" and len(numbers) == 1 and numbers[0] in WIRES:
+        return SimMode(name, nodes, wire=numbers[0])
     if kind == "powersgd" and 1 <= len(numbers) <= 2 and all(n.isdigit() for n in numbers) and int(numbers[0]) >= 1:
         return SimMode(name, slices, int(numbers[0]), int(numbers[-1]) if len(numbers) == 2 else 0)
     raise SystemExit(f"unknown mode {name!r}: one of {MODE_NAMES}")
@@ -170,6 +190,24 @@ def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
     _, train_eval_loss = evaluate(model, train_set, config.batch)  # after training: nothing above depends on it
     return {"losses": losses, "val_curve": curve, "val_loss": curve[-1], "train_eval_loss": train_eval_loss,
             "wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu_started}
+
+
+def cluster_run(config: TrainConfig, mode: SimMode, local_batch_norm: bool) -> dict[str, Any]:
+    """``config`` trained by a real ``cluster local`` of ``mode.slices`` plain local processes (no emulation, spares
+    off, no restart) summing whole gradients in ``mode.wire`` (NOTE [ A real cluster beside the simulation ]): the
+    same readings as :func:`simulate`'s but the training split's evaluation, which a cluster does not log; CPU
+    seconds are the nodes' and the supervisor's."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started, cpu_started = time.perf_counter(), time.process_time() + children.ru_utime + children.ru_stime
+    run_local(config, [NodeSpec()] * mode.slices, LocalOptions(spares=False, max_restarts=0, wire_dtype=mode.wire,
+                                                               local_batch_norm=local_batch_norm))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [r["val_loss"] for r in records if "val_loss" in r]
+    return {"losses": [r["loss"] for r in records if "loss" in r], "val_curve": curve, "val_loss": curve[-1],
+            "train_eval_loss": None, "wall_s": time.perf_counter() - started,
+            "cpu_s": time.process_time() + children.ru_utime + children.ru_stime - cpu_started}
 
 
 def _ordered(batch: torch.Tensor, order: str) -> torch.Tensor:
@@ -319,7 +357,8 @@ def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     out = [f"`{result['command']}`", "",
-           f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} simulated nodes (BatchNorm "
+           f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} nodes "
+           f"(simulated; cluster:* rows a real cluster of local processes; BatchNorm "
            f"{'over each node' if s['local_batch_norm'] else 'over the global batch'}), {s['epochs']} epochs of "
            f"{s['steps']} steps, {s['lr_schedule']} rate; each mode's final loss against the single node's, seed by "
            f"seed; 90% interval (Student's t); within ±{result['margin']:.1%}: the whole interval inside (TOST). "
@@ -399,7 +438,10 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="final-loss-") as scratch:  # the seed's data, made once
                 for mode in (m for m in modes if (m.name, seed) not in done):
                     load = _load()
-                    run = simulate(_config(args, seed, Path(scratch)), mode)
+                    config = _config(args, seed, Path(scratch))
+                    run = simulate(config, mode) if mode.wire is None else \
+                        cluster_run(replace(config, run_dir=config.run_dir / mode.name.replace(":", "-")), mode,
+                                    args.local_batch_norm)
                     line = {"settings": settings, "mode": mode.name, "seed": seed, "cpu": cpu_model(),
                             "torch": torch.__version__, "load_before": load,
                             "load_after": _load(), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S",
