@@ -94,9 +94,14 @@ def _config(run_dir: Path, model: str, batch: int, steps: int, image: int, epoch
                        run_dir=run_dir)
 
 
-def _steps(run_dir: Path) -> list[dict[str, Any]]:
+def _records(run_dir: Path, key: str) -> list[dict[str, Any]]:
+    """The run's metrics records that hold ``key`` (``loss``: its steps; ``val_loss``: its evaluations), in order."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "loss" in r]
+    return [r for r in map(json.loads, lines) if key in r]
+
+
+def _steps(run_dir: Path) -> list[dict[str, Any]]:
+    return _records(run_dir, "loss")
 
 
 def _run(config: TrainConfig, nodes: int, options: LocalOptions) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -268,8 +273,7 @@ def _compression_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: i
         kept = _keep_logs(config.run_dir, args.out.parent / "crash-logs" / config.run_dir.name)
         log.warning("compression run crashed: %s (node logs: %s)", exc, kept)
         return None
-    evaluations = [r for r in map(json.loads, (config.run_dir / "metrics.jsonl").read_text().splitlines())
-                   if "val_loss" in r]
+    evaluations = _records(config.run_dir, "val_loss")
     log.info("compression %s, seed %d: held-out loss after each epoch %s", row.label, seed,
              [round(r["val_loss"], 4) for r in evaluations])
     return {**_step_medians(steps), "restarts": report["restarts"], "load_before": load, "load_after": _load(),
@@ -321,7 +325,7 @@ def _time_to(run: dict[str, Any], target: float, window: int) -> tuple[float | N
     (training only: joining, profiling and planning come before step 1), and that step; None when never."""
     for step, (wall_time, loss) in enumerate(zip(run["wall_times"], _smoothed(run["losses"], window), strict=True)):
         if loss <= target:
-            return wall_time - _started_at(run), step + 1
+            return wall_time - run["started_at"], step + 1
     return None, None
 
 
@@ -367,13 +371,10 @@ def _final_versus_single(runs: list[dict[str, Any]], single: list[dict[str, Any]
     return {**equivalence(differences, margin), "differences": differences}
 
 
-TTT_SETTINGS = ("preset", "batch", "weak", "cpus_per_node", "window", "target_at", "steps")
-
-
 def _read_ttt_runs(args: argparse.Namespace) -> dict[tuple[str, int], dict[str, Any]]:
     """The time-to-target runs of the ``--ttt-read`` results whose model, image, BatchNorm and row settings are
     this call's, by mode and seed."""
-    wanted = {"preset": args.ttt_preset, "weak": args.ttt_weak, "cpus_per_node": (os.cpu_count() or 1) / args.ttt_nodes,
+    wanted = {"preset": args.ttt_preset, "weak": args.ttt_weak, "cpus_per_node": _ttt_quota(args),
               "window": args.ttt_window, "target_at": args.ttt_target_at, "steps": args.ttt_steps}
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for path in args.ttt_read:
@@ -429,17 +430,21 @@ def _ttt_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: int) -> d
     config = _config(scratch / _run_name("ttt", row, seed), args.model, batch * scale, args.ttt_steps, args.image)
     config = replace(config, seed=seed, lr=config.learning_rate() * scale)
     load = _load()
-    trained, report = _run(config, row.nodes, row.options(preset=args.ttt_preset,
-                                                          cpus_per_node=(os.cpu_count() or 1) / args.ttt_nodes,
+    trained, report = _run(config, row.nodes, row.options(preset=args.ttt_preset, cpus_per_node=_ttt_quota(args),
                                                           local_batch_norm=args.local_batch_norm))
     log.info("time to target: %s, seed %d, %d steps, restarts %d", row.label, seed, len(trained), report["restarts"])
     return {"mode": row.label, "nodes": row.nodes, "seed": seed, "batch": batch * scale,
-            "cpus_per_node": (os.cpu_count() or 1) / args.ttt_nodes,
-            "steps": len(trained), "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
+            "cpus_per_node": _ttt_quota(args), "steps": len(trained),
+            "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
             "averaged_loss": _averaged_loss([r["loss"] for r in trained], row.every, window),
             **_step_medians(trained), "restarts": report["restarts"], "load_before": load,
             "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
             "started_at": trained[0]["wall_time"] - trained[0]["time_s"], "emulation": report["emulation"]}
+
+
+def _ttt_quota(args: argparse.Namespace) -> float:
+    """Every time-to-target node's CPU quota, the single one's too: the machine's cores shared by ``--ttt-nodes``."""
+    return (os.cpu_count() or 1) / args.ttt_nodes
 
 
 def _run_name(table: str, row: Mode, seed: int) -> str:

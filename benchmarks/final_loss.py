@@ -198,16 +198,20 @@ def cluster_run(config: TrainConfig, mode: SimMode, local_batch_norm: bool) -> d
     same readings as :func:`simulate`'s but the training split's evaluation, which a cluster does not log; CPU
     seconds are the nodes' and the supervisor's."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started, cpu_started = time.perf_counter(), time.process_time() + children.ru_utime + children.ru_stime
+    started, cpu_started = time.perf_counter(), _cpu_with_children_s()
     run_local(config, [NodeSpec()] * mode.slices, LocalOptions(spares=False, max_restarts=0, wire_dtype=mode.wire,
                                                                local_batch_norm=local_batch_norm))
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [r["val_loss"] for r in records if "val_loss" in r]
     return {"losses": [r["loss"] for r in records if "loss" in r], "val_curve": curve, "val_loss": curve[-1],
             "train_eval_loss": None, "wall_s": time.perf_counter() - started,
-            "cpu_s": time.process_time() + children.ru_utime + children.ru_stime - cpu_started}
+            "cpu_s": _cpu_with_children_s() - cpu_started}
+
+
+def _cpu_with_children_s() -> float:
+    """CPU seconds of this process and of its children that ended and were waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _ordered(batch: torch.Tensor, order: str) -> torch.Tensor:
