@@ -74,11 +74,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from edgetrain.benchstats import Spread, equivalence, spread
+from edgetrain.benchstats import Spread, equivalence, rerun_command, spread
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
+from edgetrain.fileio import read_jsonl
 from edgetrain.models import get_model_spec
 from edgetrain.train import TrainConfig
 
@@ -96,8 +97,7 @@ def _config(run_dir: Path, model: str, batch: int, steps: int, image: int, epoch
 
 def _records(run_dir: Path, key: str) -> list[dict[str, Any]]:
     """The run's metrics records that hold ``key`` (``loss``: its steps; ``val_loss``: its evaluations), in order."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if key in r]
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if key in r]
 
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -998,10 +998,7 @@ def main() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     cpus = args.cpus_per_node or (os.cpu_count() or 1) / max(args.nodes)
     result: dict[str, Any] = {"load_before": _load(), "local_batch_norm": args.local_batch_norm, "margin": args.margin,
-        "command": "python benchmarks/cluster.py " + " ".join(
-            f"--{k.replace('_', '-')}" if v is True else
-            f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("out", "md") and v is not False and v is not None and v != []),
+        "command": rerun_command("benchmarks/cluster.py", vars(args), leave_out=("out", "md")),
         "cpu_note": (f"Each emulated node: {cpus:.2f} of this machine's {os.cpu_count()} cores (cgroup quota, the "
                      "same at every node count; the time-to-target table: cores / --ttt-nodes)."
                      if can_emulate() is None and args.presets != ["none"] else

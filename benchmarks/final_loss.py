@@ -89,7 +89,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from edgetrain.benchstats import equivalence
+from edgetrain.benchstats import equivalence, rerun_command
 from edgetrain.data import collate_skip_corrupt
 from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.compress import PowerSGD
@@ -97,6 +97,7 @@ from edgetrain.distributed.group import all_reduce_gradients
 from edgetrain.distributed.local import LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec, cluster_step, seed_step
 from edgetrain.distributed.split import split_batch
+from edgetrain.fileio import read_jsonl
 from edgetrain.models import get_model_spec
 from edgetrain.optim import make_optimizer, set_learning_rate
 from edgetrain.runtime import Executor
@@ -201,7 +202,7 @@ def cluster_run(config: TrainConfig, mode: SimMode, local_batch_norm: bool) -> d
     started, cpu_started = time.perf_counter(), _cpu_with_children_s()
     run_local(config, [NodeSpec()] * mode.slices, LocalOptions(spares=False, max_restarts=0, wire_dtype=mode.wire,
                                                                local_batch_norm=local_batch_norm))
-    records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(config.run_dir / "metrics.jsonl")
     curve = [r["val_loss"] for r in records if "val_loss" in r]
     return {"losses": [r["loss"] for r in records if "loss" in r], "val_curve": curve, "val_loss": curve[-1],
             "train_eval_loss": None, "wall_s": time.perf_counter() - started,
@@ -335,13 +336,15 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _read_runs(paths: list[Path], settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The runs in ``paths`` (JSON lines) with these settings. The single node's runs in any batch order have no
+    """The runs in ``paths`` (JSON lines) with these settings, each mode and seed once (the first read: a file
+    given twice, or a run copied into two files, counts once). The single node's runs in any batch order have no
     per-node BatchNorm to set (:func:`sim_mode`: one slice), so they count whatever ``--local-batch-norm`` was."""
-    runs = []
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
     for path in paths:
-        if path.exists():
-            runs += [r for r in map(json.loads, path.read_text().splitlines()) if _same_run(r, settings)]
-    return runs
+        for run in read_jsonl(path):
+            if _same_run(run, settings):
+                runs.setdefault((run["mode"], run["seed"]), run)
+    return list(runs.values())
 
 
 def _same_run(run: dict[str, Any], settings: dict[str, Any]) -> bool:
@@ -431,10 +434,7 @@ def main() -> None:
     from cluster import _load, write_result  # benchmarks/ is the script's own folder
     torch.set_num_threads(1)
     settings = _settings(args)
-    command = "python benchmarks/final_loss.py " + " ".join(
-        f"--{k.replace('_', '-')}" if v is True else
-        f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items() if k not in ("out", "md", "read", "seeds") and v is not False)
+    command = rerun_command("benchmarks/final_loss.py", vars(args), leave_out=("out", "md", "read", "seeds"))
     done = {(r["mode"], r["seed"]) for r in _read_runs([args.runs, *args.read], settings)}
     args.runs.parent.mkdir(parents=True, exist_ok=True)
     with cluster_of_one():

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from edgetrain.benchstats import rerun_command
 from edgetrain.data import collate_skip_corrupt
 from edgetrain.distributed.node import OuterStep, restart_optimizer
 from edgetrain.models import get_model_spec
@@ -188,9 +189,7 @@ def main() -> None:
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     target_step = max(1, round(args.steps * args.target_at))
     runs = [run_mode(mode, args, seed) for seed in args.seeds for mode in args.modes]
-    result = {"command": "python benchmarks/local_sgd.py " + " ".join(
-                  f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-                  for k, v in vars(args).items() if k not in ("out", "md")),
+    result = {"command": rerun_command("benchmarks/local_sgd.py", vars(args), leave_out=("out", "md")),
               "load_before": load, "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
               "window": args.window, "target_step": target_step,
               "rows": [summarise(r, args.window, target_step) for r in runs], "runs": runs}

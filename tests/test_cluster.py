@@ -1171,3 +1171,9 @@ def test_the_final_loss_runs_file_shares_the_single_node_across_batch_norm_setti
     read = bench._read_runs([runs_file, tmp_path / "absent.jsonl"], {**local, "local_batch_norm": False})
     assert [(r["mode"], r["settings"]["batch"]) for r in read] == [("single", 128), ("reordered", 128)]
     assert [r["mode"] for r in bench._read_runs([runs_file], local)] == ["single", "reordered", "powersgd:8"]
+    copy = tmp_path / "copy.jsonl"  # a run in two files (or one file given twice) counts once, as first read
+    copy.write_text(json.dumps({"settings": local, "mode": "single", "seed": 0, "copied": True}) + "\n"
+                    + json.dumps({"settings": local, "mode": "single", "seed": 1}) + "\n")
+    read = bench._read_runs([runs_file, copy, runs_file], local)
+    assert [(r["mode"], r["seed"], "copied" in r) for r in read] == [
+        ("single", 0, False), ("reordered", 0, False), ("powersgd:8", 0, False), ("single", 1, False)]

@@ -1163,3 +1163,25 @@ def test_the_goals_table_judges_the_mean_of_the_offsets_and_bounds_the_student_b
     assert rows[2].endswith("| labels, ratio, eye | no |") and rows[-1].endswith("| labels, ratio, eye | yes |")
     assert rows[0].index("0-40°") < rows[0].index("40-60°") < rows[0].index("60-90°")  # the bands in order
     assert "| -10.0 |  | -5.0 |" in rows[2] and "| +5.0 | +0.0 |  |" in rows[3]  # a band a run lacks: no figure
+
+
+def test_the_simulate_commands_defaults_are_the_simulation_configs() -> None:
+    """`insitu simulate` states its defaults in --help; each must be the library's, or the two would drift."""
+    import typer
+
+    from edgetrain.cli_insitu import insitu_app
+    from edgetrain.insitu.simulate import SimulateConfig
+    from edgetrain.units import parse_bytes
+
+    command = typer.main.get_command(insitu_app).commands["simulate"]  # type: ignore[attr-defined]
+    given = {param.name: param.default for param in command.params if param.default is not None}
+    config = SimulateConfig()
+    renamed = {"memory": config.student_memory, "false_positives": config.false_positives_per_frame,
+               "labels": config.gate.rule, "label_coverage": config.gate.coverage,
+               "size_heading": config.gate.size_heading}
+    compared = {name: renamed[name] if name in renamed else getattr(config, name)
+                for name in given if name in renamed or hasattr(config, name)}
+    compared["quota"] = config.quota_bytes
+    given["quota"] = parse_bytes(given["quota"])
+    assert len(compared) >= 18
+    assert {name: given[name] for name in compared} == compared

@@ -182,7 +182,7 @@ def test_a_long_chain_at_its_least_budget_gets_a_faster_schedule_than_the_least_
     nothing at the least budget, and the least-peak schedule (which only minimises the peak) was the answer;
     schedules the grid places above the budget that hold no more than it are faster. The plan is the fastest
     that fits of every candidate, and fits."""
-    from edgetrain.planners.plan import _least_peak_candidate, _rounded_up_candidates
+    from edgetrain.planners.plan import _least_peak_candidate, _OptimalSearch
 
     chain = random_chain(80, 0)
     least = least_feasible(chain)
@@ -190,6 +190,6 @@ def test_a_long_chain_at_its_least_budget_gets_a_faster_schedule_than_the_least_
     least_peak = _least_peak_candidate(chain)
     assert chosen.predicted_peak_bytes <= least == least_peak.stats.peak_bytes
     assert chosen.recompute_factor < 0.85 * least_peak.stats.recompute_factor   # measured: 1.584 against 1.984
-    candidates = _rounded_up_candidates(chain, least, simulate(chain, keep_all(chain.length)).peak_bytes, 500)
+    candidates = _OptimalSearch(chain, 500, jit=True).rounded_up(least)
     fitting = [c for c in candidates if c.stats.peak_bytes <= least]
     assert fitting and chosen.predicted_time_s <= min(c.stats.time_s for c in fitting)

@@ -9,6 +9,7 @@ tiny chains.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -483,3 +484,26 @@ def test_the_energy_benchmark_tables_each_milp_variant_with_the_spread_of_its_so
     assert table[2] == ("| 2 GB/s | 0.60 | no paging | optimal/time_limit | 18.060-18.065 | 0.498 | 5.6e-04 | "
                         "60.00 (IQR 2.00, CoV 2.5%, n=3) |")
     assert table[3] == "| none | 1.00 | paging | optimal | 16.377 | 0.000 | 0.0e+00 | 0.12 (IQR 0.00, CoV -, n=1) |"
+
+
+def test_plans_that_leave_the_generator_states_out_give_a_minimum_that_counts_them_and_fits() -> None:
+    """The MILP and the energy planner plan below the budget by the generator states' reserve: a refusal's
+    minimum is the one without states plus that reserve, and a plan at exactly that minimum is made."""
+    from edgetrain.planners.energy_plan import plan_energy
+    from edgetrain.planners.milp_plan import plan_milp
+
+    profile = EnergyProfile("x", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
+    free = paged_back_chain()
+    drawing = dataclasses.replace(free, rng_state_bytes=5)   # 3 drawing stages: 3 states and a replay's copy
+    assert free.rng_reserve_bytes == 0 and drawing.rng_reserve_bytes == 20
+    for planner in (lambda chain, budget: plan_milp(chain, profile, budget, time_limit_s=10),
+                    lambda chain, budget: plan_energy(chain, profile, budget, strategy="paging-dp")):
+        with pytest.raises(InfeasibleBudgetError) as info:
+            planner(free, 0)
+        least = info.value.minimum_bytes
+        assert least is not None
+        planner(free, least)
+        with pytest.raises(InfeasibleBudgetError, match="20 bytes of them the generator states'") as info:
+            planner(drawing, least + 19)
+        assert info.value.minimum_bytes == least + 20 and info.value.budget_bytes == least + 19
+        planner(drawing, least + 20)

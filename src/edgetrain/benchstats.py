@@ -14,7 +14,7 @@ import math
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 from .devices.rate import cpu_model
 from .errors import EdgetrainError
 
-__all__ = ["Spread", "equivalence", "software_setup", "spread"]
+__all__ = ["Spread", "equivalence", "rerun_command", "software_setup", "spread"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,20 @@ def equivalence(differences: list[float], margin: float, confidence: float = 0.9
     needed = None if verdict != "undecided" or gap == 0 else max(n, math.ceil((z * sd / gap) ** 2))
     return {"n": n, "mean": mean, "sd": sd, "se": se, "ci": [low, high], "verdict": verdict, "seeds_needed": needed,
             "seeds_if_equal": math.ceil((z * sd / margin) ** 2)}
+
+
+def rerun_command(script: str, options: Mapping[str, Any], leave_out: Collection[str] = ()) -> str:
+    """The command line that reruns a benchmark: ``python SCRIPT`` and each parsed option (``vars(args)``) as
+    ``--name value`` (a list comma-joined, ``True`` a bare flag); an unset one (``False``, ``None``, ``[]``) and
+    those in ``leave_out`` (where the output goes) are omitted."""
+    words = [f"python {script}"]
+    for name, value in options.items():
+        if name in leave_out or value is False or value is None or value == []:
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        words.append(flag if value is True else
+                     f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}")
+    return " ".join(words)
 
 
 def software_setup(root: Path = Path("/")) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir"]
+__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl"]
 
 
 def json_safe(value: Any) -> Any:
@@ -77,3 +77,19 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
 def write_json(path: str | Path, value: Any) -> Path:
     """:func:`write_atomic` of :func:`to_json` (indented, newline-terminated)."""
     return write_atomic(path, to_json(value, indent=1) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file such as a run's ``metrics.jsonl``, in order; none if it is missing.
+
+    A line that does not parse is left out: the last one may have been cut by a kill or a power cut while
+    it was appended, and the records before it are whole.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -10,9 +10,20 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .models import stages_of
 
-__all__ = ["CompiledStage", "LossStage", "compiled_stages", "training_stages"]
+__all__ = ["CompiledStage", "LossStage", "compiled_stages", "parameter_holders", "training_stages"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def parameter_holders(stages: Sequence[nn.Module]) -> dict[nn.Parameter, list[int]]:
+    """Each parameter of ``stages`` in order, with the stages that hold it: more than one for a parameter
+    that stages share (a GPT's token embedding tied to its output layer; NOTE [ Shared parameters ] in
+    ``profile/profiler.py``)."""
+    holders: dict[nn.Parameter, list[int]] = {}
+    for index, stage in enumerate(stages):
+        for param in stage.parameters():
+            holders.setdefault(param, []).append(index)
+    return holders
 
 
 class LossStage(nn.Module):

@@ -56,7 +56,7 @@ from torch import nn
 
 from .. import __version__
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import to_json, write_json
+from ..fileio import read_jsonl, to_json, write_json
 from ..units import format_bytes, parse_bytes
 from .group import config_hash
 
@@ -78,7 +78,7 @@ except ImportError:
         from None
 
 __all__ = ["FederatedConfig", "FederatedError", "NodeData", "FederatedNode", "FederatedStrategy", "node_data",
-           "initial_weights", "open_run", "run_server", "run_client", "read_records", "METRICS", "STATES", "SUMMARY",
+           "initial_weights", "open_run", "run_server", "run_client", "METRICS", "STATES", "SUMMARY",
            "LOGS", "Progress"]
 
 
@@ -605,20 +605,9 @@ def run_server(config: FederatedConfig) -> dict[str, Any]:
                          config=ServerConfig(num_rounds=config.rounds - done, round_timeout=config.round_timeout_s))
     summary = {"rounds": config.rounds, "resumed_from_round": done or None, "nodes": config.nodes,
                "task": "insitu" if config.stores else config.model, "wall_time_s": time.perf_counter() - started,
-               "last": read_records(run / METRICS)[-1:]}
+               "last": read_jsonl(run / METRICS)[-1:]}
     write_json(run / SUMMARY, summary)
     return summary
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The round records of a ``metrics.jsonl`` (a line cut by a kill left out)."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
-            records.append(json.loads(line))
-    return records
 
 
 # ------------------------------------------------------------------------------------------------ processes

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .federated import LOGS, METRICS, SUMMARY, FederatedConfig, FederatedError, Progress, open_run, read_records
+from ..fileio import read_jsonl
+from .federated import LOGS, METRICS, SUMMARY, FederatedConfig, FederatedError, Progress, open_run
 
 __all__ = ["run_local", "LocalRun"]
 
@@ -88,9 +89,9 @@ def run_local(config: FederatedConfig, progress: Progress | None = None, poll_s:
 
 def _watch(local: LocalRun, metrics: Path, progress: Progress | None, poll_s: float) -> None:
     """Until the server and every node exit: report new rounds; stop everything at the first failure."""
-    seen = len(read_records(metrics))
+    seen = len(read_jsonl(metrics))
     while True:
-        records = read_records(metrics)
+        records = read_jsonl(metrics)
         for record in records[seen:]:
             if progress is not None:
                 progress(record)

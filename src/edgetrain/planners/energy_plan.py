@@ -19,10 +19,10 @@ from ..energy import EnergyProfile, scale_chain
 from ..errors import EdgetrainError, InfeasibleBudgetError, UnknownNameError
 from ..schedule import Schedule, Stats, keep_all, simulate
 from ..timemodel import HostCalibration, training_rate
-from ..units import format_bytes, parse_bytes
+from ..units import parse_bytes
 from .optimal import solve
 from .paging import paging_dp
-from .plan import plan, sequential_baseline
+from .plan import beside_generator_states, plan, sequential_baseline
 
 if TYPE_CHECKING:
     from ..devices import Device
@@ -131,16 +131,9 @@ def plan_energy(chain: Chain, profile: EnergyProfile, memory: int | str, *, dead
     if deadline_s is not None and deadline_s <= 0:
         raise ValueError(f"the deadline must be > 0 s, got {deadline_s}")
     start = time.perf_counter()
-    reserve = chain.rng_reserve_bytes   # NOTE [ Generator states in the plan ] in schedule.py
-    try:
-        schedule = _BUILDERS[strategy](chain, profile, max(budget - reserve, 0), deadline_s, slots)
-    except InfeasibleBudgetError as exc:
-        minimum = None if exc.minimum_bytes is None else exc.minimum_bytes + reserve
-        raise InfeasibleBudgetError(
-            f"budget {format_bytes(budget)} ({budget} bytes) is below what strategy {strategy!r} can fit for "
-            f"{chain.name or 'this chain'}"
-            + (f": at least {format_bytes(minimum)} ({minimum} bytes)" if minimum else ""),
-            minimum_bytes=minimum, budget_bytes=budget) from exc
+    schedule = beside_generator_states(
+        chain, budget, lambda lowered: _BUILDERS[strategy](chain, profile, lowered, deadline_s, slots),
+        f"strategy {strategy!r}")
     elapsed = time.perf_counter() - start
     return EnergyPlan(schedule, simulate(chain, schedule, profile), profile.device_name, budget, deadline_s, elapsed)
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 from ..chain import Chain
 from ..energy import EnergyProfile
-from ..errors import EdgetrainError, InfeasibleBudgetError
+from ..errors import EdgetrainError
 from ..schedule import Schedule, simulate
 from ..units import parse_bytes
 from .milp import MilpResult, milp
 from .milp_graph import chain_training_graph
+from .plan import beside_generator_states
 
 __all__ = ["MilpPlan", "plan_milp"]
 
@@ -82,15 +83,7 @@ def plan_milp(chain: Chain, profile: EnergyProfile, memory: int | str, *, deadli
         InfeasibleBudgetError: the budget is below the graph's least feasible peak.
     """
     budget = parse_bytes(memory)
-    reserve = chain.rng_reserve_bytes   # NOTE [ Generator states in the plan ]
-    try:
-        result = milp(chain_training_graph(chain, profile), max(budget - reserve, 0), deadline_s=deadline_s,
-                      time_limit_s=time_limit_s, read_back_once=True)
-    except InfeasibleBudgetError as exc:
-        if not reserve or exc.minimum_bytes is None:
-            raise
-        minimum = exc.minimum_bytes + reserve
-        raise InfeasibleBudgetError(f"budget {budget} B is below the {minimum} B that the largest single step and "
-                                    f"the generator states ({reserve} B) need", minimum_bytes=minimum,
-                                    budget_bytes=budget) from exc
+    graph = chain_training_graph(chain, profile)
+    result = beside_generator_states(chain, budget, lambda lowered: milp(
+        graph, lowered, deadline_s=deadline_s, time_limit_s=time_limit_s, read_back_once=True), "the MILP")
     return MilpPlan(result, profile.device_name, budget, chain.compute_time_s, chain=chain)

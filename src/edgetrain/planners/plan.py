@@ -8,8 +8,10 @@ a step without recomputation (the founding paper's binary search over memory).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..chain import Chain
 from ..errors import InfeasibleBudgetError, UnknownNameError
@@ -21,7 +23,8 @@ from .optimal_exact import least_peak_schedule, solve_exact
 from .revolve import revolve
 from .uniform import uniform
 
-__all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "least_step_bytes", "STRATEGIES"]
+__all__ = ["Plan", "Candidate", "plan", "sequential_baseline", "least_step_bytes", "beside_generator_states",
+           "STRATEGIES"]
 
 STRATEGIES = ("auto", "uniform", "revolve", "optimal")
 REPLANS = 4  # DP solves lowered by the generator states' excess before the reserve (_optimal_within_budget)
@@ -148,6 +151,30 @@ def least_step_bytes(chain: Chain) -> int:
     return 1
 
 
+Planned = TypeVar("Planned")
+
+
+def beside_generator_states(chain: Chain, budget: int, solve: Callable[[int], Planned], planner: str) -> Planned:
+    """``solve`` at ``budget`` less ``Chain.rng_reserve_bytes``, for a planner whose own model leaves the
+    generator states out (NOTE [ Generator states in the plan ] in schedule.py).
+
+    Raises:
+        InfeasibleBudgetError: nothing fits; its minimum counts the states back in (``planner`` names what
+            refused). Without states to reserve, ``solve``'s own error as it was.
+    """
+    reserve = chain.rng_reserve_bytes
+    try:
+        return solve(max(budget - reserve, 0))
+    except InfeasibleBudgetError as exc:
+        if not reserve or exc.minimum_bytes is None:
+            raise
+        minimum = exc.minimum_bytes + reserve
+        raise InfeasibleBudgetError(
+            f"budget {format_bytes(budget)} ({budget} bytes) is below what {planner} can fit for "
+            f"{chain.name or 'this chain'}: at least {format_bytes(minimum)} ({minimum} bytes), {reserve} bytes of "
+            "them the generator states'", minimum_bytes=minimum, budget_bytes=budget) from exc
+
+
 def _fastest(candidate: Candidate) -> tuple[float, int]:
     return candidate.stats.time_s, candidate.stats.peak_bytes
 
@@ -192,16 +219,17 @@ def _optimal_within_budget(chain: Chain, budget: int, slots: int, jit: bool) -> 
     took (a few times), then ``Chain.rng_reserve_bytes`` lower, and the least-peak schedule answers
     where it alone fits. On such chains the schedule fits but may not be the fastest that does.
     """
+    search = _OptimalSearch(chain, slots, jit)
     tried: list[Candidate | None] = []
     lowered = budget
     for _ in range(REPLANS):
-        tried.append(_optimal_dp_within(chain, lowered, slots, jit))
+        tried.append(search.within(lowered))
         last = tried[-1]
         if last is None or last.stats.peak_bytes <= budget:
             break
         lowered -= last.stats.peak_bytes - budget
     if not any(c is not None and c.stats.peak_bytes <= budget for c in tried):
-        tried += [_optimal_dp_within(chain, budget - chain.rng_reserve_bytes, slots, jit), _least_peak_candidate(chain)]
+        tried += [search.within(budget - chain.rng_reserve_bytes), search.least_peak]
     return min((c for c in tried if c is not None and c.stats.peak_bytes <= budget), key=_fastest, default=None)
 
 
@@ -209,64 +237,87 @@ def _least_peak_candidate(chain: Chain) -> Candidate:
     return _candidate(chain, least_peak_schedule(chain))
 
 
-def _optimal_dp_within(chain: Chain, budget: int, slots: int, jit: bool) -> Candidate | None:
-    """The optimal DP's fastest schedule within ``budget`` by its own accounting; None below its exact minimum.
+class _OptimalSearch:
+    """The optimal DP asked for one chain at several budgets (the replans of :func:`_optimal_within_budget`):
+    keep-all, the least-peak schedule (about a second on 100 stages) and the grid table up to keep-all's peak
+    are each made once, when first needed."""
 
-    NOTE [ Grid and exact optimal tables ]
-    A table of ``slots`` units rounds memory up, so it misses schedules whose peak lies
-    within its ``rounding_bytes`` of the budget: near the least budget it finds nothing, and
-    elsewhere it can return a slower schedule than one that fits. It finds every schedule
-    ``rounding_bytes`` below a budget, so its time at ``budget + rounding_bytes`` bounds the
-    best time at ``budget`` from below: when the two agree the table's answer is the optimum.
-    Otherwise the exact table (no grid) answers, on chains of up to ``EXACT_MAX_STAGES``
-    stages: its cost grows as ``L^3`` in Python (0.1 s for 22 stages, 1.3 s for 56, minutes
-    for 152), so longer chains take the fastest that fits of the grid's answer, the schedules
-    a grid places up to its rounding above the budget (NOTE [ Schedules a grid charges above
-    what they hold ]) and the least-peak schedule (``least_peak_schedule``, ``O(L^3)`` on
-    numbers, about a second for 100 stages), which fits every feasible budget, so a valid
-    request never meets a grid error.
-    """
-    everything = _keep_all_as_optimal(chain)
-    if everything.stats.peak_bytes <= budget:
-        return everything
-    table = None if not jit and chain.length <= EXACT_MAX_STAGES else _grid_table(chain, budget, slots, jit)
-    if table is not None and _vouches(table, budget):
-        return _candidate(chain, table.schedule(budget))
-    if chain.length <= EXACT_MAX_STAGES:
-        try:
-            return _candidate(chain, solve_exact(chain, budget).schedule(budget))
-        except InfeasibleBudgetError:
-            return None
-    fitting = [c for c in (_candidate(chain, table.schedule(budget)) if table is not None else None,
-                           *(_rounded_up_candidates(chain, budget, everything.stats.peak_bytes, slots) if jit else ()),
-                           _least_peak_candidate(chain)) if c is not None and c.stats.peak_bytes <= budget]
-    return min(fitting, key=_fastest, default=None)
+    def __init__(self, chain: Chain, slots: int, jit: bool) -> None:
+        self.chain, self.slots, self.jit = chain, slots, jit
 
+    @functools.cached_property
+    def keep_all(self) -> Candidate:
+        return _keep_all_as_optimal(self.chain)
 
-def _rounded_up_candidates(chain: Chain, budget: int, keep_all_peak: int, slots: int) -> list[Candidate]:
-    """On a chain too long for the exact table, the schedules a grid finds *above* ``budget`` that fit it.
+    @functools.cached_property
+    def least_peak(self) -> Candidate:
+        return _least_peak_candidate(self.chain)
 
-    NOTE [ Schedules a grid charges above what they hold ]
-    A grid table rounds each value up to whole units, so a schedule it places at a budget up to its
-    ``rounding_bytes`` above ``budget`` may hold no more than ``budget`` when simulated. Near the least
-    budget such a schedule can be much faster than the least-peak schedule, which only minimises the
-    peak: EfficientNet-B0's 79-stage two-level chain at its least budget, 70,104,256 bytes, got a plan of
-    ρ 1.241 while ``plan(recompute=1.5)`` found one of ρ 1.134 at the same simulated peak. So the table
-    solved up to keep-all's peak (numba's solver: this is planning outside a training process) is read at
-    each unit from ``budget`` to ``rounding_bytes`` above it, each new schedule simulated.
-    """
-    table = _keep_all_table(chain, keep_all_peak, slots, jit=True)
-    if table is None:
-        return []
-    found: list[Candidate] = []
-    times: set[float] = set()
-    start = max(budget, table.min_memory_bytes)
-    for memory in range(start, min(budget + table.rounding_bytes, table.max_memory_bytes) + 1, table.unit_bytes):
-        if table.time_s(memory) in times:   # the same schedule one unit up
-            continue
-        times.add(table.time_s(memory))
-        found.append(_candidate(chain, table.schedule(memory)))
-    return found
+    @functools.cached_property
+    def keep_all_table(self) -> OptimalTable | None:
+        """Solved with numba's solver whatever ``jit`` says: this is planning outside a training process."""
+        return _keep_all_table(self.chain, self.keep_all.stats.peak_bytes, self.slots, jit=True)
+
+    def within(self, budget: int) -> Candidate | None:
+        """The optimal DP's fastest schedule within ``budget`` by its own accounting; None below its exact
+        minimum.
+
+        NOTE [ Grid and exact optimal tables ]
+        A table of ``slots`` units rounds memory up, so it misses schedules whose peak lies
+        within its ``rounding_bytes`` of the budget: near the least budget it finds nothing, and
+        elsewhere it can return a slower schedule than one that fits. It finds every schedule
+        ``rounding_bytes`` below a budget, so its time at ``budget + rounding_bytes`` bounds the
+        best time at ``budget`` from below: when the two agree the table's answer is the optimum.
+        Otherwise the exact table (no grid) answers, on chains of up to ``EXACT_MAX_STAGES``
+        stages: its cost grows as ``L^3`` in Python (0.1 s for 22 stages, 1.3 s for 56, minutes
+        for 152), so longer chains take the fastest that fits of the grid's answer, the schedules
+        a grid places up to its rounding above the budget (NOTE [ Schedules a grid charges above
+        what they hold ]) and the least-peak schedule (``least_peak_schedule``, ``O(L^3)`` on
+        numbers, about a second for 100 stages), which fits every feasible budget, so a valid
+        request never meets a grid error.
+        """
+        chain = self.chain
+        if self.keep_all.stats.peak_bytes <= budget:
+            return self.keep_all
+        table = None if not self.jit and chain.length <= EXACT_MAX_STAGES else \
+            _grid_table(chain, budget, self.slots, self.jit)
+        if table is not None and _vouches(table, budget):
+            return _candidate(chain, table.schedule(budget))
+        if chain.length <= EXACT_MAX_STAGES:
+            try:
+                return _candidate(chain, solve_exact(chain, budget).schedule(budget))
+            except InfeasibleBudgetError:
+                return None
+        fitting = [c for c in (_candidate(chain, table.schedule(budget)) if table is not None else None,
+                               *(self.rounded_up(budget) if self.jit else ()), self.least_peak)
+                   if c is not None and c.stats.peak_bytes <= budget]
+        return min(fitting, key=_fastest, default=None)
+
+    def rounded_up(self, budget: int) -> list[Candidate]:
+        """On a chain too long for the exact table, the schedules a grid finds *above* ``budget`` that fit it.
+
+        NOTE [ Schedules a grid charges above what they hold ]
+        A grid table rounds each value up to whole units, so a schedule it places at a budget up to its
+        ``rounding_bytes`` above ``budget`` may hold no more than ``budget`` when simulated. Near the least
+        budget such a schedule can be much faster than the least-peak schedule, which only minimises the
+        peak: EfficientNet-B0's 79-stage two-level chain at its least budget, 70,104,256 bytes, got a plan of
+        ρ 1.241 while ``plan(recompute=1.5)`` found one of ρ 1.134 at the same simulated peak. So the table
+        solved up to keep-all's peak is read at each unit from ``budget`` to ``rounding_bytes`` above it,
+        each new schedule simulated.
+        """
+        table = self.keep_all_table
+        if table is None:
+            return []
+        found: list[Candidate] = []
+        times: set[float] = set()
+        start = max(budget, table.min_memory_bytes)
+        for memory in range(start, min(budget + table.rounding_bytes, table.max_memory_bytes) + 1,
+                            table.unit_bytes):
+            if table.time_s(memory) in times:   # the same schedule one unit up
+                continue
+            times.add(table.time_s(memory))
+            found.append(_candidate(self.chain, table.schedule(memory)))
+        return found
 
 
 def _grid_table(chain: Chain, budget: int, slots: int, jit: bool) -> OptimalTable | None:

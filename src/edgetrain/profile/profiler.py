@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from ..rng_state import RandomDraws, RngState
 from ..seeded_backward import GradBox, HandOver, seed_backward
-from ..stages import CompiledStage, LossFn, LossStage, training_stages
+from ..stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
 from .tracker import (
     AllocatorRecorder,
     AllocatorWindow,
@@ -121,15 +121,15 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
             tracker.register(module.buffers())
         tracker.register([x])
         current = x.detach()
-        first_holder, last_holder = _parameter_holders(stages)
+        holders = parameter_holders(stages)
         for index, module in enumerate(stages):
             if isinstance(module, LossStage):
                 if target is None:
                     target = torch.zeros(current.shape[0], dtype=torch.long, device=current.device)
                 module.target = target
                 tracker.register([target])
-            counted = _Counted(weights={k for k, i in first_holder.items() if i == index},
-                               grads={k for k, i in last_holder.items() if i == index})
+            counted = _Counted(weights={id(p) for p, holding in holders.items() if holding[0] == index},
+                               grads={id(p) for p, holding in holders.items() if holding[-1] == index})
             if is_compiled(module):
                 measure = _profile_compiled_stage(module, current, index > 0, tracker, flops_per_s,
                                                   name=_stage_name(module, index), counted=counted, stepped=stepped)
@@ -162,17 +162,6 @@ class _Counted:
 
     weights: set[int]
     grads: set[int]
-
-
-def _parameter_holders(stages: list[nn.Module]) -> tuple[dict[int, int], dict[int, int]]:
-    """For each parameter (by ``id``), the first and the last stage that holds it."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for index, module in enumerate(stages):
-        for p in module.parameters():
-            first.setdefault(id(p), index)
-            last[id(p)] = index
-    return first, last
 
 
 def _timed(stages: list[nn.Module], x: torch.Tensor, measures: list[_StageMeasure],

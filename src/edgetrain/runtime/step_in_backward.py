@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..stages import parameter_holders
+
 __all__ = ["StepInBackward", "OptimizerFactory", "shared_gradient_bytes"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -38,7 +40,7 @@ class StepInBackward:
     """
 
     def __init__(self, stages: Sequence[nn.Module], make: OptimizerFactory, optimizer: str) -> None:
-        self._holders = _holders(stages)
+        self._holders = _trainable_holders(stages)
         params = list(self._holders)
         self._added: dict[nn.Parameter, int] = {}   # this step's gradient parts so far, for a shared parameter
         self.optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {p: make([p]) for p in params}
@@ -109,14 +111,8 @@ class StepInBackward:
         self._handles = []
 
 
-def _holders(stages: Sequence[nn.Module]) -> dict[nn.Parameter, list[int]]:
-    """The trainable parameters of ``stages`` in order, each with the stages that hold it."""
-    holders: dict[nn.Parameter, list[int]] = {}
-    for index, stage in enumerate(stages):
-        for param in stage.parameters():
-            if param.requires_grad:
-                holders.setdefault(param, []).append(index)
-    return holders
+def _trainable_holders(stages: Sequence[nn.Module]) -> dict[nn.Parameter, list[int]]:
+    return {param: holding for param, holding in parameter_holders(stages).items() if param.requires_grad}
 
 
 def shared_gradient_bytes(stages: Sequence[nn.Module]) -> list[int]:
@@ -129,7 +125,7 @@ def shared_gradient_bytes(stages: Sequence[nn.Module]) -> list[int]:
     the first holder's backward on, which is the step's last backward when the first holder is stage 0.
     """
     shared = [0] * len(stages)
-    for param, holding in _holders(stages).items():
+    for param, holding in _trainable_holders(stages).items():
         if len(holding) > 1:
             shared[holding[-1]] += param.untyped_storage().nbytes()
     return shared
