@@ -159,20 +159,19 @@ def beside_generator_states(chain: Chain, budget: int, solve: Callable[[int], Pl
     generator states out (NOTE [ Generator states in the plan ] in schedule.py).
 
     Raises:
-        InfeasibleBudgetError: nothing fits; its minimum counts the states back in (``planner`` names what
-            refused). Without states to reserve, ``solve``'s own error as it was.
+        InfeasibleBudgetError: nothing fits; ``planner`` names what refused, and the minimum counts the
+            states back in.
     """
     reserve = chain.rng_reserve_bytes
     try:
         return solve(max(budget - reserve, 0))
     except InfeasibleBudgetError as exc:
-        if not reserve or exc.minimum_bytes is None:
-            raise
-        minimum = exc.minimum_bytes + reserve
+        minimum = None if exc.minimum_bytes is None else exc.minimum_bytes + reserve
+        least = "" if minimum is None else f": at least {format_bytes(minimum)} ({minimum} bytes)" + (
+            f", {reserve} bytes of them the generator states'" if reserve else "")
         raise InfeasibleBudgetError(
             f"budget {format_bytes(budget)} ({budget} bytes) is below what {planner} can fit for "
-            f"{chain.name or 'this chain'}: at least {format_bytes(minimum)} ({minimum} bytes), {reserve} bytes of "
-            "them the generator states'", minimum_bytes=minimum, budget_bytes=budget) from exc
+            f"{chain.name or 'this chain'}{least}", minimum_bytes=minimum, budget_bytes=budget) from exc
 
 
 def _fastest(candidate: Candidate) -> tuple[float, int]:
