@@ -66,7 +66,7 @@ samples is noisier, so that reading is not the same quantity in both runs; the e
 
 Usage: ``python benchmarks/final_loss.py [--modes single,reordered,powersgd:8:16] [--seeds 0-39] [--model resnet18]
 [--image 32] [--batch 32] [--nodes 4] [--steps 40] [--epochs 4] [--lr-schedule cosine] [--local-batch-norm]
-[--runs out/final_loss_runs.jsonl] [--read a.jsonl,b.jsonl] [--margin 0.005]``.
+[--runs out/final_loss_runs.jsonl] [--read a.jsonl,b.jsonl] [--margin 0.005] [--window 5]``.
 """
 
 from __future__ import annotations
@@ -267,15 +267,17 @@ def sliced_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Opt
 
 
 READINGS = {"held_out": "held-out loss after the last epoch",
-            "training": "the last epoch's training loss (mean of its steps' losses)",
+            "training": "the last epoch's training loss (mean of its steps' losses, or of its last --window steps')",
             "training_eval": "the training split after the last epoch, evaluated as the held-out split is (BatchNorm's "
                              "running statistics)"}
 
 
-def epoch_losses(run: dict[str, Any], steps_per_epoch: int) -> list[dict[str, float]]:
+def epoch_losses(run: dict[str, Any], steps_per_epoch: int, window: int = 0) -> list[dict[str, float]]:
     """A run's loss after each epoch in the readings it has (NOTE [ Two readings of the final loss ]); the last is
-    its final loss. ``training_eval`` is read after the last epoch only, by runs from session 23 on."""
-    curve = [{"held_out": held_out, "training": statistics.mean(run["losses"][e * steps_per_epoch:
+    its final loss. The training loss is the mean of the epoch's last ``window`` steps' (0: all of them).
+    ``training_eval`` is read after the last epoch only, by runs from session 23 on."""
+    last = window or steps_per_epoch
+    curve = [{"held_out": held_out, "training": statistics.mean(run["losses"][(e + 1) * steps_per_epoch - last:
                                                                              (e + 1) * steps_per_epoch])}
              for e, held_out in enumerate(run["val_curve"])]
     if "train_eval_loss" in run:
@@ -289,8 +291,8 @@ def _run_seconds(run: dict[str, Any]) -> float:
     return run.get("cpu_s", run["wall_s"])
 
 
-def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
-              steps_per_epoch: int) -> list[dict[str, Any]]:
+def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float, steps_per_epoch: int,
+              window: int = 0) -> list[dict[str, Any]]:
     """Per mode: its seeds, median seconds a run (:func:`_run_seconds`), and per reading of the final loss
     (:data:`READINGS`) the mean over the seeds that have it and (but for the single node) the seed-by-seed relative
     difference from the single node's, with its :func:`equivalence` after the last epoch and its mean and standard
@@ -299,7 +301,8 @@ def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float,
     for run in runs:
         if run["mode"] in by_mode:
             by_mode[run["mode"]][run["seed"]] = run
-    curves = {m: {s: epoch_losses(r, steps_per_epoch) for s, r in seeds.items()} for m, seeds in by_mode.items()}
+    curves = {m: {s: epoch_losses(r, steps_per_epoch, window) for s, r in seeds.items()}
+              for m, seeds in by_mode.items()}
     single = curves.get("single", {})
     rows = []
     for name, seeds in curves.items():
@@ -362,7 +365,7 @@ def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    s = result["settings"]
+    s, window = result["settings"], result.get("window", 0)
     out = [f"`{result['command']}`", "",
            f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} nodes "
            f"(simulated; cluster:* rows a real cluster of local processes; BatchNorm "
@@ -371,6 +374,8 @@ def markdown(result: dict[str, Any]) -> str:
            f"seed; 90% interval (Student's t); within ±{result['margin']:.1%}: the whole interval inside (TOST). "
            f"Load average (1 min) at the runs' starts: {result['loads'][0]:.2f} to {result['loads'][1]:.2f}."]
     for reading, title in READINGS.items():
+        if reading == "training" and window:
+            title = f"the last epoch's last {window} steps' training loss (mean of their logged losses)"
         out += ["", f"Final loss: {title}.", "",
                 "| mode | seeds | loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
                 "seeds a decision needs (at this mean) | seeds were the true difference 0 | "
@@ -425,12 +430,16 @@ def main() -> None:
     parser.add_argument("--read", type=lambda s: [Path(p) for p in s.split(",")], default=[],
                         help="more runs files: their runs are not run again and join the table (another "
                         "process's --runs)")
+    parser.add_argument("--window", type=int, default=0, help="the training reading: the mean of the last epoch's "
+                        "last WINDOW steps' losses (0: all; 5: benchmarks/cluster.py's time-to-target final loss)")
     parser.add_argument("--out", type=Path, default=Path("out/bench_final_loss.json"))
     parser.add_argument("--md", type=Path, default=Path("out/bench_final_loss.md"))
     args = parser.parse_args()
     modes = [sim_mode(name, args.nodes, args.local_batch_norm) for name in args.modes]
     if args.modes[0] != "single" or args.batch % args.nodes:
         raise SystemExit("--modes: 'single' first (the reference); --batch a multiple of --nodes")
+    if not 0 <= args.window <= args.steps:
+        raise SystemExit(f"--window {args.window}: 0 (the whole epoch) to --steps ({args.steps})")
     from cluster import _load, write_result  # benchmarks/ is the script's own folder
     torch.set_num_threads(1)
     settings = _settings(args)
@@ -455,9 +464,9 @@ def main() -> None:
                     print(f"{mode.name} seed {seed}: held-out {run['val_loss']:.4f} ({run['wall_s']:.0f} s, load "
                           f"{load})", flush=True)
     runs = _read_runs([args.runs, *args.read], settings)
-    result = {"command": command, "settings": settings, "margin": args.margin,
+    result = {"command": command, "settings": settings, "margin": args.margin, "window": args.window,
               "loads": [f(float(r["load_before"].split()[0]) for r in runs) for f in (min, max)],
-              "rows": summarise(runs, args.modes, args.margin, args.steps), "runs": runs}
+              "rows": summarise(runs, args.modes, args.margin, args.steps, args.window), "runs": runs}
     write_result(result, args.out, args.md, markdown)
 
 

@@ -1146,6 +1146,16 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     assert "| powersgd:8 | training | +0.00% ± 0.00% | +12.50% ± 12.50% |" in table
     assert "| powersgd:8 | training eval | - | +20.00% |" in table
     assert "| reordered | 0 | - | - |" in table
+    # --window 1: the training reading is each epoch's last step alone (seed 0: 3.5 against 3; seed 1: 5 against 5;
+    # the first epoch's 9 against 9); the held-out loss is unchanged.
+    windowed = bench.summarise(runs, ["single", "powersgd:8"], 0.005, 2, window=1)[1]
+    assert windowed["training"]["vs_single"]["differences"] == pytest.approx([3.5 / 3 - 1, 0.0])
+    assert [d["mean"] for d in windowed["training"]["by_epoch"]] == pytest.approx([0.0, 0.5 / 6])
+    assert windowed["held_out"]["vs_single"]["differences"] == pytest.approx([0.1, -0.1])
+    assert "last epoch's last 1 steps' training loss" in bench.markdown(
+        {"command": "c", "settings": {"model": "m", "image": 32, "batch": 32, "nodes": 4, "steps": 2, "epochs": 2,
+                                      "lr_schedule": "cosine", "local_batch_norm": False},
+         "margin": 0.005, "window": 1, "loads": [0.5, 1.5], "rows": [windowed]})
     with pytest.raises(SystemExit, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
         bench.sim_mode("exact", 4, False)
     assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
