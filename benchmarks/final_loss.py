@@ -110,6 +110,9 @@ from edgetrain.train.state import ResumableSampler
 MODE_NAMES = "single, reordered, rolled, exact (with --local-batch-norm), powersgd:RANK[:AFTER], cluster:WIRE"
 WIRES = ("float32", "float16", "bfloat16")   # cluster:WIRE, a real cluster summing whole gradients in this type
 ORDERS = {"single": "as-is", "reordered": "reversed", "rolled": "rolled"}   # the single node's batch orders
+# A loss run allows no restart, and finding a hung node fast is not what it measures: the supervisor's 5 s default
+# took a live node for a hung one when two such runs shared 2 cores (8 nodes and a simulated run; session 28).
+LOSS_RUN_HEARTBEAT_TIMEOUT_S = 120.0
 
 
 class SimMode(NamedTuple):
@@ -201,7 +204,8 @@ def cluster_run(config: TrainConfig, mode: SimMode, local_batch_norm: bool) -> d
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread
     started, cpu_started = time.perf_counter(), _cpu_with_children_s()
     run_local(config, [NodeSpec()] * mode.slices, LocalOptions(spares=False, max_restarts=0, wire_dtype=mode.wire,
-                                                               local_batch_norm=local_batch_norm))
+                                                               local_batch_norm=local_batch_norm,
+                                                               heartbeat_timeout_s=LOSS_RUN_HEARTBEAT_TIMEOUT_S))
     records = read_jsonl(config.run_dir / "metrics.jsonl")
     curve = [r["val_loss"] for r in records if "val_loss" in r]
     return {"losses": [r["loss"] for r in records if "loss" in r], "val_curve": curve, "val_loss": curve[-1],
