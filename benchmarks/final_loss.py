@@ -284,7 +284,7 @@ def epoch_losses(run: dict[str, Any], steps_per_epoch: int, window: int = 0) -> 
     curve = [{"held_out": held_out, "training": statistics.mean(run["losses"][(e + 1) * steps_per_epoch - last:
                                                                              (e + 1) * steps_per_epoch])}
              for e, held_out in enumerate(run["val_curve"])]
-    if "train_eval_loss" in run:
+    if run.get("train_eval_loss") is not None:   # a real cluster's run records None (it does not log one)
         curve[-1]["training_eval"] = run["train_eval_loss"]
     return curve
 
