@@ -1,27 +1,32 @@
 # Two entry points for a fresh machine with only Python: `make demo` and `make test`.
+# CI (.ci/run) also runs `make lint`, `make docs` and `make test-slow`.
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build; on these machines it is served from a local folder. Override on other hosts.
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint clean
+.PHONY: demo test test-slow lint docs clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[all,test,lint]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test,lint,docs]'
 	touch $@
 
 demo: $(BIN)/.installed
 	$(BIN)/edgetrain demo
 
+# The default suite covers every module; the long integration tests are marked `slow` and run apart.
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow"
 
-test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -m "not slow"
+test-slow: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m slow
+
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src benchmarks tests

@@ -1,6 +1,7 @@
 """Full-size models no one shaped for edgetrain, traced into stages and trained under ``Checkpointed``.
 
-For each model (the issue #17 set at its published size, and the issue's three user models)
+For each model (the full-size set at its published size, and the three user models of
+:mod:`edgetrain.models.user_examples`)
 at a tiny batch: profile once (FLOP times), then at three budgets (the least feasible, the
 middle, keep-all's peak) one step of ``Checkpointed(model, memory=budget, chain=chain)``
 against plain autograd from the same weights and RNG state: the worst relative gradient error

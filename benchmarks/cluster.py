@@ -1,7 +1,7 @@
 """Data-parallel training across emulated edge nodes: scaling, periodic averaging for slow links, failures survived.
 
-Tables from ``edgetrain cluster local`` runs on this machine (issue #14); every time they print is the
-median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats.spread`, issue #16):
+Tables from ``edgetrain cluster local`` runs on this machine; every time they print is the
+median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats.spread`):
 
 * **link**: what an emulated link delivers between two nodes: one-byte TCP round trips (spread over
   every ping of every probe) and bulk TCP throughput (spread over the probes), the switch's counters.
@@ -330,8 +330,8 @@ def _time_to(run: dict[str, Any], target: float, window: int) -> tuple[float | N
 
 
 def _started_at(run: dict[str, Any]) -> float:
-    """The wall time step 1 of a time-to-target run started at. Results before session 26 did not record it; a run
-    of theirs that reached its target gives it back from its time and step to that target."""
+    """The wall time step 1 of a time-to-target run started at. An older result file does not record it; a run
+    of its that reached its target gives it back from its time and step to that target."""
     if "started_at" in run:
         return float(run["started_at"])
     if run.get("steps_to_target") is None:
@@ -349,7 +349,7 @@ def _averaged_loss(losses: list[float], every: int, window: int) -> float | None
 
 
 def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """Time to a target training loss (NOTE in the module docstring): one node, then ``--ttt-nodes`` nodes summing
+    """Time to a target training loss (the module docstring's **ttt**): one node, then ``--ttt-nodes`` nodes summing
     whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
     per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run. A run of the
     same settings in a ``--ttt-read`` result is taken from there, not run again."""
@@ -949,7 +949,7 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=10, help="state saves timed by the save table")
     parser.add_argument("--local-batch-norm", action="store_true",
                         help="scaling, time to target, compression: each node's BatchNorm over its own slice (no "
-                        "collective), as before cross-node BatchNorm (NOTE [ Cross-node BatchNorm ])")
+                        "collective) rather than cross-node BatchNorm (NOTE [ Cross-node BatchNorm ])")
     parser.add_argument("--crash-runs", type=int, default=100, help="PowerSGD runs counted for crashes")
     parser.add_argument("--crash-steps", type=int, default=5)
     parser.add_argument("--node-crash-runs", type=int, default=50, help="whole-node runs per --node-crash-after value")

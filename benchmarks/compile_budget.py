@@ -438,11 +438,11 @@ def whole_graph(row: dict[str, Any]) -> bool:
 def configuration(row: dict[str, Any]) -> str:
     """What a whole-graph row ran: the partitioner's budget ``b`` and edgetrain's regions (``S`` opens one, ``R``
     continues it, ``.`` kept), or, where the plan keeps every stage, inductor's own graph at ``b``; round by
-    round where the rounds' fits picked different plans (rows from before ``b`` was kept by round name the last
+    round where the rounds' fits picked different plans (a row that keeps no ``b`` per round names the last
     round's ``b``)."""
     if not whole_graph(row):
         return row["setting"]
-    last = row.get("partitioner_budget", 1.0)   # rows from before the setting named its b ran at 1.0
+    last = row.get("partitioner_budget", 1.0)   # a row whose setting names no b ran at 1.0
     plans = row.get("single_level_kinds_by_round", [row.get("single_level_kinds", "")])
     budgets = row.get("partitioner_budget_by_round", [last] * len(plans))
     named = list(dict.fromkeys(

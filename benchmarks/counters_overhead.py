@@ -1,4 +1,4 @@
-"""What reading the counters at every phase boundary costs a training step (issue #16: goal <= 3%).
+"""What reading the counters at every phase boundary costs a training step (the goal: <= 3%).
 
 :func:`edgetrain.hwcounters.phases.count_phases` alternates steps without and with the counters
 read at the four phase boundaries; this prints the ratio of their medians over ``--steps`` of

@@ -1,4 +1,4 @@
-"""docs/data.md's data-stall table, rebuilt with its spread over repeated analyses.
+"""docs/guide/data.md's data-stall table, rebuilt with its spread over repeated analyses.
 
 The setup of the docs' example: a two-conv CNN, 2000 synthetic JPEG images of 32 px (1600 in the
 train split), batches of 32, an emulated Raspberry Pi 4 microSD card (the device catalog's

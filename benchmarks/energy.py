@@ -11,7 +11,7 @@ Then times :func:`~edgetrain.planners.paging.solve_paging` (500 slots, the rpi4 
 
 Usage::
 
-    nice -n 10 python benchmarks/energy.py            # full run (docs/energy.md has its numbers)
+    nice -n 10 python benchmarks/energy.py            # full run (docs/guide/paging-energy.md has its numbers)
     python benchmarks/energy.py --quick               # small inputs, 4 budgets, no MILP: a smoke check
     python benchmarks/energy.py --solve-times-only --milp-repeats 3   # the solver timings alone, with spreads
 """
@@ -105,7 +105,7 @@ class MilpVariant:
 
 BASE_VARIANTS = tuple(MilpVariant(f) for f in (1.0, 0.75, 0.6))
 FLOOR_BPS = 2e9
-#: POET's model size with the variants docs/milp.md compares: paging against none (Checkmate's energy-weighted
+#: POET's model size with the variants docs/concepts/milp.md compares: paging against none (Checkmate's energy-weighted
 #: MILP), POET's any-stage page-out (``write_once=False``), and an assumed memory-traffic floor.
 ALL_VARIANTS = (
     *BASE_VARIANTS,
@@ -158,7 +158,7 @@ def operator_milp_times(time_limit_s: float, repeats: int = 1,
 
 
 def variants_table(rows: list[dict[str, Any]]) -> str:
-    """docs/milp.md's table: per variant, energy over one pass of compute, solve time with its spread."""
+    """docs/concepts/milp.md's table: per variant, energy over one pass of compute, solve time with its spread."""
     lines = ["| memory floor | f | variant | status | energy (J) | extra over one pass (J) | mip gap | "
              "solve s (median, IQR, CoV, n) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -220,8 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--milp-repeats", type=int, default=1,
                         help="solves per budget of the operator-graph MILP (median, IQR, CoV; default 1)")
     parser.add_argument("--milp-variants", action="store_true",
-                        help="with --solve-times-only: the operator-graph MILP's variants of docs/milp.md (no paging, "
-                        "POET's any-stage page-out, a 2 GB/s memory-traffic floor) instead of its three budgets")
+                        help="with --solve-times-only: the operator-graph MILP's variants of docs/concepts/milp.md "
+                        "(no paging, POET's any-stage page-out, a 2 GB/s memory-traffic floor) instead of its three "
+                        "budgets")
     parser.add_argument("--solve-times-only", action="store_true",
                         help="skip the energy sweep (and its chain MILP): time solve_paging and the operator-graph "
                         "MILP only")

@@ -1,4 +1,4 @@
-"""Federated mode (issue #14, item 5): loss, bytes and every node's peak memory against its budget, per round.
+"""Federated mode: loss, bytes and every node's peak memory against its budget, per round.
 
 Runs ``edgetrain cluster federated``'s library call (:func:`edgetrain.distributed.federated.run_local`: a
 Flower server and one process per node on this machine, plain localhost processes, no shaping, no

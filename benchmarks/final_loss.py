@@ -1,9 +1,8 @@
-"""Final loss against single-node training, the cluster simulated in one process: enough seeds for the 0.5% goal
-(issue #14).
+"""Final loss against single-node training, the cluster simulated in one process: enough seeds for the 0.5% goal.
 
 NOTE [ The compressed cluster in one process ]
 The held-out loss of one run is a draw from a wide distribution (float rounding alone moves it by about 3% per seed:
-docs/cluster.md, "Final loss against single-node training"), so "within 0.5% of single-node training" takes a
+docs/guide/cluster.md, "Final loss against single-node training"), so "within 0.5% of single-node training" takes a
 hundred seeds or more per row: days of ``cluster local`` runs on this machine. A data-parallel step that sums its
 gradients (whole or compressed) needs no processes to be computed, only the sum:
 
@@ -53,13 +52,13 @@ cluster does not log. ``cluster:float32`` is the whole-gradient cluster in its o
 noise floor beside ``reordered``.
 
 NOTE [ Two readings of the final loss ]
-The issue's "final loss within 0.5% of single-node training" names no data set, so the table reads it three ways:
+The goal "final loss within 0.5% of single-node training" names no data set, so the table reads it three ways:
 the **held-out** loss (rank 0's evaluation of the held-out split after the last epoch: what the model does on
 images it never trained on); the **training** loss, the mean of the last epoch's logged step losses (one pass
 over the training data as the run trains on it, BatchNorm in training mode, as the time-to-target tables read the
 loss; its weights move little, the rate falling to 0 over that epoch with ``--lr-schedule cosine``); and the
 **training split evaluated** after the last epoch as the held-out split is (eval mode, BatchNorm's running
-statistics; recorded by runs from session 23 on). The held-out and training readings can disagree: a compressed
+statistics; older result files lack it). The held-out and training readings can disagree: a compressed
 run that fits its training data less can still generalise as well. With ``--local-batch-norm`` the logged
 training loss normalises over each node's slice, against the single node's whole batch: BatchNorm over fewer
 samples is noisier, so that reading is not the same quantity in both runs; the evaluated one is.
@@ -111,7 +110,7 @@ MODE_NAMES = "single, reordered, rolled, exact (with --local-batch-norm), powers
 WIRES = ("float32", "float16", "bfloat16")   # cluster:WIRE, a real cluster summing whole gradients in this type
 ORDERS = {"single": "as-is", "reordered": "reversed", "rolled": "rolled"}   # the single node's batch orders
 # A loss run allows no restart, and finding a hung node fast is not what it measures: the supervisor's 5 s default
-# took a live node for a hung one when two such runs shared 2 cores (8 nodes and a simulated run; session 28).
+# takes a live node for a hung one when two such runs share 2 cores (8 nodes and a simulated run).
 LOSS_RUN_HEARTBEAT_TIMEOUT_S = 120.0
 
 
@@ -279,7 +278,7 @@ READINGS = {"held_out": "held-out loss after the last epoch",
 def epoch_losses(run: dict[str, Any], steps_per_epoch: int, window: int = 0) -> list[dict[str, float]]:
     """A run's loss after each epoch in the readings it has (NOTE [ Two readings of the final loss ]); the last is
     its final loss. The training loss is the mean of the epoch's last ``window`` steps' (0: all of them).
-    ``training_eval`` is read after the last epoch only, by runs from session 23 on."""
+    ``training_eval`` is read after the last epoch only, where the run recorded it."""
     last = window or steps_per_epoch
     curve = [{"held_out": held_out, "training": statistics.mean(run["losses"][(e + 1) * steps_per_epoch - last:
                                                                              (e + 1) * steps_per_epoch])}
@@ -291,7 +290,7 @@ def epoch_losses(run: dict[str, Any], steps_per_epoch: int, window: int = 0) -> 
 
 def _run_seconds(run: dict[str, Any]) -> float:
     """A run's CPU time (one thread: its compute, not the time it was stopped, SIGSTOP, for another job), or its wall
-    time where it recorded none (runs before session 24)."""
+    time where it recorded none (older result files)."""
     return run.get("cpu_s", run["wall_s"])
 
 

@@ -8,8 +8,9 @@ Trains the seed's teacher as ``insitu simulate`` does, runs the stand-in detecto
 the teacher over the node's stream once, then applies every rule of the grid and scores the
 pseudo-labels with the truth: ``--rule gate`` (the default) the first increment's competence gate
 (calibration, trusted frames, track vote, propagation backward and forward), ``--rule posterior``
-the track posterior (NOTE [ Track posteriors ... ] in insitu/labels.py) over its elevation weights
-and alignment bands, ``--rule size`` the size rule (NOTE [ Object size from the mount ... ])
+the track posterior (NOTE [ Track posteriors: the steep camera's labelling rule ] in insitu/labels.py) over
+its elevation weights and alignment bands, ``--rule size`` the size rule (NOTE [ Object size from the mount: the
+size rule ])
 against the posterior rule: precision at full coverage and, keeping the tracks with the largest
 margin between their best two classes' scores first, at 0.8, 0.5 and 0.3 of the detections.
 Prints one JSON line per rule, for the gate the best coverage at precision >= 0.95 last. Choose

@@ -14,7 +14,7 @@ starts it: SCHED_IDLE, one thread, half of 1 GiB) training from the store's fram
 (20 per second: a frame every 50 ms, so the student has the time between frames to train; 0:
 back to back) and, as the service does by default, the student is stopped while each frame is
 inferred (NOTE [ Yielding per frame ]; ``--student-runs-during-frames`` lets both run at once).
-Prints one JSON line: both p95s, their ratio (the issue's bound: 1.10), whether the student was
+Prints one JSON line: both p95s, their ratio (the bound: 1.10), whether the student was
 training, and its CPU share while it ran: near 0 means the machine, busy with other work, gave
 the SCHED_IDLE student nothing, and the ratio then says nothing about training's interference.
 Run it on a quiet machine.

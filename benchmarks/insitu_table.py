@@ -1,4 +1,4 @@
-"""The in-situ results table of docs/insitu.md from ``edgetrain insitu simulate --json`` reports.
+"""The in-situ results table of docs/guide/insitu.md from ``edgetrain insitu simulate --json`` reports.
 
 Usage::
 
@@ -10,7 +10,7 @@ columns are the label precision and the student before the self-training rounds 
 Reports of a cross-fitted round (``--round-folds``) get a second table: the precision of the last
 round's labels on its surest tracks holding 1.0, 0.8 and 0.5 of the stored detections.
 
-``--goals`` prints instead the issue's goals per report and on their mean (issue #13; the mean of several
+``--goals`` prints instead the in-situ goals per report and on their mean (the mean of several
 ``--student-seed-offset`` runs of one seed is what the goals are judged on): label precision at coverage, the student's
 and the oracle student's points over the teacher on the node's views, the student's share of the oracle's accuracy,
 the student's points over the teacher at eye level, and per band of the node's elevation the student's points
@@ -49,7 +49,7 @@ def _row(report: dict[str, Any]) -> list[float]:
     return values
 
 
-# The issue's goals on the steep camera (docs/insitu.md, "Against the issue's goals").
+# The in-situ goals on the steep camera (docs/guide/insitu.md, the goals' tables).
 GOAL_PRECISION, GOAL_COVERAGE, GOAL_POINTS, GOAL_RATIO, GOAL_EYE_POINTS = 0.95, 0.80, 25.0, 0.90, 2.0
 
 

@@ -1,4 +1,4 @@
-"""Local SGD on one machine: why periodic averaging learns less per step than exact training (issue #14).
+"""Local SGD on one machine: why periodic averaging learns less per step than exact training.
 
 N nodes are simulated in one process (no network, no namespaces, no executor: the question is the
 arithmetic, not the time): N copies of the model, each on its slice of every global batch of the

@@ -1,4 +1,5 @@
-"""docs/paging.md's step-time table rebuilt with its spread: a paged step next to the unpaged one and the simulator's.
+"""docs/guide/paging-energy.md's step-time table rebuilt with its spread: a paged step next to the unpaged one and the
+simulator's.
 
 For each model of ``tests/test_paging.py`` (resnet18 batch 8 at 96 px, transformer_small batch 16
 at 64 tokens; one thread), the schedule is ``uniform(chain, 3)`` with every inner value paged out

@@ -466,10 +466,12 @@ RATIO_KEYS = {"wall": "time_ratio", "cpu": "cpu_time_ratio"}
 
 
 def evaluate(record: dict[str, Any]) -> dict[str, object]:
-    """The three targets of the issue, from the measured points (evaluated, never asserted).
+    """The three targets, from the measured points (evaluated, never asserted): (1) optimal's time against
+    the fastest fitting ``checkpoint_sequential``, (2) least memory within a time ratio of 2, (3) our executor's
+    measured peak against the simulated one.
 
     Targets (1) and (2) depend on times: they are evaluated on wall-clock ratios (what the
-    issue asks) and on CPU-time ratios (immune to the process being descheduled).
+    targets ask for) and on CPU-time ratios (immune to the process being descheduled).
     """
     points = [p for p in record["points"] if p["feasible"]]
     ours = [p for p in points if p["strategy"] in ("optimal", "revolve")]
@@ -611,13 +613,13 @@ def tables(records: Sequence[dict[str, Any]]) -> str:
 
 
 def _quartiles(point: dict[str, Any], key: str) -> str:
-    """' (q1-q3)' of a point's per-round spread; empty for runs saved before spreads were kept."""
+    """' (q1-q3)' of a point's per-round spread; empty for runs saved without spreads."""
     item = point.get(key)
     return "" if item is None or item["n"] < 2 else f" ({item['q1']:.3f}-{item['q3']:.3f})"
 
 
 def _cov(point: dict[str, Any], key: str) -> str:
-    """A point's per-round CoV in %; '-' for one round or runs saved before spreads were kept."""
+    """A point's per-round CoV in %; '-' for one round or runs saved without spreads."""
     item = point.get(key)
     return "-" if item is None or item["cov_pct"] is None else f"{item['cov_pct']:.1f}%"
 

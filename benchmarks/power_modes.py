@@ -1,4 +1,4 @@
-"""The power-mode advisor, validated two ways (issue #16): a simulated mode grid, and real modes on this machine.
+"""The power-mode advisor, validated two ways: a simulated mode grid, and real modes on this machine.
 
 (a) Simulated: :func:`edgetrain.power.simulate.score_device` on every catalog Jetson with a
 sourced mode table: random workloads on the board's full synthetic DVFS grid, at most 6 profiled

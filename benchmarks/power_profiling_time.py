@@ -1,4 +1,4 @@
-"""How long the power advisor's profiling takes (issue #16's goal: <= 6 modes, <= 2 minutes), with its spread.
+"""How long the power advisor's profiling takes (the goal: <= 6 modes, <= 2 minutes), with its spread.
 
 Runs :func:`edgetrain.power.predict.profile_adaptively` -- five corner modes, then the advisor's
 pick without margins while it is not yet profiled, at most 6 modes -- over this machine's thread x

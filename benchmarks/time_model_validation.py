@@ -1,12 +1,12 @@
-"""Our predicted step time against published, measured ones on catalog devices (issue #15, item 1).
+"""Our predicted step time against published, measured ones on catalog devices.
 
 Reads the figures of ``benchmarks/time_validation.toml`` (each with its source), converts each to
 seconds per step (``published_total_s / published_steps``), asks ``edgetrain plan --json`` for the
 same model, batch, input size, classes, optimizer and device (field ``predicted_time_s``: the one
-time model of NOTE [ One time model ]), and prints the markdown table of docs/energy.md with the
+time model of NOTE [ One time model ]), and prints the markdown table of docs/results/time_validation.md with the
 error ``ours / published - 1``.
 
-Run: .venv/bin/python benchmarks/time_model_validation.py [--figures F] [--out out/time_validation.md]
+Run: .venv/bin/python benchmarks/time_model_validation.py [--figures F] [--out docs/results/time_validation.md]
 
 A figure whose ``role`` is a calibration set a catalog rate (the RPi 4's ``compute_flops_per_s`` is
 the published ResNet-18 step's FLOPs over its time), so its error is 0 by construction; the worst
@@ -27,6 +27,7 @@ from edgetrain.cli import app
 from edgetrain.devices.catalog import tomllib  # tomllib, or tomli on Python 3.10
 
 FIGURES = Path(__file__).with_name("time_validation.toml")
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "time_validation.md"
 
 
 def published_step_s(figure: dict[str, Any]) -> float:
@@ -88,7 +89,7 @@ def table(figures: list[dict[str, Any]]) -> tuple[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--figures", type=Path, default=FIGURES)
-    parser.add_argument("--out", type=Path, default=None, help="Also write the markdown here.")
+    parser.add_argument("--out", type=Path, default=OUT, help="Also write the markdown here (default: %(default)s).")
     args = parser.parse_args()
     figures: list[dict[str, Any]] = tomllib.loads(args.figures.read_text())["figure"]
     text, errors = table(figures)

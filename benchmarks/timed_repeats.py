@@ -1,4 +1,4 @@
-"""Wall time of a whole command over repeated runs, with its spread (issue #16: every timing with its spread).
+"""Wall time of a whole command over repeated runs, with its spread (every timing is given with its spread).
 
 For timings the docs quote of a command as a whole ("answers in about a second", "a full run takes
 N minutes"): runs the command ``--runs`` times in turn and prints the median, IQR and CoV of its

@@ -43,8 +43,8 @@ def plain_autograd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed
 # lower where an op frees a saved tensor before the simulator's stage granularity says so, and by
 # up to 8 bytes where the chain counts the loss and its seed gradient before they exist
 # (``Chain.loss_held_bytes``). It is never higher: the check has no slack above the prediction.
-# (It was, by 4-12 bytes, before the profiler measured the loss and its seed and the weights no
-# stage holds.) The README claims 0.995-1.000.
+# (It would be, by 4-12 bytes, if the profiler did not measure the loss and its seed and the weights
+# no stage holds.) The README claims 0.995-1.000.
 PEAK_FLOOR = 0.995          # the README's lower figure; the least measured is 0.998
 
 
@@ -137,8 +137,8 @@ def between_least_and_keep_all_mib(model: str, batch: int, image: int) -> int:
     """A step budget a quarter of the way from the least step of ``model`` on this machine to keep-all's, in MiB.
 
     Measured here, not written down: the convolutions' scratch is in the plan (NOTE [ A kernel's scratch in the
-    plan ]), and oneDNN's kernels differ by CPU (ResNet-18 at batch 8 and 64 px: a least step of 136.3 MiB on the
-    machine of an earlier try, 149.4 MiB on an AMD EPYC)."""
+    plan ]), and oneDNN's kernels differ by CPU (ResNet-18 at batch 8 and 64 px: a least step of 136.3 MiB on one
+    machine, 149.4 MiB on an AMD EPYC)."""
     from edgetrain.planners.plan import least_step_bytes
     from edgetrain.profile import chain_for
     from edgetrain.schedule import keep_all, simulate

@@ -132,7 +132,7 @@ def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense: Dense) -> Non
 
 def test_a_plan_that_only_adds_recomputation_is_never_planned_faster_than_the_plain_step() -> None:
     """NOTE [ A segmented stage is never faster than its whole stage ]: a twin profiled in another pass
-    was timed faster than its whole stage (the 0.83 and 0.71 "planned rho" of compile_budget.py under load)."""
+    can be timed faster than its whole stage (the 0.83 and 0.71 "planned rho" of compile_budget.py under load)."""
     plain = Chain.uniform(4, fwd_time_s=1.0, bwd_time_s=2.0, act_bytes=100, saved_bytes=100)
     whole = replace(plain, stages=(plain.stages[0], replace(plain.stages[1], saved_bytes=5000), *plain.stages[2:]))
     noisy = replace(whole.stages[1], saved_bytes=200, fwd_time_s=0.6, bwd_time_s=1.5)   # measured < 1 + 2 + 1
@@ -231,8 +231,8 @@ def test_paging_inside_blocks_reaches_below_paging_the_chain_as_traced(dense: De
 
 def test_every_budget_from_the_stated_least_gets_a_two_level_paging_plan_within_it(dense: Dense) -> None:
     """A refusal states the least budget of any variant's paging schedule (NOTE [ Paging near the least budget ]),
-    and that budget and every one above it get a plan within it: 381,000 bytes was refused with 380,877 bytes
-    stated as the least (before kernels' scratch was planned), each variant's grid scaled to the budget rounding
+    and that budget and every one above it get a plan within it: counted without kernels' scratch, a grid alone
+    refuses 381,000 bytes and states 380,877 as the least, each variant's grid scaled to the budget rounding
     every schedule away."""
     _, _, _, chain, twins, segmented = dense
     with pytest.raises(InfeasibleBudgetError) as info:

@@ -103,6 +103,7 @@ def test_devices_lists_the_catalog() -> None:
     assert code == 0 and "jetson-agx-orin" in out
 
 
+@pytest.mark.slow
 def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -> None:
     # 160 samples: 120 train, 3 steps of 32, so the steady-state (second) step is measured.
     code, _, err = run("demo", "--out", str(tmp_path), "--samples", "160", "--epochs", "1")
@@ -157,6 +158,7 @@ def test_energy_plan_json_has_the_energy_split() -> None:
     assert report["energy_j"] < report["recompute_only_energy_j"]
 
 
+@pytest.mark.slow
 def test_energy_plan_deadline_and_strategies() -> None:
     free = energy_plan("--memory", "250MiB")
     tight = energy_plan("--memory", "250MiB", "--deadline", "1.0")   # no slower than a step without either

@@ -1,4 +1,4 @@
-"""The emulated network of ``cluster local --netns`` (issue #14): what it builds, and that nothing is left after it,
+"""The emulated network of ``cluster local --netns``: what it builds, and that nothing is left after it,
 however it ends. Needs root (namespaces, tc, cgroups); skipped otherwise."""
 
 from __future__ import annotations

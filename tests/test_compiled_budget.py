@@ -27,6 +27,7 @@ def _mlp() -> nn.Sequential:
     return nn.Sequential(block(32), block(32), block(32), block(32), nn.Linear(32, 10)).double()
 
 
+@pytest.mark.slow
 def test_the_compiled_step_fits_its_budget_and_gives_autograds_gradients() -> None:
     """In float64: inductor's fused float32 reductions round differently from eager's, ~1e-6 relative on their own.
     The peak is the allocator's records (LiveBytesTracker, a dispatch mode, saw plain training's peak here: the

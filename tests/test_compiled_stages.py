@@ -23,6 +23,7 @@ def _mlp() -> nn.Sequential:
                          nn.Linear(64, 10))
 
 
+@pytest.mark.slow
 def test_a_recomputing_plan_on_compiled_stages_trains_as_the_compiled_stages_do_under_autograd() -> None:
     x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
     model, reference = _mlp(), _mlp()
@@ -75,6 +76,7 @@ def _gates(dropout: bool = False) -> nn.Sequential:
     return nn.Sequential(_Gate(), _Gate(), _Gate(), nn.Linear(64, 10))
 
 
+@pytest.mark.slow
 def test_compiled_stages_are_profiled_as_compiled_and_stay_compiled_under_the_byte_tracker() -> None:
     """NOTE [ Compiled code and the tracker ]: profiled under edgetrain's tracker (a dispatch mode), a compiled stage
     must still be measured, and later run, as compiled code; a compiled module first called under a mode never is."""

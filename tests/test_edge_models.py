@@ -134,11 +134,11 @@ def dense_head() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["densenet121", "gpt2", "yolo_style", "dense_head"])
 def test_a_user_loop_holds_the_predicted_peak(name: str) -> None:
-    """``cross_entropy(wrapped(x), y).backward()`` (NOTE [ Checkpointed in a user loop ]). Two bugs: run
-    inside the function's backward, the rest of the schedule held the output's gradient throughout (+80
-    bytes on DenseNet and the detector, +12,412-16,384 on GPT, over the plan); and the head recomputed after
-    the user's loss kept its output, as if the loss were still to run (+1,148 on the dense head; +1,548,288,
-    the whole output, on YOLOv8n at 2x3x256x256)."""
+    """``cross_entropy(wrapped(x), y).backward()`` (NOTE [ Checkpointed in a user loop ]). Two ways to exceed
+    the plan: run inside the function's backward, the rest of the schedule would hold the output's gradient
+    throughout (+80 bytes on DenseNet and the detector, +12,412-16,384 on GPT, over the plan); and a head
+    recomputed after the user's loss would keep its output, as if the loss were still to run (+1,148 on the
+    dense head; +1,548,288, the whole output, on YOLOv8n at 2x3x256x256)."""
     builders = {"yolo_style": tiny_detector, "dense_head": dense_head}
     model, x, y = builders[name]() if name in builders else small(name)
     checks = assert_trains_at_three_budgets(model, x, y, loop="user")   # measured <= predicted, no slack

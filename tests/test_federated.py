@@ -1,4 +1,4 @@
-"""Federated mode (issue #14, item 5): FedAvg on Flower between nodes that train under their budgets, weights only.
+"""Federated mode: FedAvg on Flower between nodes that train under their budgets, weights only.
 
 Two nodes of the small transformer on slices of the synthetic token set, in this process (one
 thread each) talking gRPC to a server in this process or in a child; each test is a few seconds.
@@ -144,6 +144,7 @@ def _server(config: FederatedConfig, path: Path) -> subprocess.Popen[bytes]:
 
 
 # gRPC's thread watching a channel that the lost server's node closed reports it as an exception; harmless
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_server_killed_between_rounds_resumes_and_the_nodes_reconnect(
         base: FederatedConfig, nodes: list[FederatedNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,6 +71,7 @@ def test_the_paper_curve_spreads_the_papers_total_over_the_layers() -> None:
         linear_resnet_from_total(18, 8, 500, weights)
 
 
+@pytest.mark.slow
 def test_reproduce_writes_csv_markdown_and_plots(tmp_path: Path) -> None:
     figure = reproduce_figure1(tmp_path, 2 * 2**30, depths=(18,))
     assert len(figure.curves) == 12
@@ -84,7 +85,7 @@ def test_reproduce_writes_csv_markdown_and_plots(tmp_path: Path) -> None:
     assert figure.resnet18_misses_at_rho_one("ResNet (optimal)") is False
     text = (tmp_path / "figure1.md").read_text()
     # ResNet-18 at batch 8 and 500 px fits 2 GiB without recomputation (weights, gradients and
-    # momentum 3 x 44.6 MiB; docs/accounting.md's 21.2 MiB per 224-px image x 8 x (500/224)^2 ~ 845 MiB).
+    # momentum 3 x 44.6 MiB; docs/guide/reproduce.md's 21.2 MiB per 224-px image x 8 x (500/224)^2 ~ 845 MiB).
     assert figure.claim("ResNet (optimal)") == {18: 1.0}
     assert figure.claim_holds("ResNet (optimal)")
     verdict = text.split("### ResNet (optimal)")[1].split("###")[0]

@@ -70,6 +70,29 @@ def test_public_api_is_lazy_and_complete() -> None:
     assert result.stdout.split() == ["False", "True", "True", "True", "edgetrain.planners.plan"]
 
 
+PUBLIC_NAMES = [
+    "Chain", "StageCost", "Schedule", "Stats", "Forward", "Backward", "Discard", "Keep", "PageOut", "PageIn",
+    "PageOutRecord", "PageInRecord", "keep_all", "simulate", "validate", "profile", "estimate_memory",
+    "measure_training_step", "plan", "Plan", "Checkpointed", "fit_compiled", "Executor", "run_schedule",
+    "EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError", "parse_bytes", "format_bytes",
+]
+
+
+def test_the_public_names_stay() -> None:
+    # A name leaves the public API only on purpose: this list changes with it.
+    assert edgetrain.__all__ == PUBLIC_NAMES
+
+
+def test_subpackages_are_attributes_as_in_other_libraries() -> None:
+    # Execute: a fresh interpreter that imports only the package
+    code = ("import edgetrain; print(edgetrain.planners.plan is edgetrain.plan, edgetrain.runtime.Checkpointed is "
+            "edgetrain.Checkpointed, callable(edgetrain.profile), hasattr(edgetrain, 'no_such_module'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+
+    # Assert: subpackages load on first read; the function profile keeps its name; unknown names stay unknown
+    assert result.stdout.split() == ["True", "True", "True", "False"]
+
+
 def test_no_module_imports_a_private_name_of_another() -> None:
     # Prepare
     modules = _modules()

@@ -1,4 +1,4 @@
-"""The in-situ pipeline (issue #13): camera world, tracker, label propagation, frame store, one short run."""
+"""The in-situ pipeline: camera world, tracker, label propagation, frame store, one short run."""
 
 from __future__ import annotations
 
@@ -751,10 +751,10 @@ def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_ra
 
     assert student is not teacher  # a copy of the teacher is fine-tuned
     crops, labels, config, weights, unlabelled = calls[0]
-    assert config == FitConfig(epochs=12, lr=3e-3, seed=6, memory="19MiB")  # 8 epochs until session 22
+    assert config == FitConfig(epochs=12, lr=3e-3, seed=6, memory="19MiB")
     assert labels.tolist() == [0, 1, 2, 2, 3] and len(crops) == 5 and weights.tolist() == [1, 1, 4, 4, 4]
     assert unlabelled is None  # the rounds' students and the oracle learn labelled crops only
-    assert sim.SimulateConfig().student_lr == 4e-3  # 1e-3 until session 14 (NOTE [ The student's learning rate ])
+    assert sim.SimulateConfig().student_lr == 4e-3  # NOTE [ The student's learning rate ]
     sim._student(teacher, *stored, shipped, sim.SimulateConfig(seed=5, student_seed_offset=3))
     assert calls[1][2].seed == 8  # another offset, another order of the same crops
     dropped = Unlabelled(np.zeros((1, 32, 32, 3), np.uint8), np.array([9]), weight=1.0)

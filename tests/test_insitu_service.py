@@ -1,4 +1,4 @@
-"""The in-situ service (issue #13): kill -9 and resume, the student's process, promotion, the camera sources."""
+"""The in-situ service: kill -9 and resume, the student's process, promotion, the camera sources."""
 
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ def _whole(store: Path, manifest: dict[str, Any]) -> dict[str, int]:
     return listed
 
 
+@pytest.mark.slow
 def test_a_service_killed_9_resumes_where_it_stopped(tmp_path: Path) -> None:
     # Prepare: a store with its teacher, so the run starts at the stream at once.
     store = tmp_path / "node"
@@ -146,6 +147,7 @@ def test_a_service_killed_9_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert len(_events(status, "start")) == 3 and _events(status, "done") == [done]
 
 
+@pytest.mark.slow
 def test_a_student_share_below_the_least_step_is_refused_in_one_line(tmp_path: Path) -> None:
     store = tmp_path / "node"
     store.mkdir()
@@ -507,6 +509,7 @@ def test_frames_arrive_at_the_cameras_times_or_at_once_when_late(
     assert seen == pytest.approx(arrivals_s, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_the_whole_service_stays_inside_its_memory_as_the_kernel_counts_it(tmp_path: Path) -> None:
     from test_process_budget import memory_cgroup, run_in
 

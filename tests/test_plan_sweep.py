@@ -36,10 +36,10 @@ def least_feasible(chain: Chain) -> int:
     return caught.value.minimum_bytes
 
 
-@pytest.mark.parametrize(("model", "batch", "size", "issue_rho"), [
+@pytest.mark.parametrize(("model", "batch", "size", "rho_at_minimum"), [
     ("resnet18", 16, 32, 1.044), ("resnet50", 8, 224, 1.217), ("mobilenet_v2", 8, 64, 1.016)])
 def test_auto_is_fastest_at_twenty_budgets_from_the_least_feasible(model: str, batch: int, size: int,
-                                                                   issue_rho: float) -> None:
+                                                                   rho_at_minimum: float) -> None:
     chain = chain_for(model, batch, size)
     minimum = least_feasible(chain)
     keep_all_peak = simulate(chain, keep_all(chain.length)).peak_bytes
@@ -51,17 +51,16 @@ def test_auto_is_fastest_at_twenty_budgets_from_the_least_feasible(model: str, b
         assert simulate(chain, chosen.schedule) == chosen.stats
         fastest_rival = min(stats.time_s for stats in competitors(chain, budget))
         assert chosen.predicted_time_s <= fastest_rival * (1 + 1e-12), budget
-    # The issue's figures: at the least budget revolve was picked (ρ 3.03 / 4.31 / 1.52); the DP
-    # reaches these factors there, read off with 256 KiB (R18) or 1 MiB (R50) more on the old grid.
+    # At the least budget the optimal DP is picked, at these recompute factors.
     at_minimum = plan(chain, memory=minimum)
     assert at_minimum.strategy == "optimal"
-    assert at_minimum.recompute_factor == pytest.approx(issue_rho, abs=5e-4)
+    assert at_minimum.recompute_factor == pytest.approx(rho_at_minimum, abs=5e-4)
 
 
 def test_least_feasible_minimum_is_the_exact_one() -> None:
     chain = chain_for("resnet18", 16, 32)
     minimum = least_feasible(chain)
-    assert minimum == 143618048 + 8  # the issue's refusal message, and the loss and its seed now counted
+    assert minimum == 143618048 + 8  # the tensors' least peak, plus the loss and its seed (loss_held_bytes)
     assert plan(chain, memory=minimum).predicted_peak_bytes == minimum
     with pytest.raises(InfeasibleBudgetError):
         plan(chain, memory=minimum - 1)

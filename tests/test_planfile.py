@@ -33,6 +33,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_training_from_a_plan_gives_the_losses_of_planning_in_process(tmp_path: Path, shipped: Path) -> None:
     planned_here = cli("train", *RUN, "--recompute", "1.2", "--run-dir", str(tmp_path / "here"))
     from_file = cli("train", *RUN, "--plan", str(shipped), "--run-dir", str(tmp_path / "shipped"))
@@ -111,6 +112,7 @@ def test_plan_file_round_trip_and_tamper_check(tmp_path: Path, shipped: Path) ->
         PlanFile.load(again)
 
 
+@pytest.mark.slow
 def test_an_energy_plan_pages_to_the_given_directory_and_leaves_nothing(tmp_path: Path) -> None:
     """A paging schedule planned for the RPi 4 runs from the file, its pages under --page-dir, removed after."""
     path = tmp_path / "energy.json"

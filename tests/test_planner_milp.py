@@ -240,8 +240,8 @@ def paged_back_chain() -> Chain:
 def test_value_used_then_dropped_then_paged_back_in(write_once: bool) -> None:
     """Stage B1 recomputes F1 from ``x_1``, drops ``x_1`` and pages it in for B0 (23.5513 J, as paging-dp).
 
-    Recomputing F0 for B0 instead costs 24 J; freeing a value in the stage at whose end it is
-    paged in used to be forbidden (it counted as kept for the next stage).
+    Recomputing F0 for B0 instead costs 24 J. The value is freed in the stage at whose end it is paged
+    in: counting it as kept for the next stage would forbid this schedule.
     """
     profile = EnergyProfile("x", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
     tg = chain_training_graph(paged_back_chain(), profile)

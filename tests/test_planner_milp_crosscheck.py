@@ -7,7 +7,7 @@ of its model (recomputing, keeping or paging any value at any step); paging-dp o
 in-order ones, built from executable ops. Equal optima at every budget say the DP loses nothing
 on these chains, and that neither model under-counts the other. (Where records also keep their
 input, the MILP may recompute such an input without re-recording the stage, which autograd
-cannot run, so its optimum can be lower there: docs/milp.md.)
+cannot run, so its optimum can be lower there: docs/concepts/milp.md.)
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ def test_budget_above_the_table_is_refused() -> None:
 
 @dataclass(frozen=True)
 class Node:
-    """A simulator state (``schedule._State``) plus the value the last op produced."""
+    """A simulator state (``schedule.SimState``) plus the value the last op produced."""
 
     held: frozenset[int]
     recorded: frozenset[int]

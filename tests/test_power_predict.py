@@ -173,7 +173,7 @@ def test_the_simulator_is_monotone_in_cores_and_clock() -> None:
 
 
 def test_the_advisor_scores_on_the_nano_grid() -> None:
-    """The simulated validation at a small size: the goals of issue #16 hold on the Nano's grid."""
+    """The simulated validation at a small size: the advisor's goals hold on the Nano's grid."""
     report = score_device("jetson-nano", workloads=40, seed=3)
     assert report["cases"] > 30
     assert report["deadline_met_pct"] >= 95.0 and report["power_cap_met_pct"] >= 95.0

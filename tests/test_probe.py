@@ -300,6 +300,7 @@ def test_a_user_device_file_replaces_a_shipped_device_of_the_same_name(tmp_path:
 
 # --- the command ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bench_device_writes_a_file_the_energy_planner_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             steady_storage: None) -> None:
     monkeypatch.setenv(DEVICES_ENV, "")   # restored after the test: the command sets it in this process

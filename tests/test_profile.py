@@ -16,9 +16,10 @@ from edgetrain.optim import make_optimizer
 from edgetrain.profile import LiveBytesTracker
 from edgetrain.profile.tracker import storage_bytes
 
-CASES = [("resnet18", 2, 64), ("resnet18", 4, 96), ("resnet50", 1, 64), ("resnet50", 3, 64),
-         ("mobilenet_v2", 2, 64), ("mobilenet_v2", 5, 48), ("transformer_small", 4, 32),
-         ("transformer_small", 8, 64)]
+_LONG = pytest.mark.slow
+CASES = [("resnet18", 2, 64), ("resnet18", 4, 96), pytest.param("resnet50", 1, 64, marks=_LONG),
+         pytest.param("resnet50", 3, 64, marks=_LONG), pytest.param("mobilenet_v2", 2, 64, marks=_LONG),
+         ("mobilenet_v2", 5, 48), ("transformer_small", 4, 32), ("transformer_small", 8, 64)]
 
 
 def measured_peak(name: str, batch: int, size: int, optimizer: str) -> int:

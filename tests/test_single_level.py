@@ -43,6 +43,7 @@ def _regions_from(firsts: list[int], opens: list[bool], length: int) -> list[int
     return kinds
 
 
+@pytest.mark.slow
 def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats_every_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: 50 stages, all but two saving their input (where regions may open: many starts for the search), a

@@ -526,6 +526,7 @@ KILLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", list(KILLS))
 def test_killed_run_resumes_to_identical_losses_and_weights(tmp_path: Path, uninterrupted: Path, kill: str) -> None:
     flags, resume_step = KILLS[kill]
@@ -542,6 +543,7 @@ def test_killed_run_resumes_to_identical_losses_and_weights(tmp_path: Path, unin
     assert_same_run(tmp_path, uninterrupted)
 
 
+@pytest.mark.slow
 def test_run_killed_from_outside_resumes_to_identical_losses_and_weights(tmp_path: Path, uninterrupted: Path) -> None:
     # The parent kills the trainer after it reports step 3, wherever the trainer is by then.
     process = start_run(tmp_path, "--step-delay-s", "0.05")

@@ -42,7 +42,7 @@ def test_weights_and_activations_is_weights_input_and_saved() -> None:
     assert weights_and_activations_bytes(estimate.chain) < estimate.total_bytes  # gradients and momentum on top
 
 
-DOCS_CSV = Path(__file__).resolve().parents[1] / "docs" / "paper_tables" / "tables.csv"
+DOCS_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "paper_tables" / "tables.csv"
 
 
 def _docs_rows() -> dict[tuple[str, str, str, str], dict[str, str]]:
@@ -99,6 +99,7 @@ def test_claims_are_judged_by_each_accounting() -> None:
     assert verdicts["at batch 8 and 224 px ResNet-101 and ResNet-152 do not fit"] == (True, True, False)
 
 
+@pytest.mark.slow
 def test_reproduce_writes_markdown_and_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Keep the test fast: only the ResNet-18 column of every table (the claims, which need every model, are left out).
     monkeypatch.setattr(tables, "paper_values", lambda: [v for v in paper_values() if v.model == "resnet18"])
@@ -117,7 +118,7 @@ def test_reproduce_writes_markdown_and_csv(tmp_path: Path, monkeypatch: pytest.M
         assert row["ours_fits"] == str(cell.fits) and row["paper_fits"] == str(cell.paper_fits)
     big = next(c for c in cells if c.paper.table == "I" and c.paper.batch == 50)
     small = next(c for c in cells if c.paper.table == "I" and c.paper.batch == 1)
-    # The paper's Table I, ResNet-18: 230.05 MB at batch 1, MB read as MiB (docs/accounting.md).
+    # The paper's Table I, ResNet-18: 230.05 MB at batch 1, MB read as MiB (docs/concepts/memory.md).
     assert small.paper.bytes == 230.05 * 2**20
     # A real step needs less than the paper says even with gradients and momentum: ResNet-18 at batch 50
     # fits 2 GiB, which the paper's 2925 MB and its accounting deny.

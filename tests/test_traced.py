@@ -1,7 +1,7 @@
 """Models without ``stages()``: traced with torch.fx and cut where one tensor passes (NOTE [ Traced stages ]).
 
-The issue's three user models train under ``Checkpointed`` at three budgets from the least
-feasible to plain training's peak with gradients equal to plain autograd and the measured peak
+The three user models (:mod:`edgetrain.models.user_examples`) train under ``Checkpointed`` at three
+budgets from the least feasible to plain training's peak with gradients equal to plain autograd and the measured peak
 what the plan predicted; untraceable models are refused in one line naming the construct.
 """
 
@@ -62,7 +62,7 @@ def test_encoder_is_cut_between_its_layers() -> None:
     model = encoder_in_sequential(layers=4)
     stages = stages_of(model)
     # Embedding, then per layer (attention + residual, norm, feed-forward + residual, norm), then the
-    # Sequential's own Flatten and Linear as written: the encoder is no longer opaque.
+    # Sequential's own Flatten and Linear as written: the encoder is not opaque.
     assert len(stages) == 1 + 4 * 4 + 2
     assert [type(s).__name__ for s in stages[-2:]] == ["Flatten", "Linear"]
     assert sum(isinstance(s, nn.LayerNorm) for s in stages) == 8
@@ -175,9 +175,9 @@ class OpaqueStages(nn.Module):
         return list(self.model)
 
 
-def test_issue_encoder_plans_at_every_factor_and_tracing_lets_it_recompute() -> None:
-    # The issue's model and batch: its refusal quoted 8301496 bytes, keep-all's peak then; the chain
-    # now also counts the float32 loss the step returns and its seed gradient (loss_held_bytes), 8 more.
+def test_an_encoder_in_sequential_plans_at_every_factor_and_tracing_lets_it_recompute() -> None:
+    # A user's encoder-in-Sequential at its batch: keep-all's peak is 8,301,496 bytes of tensors plus the float32
+    # loss the step returns and its seed gradient (loss_held_bytes), 8 more.
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
     model = nn.Sequential(nn.Embedding(1000, 64), nn.TransformerEncoder(layer, 4, enable_nested_tensor=False),
@@ -186,7 +186,7 @@ def test_issue_encoder_plans_at_every_factor_and_tracing_lets_it_recompute() -> 
     opaque = profile(OpaqueStages(model), x, y, measure_time=False)
     traced = profile(model, x, y, measure_time=False)
     assert (opaque.length, traced.length) == (5, 20)
-    for factor in (1.05, 1.5, 2.0, 3.0):  # each was "too close to it for a grid of 500 slots"
+    for factor in (1.05, 1.5, 2.0, 3.0):  # a grid's rounding must not refuse keep-all at any factor
         assert plan(opaque, recompute=factor).predicted_peak_bytes == 8_301_504  # nothing to drop
     # 0.42 of it; 3,479,232 without the generator states of its seven recomputed dropout stages
     assert plan(traced, recompute=1.5).predicted_peak_bytes == 3_511_232

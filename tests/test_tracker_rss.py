@@ -7,16 +7,16 @@ executor, it measures the tracker's peak above the step's start, then runs the s
 with the tracker off and reads the kernel's high-water mark (``VmHWM``, reset through
 ``/proc/self/clear_refs``) above the resident set at the start.
 
-Measured (torch 2.13, CPU, one thread, 3 runs each; docs/accounting.md): the RSS rise is
+Measured (torch 2.13, CPU, one thread, 3 runs each; docs/concepts/memory.md): the RSS rise is
 0.9963-0.9993 of the tracker's peak for the small transformer (32 x 128 tokens) at keep-all,
 half-way and least memory, and 0.9975-0.9982 for ResNet-18 (8 x 96 px) at least memory; the
 RSS is below by 60-180 KB, small tensors served from malloc arena pages already resident. Where a
-convolution's kernel scratch is at the peak the RSS was above (ResNet-18 keep-all +1.4%,
-MobileNetV2 least memory +21%). Since session 20 a plan counts that scratch (NOTE [ A kernel's
-scratch in the plan ] in chain.py), and the kernel is compared with the plan: once each, session
-20, the RSS rise was 0.9991 / 0.9966 / 0.9961 of the planned peak for the transformer (no scratch),
-0.996 / 0.9945 / 0.9547 for ResNet-18 at keep-all, half-way and least memory, and 1.0008 / 0.9953
-for MobileNetV2 at keep-all and least: below where a kernel leaves pages of its scratch
+convolution's kernel scratch is at the peak the RSS is above (ResNet-18 keep-all +1.4%,
+MobileNetV2 least memory +21%). A plan counts that scratch (NOTE [ A kernel's scratch in the
+plan ] in chain.py), and the kernel is compared with the plan: once each, the RSS rise was 0.9991 /
+0.9966 / 0.9961 of the planned peak for the transformer (no scratch), 0.996 / 0.9945 / 0.9547 for
+ResNet-18 at keep-all, half-way and least memory, and 1.0008 / 0.9953 for MobileNetV2 at keep-all
+and least: below where a kernel leaves pages of its scratch
 untouched, never more than 0.1% above. The kernel lies between the plan's tensors and the plan.
 """
 

@@ -39,6 +39,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return state.model
 
 
+@pytest.mark.slow
 def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
     step_mib = between_least_and_keep_all_mib("resnet18", batch=8, image=32)
     config = TrainConfig(model="resnet18", image=32, batch=8, samples=120, epochs=2, step_memory=f"{step_mib}MiB",
@@ -63,6 +64,7 @@ def test_library_run_writes_metrics_and_summary(tmp_path: Path) -> None:
     assert sum("val_accuracy" in r for r in records) == 2
 
 
+@pytest.mark.slow
 def test_budget_below_minimum_is_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run(cli("train", *SMALL[:10], "--memory", "10MiB", "--run-dir", str(tmp_path)),
                             capture_output=True, text=True, timeout=300)
@@ -152,6 +154,7 @@ def test_another_schedule_gives_the_same_numbers(tmp_path: Path) -> None:
     assert all(torch.equal(plain_weights[k], squeezed_weights[k]) for k in plain_weights)
 
 
+@pytest.mark.slow
 def test_the_optimizer_stepped_in_the_backward_trains_as_the_whole_step_and_resumes_exactly(tmp_path: Path) -> None:
     """``--step-in-backward`` (one SGD per parameter, stepped from its gradient's accumulation): the weights and
     losses of the whole step's run under a cosine rate (a new rate at every step, in every parameter's

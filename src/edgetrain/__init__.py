@@ -10,6 +10,7 @@ The names below are imported on first use (PEP 562): ``import edgetrain.cli`` or
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -62,7 +63,7 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 class _Package(ModuleType):
     """NOTE [ The function profile and the package profile ]
-    ``edgetrain.profile`` is the function, as it was when this module imported it eagerly, yet
+    ``edgetrain.profile`` is the function (the public name), yet
     ``edgetrain/profile/`` is also a subpackage, and importing a subpackage binds it to its name
     in the parent. A public name never gives way to a subpackage of the same name: the binding
     gets the name's own value (the subpackage is loaded by then, so this costs nothing).
@@ -78,10 +79,14 @@ sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
+    """A public name from its home module, or a subpackage (``edgetrain.planners``), imported on first read."""
     module = _HOME_OF.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value   # later reads skip this function
     return value
 

@@ -1,12 +1,12 @@
 """``edgetrain bench profile``: a fixed, versioned set of training workloads, one comparable report per device.
 
-Seed 002 (section 4) asks for an edge-training benchmark profile: the same workloads on every
-board, repeated, with the spread and the software setup written beside the times, so that boards
-and software versions can be compared. The workloads of a :data:`PROFILE_VERSION` never change;
-a change of workload, batch, size or steps makes a new version, and reports of two versions are
-not compared. Each workload is built once, warmed up with one step, then timed ``runs`` times
-over ``steps`` training steps (zero_grad, forward, loss, backward, SGD step); a run's figure is
-its seconds per step, and the report gives their median, IQR and CoV (:func:`~edgetrain.benchstats.spread`).
+An edge-training benchmark profile (Prashanthi S.K. et al., *Don't Miss the Train: A Case for Systems Research into
+Training on the Edge*) needs the same workloads on every board, repeated, with the spread and the software setup
+written beside the times, so that boards and software versions can be compared. The workloads of a
+:data:`PROFILE_VERSION` never change; a change of workload, batch, size or steps makes a new version, and reports of
+two versions are not compared. Each workload is built once, warmed up with one step, then timed ``runs`` times over
+``steps`` training steps (zero_grad, forward, loss, backward, SGD step); a run's figure is its seconds per step, and
+the report gives their median, IQR and CoV (:func:`~edgetrain.benchstats.spread`).
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ def _time_workload(workload: Workload, runs: int) -> list[float]:
 
 def run_profile(device: str | None = None, runs: int = 5, workloads: tuple[Workload, ...] = WORKLOADS,
                 progress: Callable[[int, int], None] | None = None, gemm_s: float = 2.0) -> dict[str, Any]:
-    """Time every workload ``runs`` times; the report (docs/power.md, "The training profile").
+    """Time every workload ``runs`` times; the report (docs/guide/power.md, "The training profile").
 
     The report also carries the sustained FP64 DGEMM rate (the LINPACK-style probe ``bench device``
     and the time model share, :func:`~edgetrain.devices.rate.probe_gemm`, run for ``gemm_s``), so
-    a board's training times can be set against its raw rate (seed 004 compares boards by LINPACK).
+    a board's training times can be set against its raw rate (Mwase et al., AAAI 2024, compare boards by LINPACK).
 
     Raises:
         EdgetrainError: ``runs < 2`` (a spread needs two runs).

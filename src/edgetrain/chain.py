@@ -40,8 +40,8 @@ at the dispatcher, never sees them. The profiler measures each phase of a real-t
 the c10 allocator's records and by the tracker at once (NOTE [ One session, many windows ] in
 profile/tracker.py): the workspaces are the allocator's, the scratch the difference. Every
 planner plans the workspaces as they are, so a plan's peak holds for the allocator too (ResNet-18
-at batch 8, 128 px: 8-10 MiB a stage; the tracker alone had planned 8 MiB under the allocator's
-peak). ``Chain.without_scratch()`` is the chain as the tracker sees it, whose simulated peak the
+at batch 8, 128 px: 8-10 MiB a stage; planned by the tracker alone, a plan sits 8 MiB under the
+allocator's peak). ``Chain.without_scratch()`` is the chain as the tracker sees it, whose simulated peak the
 tracker's measurement is checked against to the byte. The records hold only the allocations of
 threads that carry the profiler's state, which the intra-op pool's workers do not: the profiler
 measures bytes at one thread (times at the process's count), and a step is checked against the

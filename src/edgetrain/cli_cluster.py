@@ -1,4 +1,5 @@
-"""``edgetrain cluster``: data-parallel training across edge nodes (issue #14).
+"""``edgetrain cluster``: data-parallel training across edge nodes (``run``, ``local``; ``federated`` is in
+``cli_federated``).
 
 Registered on the main app by one line in :mod:`edgetrain.cli`; the library is imported inside
 each command, so ``edgetrain --help`` does not pay for PyTorch.
@@ -15,7 +16,8 @@ import typer
 from .cli_common import clean_errors, console, error
 from .fileio import to_json
 
-cluster_app = typer.Typer(help="Data-parallel training across edge nodes on torch.distributed (issue #14).",
+cluster_app = typer.Typer(help="Data-parallel training across edge nodes on torch.distributed: one node in "
+                                "torchrun's environment, a supervised cluster on this machine, or federated rounds.",
                           no_args_is_help=True)
 
 ModelOpt = typer.Option("resnet18_cifar", "--model", "-m", help="Model name from the zoo.")

@@ -1,4 +1,4 @@
-"""``edgetrain insitu``: the in-situ student-teacher pipeline of the founding paper's section III (issue #13).
+"""``edgetrain insitu``: the in-situ student-teacher pipeline of the founding paper's section III.
 
 Registered on the main app by one line in :mod:`edgetrain.cli`; the library is imported inside
 each command, so ``edgetrain --help`` does not pay for PyTorch.
@@ -16,7 +16,8 @@ from rich.table import Table
 from .cli_common import clean_errors, console, finite
 from .fileio import to_json
 
-insitu_app = typer.Typer(help="In-situ student-teacher training on a camera node (issue #13).", no_args_is_help=True)
+insitu_app = typer.Typer(help="In-situ student-teacher training on a camera node: render a world, simulate "
+                                "the pipeline, run the service, plot its report.", no_args_is_help=True)
 
 
 @insitu_app.command("world")

@@ -1,4 +1,4 @@
-"""``edgetrain power`` (modes, run, restore, advise) and ``bench counters`` / ``bench profile`` (issue #16).
+"""``edgetrain power`` (modes, run, restore, advise) and ``bench counters`` / ``bench profile``.
 
 ``power_app`` is registered on the main app by one line in :mod:`edgetrain.cli`, and
 :func:`register_bench` hangs the two bench commands on its ``bench`` group, so this module never
@@ -18,7 +18,8 @@ from rich.table import Table
 from .cli_common import clean_errors, console
 from .fileio import to_json
 
-power_app = typer.Typer(help="Power modes: list, run under one, predict and advise (issue #16).", no_args_is_help=True)
+power_app = typer.Typer(help="Power modes: list a board's modes, run a command under one, restore a mode a "
+                               "crashed run left changed, advise one for a workload.", no_args_is_help=True)
 
 
 def _mhz(hz: float | None) -> str:
@@ -118,7 +119,7 @@ def advise_command(
         deadline: float | None = typer.Option(None, "--deadline", min=0.0, help="Seconds an epoch may take."),
         power_cap: float | None = typer.Option(None, "--power-cap", min=0.0, help="Watts the board may draw."),
         profiles: Path | None = typer.Option(None, "--profiles", help="JSON of <= 6 modes measured on the board "
-                                             "(docs/power.md gives the format)."),
+                                             "(docs/guide/power.md gives the format)."),
         simulate_seed: int | None = typer.Option(None, "--simulate-seed", help="Profile a synthetic workload of "
                                                  "the simulator instead (a demonstration, not a measurement)."),
         measure: bool = typer.Option(False, "--measure", help="Profile <= 6 of this board's modes now (root, CPU "

@@ -133,8 +133,8 @@ def scale_chain(chain: Chain, profile: EnergyProfile, *, host_flops_per_s: float
     """The chain with its stage times moved to the profile's device; sizes are unchanged.
 
     ``time_on_device = time_here * host_flops_per_s / profile.compute_flops_per_s``: the
-    assumption that every stage runs at the same achieved rate on both machines (see the NOTE
-    in this module). A chain profiled without timing (``chain.meta["timed"] is False``, e.g. on
+    assumption that every stage runs at the same achieved rate on both machines (NOTE [ The
+    energy cost model ]). A chain profiled without timing (``chain.meta["timed"] is False``, e.g. on
     the meta device) has times FLOPs / ``NOMINAL_FLOPS_PER_S``, so ``host_flops_per_s`` defaults
     to that and the result is FLOPs / the device's rate; pass the ``flops_per_s`` given to
     :func:`edgetrain.profile.profile` if it was not the default.

@@ -317,7 +317,8 @@ class Stats:
     ``forward_advances`` counts forwards that do not record (Griewank's "advances"); every
     stage is recorded exactly once, so ``forward_count = length + forward_advances``.
     ``time_s`` is compute plus paging time (NOTE [ Paging time and energy ]); the energy
-    fields are None unless :func:`simulate` was given a device profile.
+    fields are None unless :func:`simulate` was given a device profile. ``recompute_factor`` is
+    ``time_s`` over the step without recomputation (NOTE [ Recompute factor ]).
     """
 
     peak_bytes: int
@@ -601,6 +602,16 @@ def _run(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = None,
     return _stats(chain, tally, profile, peak=peak, peak_op=peak_op, peak_grads=peak_grads, peak_disk=peak_disk)
 
 
+# NOTE [ Recompute factor ]
+# ρ = the schedule's simulated step time over ``Chain.compute_time_s``, the step without recomputation (every
+# stage's forward and backward once, nothing paged): 1.0 for plain backprop, and each advance adds its stage's
+# forward time to the numerator. This is Griewank's convention for Revolve and the founding paper's (Kukreja et al.,
+# PAISE 2019: unit forward and backward per layer, ``ρ = (2l + advances) / 2l``). Stage times are whatever the chain
+# carries (measured seconds, or FLOPs at NOMINAL_FLOPS_PER_S where nothing is timed), so ρ weighs a recomputed stage
+# by its own cost, not by one unit. The numerator is the step's ``time_s``: compute, plus paging time charged
+# serially when :func:`simulate` is given a device profile (NOTE [ Paging time and energy ]; without one paging
+# costs no time), so with a profile a schedule pays for its transfers in ρ as it pays for its advances. A chain with
+# no time at all (every stage 0 s) has ρ = 1.
 def _stats(chain: Chain, tally: SimTally, profile: EnergyProfile | None, *, peak: int, peak_op: int | None,
            peak_grads: int, peak_disk: int) -> Stats:
     page_time_s = 0.0

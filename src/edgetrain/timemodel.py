@@ -11,7 +11,7 @@ function of the chain's FLOPs and one *training rate* of the device, :func:`trai
   step, ``benchmarks/time_validation.toml``). Used as it is.
 * **calibrated here**: a device whose catalog gives only a sustained microbenchmark rate
   (``gemm_fp64_flops_per_s``: LINPACK / DGEMM in double precision, e.g. 15.5 GFLOP/s for a
-  Raspberry Pi 4, seed 004) gets ``device_gemm x (training_here / gemm_here)``: this machine's
+  Raspberry Pi 4, Mwase et al., AAAI 2024) gets ``device_gemm x (training_here / gemm_here)``: this machine's
   achieved training rate scaled by the ratio of the two machines' rates on the *same*
   microbenchmark (:func:`edgetrain.devices.rate.calibrate_host` runs it here, ``bench device``
   on a board). Equivalently, a stage's time here times ``gemm_here / gemm_device``.
@@ -24,10 +24,10 @@ Assumptions of the calibrated rate, stated where they are used:
   (``HostCalibration.efficiency``, measured here on ResNet-18, batch 8, 64 px) is taken to be
   the same on the device and for every model. Both machines run PyTorch's CPU kernels; a model
   with a different mix of memory-bound layers, or a board whose memory system is relatively
-  slower, breaks it. It did break for the Raspberry Pi 4: published steps run at 0.77-1.10 of
-  its LINPACK rate against 0.23-0.55 here, so the calibrated RPi 4 was 2.3-3.3x too slow and the
-  catalog now gives it a measured rate; the calibration is the fallback of a board known only
-  by its LINPACK figure.
+  slower, breaks it. It breaks for the Raspberry Pi 4: published steps run at 0.77-1.10 of
+  its LINPACK rate against 0.23-0.55 here, so a calibrated RPi 4 would be 2.3-3.3x too slow, and
+  the catalog gives it a measured rate instead; the calibration is the fallback of a board known
+  only by its LINPACK figure.
 * *Precision.* Training runs in FP32, the microbenchmark in FP64 (the published LINPACK rate
   is FP64, so the probe here is too). The ratio of two machines' FP64 rates stands for the
   ratio of their FP32 rates: on both ARM NEON and x86 AVX a vector holds twice as many FP32

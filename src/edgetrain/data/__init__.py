@@ -8,7 +8,7 @@
 * :class:`MinIOCache` / :class:`LRUCache` keep sample bytes in a byte budget across epochs;
 * :func:`analyze_stalls` measures how long training waits on fetching and pre-processing.
 
-See ``docs/data.md``.
+See ``docs/guide/data.md``.
 """
 
 from __future__ import annotations

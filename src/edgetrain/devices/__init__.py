@@ -1,6 +1,7 @@
 """Edge devices training is planned for: a catalog of sourced figures plus ``this-machine``.
 
-See the NOTE in :mod:`edgetrain.devices.catalog` for the rules every figure follows.
+See NOTE [ Device figures and their sources ] in :mod:`edgetrain.devices.catalog` for the rules every figure
+follows.
 """
 
 from .catalog import (

@@ -3,7 +3,7 @@
 NOTE [ Cross-node BatchNorm ]
 Each node of a data-parallel step holds a slice of the global batch. A plain BatchNorm
 normalises over its node's slice (ghost batches: with 4 nodes of 8 samples ResNet-18 ended 40
-steps at 0.85 where single-node training on the 32 ended at 0.50, docs/cluster.md), so the cluster
+steps at 0.85 where single-node training on the 32 ended at 0.50, docs/guide/cluster.md), so the cluster
 trains another model than one node would. PyTorch's ``nn.SyncBatchNorm`` sums the statistics
 across processes but runs on GPUs only. :class:`CrossNodeBatchNorm` does it on any device with
 one small all-reduce in the forward (per channel: the samples' sum and sum of squares, and the

@@ -15,9 +15,9 @@ so ``Σ_r e_r = S - P Q^T``, the compression error of the sum (with equal weight
 PyTorch's hook, ``e_r = g_r - mean``, scaled by ``1/N``).
 
 Why not PyTorch's ``powerSGD_hook``: it is a DDP communication hook (the executor does not run
-under DDP: NOTE [ Explicit all-reduce, not DDP ]), and on gloo it crashed in 6 of 15 runs of the
-issue's measurement (``Received data size doesn't match expected size``) from its flattened
-buckets. Here every collective is one whole tensor, or one flat buffer of the small ones
+under DDP: NOTE [ Explicit all-reduce, not DDP ]), and on gloo it crashes (6 of 15 runs measured:
+``Received data size doesn't match expected size``) from its flattened buckets. Here every
+collective is one whole tensor, or one flat buffer of the small ones
 (NOTE [ Explicit all-reduce, not DDP ]), whose size depends only on the parameters and the
 rank, the same on every node. ``Q`` starts from a seeded generator, so every node starts
 from the same ``Q`` and, every sum being the same everywhere, the nodes' weights stay equal.

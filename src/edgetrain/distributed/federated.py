@@ -1,7 +1,7 @@
 """Federated training of camera nodes on Flower: every node trains locally under its memory budget; only weights travel.
 
 NOTE [ Federated rounds ]
-Issue #14, item 5: nodes that must not share their frames (in-situ camera nodes) still learn
+Nodes that must not share their frames (in-situ camera nodes) still learn
 together. Each node keeps its data; a server averages their models (FedAvg, McMahan et al.,
 AISTATS 2017). Flower (``flwr``, the ``federated`` extra) carries the messages, through its
 gRPC client and server (``flwr.client.start_client`` with a ``NumPyClient``,
@@ -91,7 +91,7 @@ SYNTHETIC_CLASSES = 10  # open_dataset's synthetic default: the server builds th
 # What a node's budget sets aside beside its measured runtime baseline (NOTE [ Federated rounds ]): gRPC's and
 # Flower's runtime, which start after the node planned, and a round's messages, which hold the weights several
 # times over (Flower's received bytes and arrays, the reply's copy, its serialised bytes and message). Set from
-# two runs of benchmarks/federated.py (2026-11-24, 5 rounds): in-situ nodes (0.1 MB of weights) peaked 60-64 MiB
+# two runs of benchmarks/federated.py (5 rounds each): in-situ nodes (0.1 MB of weights) peaked 60-64 MiB
 # above the runtime baseline + planned step prediction without them, ResNet-18 nodes (44.7 MB) 206-333 MiB.
 FLOWER_RUNTIME_BYTES = 96 * 2**20
 MESSAGE_COPIES = 6

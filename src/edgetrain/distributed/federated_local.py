@@ -1,7 +1,7 @@
-"""``cluster federated`` on one machine: a Flower server and one process per node, supervised (issue #14, item 5).
+"""``cluster federated`` on one machine: a Flower server and one process per node, supervised.
 
 Plain localhost processes (``python -m edgetrain.distributed.federated server|client``): no network
-shaping, no cgroup (docs/cluster.md, "Federated mode"). The first process to fail stops the others
+shaping, no cgroup (docs/guide/cluster.md, "Federated mode"). The first process to fail stops the others
 and its one line is the error.
 """
 

@@ -2,7 +2,7 @@
 
 NOTE [ Supervision ]
 torchrun's elastic agent restarts the whole group on a failure and its survivors have hung on
-scale-down (pytorch#111646, #67742); the issue measured 45-64 s to resume after a kill or a cut
+scale-down (pytorch#111646, #67742), and it takes 45-64 s to resume after a kill or a cut
 link. Here the supervisor watches every node directly, with no rendezvous round:
 
 * a node that *dies* is seen by ``waitpid`` at once (its exit status says it was killed);
@@ -30,12 +30,12 @@ the supervisor through its ``finally`` blocks, which kill and reap every node an
 (``_termination_unwinds``); its default action would end the supervisor at once and leave them
 training on. The SystemExit the handler raises can be swallowed: a signal that arrives while
 the interpreter runs a callback it cannot propagate from (logging's at-fork hook, run in the
-parent after every ``Popen``'s fork) is printed as "Exception ignored" and the supervisor went
-on watching, its nodes training (CI, 1 run in about 4 full suites). So the handler also records
+parent after every ``Popen``'s fork) is printed as "Exception ignored", and the supervisor would
+go on watching, its nodes training (about 1 run in 4 full test suites). So the handler also records
 the signal, and the watch loop unwinds on it (``_unwind_if_terminated``).
 
 NOTE [ Warm spares ]
-Most of a re-form's time went into starting fresh processes: importing torch and the first
+Most of a re-form's time goes into starting fresh processes: importing torch and the first
 profile, whose first call imports torch's dispatch and compile machinery (2-4 s of import and
 5-9 s of a first profile of the small token model on a loaded 2-core machine, against well
 under a second for a second profile). So once a group has trained a step, the supervisor
@@ -46,12 +46,12 @@ its stdin. A re-form hands each node's spare its spec (rank, world size, master)
 starting a process, and the node plans from the profile ready for it; spares are started again
 for the next failure. A spare runs in its node's namespace and CPU cgroup and, as root, under
 SCHED_IDLE until it takes a node's place (so its warm-up takes no CPU a node wants: without it,
-spares warming up on a loaded machine delayed a node's heartbeat past the timeout; unprivileged,
-SCHED_IDLE could not be undone, so spares then run at normal priority). It joins the node's
+spares warming up on a loaded machine delay a node's heartbeat past the timeout; unprivileged,
+SCHED_IDLE cannot be undone, so spares then run at normal priority). It joins the node's
 memory cgroup only when it takes the node's place; as the pages it holds by then stay charged
 outside (this kernel, 6.18, has no ``move_charge_at_immigrate``), a node with a memory limit
 gets no spare and restarts fresh, so the kernel's limit counts its whole process. Without the
-emulation a spare is a plain process; ``spares=False`` starts fresh processes as before.
+emulation a spare is a plain process; ``spares=False`` starts fresh processes on every re-form.
 
 Own supervision rather than a fault-tolerant layer such as torchft: torchft replaces the
 process group and runs a quorum service (its lighthouse) beside the job, and it is not

@@ -85,8 +85,8 @@ class LinkPreset:
 
 PRESETS: dict[str, LinkPreset] = {
     "gigabit": LinkPreset("gigabit", 1_000_000_000, 0.0, 0.0, "the Raspberry Pi 4 cluster's switched Gigabit "
-                          "Ethernet (seed 004); its ~0.1 ms latency is not emulated"),
-    "100mbit": LinkPreset("100mbit", 100_000_000, 0.0, 0.0, "Fast Ethernet, the issue's slow-link case; "
+                          "Ethernet (Mwase et al., AAAI 2024); its ~0.1 ms latency is not emulated"),
+    "100mbit": LinkPreset("100mbit", 100_000_000, 0.0, 0.0, "Fast Ethernet, the slow wired link; "
                           "latency not emulated"),
     "wifi20": LinkPreset("wifi20", 20_000_000, 0.005, 0.0, "20 Mbit/s Wi-Fi; 5 ms one way (10 ms round trip) is "
                          "assumed, the order of a lightly loaded 802.11n/ac hop to the access point, not measured"),
@@ -301,7 +301,7 @@ class NetworkEmulation:
 
         Two threads under a half-core quota burn the period's quota in half the time and then wait, throttled:
         a ResNet-18 step of batch 32 took 5.8 s with 2 threads and 3.1 s with 1 (``cluster local --nodes 1
-        --netns --cpus-per-node 0.5``, load average 8 on 2 cores).
+        --netns --cpus-per-node 0.5`` on 2 busy cores).
         """
         threads = os.environ.get("OMP_NUM_THREADS", str(max(1, math.ceil(self.cpus_per_node))))
         return {"GLOO_SOCKET_IFNAME": self.interface, "OMP_NUM_THREADS": threads}

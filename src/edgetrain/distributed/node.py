@@ -17,8 +17,8 @@ state holds the position in the global order, not in a node's slice, a run stopp
 size resumes at any other: the shares are split again and the next global batch is the same.
 
 NOTE [ Periodic averaging ]
-On a slow link the all-reduce of every gradient costs more than the step (the issue measured
-4.43 s per ResNet-18 step at 100 Mbit/s). With ``average_every = K`` each node steps on its own
+On a slow link the all-reduce of every gradient costs more than the step (4.43 s per ResNet-18
+step at 100 Mbit/s). With ``average_every = K`` each node steps on its own
 slice's gradient (local SGD; Stich, ICLR 2019; DiLoCo, Douillard et al. 2023, with plain
 averaging as the outer step) and every ``K`` steps the weights are replaced by their average
 weighted by share: K times fewer bytes, and only plain all-reduces of the parameters (no
@@ -28,7 +28,7 @@ over its own slice: no collective between averagings). The loss is still summed 
 single-process training any more: the loss after a fixed number of steps is what the benchmark
 compares. Rank 0 saves *its* weights; a resume restarts every node from them.
 Its logged loss learns less per step than exact training for two reasons, neither a bug
-(``benchmarks/local_sgd.py``, docs/cluster.md): BatchNorm over each node's slice alone (exact
+(``benchmarks/local_sgd.py``, docs/guide/cluster.md): BatchNorm over each node's slice alone (exact
 steps with ``--local-batch-norm``) ends far above the single node's BatchNorm over the global
 batch; and between averagings a step's loss is the node's *local* model's, which its own small
 batches move away from the average: the averaged weights' loss is well below the logged one.
@@ -281,8 +281,8 @@ class _Heartbeat:
     The block's end waits for the thread: a daemon thread still inside a store call (torch releases
     the GIL there) when the interpreter finalizes takes the GIL back on return, and Python 3.11 ends
     such a thread with ``pthread_exit``, whose unwinding through pybind11's ``gil_scoped_release``
-    destructor calls ``std::terminate``: the node, its training done, died by SIGABRT ("terminate
-    called without an active exception"), and the supervisor counted a crash and restarted it.
+    destructor calls ``std::terminate``: the node, its training done, would die by SIGABRT ("terminate
+    called without an active exception"), and the supervisor would count a crash and restart it.
     """
 
     def __init__(self, options: ClusterOptions, env: ClusterEnv) -> None:

@@ -4,7 +4,7 @@ NOTE [ Half-precision buckets overlapped with the backward ]
 At 100 Mbit/s the exact all-reduce of ResNet-18's 45 MB of float32 gradients takes ≥ 5.4 s
 (a ring sends 1.5x the gradients per node of 4), after the backward has ended: most of a 4-node
 step. PowerSGD sends far less but changes the maths (its training loss ends 7-22% above the
-single node's at batch 128: docs/cluster.md). This sums the *whole* gradients, with two changes
+single node's at batch 128: docs/guide/cluster.md). This sums the *whole* gradients, with two changes
 of how, not what:
 
 * **Half the bytes**: each node sends ``count · grad`` (its samples' summed gradient) rounded to

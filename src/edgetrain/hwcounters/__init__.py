@@ -1,1 +1,1 @@
-"""Hardware and software counters per training phase (issue #16): perf_event_open by ctypes, perf stat parsing."""
+"""Hardware and software counters per training phase: perf_event_open by ctypes, perf stat parsing."""

@@ -6,7 +6,7 @@ probability ``miss_rate``, jitters the rest by a few pixels and adds ``false_pos
 boxes of background on average. What reaches the tracker is unlabeled boxes only; the source
 track id of each detection is returned separately for evaluation (0 for a false positive) and
 never read by the tracker, the teacher gate or the store. A background-subtraction detector
-is the next step (see docs/insitu.md).
+is the next step (see docs/guide/insitu.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """From teacher outputs to pseudo-labels: a competence gate that reads no ground truth, and track propagation.
 
 NOTE [ Estimating the teacher's competence ]
-The prototype in issue #13 showed that voting the teacher's *confident* labels along a track
-is not enough: far from its training views the teacher is confidently wrong. The node cannot
-read the true viewpoint, so the gate estimates competence from what it has:
+Voting the teacher's *confident* labels along a track is not enough: far from its training
+views the teacher is confidently wrong. The node cannot read the true viewpoint, so the gate
+estimates competence from what it has:
 
 1. *calibration on held-in views*: on eye-level crops the teacher never trained on, the
    distance of each crop's feature to its predicted class's mean (per-dimension standardised)
@@ -14,7 +14,7 @@ read the true viewpoint, so the gate estimates competence from what it has:
    ``aspect_quantiles`` of the boxes of the predicted class in the teacher's training data. Seen
    from above, a barrel's box is not the tall box the teacher learned barrels by, so a confident
    "dome" there is not trusted. (Without this cue, seed 0's pseudo-labels were 92% correct at
-   69% coverage; with it 99% at 73%: docs/insitu.md.)
+   69% coverage; with it 99% at 73%: docs/guide/insitu.md.)
 3. *agreement along the track*: a track is labelled only if at least ``min_votes`` frames pass
    and ``min_agreement`` of them agree.
 
@@ -42,12 +42,12 @@ crates and barrels "dome", with confidence. Two cues a node *can* compute help, 
 
 Each track's label is the arg-max of its frames' weighted, aligned probabilities
 (:func:`posterior_labels`), and every track is labelled: the student learns more from every
-track at ~75% precision than from 40% of them at ~90% (docs/insitu.md). A self-training round
+track at ~75% precision than from 40% of them at ~90% (docs/guide/insitu.md). A self-training round
 (:func:`relabel_tracks`) then lets the student, once trained on those labels, vote again on each
 stored track with its own probabilities.
 
 NOTE [ Object size from the mount: the size rule ]
-The steep camera's worst confusions (crates and barrels called "dome", docs/insitu.md) are between
+The steep camera's worst confusions (crates and barrels called "dome", docs/guide/insitu.md) are between
 objects of different physical size, and the node can measure size without the teacher: the ground
 contact's depth follows from the mount (as its elevation does), so a box's width and height in
 pixels become metres at that depth (:func:`box_size_m`; the height mixes the object's height and
@@ -76,7 +76,7 @@ positives such tracks hold 0.2% of the detections.
 
 NOTE [ Cross-fitted self-training ]
 The self-training round's student votes on the very crops it was trained on, so its track votes
-mostly echo the labels it was given, wrong ones included (docs/insitu.md). The
+mostly echo the labels it was given, wrong ones included (docs/guide/insitu.md). The
 cross-fitted round (``insitu simulate --round-folds K``) deals the stored tracks into K folds
 (:func:`fold_of_tracks`: whole tracks, so a student never sees any crop of a track it votes on)
 and trains one student per fold on the other folds' tracks; each votes on its fold's crops. Three
@@ -101,18 +101,18 @@ tracks from the store.
 NOTE [ Votes agreed over several fold orders ]
 One deal of the tracks into folds is one draw: which tracks a fold student learns from, and the order
 its batches come in, move its votes, and on seed 3 the fold students' seed alone moved the last
-round's kept labels from 0.966 to 0.910 correct (docs/insitu.md, session 17). Repeated cross-fitting
+round's kept labels from 0.966 to 0.910 correct (docs/guide/insitu.md). Repeated cross-fitting
 (``insitu simulate --round-repeats M``, :func:`repeated_cross_fit`) deals the tracks M times (the first
-deal in order of first appearance, as before; each later one in a random order of its own), trains each
+deal in order of first appearance, as a single deal is; each later one in a random order of its own), trains each
 deal's fold students with their own seed, and gives each detection the mean of the M votes it got, each
-from a student that never saw its track; the round's cues then meet as before. The students train one
+from a student that never saw its track; the round's cues then meet as with one deal. The students train one
 after the other (each within the planned step memory); the round costs M times its fold students.
 
 NOTE [ The size cue given the track's heading ]
 A box's width depends on which side of the object the camera sees: a crate (2 m x 1 m footprint) is ~2 m
 wide seen side-on and ~1 m end-on, so one Gaussian of log size per class (NOTE [ Object size from the
-mount ... ]) is wide for crates and puts end-on crates near pyramids (seed 7: every cue called them
-pyramids; docs/insitu.md). The generator moves every object along its long axis on a straight path, and
+mount: the size rule ]) is wide for crates and puts end-on crates near pyramids (seed 7: every cue called them
+pyramids; docs/guide/insitu.md). The generator moves every object along its long axis on a straight path, and
 the node sees that path without ground truth: each box's foot point (bottom centre) maps to the ground
 through the mount (:func:`ground_point_m`), and the principal axis of a track's foot points is its heading
 (:func:`heading_rad`, modulo 180°: a footprint looks the same from the front and the back). A box's width
@@ -124,12 +124,12 @@ class (:class:`HeadingSizes`: the log size end-on and side-on, fitted by weighte
 same EM: for a crate, exp of the side-on log width is its length and the end-on one its width); |cos|
 rather than cos 2θ, because near end-on a box's width grows with the angle itself (cos 2θ is flat there).
 Tracks whose foot points travel less than :data:`MIN_HEADING_TRAVEL_M` (no heading) keep the plain
-Gaussian, fitted as before on every track.
+Gaussian, fitted on every track.
 
 NOTE [ A slope only where the tracks show one ]
 A class's slope (its side-on minus end-on log size) is fitted from whichever of its tracks are seen
 side-on, and on seed 5 the round classes (barrel, dome) had two each: their slopes, fitted to two tracks'
-noise, made barrels look like domes (labels 0.939 -> 0.879; docs/insitu.md). A ridge or a pull of every
+noise, made barrels look like domes (labels 0.939 -> 0.879; docs/guide/insitu.md). A ridge or a pull of every
 slope towards 0 fixed seed 5 but undid seeds 3 and 7, whose crates need theirs. So each class keeps its
 slope only where the data earn it (:func:`_slope_lowers_bic`): the Gaussian log likelihood gain of the
 line over one size at every view must exceed BIC's penalty, half a log of the sample size per slope.
@@ -159,8 +159,8 @@ __all__ = ["GateConfig", "Calibration", "log_aspect", "calibrate", "accepted", "
            "HeadingSizes", "SIZE_OUTLIER_LOG_DENSITY", "MIN_HEADING_TRAVEL_M"]
 
 PROPAGATION = ("track", "forward", "none")
-# NOTE [ Object size from the mount ... ]; NOTE [ Track posteriors: the steep camera's labelling rule ]; NOTE
-# [ Estimating the teacher's competence ]
+# NOTE [ Object size from the mount: the size rule ]; NOTE [ Track posteriors: the steep camera's labelling rule ];
+# NOTE [ Estimating the teacher's competence ]
 RULES = ("size", "posterior", "gate")
 # The cross-fitted round's floor under the size likelihoods (NOTE [ Cross-fitted self-training ]).
 SIZE_OUTLIER_LOG_DENSITY = -4.0
@@ -369,11 +369,11 @@ def label_detections(ids: Sequence[int], outputs: Outputs, boxes: np.ndarray, ca
                      margin: float | None = None) -> tuple[list[int | None], np.ndarray]:
     """Pseudo-labels of one clip's detections (None: not stored) and the frames the rule trusts fully.
 
-    ``config.rule`` picks NOTE [ Object size from the mount ... ] ("size": the posterior rule's track
+    ``config.rule`` picks NOTE [ Object size from the mount: the size rule ] ("size": the posterior rule's track
     posteriors times ``sizes``' likelihoods, fitted on a longer stretch of the stream, else on this
     clip alone; whole tracks only; a track shorter than ``config.min_track_frames`` or whose two best scores
     differ by less than ``margin``, fitted on the same stretch, else on this clip by ``config.coverage``, is
-    not labelled), NOTE [ Track posteriors ... ] ("posterior": trusted = full-weight
+    not labelled), NOTE [ Track posteriors: the steep camera's labelling rule ] ("posterior": trusted = full-weight
     views; ``alignment`` fitted on a longer stretch of the stream, else on this clip alone) or NOTE
     [ Estimating the teacher's competence ] ("gate": trusted = gate-accepted frames).
     """
@@ -407,7 +407,7 @@ def relabel_tracks(tracks: Sequence[int], probs: np.ndarray, log_sizes: dict[int
 
     With ``log_sizes`` (each track's median log box size, :func:`track_evidence`), the size rule's
     round: the summed probabilities, normalised, times the size likelihoods of a :class:`SizeModel`
-    fitted to them (NOTE [ Object size from the mount ... ]), given each track's side view where
+    fitted to them (NOTE [ Object size from the mount: the size rule ]), given each track's side view where
     ``side_views`` has some (NOTE [ The size cue given the track's heading ]).
     """
     evidence = track_evidence(tracks, probs, np.zeros((len(tracks), 2)))
@@ -562,7 +562,7 @@ def fit_size_model(tracks: TrackEvidence, iterations: int = 20, ridge: float = 1
     the tracks' current assignments, each track weighing its number of detections (with the tracks'
     side views, also every class's :class:`HeadingSizes` on the tracks that have one), then sets each
     assignment to the track's posterior times the classes' likelihoods of its size (NOTE [ Object
-    size from the mount ... ]; NOTE [ The size cue given the track's heading ]). Tracks of fewer than
+    size from the mount: the size rule ]; NOTE [ The size cue given the track's heading ]). Tracks of fewer than
     ``min_frames`` detections (mostly false positives and fragments, whose median size is noisy) are
     labelled but not fitted, unless no track is longer.
     """
@@ -616,7 +616,8 @@ def _heading_sizes(weights: np.ndarray, points: np.ndarray, side_views: np.ndarr
         residual = y - design @ coefficients
         dof = w.sum() - (w**2).sum() / w.sum()
         mean = w @ y / w.sum()
-        if not _slope_lowers_bic(w, y - mean, residual, ridge):  # one size at every view (NOTE [ A slope only ... ])
+        # one size at every view (NOTE [ A slope only where the tracks show one ])
+        if not _slope_lowers_bic(w, y - mean, residual, ridge):
             coefficients, residual, dof = np.stack([mean, mean]), y - mean, dof + 1
         covariances.append((w[:, None] * residual).T @ residual / max(dof - 1, 1e-12) + ridge * np.eye(y.shape[1]))
         end_on.append(coefficients[0])
@@ -701,9 +702,10 @@ class StreamFit:
 def fit_stream(tracks: np.ndarray, probs: np.ndarray, boxes: np.ndarray, camera: Camera, prior: np.ndarray,
                config: GateConfig) -> StreamFit:
     """The :class:`StreamFit` of detections with ``tracks`` (n,) unique over the stretch, teacher ``probs``
-    (n, classes) and ``boxes`` (n, 4): the alignment to ``prior`` (NOTE [ Track posteriors ... ]) and, for
-    the size rule, the size model of the tracks' aligned, view-weighted posteriors and the margin that
-    labels ``config.coverage`` of the detections (NOTE [ Object size from the mount ... ])."""
+    (n, classes) and ``boxes`` (n, 4): the alignment to ``prior`` (NOTE [ Track posteriors: the steep camera's
+    labelling rule ]) and, for the size rule, the size model of the tracks' aligned, view-weighted posteriors and
+    the margin that labels ``config.coverage`` of the detections (NOTE [ Object size from the mount: the size
+    rule ])."""
     elevations = elevation_deg(boxes, camera)
     alignment = fit_alignment(probs, elevations, prior, config.elevation_bands)
     if config.rule != "size" or len(probs) == 0:

@@ -143,7 +143,7 @@ def _track_consistency(model: nn.Sequential, unlabelled: Unlabelled, epoch: int,
 # NOTE [ Track consistency on the dropped tracks ]
 # The last cross-fitted round keeps the surest tracks holding 81% of the stored detections; the rest, mostly
 # the steepest views (60-90°) and crates, are this camera's own crops that the final student never sees. Their
-# labels would be wrong too often to report (the last round's are ~58% right on them, session 17), so here they
+# labels would be wrong too often to report (the last round's are ~58% right on them), so here they
 # get none: each dropped crop joins the shuffled batches with a soft target, the mean prediction of its track's
 # crops (eval mode, no augmentation, no gradient, refreshed at each epoch's start: temporal-ensembling style),
 # sharpened by a temperature of 0.5, and its cross-entropy to that target, at `weight` per crop ramped from 0
@@ -152,7 +152,7 @@ def _track_consistency(model: nn.Sequential, unlabelled: Unlabelled, epoch: int,
 # labelled rows alone. The step is the planned one: the same 64-crop batch, only its loss changes (a (64,
 # classes) soft cross-entropy beside the hard one), and the targets' predictions run in 64-crop batches without
 # autograd. A dropped-only second batch per step (in-batch track means, or the entropy of a track's mean) made
-# the student call every dropped track one class (the prototype in issue #13's session-17 note), so the dropped
+# the student call every dropped track one class (tried in a prototype), so the dropped
 # crops share the labelled crops' batches instead.
 
 

@@ -111,7 +111,8 @@ class ServiceConfig:
     pause_per_frame: bool = True  # the student stopped while a frame is inferred (NOTE [ Yielding per frame ])
     frame_rate_hz: float | None = None  # frames arrive at this rate (a camera's); None: as soon as the path is free
     propagation: str = "track"
-    motion_gate_px: float = 8.0  # the tracker cuts a track whose box jumps this far (NOTE [ The motion gate ... ])
+    # the tracker cuts a track whose box jumps this far (NOTE [ The motion gate: a track is cut where its box jumps ])
+    motion_gate_px: float = 8.0
     node_camera: str = "steep"  # a generated world's camera preset (world.NODE_CAMERAS)
     detector: str = "standin"  # or "motion" (NOTE [ The motion detector ]): frames alone, no truth.json needed
     seed: int = 0  # the teacher's world, the models' and the detector's noise
@@ -218,8 +219,8 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
     ``config.pause_per_frame`` (NOTE [ Yielding per frame ]); None when there is none or the
     whole chunk runs with it paused. ``recent`` holds the track ids (unique over the stream),
     teacher probabilities and boxes of the last chunks (this one appended here): the posterior
-    rule's alignment and the size rule's size model are fitted on them (NOTE [ Track posteriors ... ],
-    NOTE [ Object size from the mount ... ]).
+    rule's alignment and the size rule's size model are fitted on them (NOTE [ Track posteriors: the steep
+    camera's labelling rule ], NOTE [ Object size from the mount: the size rule ]).
     """
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}

@@ -62,11 +62,11 @@ class SimulateConfig:
     test_videos: int = 3  # held-out clips of the node's camera, scored with ground truth
     eye_test_videos: int = 10  # held-out eye-level clips (forgetting)
     teacher_epochs: int = 10
-    student_epochs: int = 12  # every student's (8 until session 22: NOTE [ The student's learning rate ])
+    student_epochs: int = 12  # every student's (NOTE [ The student's learning rate ])
     student_lr: float = 4e-3  # every student's peak (one-cycle) learning rate: the round's, the final one's, the
-    # oracle's (1e-3 until session 14: NOTE [ The student's learning rate ])
+    # oracle's (NOTE [ The student's learning rate ])
     student_seed_offset: int = 1  # every student's shuffling and augmentation draw from seed + this: another offset
-    # retrains the same deployment's students in another order (their seed-to-seed spread; docs/insitu.md, session 15)
+    # retrains the same deployment's students in another order (their seed-to-seed spread; docs/guide/insitu.md)
     replay_crops: int = 3000  # eye-level crops shipped with the teacher, replayed by the student (all ~2950 of them)
     replay_weight: float = 4.0  # a replayed crop's loss weight against a stored one's (against forgetting)
     rounds: int = 2  # self-training rounds: the student relabels the stored tracks and a new student trains on them
@@ -88,7 +88,8 @@ class SimulateConfig:
     miss_rate: float = 0.0
     false_positives_per_frame: float = 0.0
     id_switch_rate: float = 0.0
-    motion_gate_px: float = 8.0  # the tracker cuts a track whose box jumps this far (NOTE [ The motion gate ... ])
+    # the tracker cuts a track whose box jumps this far (NOTE [ The motion gate: a track is cut where its box jumps ])
+    motion_gate_px: float = 8.0
     propagation: str = "track"  # "track": backward and forward; "forward"; "none": only the gate-trusted frames
     latency_probe: bool = True  # measure inference_p95_ratio (a student process beside the inference path)
     service_memory_bytes: int = 2**30  # the probe's service budget (half for its student process)
@@ -219,20 +220,20 @@ def simulate(config: SimulateConfig, store_dir: Path, progress: Progress | None 
 
 # NOTE [ The student's learning rate ]
 # Every student here (the rounds' fold students, the final student, the oracle) is the teacher's copy
-# fine-tuned for 12 epochs (8 until session 22) under a one-cycle schedule. Until session 14 its peak was
-# 1e-3, half the teacher's 2e-3, and seed 2's student gained only 23.8 points on the steep view. Retrained offline on
-# the same final stored set of seeds 0-2 (the student's own seed, nothing else changed; scratch in issue
-# #13's session-14 note), the peak moved seed 2's student from +23.8 (1e-3) to +24.8 (2e-3), +25.3
+# fine-tuned for 12 epochs under a one-cycle schedule peaking at 4e-3. At a peak of 1e-3, half the teacher's
+# 2e-3, seed 2's student gains only 23.8 points on the steep view. Retrained offline on
+# the same final stored set of seeds 0-2 (the student's own seed, nothing else changed),
+# the peak moved seed 2's student from +23.8 (1e-3) to +24.8 (2e-3), +25.3
 # (3e-3), +26.4 (4e-3), +26.1 (6e-3), +24.7 (8e-3); at 4e-3 seeds 0 and 1 went from +31.1 / +28.1 to
 # +34.2 / +30.9, their oracles rose as much (0.94-0.955 of them) and the eye level held (+3.5, 0.0, +1.4
-# points against the teacher, the replay at weight 4 as before). Geometric jitter of the crops (rotation,
+# points against the teacher, the replay at weight 4 at both rates). Geometric jitter of the crops (rotation,
 # shift, scale, rot90), label smoothing, the round's track posteriors as soft targets or as sample
 # weights, and a lighter replay were each no better at 1e-3. In the full runs the fold students learn at
 # 4e-3 too and vote better (stored labels 0.959 / 0.991 / 0.989 -> 0.986 / 0.996 / 0.991), and the final
-# students gain +36.1 / +30.2 / +25.8 (docs/insitu.md, "Every student at a learning rate of 4e-3").
-# Session 22 trained every student 12 epochs instead of 8 (the same one-cycle peak): on the means over
+# students gain +36.1 / +30.2 / +25.8 (docs/guide/insitu.md, "Every student at a learning rate of 4e-3").
+# Twelve epochs per student rather than 8 (the same one-cycle peak): on the means over
 # --student-seed-offset 1-3, seed 2's student went from +24.1 to +25.2 points (its oracle +31.1 -> +32.1),
-# seed 0's from +33.9 to +35.0, with the labels as precise (docs/insitu.md, "Twelve epochs per student").
+# seed 0's from +33.9 to +35.0, with the labels as precise (docs/guide/insitu.md, "Twelve epochs per student").
 
 
 def _student(teacher: torch.nn.Sequential, crops: np.ndarray, labels: np.ndarray, shipped: Teacher,

@@ -22,7 +22,7 @@ ID-switch rate), 6 and 4 of them at true ID switches; the others split one objec
 box jumped (at an occluder or the frame's edge), which costs little, as each part keeps the object's
 cues. The appearance cue the idea came from (the teacher's or fold students' outputs changing
 between consecutive crops) did not tell switches from a real object's change of view; the box's
-motion did (docs/insitu.md, session 13).
+motion did (docs/guide/insitu.md).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class TrackerConfig:
     max_age_frames: int = 3
     switch_rate: float = 0.0  # per matched detection, the chance the track is cut (a simulated ID switch)
     seed: int = 0
-    max_jump_px: float = 0.0  # > 0: the motion gate (NOTE [ The motion gate ... ]); 0: none
+    # > 0: the motion gate (NOTE [ The motion gate: a track is cut where its box jumps ]); 0: none
+    max_jump_px: float = 0.0
 
 
 @dataclass
@@ -132,7 +133,7 @@ def track(detections: Sequence[Detection], config: TrackerConfig = TrackerConfig
                 live.remove(found)  # a simulated identity switch: the object continues under a new id
                 found = None
             if found is not None and config.max_jump_px > 0 and jumped(found.recent, f, z[:2], config.max_jump_px):
-                live.remove(found)  # NOTE [ The motion gate ... ]
+                live.remove(found)  # NOTE [ The motion gate: a track is cut where its box jumps ]
                 found = None
             if found is None:
                 found = _Track(next_id, np.concatenate([z, np.zeros(4)]),

@@ -19,7 +19,7 @@ only where the timestamps count the frames. So the packets up to the first key f
 read first (demuxing only: no decoding) and must hold each index from 0 exactly once: a variable rate or a
 gap makes an index appear twice or not at all. After the seek, each decoded frame must carry the next index
 from the key frame's on. Where any check fails (or the stream has no rate, no timestamps, or cannot seek)
-the reader opens the file again and counts decoded frames from the first, as before. Not covered: a decoder
+the reader opens the file again and counts decoded frames from the first. Not covered: a decoder
 that drops a frame it cannot decode before the cursor, where counting and timestamps part by that frame.
 """
 

@@ -1,4 +1,4 @@
-"""Issue #17's three models, written as a user would with no thought of edgetrain.
+"""Three models written as a user would, with no thought of edgetrain.
 
 They are what ``stages_of`` must take as they are: a skip connection that concatenates two
 tensors, a ``TransformerEncoder`` inside an ``nn.Sequential``, and a plain ``nn.Sequential`` CNN.

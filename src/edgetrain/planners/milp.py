@@ -5,7 +5,7 @@ Devices with Integrated Rematerialization and Paging", ICML 2022, extends Checkm
 "frontier-advancing" MILP (P. Jain et al., "Checkmate: Breaking the Memory Wall with Optimal
 Tensor Rematerialization", MLSys 2020) with paging to flash. This module re-derives that
 formulation on edgetrain's cost model (:class:`TrainingGraph`) and builds it in bulk with numpy
-for HiGHS (``highspy``); ``docs/milp.md`` writes the formulation out.
+for HiGHS (``highspy``); ``docs/concepts/milp.md`` writes the formulation out.
 
 NOTE [ The POET MILP ]
 Nodes ``0 .. n-1`` of a :class:`TrainingGraph` are in topological order (forward nodes, then

@@ -4,7 +4,7 @@
 :func:`chain_training_graph` from a chain (one node per stage and direction); :func:`coarsen`
 merges cheap nodes and :func:`minimum_bytes` is the per-step lower bound on any schedule's peak.
 The MILP (:mod:`edgetrain.planners.milp`) and the replay (:mod:`edgetrain.planners.milp_replay`)
-both read this model; ``docs/milp.md`` writes it out.
+both read this model; ``docs/concepts/milp.md`` writes it out.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ The recurrence (re-derived from edgetrain's simulator), its rounding to memory u
 solvers are in ``dp_grid.py`` (NOTE [ The optimal DP's sub-problem ]), shared with
 ``paging-dp``; here the paged moves are switched off and the cost is the time.
 ``optimal_exact.py`` solves the same recurrence in bytes, without a grid, where a table cannot
-vouch for its answer. The schedules are persistent and in order (see the NOTE).
+vouch for its answer. The schedules are persistent and in order (NOTE [ The optimal DP's
+sub-problem ]).
 """
 
 from __future__ import annotations

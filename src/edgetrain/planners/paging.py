@@ -389,8 +389,9 @@ def _schedule_within(chain: Chain, profile: EnergyProfile, budget_bytes: int, we
     NOTE [ Paging near the least budget ]
     A table of ``slots`` units rounds each local peak up, so near its least budget its grid can
     miss every schedule that fits, and a table solved at another budget has another grid: its
-    least budget can lie below a budget this one refused. The test DenseNet's two-level variants
-    had 381,000 bytes refused with 380,877 stated as the least. The recurrence on a grid of 1-byte
+    least budget can lie below a budget this one refused (a grid alone refuses 381,000 bytes on the
+    test DenseNet's two-level variants, counted without kernels' scratch, and states 380,877 as the
+    least). The recurrence on a grid of 1-byte
     units rounds nothing: its least peak (:func:`least_paging_peak`, ``max`` for memory in place of
     ``+`` for cost, as ``optimal_exact.exact_minimum_bytes`` for the recompute-only DP) is the least
     budget of any schedule the DP builds, and its schedule of that peak fits every budget from
@@ -398,7 +399,7 @@ def _schedule_within(chain: Chain, profile: EnergyProfile, budget_bytes: int, we
     (no recomputation and no paging: the least cost), else the cheaper of the table solved up to
     keep-all's peak (another grid, when it has a schedule at the budget) and the least-peak
     schedule, and it refuses only budgets below the least peak, stating it. Where the grid at the
-    budget answers, its answer stands, so every figure solved on a grid stays as it was.
+    budget answers, its answer stands: the fallback changes no figure a grid solves.
     """
     table = _solve_table(chain, profile, budget_bytes, weights, slots, "fast", recompute)
     if table is not None:

@@ -49,13 +49,13 @@ def _moves(kinds: list[int], opens: list[bool]) -> list[list[int]]:
 # The local search changes one stage's kind at a time from every checkpoint_sequential
 # segmentation: on L stages about L starts x 3L moves per step x tens of steps, each move a
 # simulation of O(L) ops. That is seconds on the ~20 stages of a ResNet or a U-Net, and hours on
-# EfficientNet-B0's 79 traced stages (fit_compiled's regions candidates never came back there). A
+# EfficientNet-B0's 79 traced stages (where fit_compiled's regions candidates would not come back). A
 # chain of more than MAX_GROUPS model stages is searched in MAX_GROUPS groups of consecutive stages
 # instead: a group is kept whole or lies whole in regions, and each group begins where a region may
 # open (a stage that saves its input), so a region of groups is a region of stages. The plans found
 # are a subset of the stage-wise search's, simulated on the stages themselves, so every prediction
 # stays exact; what is lost is regions that begin or end inside a group. Chains of up to
-# MAX_GROUPS + 1 stages are searched stage by stage, as before.
+# MAX_GROUPS + 1 stages are searched stage by stage.
 MAX_GROUPS = 24
 
 

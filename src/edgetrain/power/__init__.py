@@ -1,4 +1,4 @@
-"""Power modes, their prediction and the advisor that picks one (issue #16).
+"""Power modes, their prediction and the advisor that picks one.
 
 :mod:`.modes` holds the sourced nvpmodel tables and the board readers, :mod:`.control` applies a
 mode with a guaranteed restore, :mod:`.predict` fits a workload's time and power over modes and

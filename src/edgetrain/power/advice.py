@@ -49,7 +49,7 @@ def read_profiles(path: Path, model: str, batch: int) -> list[Profile]:
                             float(r["time_s"]), None if r.get("power_w") is None else float(r["power_w"]))
                     for i, r in enumerate(rows)]
     except (ValueError, KeyError, TypeError) as exc:
-        raise EdgetrainError(f"{path}: not a profiles file ({type(exc).__name__}: {exc}); docs/power.md gives "
+        raise EdgetrainError(f"{path}: not a profiles file ({type(exc).__name__}: {exc}); docs/guide/power.md gives "
                              "the format") from None
     if (data.get("model"), data.get("batch")) != (model, batch):
         raise EdgetrainError(f"{path} profiles {data.get('model')} at batch {data.get('batch')}, not {model} at "

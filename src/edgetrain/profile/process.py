@@ -3,7 +3,7 @@
 The planner counts tensor bytes; a 2 GiB node's kernel counts the process: the Python
 interpreter, PyTorch's libraries and operator tables, thread pools, allocator slack, the data
 pipeline and the tensors. This module reads the kernel's own figures, so that a budget can
-bound the process (NOTE [ Process budget ] in ``train/loop.py``) and a run can report what the
+bound the process (NOTE [ Process budget ] in ``train/budget.py``) and a run can report what the
 kernel saw.
 
 * ``/proc/self/status``: ``VmRSS`` (resident now) and ``VmHWM`` (its peak). Writing ``5`` to

@@ -30,9 +30,10 @@ from ..stages import training_stages
 __all__ = ["BatchPoint", "BatchSweep", "DeviceLargestBatch", "PAPER_LARGEST_BATCH", "largest_batch",
            "largest_batches_by_device", "sweep_batches"]
 
-# Mwase, Kahira, Zou, AAAI 2024 (shared/seeds/004): "TensorFlow and PyTorch are limited to batch sizes of 512
-# and 1024 respectively due to memory consumption", training ResNet-18 on CIFAR-10 on a 4 GB Raspberry Pi 4.
-PAPER_LARGEST_BATCH = {"rpi4": (1024, "Mwase et al., AAAI 2024 (seed 004): PyTorch, ResNet-18 on CIFAR-10 (32 px), "
+# Mwase, Kahira, Zou, "An Empirical Study of Distributed Deep Learning Training on Edge", AAAI 2024: "TensorFlow
+# and PyTorch are limited to batch sizes of 512 and 1024 respectively due to memory consumption", training
+# ResNet-18 on CIFAR-10 on a 4 GB Raspberry Pi 4.
+PAPER_LARGEST_BATCH = {"rpi4": (1024, "Mwase et al., AAAI 2024: PyTorch, ResNet-18 on CIFAR-10 (32 px), "
                                       "4 GB Raspberry Pi 4; a whole training process, batches in powers of two")}
 
 log = logging.getLogger(__name__)

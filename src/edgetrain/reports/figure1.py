@@ -9,7 +9,7 @@ Three families of curves: LinearResNet built on the paper's own numbers (each pa
 from Tables I-III, the fixed part FP32 weights, the rest spread over the layers), LinearResNet
 built on our activation sizes, and the real ResNets with the optimal planner.
 
-Cost convention for ρ (NOTE [ Recompute factor ]): ρ is the simulated time of a training step
+Cost convention for ρ (NOTE [ Recompute factor ] in ``schedule.py``): ρ is the simulated time of a training step
 with recomputation over the time of the same step without (every stage's forward and backward
 once). LinearResNet has unit forward and unit backward per layer, so ``ρ = (2l + advances) / 2l``,
 the paper's ``2ρl`` budget of forward and backward steps. For the real ResNets, stage times are

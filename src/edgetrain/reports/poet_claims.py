@@ -5,14 +5,14 @@ is computed here from the report's panels, its deadline sweep or a chain, never 
 
 NOTE [ POET's results and where each comes from ]
 POET (Patil et al., ICML 2022, arXiv 2207.07697). The paper's PDF is not stored here, so its
-figures are read from seed 003 (a write-up of the paper that names the figure or table each
-comes from) and from POET's public repository (https://github.com/ShishirPatil/poet):
+figures are read from Machine Heart's write-up of the paper (reprinted by Computer Vision Life),
+which names the figure or table each comes from, and from POET's public repository (https://github.com/ShishirPatil/poet):
 
 * Fig. 5: ResNet-18 on the Cortex-A72 (RPi 4): Capuchin uses 73% to 141% more energy than the
   full-memory baseline as the RAM budget shrinks, POET less than 1% more.
 * Table 3: ResNet-18 on the Jetson TX2, POET against POFO (Beaumont et al., optimal
   paging-only offloading): 8.3% less peak memory, 13% more throughput.
-* Fig. 4: total energy per runtime budget; seed 003 gives no number, only the shape.
+* Fig. 4: total energy per runtime budget; the write-up gives no number, only the shape.
 * Table 2: the four devices (MKR1000, nRF52840, RPi 4B+, Jetson TX2).
 * The repository: ``poet/util.py`` (which models and platforms the solver knows), ``poet/solve.py``
   (the runtime budget is a factor of the unconstrained step's runtime), ``README.md`` (its
@@ -151,7 +151,7 @@ def _extra_pct(point: dict[str, object], strategy: str) -> float | None:
 def _capuchin_rows(panel: dict[str, object] | None) -> list[dict[str, object]]:
     """Fig. 5's two halves on ResNet-18 / RPi 4: Capuchin's extra energy, and POET's (paging-dp's), per budget."""
     setting = "ResNet-18 on the Cortex-A72 (RPi 4), budgets below the full-memory step"
-    source = "POET paper Fig. 5, as seed 003 reports it"
+    source = "POET paper Fig. 5, as a write-up of the paper reports it"
     if panel is None:
         missing = "not computed: no ResNet-18 panel on rpi4 in this run"
         return [{"id": "fig5-capuchin", "claim": "Capuchin uses +73% to +141% energy", "source": source,
@@ -187,7 +187,7 @@ def _capuchin_rows(panel: dict[str, object] | None) -> list[dict[str, object]]:
                    "hides behind compute, else recompute its segment once) recomputes at most one extra forward of "
                    "some stages, a fraction of the forward's share of the step, and pages at the microSD's 0.15 W "
                    "against 3 W of compute; +73% needs more than that. The budgets where Fig. 5 measured it, and "
-                   "the eviction rules of POET's Capuchin baseline on its graph, are not given by seed 003 or the "
+                   "the eviction rules of POET's Capuchin baseline on its graph, are not given by the write-up or the "
                    "repository; our greedy also stops fitting well above paging-dp's least budget."},
         {"id": "fig5-poet", "claim": "POET's schedules use less than 1% more energy than the full-memory step",
          "source": source, "setting": setting, "published": "< +1%", "ours": dp_text, "values": dp,
@@ -199,7 +199,8 @@ def _capuchin_rows(panel: dict[str, object] | None) -> list[dict[str, object]]:
 
 def _pofo_row() -> dict[str, object]:
     return {"id": "table3-pofo", "claim": "POET vs POFO on ResNet-18: -8.3% peak memory, +13% throughput",
-            "source": "POET paper Table 3, as seed 003 reports it", "setting": "ResNet-18 on the Jetson TX2",
+            "source": "POET paper Table 3, as a write-up of the paper reports it",
+            "setting": "ResNet-18 on the Jetson TX2",
             "published": "-8.3% peak memory, +13% throughput", "ours": "not modelled", "values": None,
             "reason": "Three things a faithful POFO row needs are missing: (1) a TX2 training rate: the catalog "
                       "has none published, and POET's own JetsonTX2 profile (poet/chipsets.py) has no FLOPS "
@@ -213,7 +214,7 @@ def _pofo_row() -> dict[str, object]:
 def _deadline_row(sweep: dict[str, object] | None, where: str) -> dict[str, object]:
     row: dict[str, object] = {"id": "fig4-deadline", "claim": "energy falls as the runtime budget grows; the "
                               "integrated strategy is lowest at every runtime budget",
-                              "source": "POET paper Fig. 4, as seed 003 reports it (no numbers given)",
+                              "source": "POET paper Fig. 4, as a write-up of the paper reports it (no numbers given)",
                               "setting": "energy per runtime budget", "published": "shape only", "values": None,
                               "reason": "No published numbers to compare; our runtime includes paging time charged "
                                         "serially, POET overlaps page transfers with compute."}
@@ -240,8 +241,8 @@ def _deadline_row(sweep: dict[str, object] | None, where: str) -> dict[str, obje
 def _devices_row(panels: Sequence[dict[str, object]], skipped: dict[str, str]) -> dict[str, object]:
     planned = sorted({str(p["device"]) for p in panels})
     return {"id": "table2-devices", "claim": "POET plans on MKR1000, nRF52840, RPi 4B+ and Jetson TX2",
-            "source": "POET paper Table 2, as seed 003 reports it; poet/util.py platforms m0, m4, a72, a72nocache, "
-                      "jetsontx2", "setting": "devices", "published": "4 devices",
+            "source": "POET paper Table 2, as a write-up of the paper reports it; poet/util.py platforms m0, m4, "
+                      "a72, a72nocache, jetsontx2", "setting": "devices", "published": "4 devices",
             "ours": f"planned on {', '.join(planned) or 'none'}; skipped {', '.join(sorted(skipped)) or 'none'}",
             "values": {"planned": planned, "skipped": sorted(skipped)},
             "reason": "; ".join(f"{name}: {why}" for name, why in sorted(skipped.items())) or ""}
@@ -303,9 +304,9 @@ def _mcu_row(panels: Sequence[dict[str, object]]) -> dict[str, object]:
     parts = [f"{v['model']} b{v['batch']} on {v['device']}: keep-all {v['keep_all_peak_bytes']:,} B, "
              f"least {v['least_budget_bytes']:,} B, RAM {v['ram_bytes']:,} B" for v in tiny]
     return {"id": "mcu-panels", "claim": "POET trains on 32 KiB and 256 KiB microcontrollers",
-            "source": "POET paper Table 2 and Fig. 3, as seed 003 reports them",
+            "source": "POET paper Table 2 and Fig. 3, as a write-up of the paper reports them",
             "setting": "tiny models whose whole step fits the board",
-            "published": "no model/budget pairs given in seed 003",
+            "published": "no model/budget pairs given in the write-up",
             "ours": "; ".join(parts) or "not computed: no tiny panel in this run", "values": tiny,
             "reason": "Neither accounting counts the firmware's static RAM, the stack, heap headers or the SD "
                       "driver's sector buffer (NOTE [ Microcontroller panels ])."}

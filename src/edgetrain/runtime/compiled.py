@@ -2,7 +2,7 @@
 
 NOTE [ A byte budget for torch.compile ]
 ``torch.compile`` trades memory for time through one knob, ``activation_memory_budget``: a fraction,
-not bytes, and not monotonic (issue #17: ResNet-18 at 0.1 held more than at 0.5). A node has bytes.
+not bytes, and not monotonic (ResNet-18 at 0.1 holds more than at 0.5). A node has bytes.
 :func:`fit_compiled` turns a byte budget into a compiled step by measuring candidates:
 
 * the whole model compiled at each of a few partitioner budgets (inductor's own min-cut graph:

@@ -2,7 +2,7 @@
 
 NOTE [ Executor memory semantics ]
 The executor is a dumb dispatcher: it owns no policy, it does what each op says, and holds a
-tensor exactly as long as the simulator (``schedule._State.memory``) counts it, so that the
+tensor exactly as long as the simulator (``schedule.SimState.memory``) counts it, so that the
 live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
 
 * ``values[k]`` is the executor's one reference to ``x_k``; an op that releases ``x_k`` pops it.
@@ -25,13 +25,20 @@ live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
 NOTE [ Recomputation is invisible ]
 A stage forwarded more than once in a step must behave as if it ran once:
 
-* RNG: the state (CPU, and every initialised CUDA device) is captured before the stage's
-  first forward and replayed on each later forward, restoring the global state afterwards,
-  so dropout draws the same mask and the generator ends where a plain step leaves it (first
-  forwards happen in stage order, exactly as in the plain step).
-* Normalisation statistics: the running statistics of BatchNorm-like modules (and
-  ``num_batches_tracked``) are saved before every later forward and restored after it, so
-  they are updated once per step with the first forward's input, the one plain autograd sees.
+* RNG: for a stage that draws random numbers and is forwarded more than once, the generators'
+  state (CPU, and every initialised CUDA device) is captured before its first forward and
+  replayed on each later forward, restoring the global state afterwards, so dropout draws the
+  same mask and the generator ends where a plain step leaves it (first forwards happen in stage
+  order, exactly as in the plain step). The captured state is kept until the stage's recorded
+  forward, its last, and the plan counts it (NOTE [ Generator states in the plan ] in
+  ``schedule.py``).
+* Normalisation statistics: every later forward runs the stage's BatchNorm-like modules at
+  momentum 0 (:func:`~edgetrain.norm_statistics.frozen_statistics`): the update
+  ``0 * batch + 1 * running`` leaves their running statistics bit for bit as they were, and
+  ``num_batches_tracked`` is put back after it, so they are updated once per step, with the
+  first forward's input, the one plain autograd sees. Nothing is copied, so there is no copy
+  for the plan to count. A norm whose batch statistics are summed over nodes normalises a
+  recomputation with the first forward's (:func:`~edgetrain.norm_statistics.recomputing`).
 
 Stages must not modify their input in place: a checkpointed input would be corrupted for
 its recomputation (``torch.utils.checkpoint`` has the same rule).
@@ -50,7 +57,7 @@ records ]). ``PageOut`` empties the slot (and ``values``), ``PageIn`` fills it w
 read back; unpacking rebuilds each view over the slot's current storage, which the schedule
 has paged in before the backward. A slot lives as long as a record
 holds it, so the value dies when plain autograd would free it; a value that dies on disk has
-its copy deleted. Transfers run on background threads (``paging.py``, NOTE [ How a page
+its copy deleted. Transfers run on background threads (``runtime/pager.py``, NOTE [ How a page
 travels ] and NOTE [ Overlap without a higher peak ]).
 
 NOTE [ Paged records ]

@@ -1,0 +1,125 @@
+"""The benchmarks' entry point: list them, run them into their results files, make the results pages.
+
+    python -m benchmarks list
+    python -m benchmarks run NAME... [--quick]      # or --all
+    python -m benchmarks pages [--check]
+
+A benchmark here is a module of this package with a ``TITLE``, a ``run(quick)`` that returns its result as plain
+JSON data, and a ``render(result)`` that turns that result into the body of its results page. Bad input (an
+unknown benchmark, a results file of another format) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from edgetrain.bench import BenchmarkResult, provenance, read_result, write_result
+from edgetrain.errors import EdgetrainError
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = ROOT / "docs" / "results"
+BENCHMARKS = ("optimal_speed", "suite_time")
+
+
+def load(name: str) -> ModuleType:
+    if name not in BENCHMARKS:
+        raise EdgetrainError(f"unknown benchmark {name!r}; valid names: {', '.join(BENCHMARKS)}")
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def results_path(name: str) -> Path:
+    return RESULTS / f"{name}.json"
+
+
+def page_path(name: str) -> Path:
+    return PAGES / f"{name}.md"
+
+
+def page(module: ModuleType, benchmark: BenchmarkResult) -> str:
+    """The results page of ``benchmark``: its title, its rendered result and its provenance, from the file alone."""
+    rows = "\n".join(f"| {key} | {_cell(value)} |" for key, value in benchmark.provenance.items())
+    return (f"# {module.TITLE}\n\n{module.render(benchmark.result).strip()}\n\n## Provenance\n\n"
+            f"Made by `python -m benchmarks pages` from `benchmarks/results/{benchmark.name}.json`.\n\n"
+            f"| | |\n|---|---|\n{rows}\n")
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, str):
+        return f"`{value}`" if value else ""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return "" if value is None else str(value)
+
+
+def run(names: list[str], quick: bool) -> None:
+    modules = [load(name) for name in names]   # every name is checked before any benchmark runs
+    for name, module in zip(names, modules, strict=True):
+        command = shlex.join(["python", "-m", "benchmarks", "run", name, *(["--quick"] if quick else [])])
+        print(f"running {name}{' (quick)' if quick else ''}", file=sys.stderr, flush=True)
+        result = module.run(quick)
+        benchmark = BenchmarkResult(name, result, {**provenance(command, ROOT), "quick": quick})
+        write_result(results_path(name), benchmark)
+        page_path(name).parent.mkdir(parents=True, exist_ok=True)
+        page_path(name).write_text(page(module, benchmark))
+        print(f"{results_path(name).relative_to(ROOT)}, {page_path(name).relative_to(ROOT)}", flush=True)
+
+
+def pages(check: bool) -> int:
+    """Make every registered benchmark's page from its results file; with ``check``, 1 if a committed page differs."""
+    stale = []
+    for name in BENCHMARKS:
+        if not results_path(name).exists():
+            continue
+        text = page(load(name), read_result(results_path(name)))
+        if check:
+            if not page_path(name).exists() or page_path(name).read_text() != text:
+                stale.append(str(page_path(name).relative_to(ROOT)))
+        else:
+            page_path(name).write_text(text)
+    if stale:
+        print(f"results pages differ from their results files: {', '.join(stale)}; run `python -m benchmarks pages`",
+              file=sys.stderr)
+    return 1 if stale else 0
+
+
+def _in_quick(name: str) -> bool:
+    """Whether ``run --all --quick`` runs the benchmark: one whose measure is the whole of something says not."""
+    return bool(getattr(load(name), "IN_QUICK", True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the benchmarks and what each measures")
+    runner = commands.add_parser("run", help="run benchmarks into their results files and pages")
+    runner.add_argument("names", nargs="*", metavar="NAME")
+    runner.add_argument("--all", action="store_true", help="every benchmark")
+    runner.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
+    checker = commands.add_parser("pages", help="make the results pages from the results files")
+    checker.add_argument("--check", action="store_true", help="exit 1 if a committed page is not its file's")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            for name in BENCHMARKS:
+                print(f"{name}: {load(name).TITLE}")
+            return 0
+        if args.command == "run":
+            if bool(args.names) == args.all:
+                parser.error("give benchmark names or --all")
+            names = args.names or [name for name in BENCHMARKS if not (args.quick and not _in_quick(name))]
+            run(names, args.quick)
+            return 0
+        return pages(args.check)
+    except EdgetrainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

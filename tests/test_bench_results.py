@@ -1,0 +1,58 @@
+"""Results files and the benchmarks' entry point: provenance kept, pages made from files alone, bad input refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgetrain.bench import RESULTS_FORMAT, BenchmarkResult, provenance, read_result, write_result
+from edgetrain.errors import EdgetrainError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _benchmarks(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_a_results_file_reads_back_as_written(tmp_path: Path) -> None:
+    # Prepare
+    record = BenchmarkResult("demo", {"table": [{"model": "resnet18", "ratio": 0.9}]},
+                             provenance("python -m benchmarks run demo", ROOT))
+    # Execute
+    write_result(tmp_path / "demo.json", record)
+    # Assert: the same record, and the provenance a reader of a figure needs
+    assert read_result(tmp_path / "demo.json") == record
+    assert {"command", "commit", "dirty", "date", "cpu", "cores", "torch", "torch_threads",
+            "load_average"} <= record.provenance.keys()
+    assert len(record.provenance["commit"]) == 40 and len(record.provenance["load_average"]) == 3
+
+
+def test_a_results_file_of_another_format_is_refused_naming_the_rerun(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": RESULTS_FORMAT + 1, "benchmark": "optimal_speed", "result": {},
+                                "provenance": {}}))
+    with pytest.raises(EdgetrainError, match=r"old\.json: results format 2.*python -m benchmarks run optimal_speed"):
+        read_result(path)
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(EdgetrainError, match=r"bad\.json: not a results file"):
+        read_result(tmp_path / "bad.json")
+
+
+def test_an_unknown_benchmark_is_one_line_and_exit_2() -> None:
+    done = _benchmarks("run", "optimal_speed", "no_such_benchmark")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: unknown benchmark 'no_such_benchmark'; valid names: optimal_speed, suite_time"]
+    assert "running" not in done.stderr   # refused before the first benchmark ran
+
+
+def test_the_committed_results_pages_are_their_files() -> None:
+    # Every page under docs/results/ that a registered benchmark makes equals a regeneration from its committed file.
+    done = _benchmarks("pages", "--check")
+    assert done.returncode == 0, done.stderr
