@@ -105,7 +105,7 @@ def test_devices_lists_the_catalog() -> None:
 
 @pytest.mark.slow
 def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -> None:
-    # 160 samples: 120 train, 3 steps of 32, so the steady-state (second) step is measured.
+    # 160 samples of the demo's 8 classes: 128 train, 8 steps of 16, so the steady-state (second) step is measured.
     code, _, err = run("demo", "--out", str(tmp_path), "--samples", "160", "--epochs", "1")
     assert code == 0, err
     rows = json.loads((tmp_path / "node_fit.json").read_text())

@@ -701,45 +701,85 @@ def _print_summary(summary: Any, run_dir: Path) -> None:
 @app.command()
 @_clean_errors
 def demo(out: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where results are written."),
-         samples: int = typer.Option(1000, "--samples", help="Size of the generated dataset."),
-         epochs: int = typer.Option(3, "--epochs", help="Training epochs.")) -> None:
+         samples: int = typer.Option(800, "--samples", min=1, help="Size of the generated dataset (train + val)."),
+         epochs: int = typer.Option(3, "--epochs", min=1, help="Training epochs."),
+         seed: int = typer.Option(0, "--seed", help="Seed of the data, the model and the order.")) -> None:
     """The main job on built-in defaults: what fits the Waggle node, then a real training run under a squeezed budget.
 
-    The demo budget puts this small run under the same squeeze the node's 2 GiB puts on
-    ResNet-50 at batch 8 and 500 px: the same fraction of what plain training needs.
+    Its budget: the squeeze the node puts on ResNet-50 at batch 8 and 500 px, or 2% above the least step if tighter.
+
+    It writes the node-fit table, the run's metrics, summary and plan, and a figure (library: edgetrain.reports.demo).
     """
-    from .devices import get_device
-    from .planners.plan import least_step_bytes
-    from .profile import chain_for
-    from .reports.node_fit import DEMO_SQUEEZE, node_fit_rows
-    from .schedule import keep_all, simulate
-    from .train import TrainConfig
+    import torch
 
-    node_memory = _memory_of("odroid-xu4")
-    console.rule(f"1. Does training fit the Waggle node's ODROID XU4 ({format_bytes(node_memory)})?")
-    rows = _with_progress("estimating", lambda progress: node_fit_rows(get_device("odroid-xu4"), progress))
-    _print_node_fit(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "node_fit.json", json.dumps(rows, indent=1))
-    squeezed = next(r for r in rows if (r["model"], r["batch"], r["size"]) == DEMO_SQUEEZE)
-    squeeze = (squeezed["capacity_bytes"] - squeezed["runtime_baseline_bytes"]) / squeezed["predicted_process_bytes"]
+    from .reports import demo as lib
 
-    model, batch, image = "mobilenet_v2", 32, 48
-    # profiled on real tensors, as the run will be: its kernels' scratch (NOTE [ A kernel's scratch in the plan ])
-    # raises the least step above the meta device's estimate
-    chain = chain_for(model, batch, image, num_classes=10, device="cpu")
-    plain, least = simulate(chain, keep_all(chain.length)).peak_bytes, least_step_bytes(chain)
-    budget = max(int(plain * squeeze), int(least * 1.02))  # the squeeze, or 2% above the least step if it is tighter
-    console.rule(f"2. Train {model} with its step's tensors within {format_bytes(budget)}")
-    console.print(f"{model}, batch {batch}, {image} px, on a generated 10-class dataset: plain training's step needs "
-                  f"{format_bytes(plain)} of tensors; the node leaves ResNet-50 at batch 8 and 500 px {squeeze:.2f} of "
-                  f"what it needs beside the runtime, so the budget is {budget / plain:.2f} of that (the least step is "
-                  f"{least / plain:.2f}): plain training does not fit. The process peak is reported beside it.")
-    config = TrainConfig(model=model, data="synthetic", samples=samples, batch=batch, image=image,
-                         step_memory=budget, epochs=epochs, lr=0.05, run_dir=out / "run", data_root=out / "data",
-                         overwrite=True)
-    summary = _train_with_progress(config)
-    _print_summary(summary, config.run_dir)
+    settings = lib.DemoSettings(samples=samples, epochs=epochs, seed=seed)
+    lib.check_settings(settings)
+    threads, cores, load = lib.choose_threads()
+    torch.set_num_threads(threads)
+    console.rule(f"1. Does training fit the Waggle node's ODROID XU4 ({format_bytes(_memory_of(lib.NODE))})?")
+    node = _with_progress("estimating", lambda progress: lib.fit_on_node(out, progress))
+    _print_node_fit(node.rows)
+
+    squeeze = lib.squeeze_for(node.squeeze, settings)
+    budget, plain, least = squeeze.budget_bytes, squeeze.plain_peak_bytes, squeeze.least_peak_bytes
+    console.rule(f"2. Train {settings.model} with its step's tensors within {format_bytes(budget)}")
+    train_images, held_out = lib.split_sizes(settings)
+    console.print(f"{settings.model}, batch {settings.batch}, {settings.image} px, {settings.epochs} epochs on "
+                  f"{train_images} generated images of {settings.classes} classes (a shape in a colour each), "
+                  f"{held_out} more held out; {settings.optimizer} at {settings.lr}, cosine to 0; {threads} of "
+                  f"{cores} cores (load {load:.1f}).")
+    why = (f"{node.squeeze:.2f} of it" if budget == int(plain * node.squeeze) else
+           f"{node.squeeze:.2f} of it would be below the least step any schedule reaches ({least / plain:.2f}), so "
+           f"2% above that: {budget / plain:.2f}")
+    console.print(f"Plain training's step needs {format_bytes(plain)} of tensors. The node leaves ResNet-50 at batch "
+                  f"8 and 500 px {node.squeeze:.2f} of what it needs beside the runtime; the same squeeze here: {why}. "
+                  f"Plain training does not fit; the planner's schedule does.")
+    config = lib.prepare_run(out, squeeze, settings)
+    run = lib.summarise(config, _train_with_progress(config))
+    summary = run.summary
+    table = Table()
+    for column in ("epoch", "training loss", "held-out loss", "held-out accuracy"):
+        table.add_column(column, justify="right")
+    for e in run.epochs:
+        table.add_row(str(e.epoch + 1), f"{e.train_loss:.4f}", "-" if e.val_loss is None else f"{e.val_loss:.4f}",
+                      "-" if e.val_accuracy is None else f"{e.val_accuracy:.3f}")
+    console.print(table)
+    first, last = run.epochs[0], run.epochs[-1]
+    if last.val_accuracy is not None and last.val_loss is not None and first.val_loss is not None:
+        console.print(f"held-out accuracy {last.val_accuracy:.3f} (chance {summary.chance_accuracy:.3f}); held-out "
+                      f"loss {last.val_loss:.4f}, {'down' if run.learnt else 'not down'} from {first.val_loss:.4f} "
+                      f"after the first epoch; {summary.steps} steps in {summary.wall_time_s:.1f} s")
+        console.print("(held out = evaluated in eval mode, on BatchNorm's running statistics: they trail the weights "
+                      "while the rate is high, so the first epoch scores low; the decaying rate lets them settle)")
+
+    console.rule("3. Did the budget hold?")
+    measured, tracked = summary.measured_peak_bytes, summary.predicted_tracked_peak_bytes
+    if measured is not None:
+        console.print(f"the step's tensors: measured peak {format_bytes(measured)}, "
+                      f"{'within' if measured <= budget else 'OVER'} the budget {format_bytes(budget)} (plain "
+                      f"training: {format_bytes(plain)}); the plan ({summary.strategy}, ρ = "
+                      f"{summary.recompute_factor:.3f}) predicted "
+                      + ("" if tracked is None else f"{format_bytes(tracked)} in tensors, ")
+                      + f"{format_bytes(summary.predicted_peak_bytes)} with the kernels' scratch")
+    process = summary.process_peak_bytes
+    console.print(f"the process as the kernel counts it (VmHWM): peak {format_bytes(process)}, "
+                  f"{'within' if process <= run.process_budget_bytes else 'OVER'} the "
+                  f"{format_bytes(run.process_budget_bytes)} the step budget stands for (predicted: "
+                  f"{format_bytes(summary.predicted_process_peak_bytes)}) = runtime baseline "
+                  f"{format_bytes(summary.runtime_baseline_bytes)} + 16 MiB + 1.10 x the step budget. The baseline is "
+                  f"this run's, measured with its model, data and kernels up (the table's is a small probe's).")
+
+    figure = lib.write_figure(out / lib.FIGURE_FILE, squeeze, run, settings.classes)
+    console.rule("4. The figure")
+    console.print(f"{figure}: left, the loss of every step and of every epoch, held-out loss and accuracy; right, "
+                  f"the memory over one step, plain training against the plan, and the budget")
+    console.rule("5. Where everything is")
+    files = lib.files_of(node, run, figure)
+    for name, what in (("node_fit", "the node-fit table"), ("metrics", "every step and epoch of the run"),
+                       ("summary", "the run's summary"), ("plan", "the schedule it ran"), ("figure", "the figure")):
+        console.print(f"{what + ':':33} {files[name]}")
 
 
 def _print_node_fit(rows: list[dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@ it does not fit, the fastest plan within what the node leaves for tensors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InfeasibleBudgetError
@@ -30,7 +31,8 @@ def node_fit_rows(node: Device, progress: Callable[[int, int], None] | None = No
 
     Args:
         node: the device; its usable memory (RAM where unknown) is the capacity.
-        progress: called with ``(done, total)`` after each configuration.
+        progress: called with ``(done, total)`` as the work advances: after each configuration's estimate, then
+            after each one's verdict (and plan), ``2 * len(configs)`` in all.
         configs: the configurations, in the order of the rows.
 
     Returns:
@@ -44,14 +46,21 @@ def node_fit_rows(node: Device, progress: Callable[[int, int], None] | None = No
     from ..profile import estimate_memory
     from ..train.budget import ProcessBudget, device_verdict, estimate_runtime_baseline_bytes
 
-    baseline = estimate_runtime_baseline_bytes()
     capacity = node.usable_memory_bytes if node.usable_memory_bytes is not None else node.memory_bytes
     if capacity is None:
         raise ValueError(f"device {node.name!r} has no known memory size")
+    # the baseline is measured in a child process (seconds of start-up): beside the estimates, not before them
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        probe = pool.submit(estimate_runtime_baseline_bytes)
+        estimates = []
+        for model, batch, image in configs:
+            estimates.append(estimate_memory(model, batch, image))
+            if progress is not None:
+                progress(len(estimates), 2 * len(configs))
+        baseline = probe.result()
     budget = ProcessBudget(capacity, baseline)
     rows = []
-    for index, (model, batch, image) in enumerate(configs):
-        estimate = estimate_memory(model, batch, image)
+    for index, estimate in enumerate(estimates):
         row: dict[str, Any] = {**estimate.to_dict(), **device_verdict(estimate.total_bytes, node.memory_bytes,
                                                                       node.usable_memory_bytes, baseline)}
         if not row["fits"]:
@@ -66,5 +75,5 @@ def node_fit_rows(node: Device, progress: Callable[[int, int], None] | None = No
                                "minimum_process_bytes": needed}
         rows.append(row)
         if progress is not None:
-            progress(index + 1, len(configs))
+            progress(len(configs) + index + 1, 2 * len(configs))
     return rows
