@@ -125,7 +125,9 @@ def test_demo_reports_fit_then_trains_within_a_squeezed_budget(tmp_path: Path) -
     assert summary["predicted_tracked_peak_bytes"] < summary["predicted_peak_bytes"]   # the convolutions' scratch
     assert (summary["predicted_tracked_peak_bytes"] * 0.995 <= summary["measured_peak_bytes"]
             <= summary["predicted_tracked_peak_bytes"])
-    assert summary["runtime_baseline_bytes"] < summary["process_peak_bytes"]
+    # the process as the kernel counts it (VmHWM), within the bound the step's budget implies
+    assert summary["runtime_baseline_bytes"] < summary["process_peak_bytes"] <= (
+        summary["runtime_baseline_bytes"] + 16 * 2**20 + int(summary["tensor_budget_bytes"] * 1.10))
     assert summary["recompute_factor"] > 1.0  # plain training does not fit the demo budget
 
 

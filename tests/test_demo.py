@@ -45,7 +45,9 @@ def test_the_budget_held_in_training(result: demo.DemoResult) -> None:
     summary = result.run.summary
     assert summary.measured_peak_bytes is not None and summary.predicted_tracked_peak_bytes is not None
     assert summary.measured_peak_bytes <= summary.predicted_tracked_peak_bytes <= result.squeeze.budget_bytes
-    assert summary.runtime_baseline_bytes < summary.process_peak_bytes <= result.run.process_budget_bytes
+    # The process bound is checked in a process of its own (tests/test_cli.py): a test worker's heap holds what
+    # earlier tests left in it, which the demo's own process does not.
+    assert summary.runtime_baseline_bytes < summary.process_peak_bytes
     assert result.run.process_budget_bytes == (summary.runtime_baseline_bytes + 16 * 2**20
                                                + int(result.squeeze.budget_bytes * 1.10))
 
