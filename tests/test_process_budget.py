@@ -80,7 +80,10 @@ def step_losses(run_dir: Path) -> list[tuple[int, float]]:
 
 
 CASES = {"resnet18": ["--model", "resnet18", "--image", "96", "--batch", "8"],
-         "mobilenet_v2": ["--model", "mobilenet_v2", "--image", "64", "--batch", "16"]}
+         "mobilenet_v2": ["--model", "mobilenet_v2", "--image", "64", "--batch", "16"],
+         # a fine-tuning run: the frozen start is one transient forward, the rest planned
+         "mobilenet_v2-last:4": ["--model", "mobilenet_v2", "--image", "64", "--batch", "16", "--update", "last:4"],
+         "resnet18-bias": ["--model", "resnet18", "--image", "96", "--batch", "8", "--update", "bias"]}
 
 
 @pytest.mark.slow

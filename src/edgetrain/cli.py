@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 import typer
+import typer.main
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .cli_cluster import cluster_app
 from .cli_common import clean_errors as _clean_errors
-from .cli_common import click_exceptions, console, err_console
+from .cli_common import click_exceptions, console, err_console, refuse_non_finite
 from .cli_common import error as _error
 from .cli_common import finite as _finite
 from .cli_federated import register_federated
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     # command imports torch (NOTE [ Returning freed memory ] in profile/process.py).
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
-        code = app(args=argv, standalone_mode=False, prog_name="edgetrain")
+        code = refuse_non_finite(typer.main.get_command(app)).main(args=argv, standalone_mode=False,
+                                                                   prog_name="edgetrain")
     except click_exceptions.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "edgetrain"
         _error(f"{exc.format_message()} (see {command} --help)")
@@ -127,19 +129,22 @@ SizeOpt = typer.Option(224, "--image", "--size", "--seq-len", min=1,
                        help="Image side in pixels (sequence length for transformer models).")
 DeviceOpt = typer.Option(None, "--device", "-d", help="Device from `edgetrain devices`, e.g. odroid-xu4.")
 OptimizerOpt = typer.Option("sgd", "--optimizer", help="sgd (with momentum) or adam.")
+UpdateOpt = typer.Option("all", "--update", help="The parameters that train: all, bias (biases and norm layers), "
+                         "last:K (the last K stages) or comma-separated parameter patterns (layer4,fc); the rest "
+                         "is frozen, and a frozen start runs once without recording.")
 
 
 @app.command()
 @_clean_errors
 def memory(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
-           device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt,
+           device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt, update: str = UpdateOpt,
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """How much memory one training step needs, and whether it fits a device."""
     from .devices import get_device
     from .profile import estimate_memory
 
     target = get_device(device) if device else None
-    estimate = estimate_memory(model, batch, image, optimizer=optimizer)
+    estimate = estimate_memory(model, batch, image, optimizer=optimizer, update=update)
     report = estimate.to_dict(target)
     if target is not None:
         report.update(_device_verdict(estimate.total_bytes, target))
@@ -194,7 +199,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
                  strategy: str = typer.Option(
                      "auto", "--strategy", help="time: auto, uniform, revolve, optimal; energy: auto (= paging-dp), "
                      "paging-dp, recompute, paging-only, capuchin, milp."),
-                 device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt,
+                 device: Optional[str] = DeviceOpt, optimizer: str = OptimizerOpt, update: str = UpdateOpt,
                  objective: str = typer.Option("time", "--objective",
                                                help="time (fastest schedule) or energy (least energy on --device)."),
                  deadline: Optional[str] = typer.Option(
@@ -220,8 +225,9 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
         from .train.budget import device_tensor_budget
 
         memory = str(device_tensor_budget(target))
-    chain = chain_for(model, batch, image, optimizer=optimizer, num_classes=classes)
+    chain = chain_for(model, batch, image, optimizer=optimizer, num_classes=classes, update=update)
     shipped = functools.partial(PlanFile, model=model, batch=batch, image=image, optimizer=optimizer,
+                                update=str(chain.meta["update"]),
                                 num_classes=classes or get_model_spec(model).default_num_classes,
                                 device=None if target is None else target.name)
     if objective == "energy":
@@ -245,6 +251,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
             shipped(chain=energy.chain, schedule=energy.plan.schedule, budget_bytes=energy.plan.budget_bytes).save(
                 output)
         energy_dict: dict[str, Any] = {"model": model, "batch": batch, "size": image, "optimizer": optimizer,
+                                       "update": chain.meta["update"],
                                        "objective": "energy", **energy.to_dict(),
                                        "training_flops_per_s": None if device_rate is None
                                        else device_rate.flops_per_s,
@@ -263,7 +270,8 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
     chosen = plan(timed, memory=memory, recompute=recompute, strategy=strategy)
     if output is not None:
         shipped(chain=chain, schedule=chosen.schedule, budget_bytes=chosen.budget_bytes).save(output)
-    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, "objective": "time",
+    report = {"model": model, "batch": batch, "size": image, "optimizer": optimizer, "update": chain.meta["update"],
+              "objective": "time",
               **chosen.to_dict(), "training_flops_per_s": None if rate is None else rate.flops_per_s,
               "time_source": _time_source(target, rate)}
     if rate is None:  # NOTE [ One time model ]: no sourced rate, no time (the schedule is the same at any rate)
@@ -331,7 +339,8 @@ def _print_energy_plan(report: dict[str, Any], output: Optional[Path]) -> None:
 
 def _print_plan(report: dict[str, Any], output: Optional[Path]) -> None:
     params = ", ".join(f"{k}={v}" for k, v in report["params"].items() if k != "unit_bytes")
-    console.print(f"[bold]{report['model']}[/], batch {report['batch']}, size {report['size']}: "
+    updated = "" if report["update"] == "all" else f", updating {report['update']}"
+    console.print(f"[bold]{report['model']}[/], batch {report['batch']}, size {report['size']}{updated}: "
                   f"[bold]{report['strategy']}[/] ({params})")
     console.print(f"  predicted peak {format_bytes(report['predicted_peak_bytes'])}, "
                   f"recompute factor ρ = {report['recompute_factor']:.3f}, "
@@ -620,7 +629,7 @@ def train_command(
         page_dir: Optional[Path] = typer.Option(None, "--page-dir", help="Where a paging schedule writes "
                                                 "(an SD card, flash); default: a temp directory."),
         epochs: int = typer.Option(3, "--epochs", min=1, help="Passes over the training split."),
-        optimizer: str = OptimizerOpt,
+        optimizer: str = OptimizerOpt, update: str = UpdateOpt,
         lr: Optional[float] = typer.Option(None, "--lr", callback=_finite("--lr", above=0),
                                            help="Learning rate (default 0.01 SGD, 0.001 Adam)."),
         lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine: from --lr down to "
@@ -647,7 +656,7 @@ def train_command(
                          lr=lr, lr_schedule=lr_schedule, workers=workers, run_dir=run_dir, resume=resume,
                          overwrite=overwrite, replan=replan,
                          seed=seed, save_every=save_every, skip_corrupt=skip_corrupt,
-                         step_in_backward=step_in_backward)
+                         step_in_backward=step_in_backward, update=update)
     summary = _train_with_progress(config)
     _print_summary(summary, run_dir)
 

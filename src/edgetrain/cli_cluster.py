@@ -7,6 +7,7 @@ each command, so ``edgetrain --help`` does not pay for PyTorch.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,26 @@ def _per_node(option: str, values: list[str], nodes: int) -> list[str | None]:
     return [values[0] if len(values) == 1 else values[node] for node in range(nodes)]
 
 
+def _rates(values: list[str], nodes: int) -> list[float | None]:
+    """Every node's ``--rate``: None for 'auto' or none given, else a finite number of FLOP/s above 0.
+
+    Parsed here, before anything is imported: a rate that is no number stops the run at once, named.
+    """
+    rates: list[float | None] = []
+    for value in _per_node("--rate", values, nodes):
+        if value is None or value == "auto":
+            rates.append(None)
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"--rate takes 'auto' or a training rate in FLOP/s above 0 (e.g. 20e9), got {value!r}")
+        rates.append(number)
+    return rates
+
+
 def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, ...]:
     from .distributed.local import Fault
 
@@ -177,6 +198,7 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                   rejoin_after: int | None = typer.Option(None, "--rejoin-after", min=1, help="A lost node "
                                                              "comes back after the others trained N steps.")) -> None:
     """Start a cluster of --nodes processes on this machine under a supervisor that survives node failures."""
+    rates = _rates(rate, nodes)
     _quiet_c10d()
     from .distributed import NodeSpec
     from .distributed.local import LocalOptions, run_local
@@ -185,7 +207,6 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                      optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, seed=seed, save_every=save_every,
                      run_dir=run_dir, resume=resume,
                      overwrite=overwrite)
-    rates = [None if r in (None, "auto") else float(r) for r in _per_node("--rate", rate, nodes)]
     specs = [NodeSpec(d, m, r) for d, m, r in zip(_per_node("--device", device, nodes),
                                                    _per_node("--memory", memory, nodes), rates, strict=True)]
     options = LocalOptions(heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout,

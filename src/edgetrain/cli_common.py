@@ -21,15 +21,17 @@ from rich.text import Text
 
 from .errors import EdgetrainError
 
-__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions", "finite"]
+__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions", "finite", "refuse_non_finite"]
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
 F = TypeVar("F", bound=Callable[..., Any])
 # typer >= 0.2x carries its own click (typer._click); an older one, such as the typer < 0.21 that Flower
 # (the `federated` extra) pins, runs on click itself.
-click_exceptions: Any = importlib.import_module(
-    "typer._click.exceptions" if importlib.util.find_spec("typer._click") else "click.exceptions")
+_CLICK = "typer._click" if importlib.util.find_spec("typer._click") else "click"
+click_exceptions: Any = importlib.import_module(f"{_CLICK}.exceptions")
+click_types: Any = importlib.import_module(f"{_CLICK}.types")
+click_core: Any = importlib.import_module(f"{_CLICK}.core")
 log = logging.getLogger("edgetrain.cli")
 
 
@@ -77,3 +79,38 @@ def finite(option: str, least: float | None = None, *,
         return value
 
     return check
+
+
+class _FiniteFloat(click_types.ParamType):
+    """A float option's own type (its range, its name in --help), refusing NaN and the infinities."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        number = self.inner.convert(value, param, ctx)
+        if isinstance(number, float) and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+    def get_metavar(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.get_metavar(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+def refuse_non_finite(command: Any) -> Any:
+    """``command`` (a click command or group, walked through) with every float option refusing NaN and infinity.
+
+    click's float type takes ``nan`` and ``inf``, and a range's bounds let NaN through (no comparison with NaN is
+    true): a deadline or a rate of NaN would run as if unconstrained. Done once over the whole tree, so an option
+    added later is covered too.
+    """
+    for param in command.params:
+        if isinstance(param.type, click_types.FloatParamType):
+            param.type = _FiniteFloat(param.type)
+    for sub in getattr(command, "commands", {}).values():
+        refuse_non_finite(sub)
+    return command

@@ -17,9 +17,21 @@ from rich.table import Table
 
 from .cli_common import clean_errors, console
 from .fileio import to_json
+from .sysutil.processes import dies_with_this_process
 
 power_app = typer.Typer(help="Power modes: list a board's modes, run a command under one, restore a mode a "
                                "crashed run left changed, advise one for a workload.", no_args_is_help=True)
+
+
+@power_app.callback()
+@clean_errors
+def power_group(ctx: typer.Context) -> None:
+    """Every power command first puts back a mode that a killed run left changed (NOTE [ A mode is always
+    restored ]); ``power restore`` does it itself, to say what it did."""
+    if ctx.invoked_subcommand != "restore":
+        from .power.control import recover_pending
+
+        recover_pending()
 
 
 def _mhz(hz: float | None) -> str:
@@ -43,7 +55,6 @@ def modes_command(device: str | None = typer.Option(None, "--device", "-d", help
                                                        "jetson-nano); default: this board's /etc/nvpmodel.conf."),
                   as_json: bool = typer.Option(False, "--json", help="Print JSON (with each mode's source).")) -> None:
     """The power modes of a catalog Jetson (sourced figures), or of this board (its nvpmodel.conf and sysfs)."""
-    from .power.control import recover_pending
     from .power.modes import modes_for_device, nvpmodel_conf_path, parse_nvpmodel_conf, read_cpu_state
 
     if device is not None:
@@ -56,7 +67,6 @@ def modes_command(device: str | None = typer.Option(None, "--device", "-d", help
         if unknown:
             console.print(f"left out where no source gives them: {', '.join(unknown)} (--json says why, per mode)")
         return
-    recover_pending()
     state = read_cpu_state()
     conf = nvpmodel_conf_path()
     board_modes, default = parse_nvpmodel_conf(conf.read_text(), str(conf)) if conf else ((), None)
@@ -94,7 +104,8 @@ def run_command(ctx: typer.Context,
     with applied_mode(request) as record:
         console.print(f"applied: {len(record['writes'])} sysfs writes"
                       + ("" if mode is None else f", nvpmodel -m {mode}") + "; restored when the command ends")
-        code = subprocess.call(ctx.args)
+        code = subprocess.call(ctx.args, preexec_fn=dies_with_this_process())  # NOTE [ Children die with
+        # their parent ]: a command left running would run on under the changed mode
     raise typer.Exit(code)
 
 

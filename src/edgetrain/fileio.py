@@ -5,6 +5,11 @@ writes for later reading goes through :func:`write_atomic`: a temporary file in 
 directory, ``fsync``, ``os.replace``, then ``fsync`` of the directory. A reader sees the old
 file or the new one, never half of one, and a failed write leaves no temporary file behind.
 
+A command refused for its input leaves the directory it was given as it was, though finding
+that out can need work that writes there first (a dataset generated, a batch profiled):
+:class:`LeftAsItWas` removes what the command made unless it reached its first write of its
+own results.
+
 JSON written by the tool never holds ``NaN`` or ``Infinity`` (which JSON does not have and
 strict parsers refuse): :func:`to_json` turns non-finite floats into ``null``.
 """
@@ -12,15 +17,18 @@ strict parsers refuse): :func:`to_json` turns non-finite floats into ``null``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl"]
+__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl", "LeftAsItWas"]
 
 
 def json_safe(value: Any) -> Any:
@@ -55,20 +63,28 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     """Replace ``path`` by ``data`` atomically and durably; on any failure nothing of the write remains.
 
     Raises:
-        OSError: the directory is missing or unwritable, or the disk is full (``path`` unchanged).
+        OSError: the directory is missing or unwritable, ``path`` is a directory, or the disk is full
+            (``path`` unchanged); its ``filename`` is ``path``, never the temporary file's.
     """
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file name", str(path))
+    try:
+        fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(payload)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
+        if isinstance(exc, OSError):
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
         raise
     fsync_dir(path.parent)
     return path
@@ -93,3 +109,65 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return records
+
+
+class LeftAsItWas:
+    """Within the ``with`` block, a directory that is put back as it was if the block raises before :meth:`commit`.
+
+    What the block created is removed: entries of ``path`` that were not there when the block began, or
+    ``path`` itself (and the parents it needed) if it did not exist when this object was made. Entries that
+    were there are not touched, so a resumed run's files stay; the block must not modify them before it
+    commits. ``own`` names entries made between this object and the block (a lock file taken first) that
+    are removed too if they were not there before.
+
+    Example:
+        >>> undo = LeftAsItWas(run_dir, own=(".lock",))
+        >>> with RunDirectory(run_dir) as run, undo:   # doctest: +SKIP
+        ...     check_everything(run_dir)        # may write a cache into run_dir, may raise
+        ...     undo.commit()                    # from here on the directory is the run's
+        ...     write_results(run_dir)
+    """
+
+    def __init__(self, path: str | Path, *, own: tuple[str, ...] = ()) -> None:
+        self.path = Path(path)
+        self._made = _first_missing(self.path)
+        self._own = set() if self._made is not None else {name for name in own if not (self.path / name).exists()}
+        self._before: set[str] = set()
+        self.committed = False
+
+    def __enter__(self) -> LeftAsItWas:
+        if self._made is None:
+            self._before = set(os.listdir(self.path)) - self._own
+        return self
+
+    def commit(self) -> None:
+        """The block's own results start here: what it made is kept from now on, whatever follows."""
+        self.committed = True
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if kind is None or self.committed:
+            return
+        if self._made is not None:
+            shutil.rmtree(self._made, ignore_errors=True)
+        elif self.path.is_dir():
+            for name in set(os.listdir(self.path)) - self._before:
+                _remove(self.path / name)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist; None if ``path`` exists."""
+    if path.exists():
+        return None
+    missing = path
+    while not missing.parent.exists():
+        missing = missing.parent
+    return missing
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

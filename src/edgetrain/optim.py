@@ -18,10 +18,12 @@ LR_SCHEDULES = ("constant", "cosine")
 
 
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
-    """SGD with momentum 0.9 (the default) or Adam; the CPU single-tensor code paths."""
+    """SGD with momentum 0.9 (the default) or Adam, over the parameters of ``params`` that train (frozen ones,
+    NOTE [ Update schemes ] in ``models/update.py``, get no state); the CPU single-tensor code paths."""
     if name not in OPTIMIZERS:
         raise UnknownNameError("optimizer", name, OPTIMIZERS)
     rate = DEFAULT_LR[name] if lr is None else lr
+    params = [p for p in params if p.requires_grad]
     if name == "sgd":
         return torch.optim.SGD(params, lr=rate, momentum=0.9, foreach=False)
     return torch.optim.Adam(params, lr=rate, foreach=False)

@@ -25,7 +25,7 @@ __all__ = ["PlanFile", "PlanFileError", "PLAN_FILE_FORMAT", "PLAN_FILE_VERSION"]
 
 PLAN_FILE_FORMAT = "edgetrain-plan"
 PLAN_FILE_VERSION = 1
-_SUBJECT = ("model", "batch", "image", "optimizer", "num_classes")
+_SUBJECT = ("model", "batch", "image", "optimizer", "num_classes", "update")
 
 
 class PlanFileError(EdgetrainError):
@@ -49,6 +49,7 @@ class PlanFile:
     schedule: Schedule
     budget_bytes: int | None
     device: str | None = None
+    update: str = "all"   # the parameters that train (NOTE [ Update schemes ] in models/update.py)
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -115,7 +116,7 @@ class PlanFile:
         try:
             plan = cls(chain=Chain.from_dict(body["chain"]), schedule=Schedule.from_dict(body["schedule"]),
                        budget_bytes=body["budget_bytes"], device=body["device"],
-                       **{key: body[key] for key in _SUBJECT})
+                       **{key: body[key] for key in _SUBJECT if key in body or key != "update"})
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFileError(f"{path} is missing or has a malformed field ({exc})") from None
         validate(plan.chain, plan.schedule)

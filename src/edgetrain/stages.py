@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .models import stages_of
 
-__all__ = ["CompiledStage", "LossStage", "compiled_stages", "parameter_holders", "training_stages"]
+__all__ = ["CompiledStage", "FrozenPrefix", "LossStage", "compiled_stages", "fold_frozen_prefix", "parameter_holders",
+           "training_stages"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -45,8 +46,33 @@ class LossStage(nn.Module):
 
 
 def training_stages(model: nn.Module, loss_fn: LossFn | None = None) -> list[nn.Module]:
-    """The model's chain of stages followed by a :class:`LossStage`."""
-    return [*stages_of(model), LossStage(loss_fn)]
+    """The model's chain of stages followed by a :class:`LossStage`; the stages before the first one with a
+    parameter that trains fold into it (:func:`fold_frozen_prefix`)."""
+    return fold_frozen_prefix([*stages_of(model), LossStage(loss_fn)])
+
+
+class FrozenPrefix(nn.Sequential):
+    """The stages before the first one that trains, and that one: the chain's first stage.
+
+    Nothing before the first trained parameter needs a gradient, so autograd records nothing there: the frozen
+    stages' activations are transients of one forward, never values a schedule keeps or recomputes. As the
+    chain's first stage, its input is the batch, which no gradient reaches, as the planners and the executor
+    assume of stage 0 (NOTE [ Update schemes ] in ``models/update.py``).
+    """
+
+    @property
+    def frozen(self) -> int:
+        """How many frozen stages come before the one that trains."""
+        return len(self) - 1
+
+
+def fold_frozen_prefix(stages: list[nn.Module]) -> list[nn.Module]:
+    """``stages`` with those before the first holding a parameter that trains folded into it (a
+    :class:`FrozenPrefix`); unchanged if the first stage trains, or if no stage does."""
+    first = next((i for i, stage in enumerate(stages) if any(p.requires_grad for p in stage.parameters())), 0)
+    if first == 0:
+        return stages
+    return [FrozenPrefix(*stages[:first + 1]), *stages[first + 1:]]
 
 
 # NOTE [ Compiled stages ]

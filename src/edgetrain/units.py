@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_bytes", "format_bytes"]
+__all__ = ["parse_bytes", "format_bytes", "MAX_BYTES"]
 
 _UNITS = {
     "": 1,
@@ -19,7 +19,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_MAX_BYTES = 2**63  # more than any address space: a typo, or 1e400
+MAX_BYTES = 2**63  # more than any address space: a typo, or 1e400
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -44,7 +44,7 @@ def parse_bytes(value: int | float | str) -> int:
         if unit not in _UNITS:
             raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use B, kB, MB, GB, KiB, MiB or GiB")
         amount, factor = float(match.group(1)), _UNITS[unit]
-    if not math.isfinite(amount) or amount * factor >= _MAX_BYTES:
+    if not math.isfinite(amount) or amount * factor >= MAX_BYTES:
         raise ValueError(f"not a byte quantity a machine can have: {value!r}")
     if amount < 0:
         raise ValueError(f"a byte quantity cannot be negative: {value!r}")

@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 SYNTHETIC = "synthetic"
+SYNTHETIC_CLASSES = 10
+VAL_FRACTION = 0.2  # held out of a dataset that has no val part of its own
 _SPLIT_NAMES = (("train", "val"), ("train", "valid"), ("train", "test"))
 
 
@@ -123,8 +125,8 @@ def _cifar(path: Path, *, image_size: int, seed: int, val_fraction: float,
 
 
 def open_dataset(name_or_path: str | Path, *, image_size: int = 32, samples: int = 1000, seed: int = 0,
-                 root: str | Path | None = None, classes: int = 10, image_format: str = "png",
-                 val_fraction: float = 0.2, skip_corrupt: bool = False,
+                 root: str | Path | None = None, classes: int = SYNTHETIC_CLASSES, image_format: str = "png",
+                 val_fraction: float = VAL_FRACTION, skip_corrupt: bool = False,
                  vocab_size: int | None = None) -> tuple[FileDataset, FileDataset, int]:
     """Train and validation datasets and the number of classes, from a name or a folder.
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from ..sysutil.processes import worker_dies_with_parent
 from .cache import ByteReader, FileReader
 from .errors import CorruptSampleError, DatasetFormatError, DatasetNotFoundError, TooFewSamplesError
 
@@ -371,4 +372,4 @@ def make_loader(dataset: Dataset[Any], *, batch_size: int, workers: int = 0, shu
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers,
                       collate_fn=collate_skip_corrupt, drop_last=drop_last, generator=generator,
-                      persistent_workers=False)
+                      persistent_workers=False, worker_init_fn=worker_dies_with_parent)

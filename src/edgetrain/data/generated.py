@@ -23,6 +23,7 @@ a data root. Four rules keep an unattended node from filling up or dying on them
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -37,15 +38,16 @@ from typing import Any
 import numpy as np
 
 from ..fileio import fsync_dir, write_atomic
-from ..pid_liveness import pid_running
+from ..sysutil.processes import pid_running
 from ..units import format_bytes
-from .errors import DataError, DatasetTooLargeError
+from .errors import DataError, DatasetTooLargeError, TooFewSamplesError
 
 __all__ = [
     "BLOCK_BYTES",
     "LOCK_NAME",
     "MANIFEST_NAME",
     "available_memory_bytes",
+    "check_split",
     "check_room",
     "disk_bytes_of_files",
     "ensure_generated",
@@ -81,6 +83,29 @@ def stratified_split(samples: int, classes: int, seed: int, val_fraction: float)
         val.extend(rng.permutation(members)[:n_val].tolist())
     in_val = set(val)
     return {"train": [i for i in range(samples) if i not in in_val], "val": sorted(val)}
+
+
+def check_split(samples: int, classes: int, batch: int, seed: int, val_fraction: float, *,
+                option: str = "--samples") -> None:
+    """Refuse, before anything is generated, ``samples`` whose split leaves less than a batch to train on or
+    nothing held out.
+
+    Raises:
+        TooFewSamplesError: naming both split sizes and the least ``samples`` that works.
+    """
+    if _splits_work(samples, classes, batch, seed, val_fraction):
+        return
+    split = stratified_split(samples, classes, seed, val_fraction)
+    least = next(n for n in itertools.count(max(samples, classes)) if _splits_work(n, classes, batch, seed,
+                                                                                   val_fraction))
+    raise TooFewSamplesError(f"{option} {samples} gives {len(split['train'])} images to train on and "
+                             f"{len(split['val'])} held out ({classes} classes, {val_fraction:.0%} of each held out): "
+                             f"training needs a batch of {batch} and one image held out; give {option} {least} or more")
+
+
+def _splits_work(samples: int, classes: int, batch: int, seed: int, val_fraction: float) -> bool:
+    split = stratified_split(samples, classes, seed, val_fraction)
+    return len(split["train"]) >= batch and len(split["val"]) > 0
 
 
 def read_manifest(root: str | Path, kind: str) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..sysutil.processes import worker_dies_with_parent
 from .cache import CachingReader, FileReader, MinIOCache, ThrottledReader
 from .errors import DataError
 from .folder import FileDataset, collate_skip_corrupt
@@ -232,7 +233,7 @@ def _synthetic_batches(sample: torch.Tensor, batch_size: int, num_classes: int) 
 
 def _loader(dataset: FileDataset, indices: list[int], batch_size: int, workers: int) -> DataLoader[Any]:
     return DataLoader(dataset, batch_size=batch_size, sampler=indices, num_workers=workers,
-                      collate_fn=collate_skip_corrupt)
+                      collate_fn=collate_skip_corrupt, worker_init_fn=worker_dies_with_parent)
 
 
 def _sample_indices(dataset: FileDataset, n_needed: int, seed: int) -> list[int]:

@@ -48,7 +48,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EdgetrainError, UnknownNameError
-from ..units import format_bytes
+from ..units import MAX_BYTES, format_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -183,6 +183,9 @@ class Device:
                 raise DeviceCatalogError(
                     f"device {self.name!r}: {key} must be > 0, got {value!r} "
                     "(leave an unknown figure out and say why in sources; never write 0)")
+            if key.endswith("_bytes") and value >= MAX_BYTES:
+                raise DeviceCatalogError(f"device {self.name!r}: {key} = {value!r} is more than any machine's "
+                                         f"address space (2**63 bytes)")
             if not str(self.sources.get(key, "")).strip():
                 raise DeviceCatalogError(f"device {self.name!r}: {key} = {value!r} has no entry in sources")
         if self.usable_memory_bytes is not None and self.usable_memory_bytes > self.memory_bytes:

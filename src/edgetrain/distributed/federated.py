@@ -78,8 +78,8 @@ except ImportError:
         from None
 
 __all__ = ["FederatedConfig", "FederatedError", "NodeData", "FederatedNode", "FederatedStrategy", "node_data",
-           "initial_weights", "open_run", "run_server", "run_client", "METRICS", "STATES", "SUMMARY",
-           "LOGS", "Progress"]
+           "initial_weights", "refuse_budgets_below_the_least_step", "open_run", "run_server", "run_client", "METRICS",
+           "STATES", "SUMMARY", "LOGS", "Progress"]
 
 
 METRICS = "metrics.jsonl"
@@ -318,8 +318,7 @@ class FederatedNode:
         x, y = self._batch(torch.Generator().manual_seed(config.seed))
         nn.functional.cross_entropy(self.model(x), y).backward()  # thread pools and kernels up, as a run's
         self.model.zero_grad(set_to_none=True)
-        weights_bytes = sum(v.numel() * v.element_size() for _, v in _shared_entries(self.model))
-        self.flower_bytes = FLOWER_RUNTIME_BYTES + MESSAGE_COPIES * weights_bytes
+        self.flower_bytes = _flower_bytes(self.model)
         self.runtime_baseline_bytes = measure_runtime_baseline(self.model, x, y)
         baseline_bytes = self.runtime_baseline_bytes + self.flower_bytes  # what the budget sets aside
         optimizer = config.optimizer
@@ -334,12 +333,7 @@ class FederatedNode:
             except InfeasibleBudgetError as exc:  # in process terms, as `train --memory` refuses
                 if exc.minimum_bytes is None:
                     raise
-                refusal = self.budget.infeasible(exc.minimum_bytes)
-                raise InfeasibleBudgetError(f"node {node}: {refusal}; the baseline includes "
-                                            f"{format_bytes(self.flower_bytes)} set aside for gRPC and a round's "
-                                            f"messages ({MESSAGE_COPIES} copies of the weights)",
-                                            minimum_bytes=refusal.minimum_bytes,
-                                            budget_bytes=refusal.budget_bytes) from None
+                raise _node_refusal(node, self.budget.infeasible(exc.minimum_bytes), self.flower_bytes) from None
         self.baseline_bytes = baseline_bytes
         self.entries = [name for name, _ in _shared_entries(self.model)]
         return_freed_memory()
@@ -415,6 +409,67 @@ class FederatedNode:
         accuracy, loss = evaluate(self.model, TensorDataset(self.data.val_x, self.data.val_y), self.config.batch)
         assert accuracy is not None and loss is not None  # node_data refuses a node without held-out data
         return float(loss), len(self.data.val_y), {"node": self.node, "accuracy": float(accuracy)}
+
+
+def _flower_bytes(model: nn.Module) -> int:
+    """What a node's budget sets aside beside its runtime baseline for gRPC and a round's messages."""
+    weights_bytes = sum(v.numel() * v.element_size() for _, v in _shared_entries(model))
+    return FLOWER_RUNTIME_BYTES + MESSAGE_COPIES * weights_bytes
+
+
+def _node_refusal(node: int, refusal: InfeasibleBudgetError, flower_bytes: int) -> InfeasibleBudgetError:
+    """Node ``node``'s refusal of its budget, saying what the baseline sets aside for Flower."""
+    return InfeasibleBudgetError(f"node {node}: {refusal}; the baseline includes {format_bytes(flower_bytes)} set "
+                                 f"aside for gRPC and a round's messages ({MESSAGE_COPIES} copies of the weights)",
+                                 minimum_bytes=refusal.minimum_bytes, budget_bytes=refusal.budget_bytes)
+
+
+def refuse_budgets_below_the_least_step(config: FederatedConfig) -> None:
+    """Refuse, before anything is written, every node whose budget cannot hold its least step, as the node would.
+
+    The least step is profiled here on a batch of the node's shape read without writing (its
+    in-situ store's samples, or an example batch of the synthetic task), beside the runtime
+    baseline estimated for a fresh training process
+    (:func:`~edgetrain.train.budget.estimate_runtime_baseline_bytes`) and what Flower is given. A
+    node measures its own baseline, typically higher, so a budget let through here may still be
+    refused by the node, never one the other way round.
+
+    Raises:
+        InfeasibleBudgetError: the first node refused (as its own refusal reads).
+        FederatedError: a node's store has no training or no held-out sample.
+    """
+    from ..planners.plan import least_step_bytes
+    from ..profile import profile
+    from ..train.budget import ProcessBudget, estimate_runtime_baseline_bytes
+
+    budgets = [config.budget_bytes(node) for node in range(config.nodes)]
+    if all(budget is None for budget in budgets):
+        return
+    baseline = estimate_runtime_baseline_bytes()
+    for node, budget in enumerate(budgets):
+        if budget is None:
+            continue
+        model = _build_model(config, node)
+        x, y = _example_batch(config, node)
+        least = least_step_bytes(profile(model, x, y, optimizer=config.optimizer, repeats=1))
+        flower = _flower_bytes(model)
+        process = ProcessBudget(budget, baseline + flower)
+        if process.predicted_process_bytes(least) > budget:
+            raise _node_refusal(node, process.infeasible(least), flower)
+
+
+def _example_batch(config: FederatedConfig, node: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of node ``node``'s shape, read without writing: its in-situ store's first samples, or an example of
+    the synthetic task (whose data a node generates into the run directory)."""
+    from ..models import get_model_spec
+
+    if config.stores:
+        data = node_data(config, node)
+        index = torch.arange(config.batch) % len(data.train_y)
+        return data.train_x[index], data.train_y[index]
+    spec = get_model_spec(config.model)
+    return spec.example_input(config.batch, config.image), spec.example_target(config.batch,
+                                                                               num_classes=SYNTHETIC_CLASSES)
 
 
 class _FlowerClient(NumPyClient):

@@ -2,7 +2,9 @@
 
 Plain localhost processes (``python -m edgetrain.distributed.federated server|client``): no network
 shaping, no cgroup (docs/guide/cluster.md, "Federated mode"). The first process to fail stops the others
-and its one line is the error.
+and its one line is the error. The launcher holds the run directory's lock, which every process it starts
+shares (NOTE [ One lock for a run's processes ] in runlock.py), and they all die with it (NOTE [ Children
+die with their parent ]).
 """
 
 from __future__ import annotations
@@ -18,8 +20,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..fileio import read_jsonl
-from .federated import LOGS, METRICS, SUMMARY, FederatedConfig, FederatedError, Progress, open_run
+from ..fileio import LeftAsItWas, read_jsonl
+from ..sysutil.processes import dies_with_this_process
+from ..train.rundir import LOCK_FILE, RunDirectory
+from .federated import (
+    LOGS,
+    METRICS,
+    SUMMARY,
+    FederatedConfig,
+    FederatedError,
+    Progress,
+    open_run,
+    refuse_budgets_below_the_least_step,
+)
 
 __all__ = ["run_local", "LocalRun"]
 
@@ -44,13 +57,14 @@ class LocalRun:
     processes: list[_Process] = field(default_factory=list)
 
 
-def _spawn(role: str, config_path: Path, log_dir: Path, *extra: str) -> _Process:
+def _spawn(role: str, config_path: Path, log_dir: Path, lock_fd: int, *extra: str) -> _Process:
     name = role if not extra else f"node-{extra[0]}"
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1", "FLWR_TELEMETRY_ENABLED": "0"}  # as cli.main sets the former
     with log_path.open("wb") as out:
         popen = subprocess.Popen([sys.executable, "-m", "edgetrain.distributed.federated", role, str(config_path),
-                                  *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+                                  *extra], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 preexec_fn=dies_with_this_process(), pass_fds=(lock_fd,))
     return _Process(name, popen, log_path)
 
 
@@ -61,30 +75,43 @@ def run_local(config: FederatedConfig, progress: Progress | None = None, poll_s:
 
     Raises:
         FederatedError: a process failed (its one-line error, named), e.g. a node whose budget cannot hold.
+        InfeasibleBudgetError: a node's budget cannot hold its least step (before anything is written).
+        RunLockedError: another process writes ``config.run_dir``.
     """
     config.check()
-    open_run(config)  # refuse a bad run directory before any process starts
-    config = replace(config, resume=True, overwrite=False)
+    refuse_budgets_below_the_least_step(config)
     run = Path(config.run_dir)
-    (run / LOGS).mkdir(exist_ok=True)
-    config_path = run / "federated-config.json"
-    config_path.write_text(config.to_json())
-    local = LocalRun()
-    try:
-        local.processes.append(_spawn("server", config_path, run / LOGS))
-        local.processes += [_spawn("client", config_path, run / LOGS, str(node)) for node in range(config.nodes)]
-        _watch(local, run / METRICS, progress, poll_s)
-    finally:
-        for process in local.processes:
-            if process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGTERM)
-        for process in local.processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.popen.wait(timeout=10)
-            if process.popen.poll() is None:
-                process.popen.kill()
-                process.popen.wait()
-    return dict(json.loads((run / SUMMARY).read_text()))
+    undo = LeftAsItWas(run, own=(LOCK_FILE,))
+    with RunDirectory(run) as lock, undo:
+        open_run(config)  # refuse a bad run directory before any process starts
+        undo.commit()
+        lock.claim()
+        config = replace(config, resume=True, overwrite=False)
+        (run / LOGS).mkdir(exist_ok=True)
+        config_path = run / "federated-config.json"
+        config_path.write_text(config.to_json())
+        local = LocalRun()
+        try:
+            local.processes.append(_spawn("server", config_path, run / LOGS, lock.lock_fd))
+            local.processes += [_spawn("client", config_path, run / LOGS, lock.lock_fd, str(node))
+                                for node in range(config.nodes)]
+            _watch(local, run / METRICS, progress, poll_s)
+        finally:
+            _stop(local)
+        return dict(json.loads((run / SUMMARY).read_text()))
+
+
+def _stop(local: LocalRun) -> None:
+    """SIGTERM to every process still running, SIGKILL to those still running 10 s later; all reaped."""
+    for process in local.processes:
+        if process.popen.poll() is None:
+            process.popen.send_signal(signal.SIGTERM)
+    for process in local.processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.popen.wait(timeout=10)
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait()
 
 
 def _watch(local: LocalRun, metrics: Path, progress: Progress | None, poll_s: float) -> None:

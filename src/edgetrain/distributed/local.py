@@ -26,13 +26,15 @@ made for it once the smaller group has trained that many steps.
 
 The nodes and spares run in sessions of their own (a signal meant for one reaches its whole
 process group), so a signal to the supervisor does not reach them: SIGTERM, like SIGINT, unwinds
-the supervisor through its ``finally`` blocks, which kill and reap every node and spare
-(``_termination_unwinds``); its default action would end the supervisor at once and leave them
-training on. The SystemExit the handler raises can be swallowed: a signal that arrives while
-the interpreter runs a callback it cannot propagate from (logging's at-fork hook, run in the
-parent after every ``Popen``'s fork) is printed as "Exception ignored", and the supervisor would
-go on watching, its nodes training (about 1 run in 4 full test suites). So the handler also records
-the signal, and the watch loop unwinds on it (``_unwind_if_terminated``).
+the supervisor through its ``finally`` blocks, which kill and reap every node and spare and
+remove the emulated network (``_termination_unwinds``). Its default action would end the
+supervisor at once: the kernel would kill the nodes with it, as after a SIGKILL of the
+supervisor (NOTE [ Children die with their parent ]), but the network would stay. The
+SystemExit the handler raises can be swallowed: a signal that arrives while the interpreter runs
+a callback it cannot propagate from (logging's at-fork hook, run in the parent after every
+``Popen``'s fork) is printed as "Exception ignored", and the supervisor would go on watching, its
+nodes training (about 1 run in 4 full test suites). So the handler also records the signal, and
+the watch loop unwinds on it (``_unwind_if_terminated``).
 
 NOTE [ Warm spares ]
 Most of a re-form's time goes into starting fresh processes: importing torch and the first
@@ -65,6 +67,8 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,21 +83,26 @@ from types import FrameType
 from typing import Any
 
 from ..errors import EdgetrainError
+from ..fileio import LeftAsItWas
+from ..sysutil.processes import dies_with_this_process, pid_running
 from ..train.config import TrainConfig
-from ..train.rundir import METRICS_FILE
+from ..train.rundir import LOCK_FILE, METRICS_FILE, RunDirectory
 from .group import ClusterError
-from .netns import NOT_EMULATED, NetworkEmulation, can_emulate, exit_on_signal
-from .node import ClusterOptions, NodeSpec, node_speed
+from .netns import NOT_EMULATED, PRESETS, NetworkEmulation, can_emulate, exit_on_signal
+from .node import ClusterOptions, NodeSpec, batch_shares, check_speeds, node_speed
 from .split import split_batch
 from .worker import EXIT_REFUSED, SPARE_FLAG, write_spec
 
-__all__ = ["Fault", "FailureRecord", "LocalOptions", "LocalReport", "run_local", "free_port"]
+__all__ = ["Fault", "FailureRecord", "LocalOptions", "LocalReport", "run_local", "free_port",
+           "SCRATCH_PREFIX"]
 
 log = logging.getLogger(__name__)
 
 CLUSTER_FILE = "cluster.json"
 LOG_DIR = "node-logs"
 FAULT_KINDS = ("kill", "stop", "cut")
+SCRATCH_PREFIX = "edgetrain-cluster-"  # then the supervisor's pid, a dash and mkdtemp's random letters
+_SCRATCH_DIR = re.compile(re.escape(SCRATCH_PREFIX) + r"(\d+)-\w+")
 
 
 @dataclass(frozen=True)
@@ -140,9 +149,15 @@ class LocalOptions:
     spares: bool = True
 
     def __post_init__(self) -> None:
-        # the nodes' own checks of these settings, made once before any node starts
-        ClusterOptions(average_every=self.average_every, outer_lr=self.outer_lr, outer_momentum=self.outer_momentum,
-                       wire_dtype=self.wire_dtype)
+        self.node_options()  # the nodes' own checks of these settings, made once before any node starts
+
+    def node_options(self, **own: Any) -> ClusterOptions:
+        """What every node is given of these settings; ``own``: a node's own (its heartbeat file, its profiles)."""
+        return ClusterOptions(connect_timeout_s=self.connect_timeout_s, timeout_s=self.timeout_s,
+                              average_every=self.average_every, compress_rank=self.compress_rank,
+                              compress_after=self.compress_after, local_batch_norm=self.local_batch_norm,
+                              outer_lr=self.outer_lr, outer_momentum=self.outer_momentum, wire_dtype=self.wire_dtype,
+                              **own)
 
 
 @dataclass
@@ -195,42 +210,149 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def prepare(config: TrainConfig, nodes: Sequence[NodeSpec]) -> tuple[TrainConfig, tuple[NodeSpec, ...]]:
-    """Check the run, generate its data once and fix each node's speed, before any node starts.
-
-    Nodes would otherwise each write the same synthetic dataset and each calibrate this machine.
-    """
-    from ..train.loop import open_run_data
-
-    for node in nodes:
-        replace(config, device=node.device, memory=node.memory).check()
-    root = config.data_root or config.run_dir / "data"
-    open_run_data(config, config.run_dir)
-    rated = tuple(replace(node, rate_flops_per_s=node_speed(node)) for node in nodes)
-    return replace(config, data_root=root), rated
-
-
 def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOptions = LocalOptions()) -> LocalReport:
     """Train ``config`` on ``len(nodes)`` local processes under supervision (NOTE [ Supervision ]).
 
+    What can be refused is refused before anything is written (:func:`_check_before_work`); then
+    the run directory is locked for the whole run, by the supervisor and every node it starts
+    (NOTE [ One lock for a run's processes ] in runlock.py), which all die with the supervisor
+    (NOTE [ Children die with their parent ]).
+
     Raises:
         ClusterError: a refusal every node shares (with its message), more failures than
-            ``max_restarts``, no node left, or a "cut" fault without the network emulation.
+            ``max_restarts``, no node left.
+        RunLockedError: another process writes ``config.run_dir``.
+        RunMismatchError: ``resume`` with settings that differ from the run's.
+        EdgetrainError: see :func:`_check_before_work`; a fresh run into a directory that holds
+            one without ``overwrite``.
     """
+    from ..train.loop import open_run
+
     started = time.time()
-    config, rated = prepare(config, nodes)
-    report = LocalReport(nodes=len(rated))
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_termination_unwinds())
-        network = None
-        if options.preset is not None:
-            network, report.emulation = _network(stack, config, rated, options)
-        if network is None and any(f.kind == "cut" for f in options.faults):
-            raise ClusterError("a 'cut' fault needs the network emulation (--netns, as root)")
-        _supervise(config, rated, options, report, network)
-    report.wall_time_s = time.time() - started
-    _write_report(config.run_dir, report)
+    rated = _check_before_work(config, nodes, options)
+    undo = LeftAsItWas(config.run_dir, own=(LOCK_FILE,))
+    with RunDirectory(config.run_dir) as run, undo:
+        open_run(run, config)  # as rank 0 will: a run of other settings, or one there without --resume
+        run.claim()
+        config = _generate_data(config)  # a data folder it cannot read: refused with nothing made kept
+        undo.commit()
+        report = LocalReport(nodes=len(rated))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_termination_unwinds())
+            network = None
+            if options.preset is not None:
+                network, report.emulation = _network(stack, config, rated, options)
+            _supervise(config, rated, options, report, network, run.lock_fd)
+        report.wall_time_s = time.time() - started
+        _write_report(config.run_dir, report)
     return report
+
+
+def _check_before_work(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOptions) -> tuple[NodeSpec, ...]:
+    """Refuse, before anything is written, what no node could run; every node with its speed fixed.
+
+    Every node's settings, the link preset, the speeds (some nodes with one and others none), the
+    faults (a node that does not exist, a cut without the network emulation), the batch (a share
+    for every node) and every budget against the least step of the node's share
+    (:func:`_refuse_budgets_below_the_least_step`). Nodes would otherwise each calibrate this
+    machine for their speed.
+
+    Raises:
+        EdgetrainError: the first refusal, in one line.
+    """
+    for node in nodes:
+        replace(config, device=node.device, memory=node.memory).check()
+    if options.preset is not None and options.preset not in PRESETS:  # also where the emulation falls back
+        raise ClusterError(f"--preset must be one of {', '.join(PRESETS)}; got {options.preset!r}")
+    _check_faults(options, len(nodes))
+    rated = tuple(replace(node, rate_flops_per_s=node_speed(node)) for node in nodes)
+    check_speeds([node.rate_flops_per_s for node in rated])
+    _refuse_budgets_below_the_least_step(config, rated, _first_shares(config, rated, options))
+    return rated
+
+
+def _check_faults(options: LocalOptions, nodes: int) -> None:
+    """Refuse a fault that could not fire: on a node that does not exist, a cut without the emulated links."""
+    ids = "0" if nodes == 1 else f"0 to {nodes - 1}"
+    for fault in options.faults:
+        if not 0 <= fault.node < nodes:
+            raise ClusterError(f"--{fault.kind} {fault.node}@{fault.at_step}: there is no node {fault.node}; "
+                               f"the nodes of --nodes {nodes} are {ids}")
+    if any(f.kind == "cut" for f in options.faults) and (options.preset is None or can_emulate() is not None):
+        raise ClusterError("a 'cut' fault needs the network emulation (--netns, as root)")
+
+
+def _classes(config: TrainConfig) -> int:
+    """The classes a model is built for before the data is read: the synthetic set's, else the least a dataset has
+    (others change only the last layer)."""
+    from ..data import SYNTHETIC_CLASSES
+
+    return SYNTHETIC_CLASSES if config.data == "synthetic" else 2
+
+
+def _first_shares(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOptions) -> tuple[int, ...]:
+    """Every node's share of the global batch in the whole group, as the nodes will split it.
+
+    Raises:
+        EdgetrainError: the batch cannot give every node its least share.
+    """
+    own_norms = not options.node_options().normalises_across_nodes(len(rated)) and _has_batch_norm(config)
+    return batch_shares(config.batch, [n.rate_flops_per_s for n in rated], own_norms=own_norms)
+
+
+def _has_batch_norm(config: TrainConfig) -> bool:
+    from torch import nn
+
+    from ..models import get_model_spec
+
+    model = get_model_spec(config.model).build(_classes(config))
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def _refuse_budgets_below_the_least_step(config: TrainConfig, rated: Sequence[NodeSpec],
+                                         shares: Sequence[int]) -> None:
+    """Refuse every node whose budget cannot hold the least step of its share, as its own plan would.
+
+    The least step is profiled here on an example batch of the share's shape. The runtime
+    baseline is the one estimated for a fresh training process
+    (:func:`~edgetrain.train.budget.estimate_runtime_baseline_bytes`); a node measures its own,
+    typically higher, so a budget let through here may still be refused by the node, never one
+    the other way round.
+    """
+    budgets = [replace(config, device=n.device, memory=n.memory).budget_bytes() for n in rated]
+    if all(budget is None for budget in budgets):
+        return
+    from ..models import get_model_spec
+    from ..planners.plan import least_step_bytes
+    from ..train.budget import ProcessBudget, estimate_runtime_baseline_bytes
+    from ..train.loop import profile_batch
+
+    spec = get_model_spec(config.model)
+    model = spec.build(_classes(config))
+    baseline = estimate_runtime_baseline_bytes()
+    least: dict[int, int] = {}
+    refusals = []
+    for node, (share, budget) in enumerate(zip(shares, budgets, strict=True)):
+        if budget is None:
+            continue
+        if share not in least:
+            x, y = spec.example_input(share, config.image), spec.example_target(share, num_classes=_classes(config))
+            least[share] = least_step_bytes(profile_batch(model, x, y, replace(config, batch=share)))
+        process = ProcessBudget(budget, baseline)
+        if process.predicted_process_bytes(least[share]) > budget:
+            refusals.append(f"node {node} cannot hold its share of {share} of {config.batch} samples per step: "
+                            f"{process.infeasible(least[share])}")
+    if refusals:
+        raise ClusterError("; ".join(refusals))
+
+
+def _generate_data(config: TrainConfig) -> TrainConfig:
+    """Generate the run's data once (nodes would otherwise each write the same synthetic dataset); ``config`` with
+    its data root fixed."""
+    from ..train.loop import open_run_data
+
+    open_run_data(config, config.run_dir)
+    return replace(config, data_root=config.data_root or config.run_dir / "data")
 
 
 _TERMINATED: list[int] = []   # signals received inside _termination_unwinds, whether or not their SystemExit got out
@@ -294,16 +416,19 @@ def _network(stack: contextlib.ExitStack, config: TrainConfig, nodes: Sequence[N
 
 
 def _supervise(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOptions, report: LocalReport,
-               network: NetworkEmulation | None) -> None:
+               network: NetworkEmulation | None, lock_fd: int) -> None:
+    """Run groups of the nodes left until the run is done (NOTE [ Supervision ]); every node and spare gets the run
+    directory's locked descriptor ``lock_fd`` (NOTE [ One lock for a run's processes ] in runlock.py)."""
     alive = list(range(len(rated)))
     down: list[int] = []
     pending = list(options.faults)
-    with tempfile.TemporaryDirectory(prefix="edgetrain-cluster-") as scratch, \
-            _Spares(config.run_dir / LOG_DIR, Path(scratch), network, options.spares) as spares:
+    _remove_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch, \
+            _Spares(config.run_dir / LOG_DIR, Path(scratch), network, options.spares, lock_fd) as spares:
         attempt = 0
         while True:
             group = _Group(config if attempt == 0 else replace(config, resume=True, overwrite=False),
-                           [(n, rated[n]) for n in alive], options, Path(scratch), attempt, network, spares)
+                           [(n, rated[n]) for n in alive], options, Path(scratch), attempt, network, spares, lock_fd)
             try:
                 outcome = group.watch(pending, report, down)
             finally:
@@ -330,6 +455,17 @@ def _supervise(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOpt
             log.warning("re-forming the cluster with nodes %s (%s)", alive, outcome.message)
 
 
+def _remove_stale_scratch() -> None:
+    """Remove the scratch folders (heartbeats, node specs, profiles), named by their supervisor's pid, of supervisors
+    that are gone: one killed (SIGKILL, a power cut) cannot remove its own."""
+    for entry in Path(tempfile.gettempdir()).iterdir():
+        match = _SCRATCH_DIR.fullmatch(entry.name)
+        if match is None or pid_running(int(match.group(1))) or not entry.is_dir():
+            continue
+        log.info("removing the scratch folder of a supervisor that is gone: %s", entry)
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def _write_report(run_dir: Path, report: LocalReport) -> None:
     from ..fileio import write_json
 
@@ -339,8 +475,10 @@ def _write_report(run_dir: Path, report: LocalReport) -> None:
 class _Spares:
     """One warm process per node, waiting to take its place at the next re-form (NOTE [ Warm spares ])."""
 
-    def __init__(self, log_dir: Path, scratch: Path, network: NetworkEmulation | None, enabled: bool) -> None:
+    def __init__(self, log_dir: Path, scratch: Path, network: NetworkEmulation | None, enabled: bool,
+                 lock_fd: int | None = None) -> None:
         self.log_dir, self.scratch, self.network, self.enabled = log_dir, scratch, network, enabled
+        self.lock_fds = () if lock_fd is None else (lock_fd,)
         self.waiting: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
         self.ready_files: dict[int, Path] = {}
         self.started = 0
@@ -360,10 +498,17 @@ class _Spares:
             command, env = self.network.wrap(node, command, memory=False), {**env, **self.network.env(node)}
         log_path = self.log_dir / f"spare-{self.started}-node-{node}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        tie = dies_with_this_process()  # NOTE [ Children die with their parent ]
+
+        def start() -> None:
+            tie()
+            if self.privileged:
+                _idle()
+
         with log_path.open("wb") as log_file, _starting():
             proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_idle if self.privileged else None)
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=start,
+                                    pass_fds=self.lock_fds)
             self.waiting[node], self.started = (proc, log_path), self.started + 1  # before anything that can raise
         self.ready_files[node] = ready
         assert proc.stdin is not None
@@ -430,7 +575,8 @@ class _Group:
     """One attempt: the nodes started on one port, watched until they finish or one fails."""
 
     def __init__(self, config: TrainConfig, members: list[tuple[int, NodeSpec]], options: LocalOptions,
-                 scratch: Path, attempt: int, network: NetworkEmulation | None, spares: _Spares) -> None:
+                 scratch: Path, attempt: int, network: NetworkEmulation | None, spares: _Spares,
+                 lock_fd: int) -> None:
         self.options, self.members, self.config, self.network = options, members, config, network
         self.spares = spares
         self.metrics = config.run_dir / METRICS_FILE
@@ -445,15 +591,8 @@ class _Group:
         try:  # a signal while starting them (SIGTERM unwinds: NOTE [ Supervision ]) kills those started
             for rank, (node_id, spec) in enumerate(members):
                 beat = scratch / f"heartbeat-{attempt}-{node_id}"
-                cluster_options = ClusterOptions(connect_timeout_s=options.connect_timeout_s,
-                                                 timeout_s=options.timeout_s, heartbeat=beat,
-                                                 average_every=options.average_every,
-                                                 compress_rank=options.compress_rank,
-                                                 compress_after=options.compress_after,
-                                                 local_batch_norm=options.local_batch_norm,
-                                                 outer_lr=options.outer_lr, outer_momentum=options.outer_momentum,
-                                                 wire_dtype=options.wire_dtype,
-                                                 profile_dir=scratch / f"profiles-{node_id}")
+                cluster_options = options.node_options(heartbeat=beat, profile_dir=scratch / f"profiles-{node_id}",
+                                                       run_dir_locked=True)
                 spec_file = write_spec(scratch / f"node-{attempt}-{node_id}.json", config, spec, cluster_options)
                 self.spec_files[node_id] = spec_file
                 place = {"RANK": str(rank), "WORLD_SIZE": str(len(members)), "MASTER_ADDR": master,
@@ -470,8 +609,9 @@ class _Group:
                 self.logs[node_id] = config.run_dir / LOG_DIR / f"attempt-{attempt}-node-{node_id}.log"
                 self.logs[node_id].parent.mkdir(parents=True, exist_ok=True)
                 with self.logs[node_id].open("wb") as log_file, _starting():
-                    self.procs[node_id] = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                                           start_new_session=True)
+                    self.procs[node_id] = subprocess.Popen(
+                        command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                        preexec_fn=dies_with_this_process(), pass_fds=(lock_fd,))
         except BaseException:
             self.stop()
             raise

@@ -46,6 +46,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from ..cgroups import remove_cgroup
+from ..sysutil.processes import dies_with_this_process
 from .group import ClusterError
 from .tunswitch import TUN_MTU_BYTES, SwitchSpec
 
@@ -238,7 +239,8 @@ class NetworkEmulation:
                           self.preset.delay_s, self.preset.loss, self.seed, QUEUE_S)
         script = Path(__file__).with_name("tunswitch.py")
         self._switch = subprocess.Popen([sys.executable, str(script), json.dumps(asdict(spec))], text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        preexec_fn=dies_with_this_process())  # NOTE [ Children die with their parent ]
         self._made(self._stop_switch)
         assert self._switch.stdout is not None
         if self._switch.stdout.readline().strip() != "ready":

@@ -72,7 +72,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -122,11 +122,12 @@ from .group import (
     leave,
 )
 from .overlap import WIRE_DTYPES, HalfPrecisionAllReduce
+from .runlock import InheritedRunDirectory
 from .split import split_batch
 
 __all__ = ["NodeSpec", "ClusterOptions", "StepResult", "train_node", "cluster_step", "average_parameters", "OuterStep",
-           "restart_optimizer",
-           "node_speed", "cluster_settings", "profile_share", "profile_shares", "weights_digest"]
+           "restart_optimizer", "node_speed", "check_speeds", "cluster_settings", "batch_shares", "profile_share",
+           "profile_shares", "weights_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,8 @@ class ClusterOptions:
             ``bfloat16`` sums them in that precision, bucket by bucket while the backward runs (NOTE
             [ Half-precision buckets overlapped with the backward ]); with ``compress_rank``, in
             the exact steps before compression starts.
+        run_dir_locked: the supervisor holds the run directory's lock and this process inherited it (NOTE [ One
+            lock for a run's processes ] in runlock.py): rank 0 writes under it instead of taking its own.
     """
 
     connect_timeout_s: float = 60.0
@@ -192,6 +195,7 @@ class ClusterOptions:
     outer_lr: float = 1.0
     outer_momentum: float = 0.0
     wire_dtype: str = "float32"
+    run_dir_locked: bool = False
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in ("float32", *WIRE_DTYPES):
@@ -208,6 +212,17 @@ class ClusterOptions:
     def outer_step(self) -> bool:
         """Whether the averaging is DiLoCo's outer step rather than plain averaging."""
         return self.average_every > 1 and (self.outer_lr != 1.0 or self.outer_momentum != 0.0)
+
+    def normalises_across_nodes(self, world_size: int) -> bool:
+        """Whether a BatchNorm takes the global batch's statistics (NOTE [ Cross-node BatchNorm ]) rather than its
+        node's slice's."""
+        return self.average_every == 1 and world_size > 1 and not self.local_batch_norm
+
+
+def batch_shares(batch: int, speeds: Sequence[float | None], *, own_norms: bool) -> tuple[int, ...]:
+    """Every node's share of the global batch, by speed (equal without speeds); two samples at least where a
+    BatchNorm normalises over each node's own slice (``own_norms``)."""
+    return split_batch(batch, [1.0 if s is None else s for s in speeds], least=2 if own_norms else 1)
 
 
 def cluster_settings(config: TrainConfig) -> dict[str, Any]:
@@ -461,11 +476,16 @@ def _agree(config: TrainConfig, node: NodeSpec, options: ClusterOptions) -> list
     if errors:
         raise ClusterError("; ".join(errors))
     speeds = [v["speed"] for v in verdicts]
+    check_speeds(speeds)
+    return speeds
+
+
+def check_speeds(speeds: Sequence[float | None]) -> None:
+    """Refuse a cluster where some nodes have a speed and others none: the batch could not be split by speed."""
     if any(s is None for s in speeds) and any(s is not None for s in speeds):
         unknown = ", ".join(str(r) for r, s in enumerate(speeds) if s is None)
         raise ClusterError(f"nodes {unknown} have no --device or --rate while others do: the batch cannot be "
                            "split by speed; give every node a device (or a rate), or none")
-    return speeds
 
 
 def _open_on_rank0(config: TrainConfig, env: ClusterEnv, run: RunDirectory | None) -> tuple[Opening, bool]:
@@ -493,18 +513,24 @@ def _open_on_rank0(config: TrainConfig, env: ClusterEnv, run: RunDirectory | Non
 def _train_joined(config: TrainConfig, local: TrainConfig, node: NodeSpec, env: ClusterEnv,
                   options: ClusterOptions) -> TrainSummary | None:
     speeds = _agree(config, node, options)
-    run = RunDirectory(config.run_dir).__enter__() if env.rank == 0 else None
+    run = _hold_run_directory(config, options) if env.rank == 0 else None
     try:
         opening, finished = _open_on_rank0(config, env, run)
         if finished:
             return opening.finished
         if run is not None:
             run.claim()
-            run.record(config.identity())
         return _NodeRun(config, local, env, speeds, opening, run, options).train()
     finally:
         if run is not None:
             run.__exit__(None, None, None)
+
+
+def _hold_run_directory(config: TrainConfig, options: ClusterOptions) -> RunDirectory:
+    """Rank 0's hold on the run directory: the lock its supervisor passed down (NOTE [ One lock for a run's
+    processes ] in runlock.py), else one of its own (a node under torchrun)."""
+    held = InheritedRunDirectory(config.run_dir) if options.run_dir_locked else RunDirectory(config.run_dir)
+    return held.__enter__()
 
 
 class _NodeRun:
@@ -518,16 +544,16 @@ class _NodeRun:
         if local.budget_bytes() is not None:  # as `edgetrain train` (NOTE [ Returning freed memory ])
             configure_allocator()
         self.config, self.env, self.run = config, env, run
+        self.replaces = opening.replaces  # --overwrite: the old run goes once this one has planned
         spec = get_model_spec(config.model)
         self.train_set, self.val_set, self.num_classes = open_run_data(config, config.run_dir)
         torch.manual_seed(config.seed)
         self.model = spec.build(self.num_classes)
         has_batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules())
         # NOTE [ Cross-node BatchNorm ]; with periodic averaging each node keeps its own statistics
-        self.cross_node_norms = options.average_every == 1 and env.world_size > 1 and \
-            not options.local_batch_norm and synchronise_batch_norm(self.model) > 0
-        self.shares = split_batch(config.batch, [1.0 if s is None else s for s in speeds],
-                                  least=2 if has_batch_norm and not self.cross_node_norms else 1)
+        self.cross_node_norms = options.normalises_across_nodes(env.world_size) and \
+            synchronise_batch_norm(self.model) > 0
+        self.shares = batch_shares(config.batch, speeds, own_norms=has_batch_norm and not self.cross_node_norms)
         self.share = self.shares[env.rank]
         self.offset = sum(self.shares[:env.rank])
         if len(self.train_set) < config.batch:
@@ -590,6 +616,9 @@ class _NodeRun:
         config, store = self.config, None
         past: list[dict[str, Any]] = []
         if self.run is not None:
+            if self.replaces:
+                self.run.remove_run()
+            self.run.record(config.identity())
             store = StateStore(self.run.file(STATE_DIR), keep_last=config.keep_last)
             write_json(self.run.file(PLAN_FILE), {"schedule": self.chosen.schedule.to_dict(), **self.chosen.to_dict()})
             resumed_at = None if self.resumed_from is None else (self.step, self.epoch)

@@ -8,15 +8,14 @@ is ``SCHED_IDLE`` (NOTE [ The student process ]).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import json
 import os
-import signal
 import sys
+from pathlib import Path
 
-__all__ = ["lower_priority", "die_with_parent"]
+from ..sysutil.processes import die_with_parent
 
-_PR_SET_PDEATHSIG = 1
+__all__ = ["lower_priority"]
 
 
 def lower_priority() -> str:
@@ -29,27 +28,11 @@ def lower_priority() -> str:
         return "nice 19"
 
 
-def die_with_parent(parent_pid: int) -> bool:
-    """Have the kernel SIGKILL this process when its parent dies (Linux); False where it cannot.
-
-    The service pauses the student (SIGSTOP) during its latency probes; a stopped process would
-    never notice a kill -9 of its parent by polling, SIGKILL reaches it anyway.
-    """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        ok = ctypes.CDLL(name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(3)
-    return bool(ok)
-
-
 def main(argv: list[str]) -> int:
     priority = lower_priority()
-    die_with_parent(os.getppid())
+    # The service's pid from the config: had it died before this line, getppid() would name whoever adopted this
+    # process, and the check that the parent is still the one that started it would pass.
+    die_with_parent(json.loads(Path(argv[0]).read_text()).get("parent_pid") or os.getppid())
     from .student import main as student_main  # PyTorch from here on, at the lowered priority
 
     return student_main(argv, priority=priority)

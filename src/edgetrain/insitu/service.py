@@ -26,6 +26,31 @@ processed before the student starts, and every ``probe_every``-th chunk with the
 the same outside load as the rest, which run beside the training student;
 ``inference_p95_ratio`` is their p95 over the baseline.
 
+NOTE [ An unattended node's service ]
+A node restarts ``insitu run`` with the same command line after every reboot or crash, and nobody reads its
+logs, so the service keeps ``train``'s contract (NOTE [ Run directory protocol ]):
+
+* **refusal before work**: the options (a quota that holds a crop), the memory (below), the camera (a folder's
+  frames, a video file's first frame), the store's manifest and listed files and a shipped ``teacher.pt`` are
+  checked before anything is written, rendered or trained. A refusal is one line and exit 2, and the store
+  directory stays as it was, or absent. The memory check is a floor: each process holds at least what this one
+  holds then (Python, PyTorch and the pipeline's modules), and the student, besides, the decoded store and the
+  cushion; the student measures its own runtime and plans its least step once it is up, and a budget still too
+  small is then its refusal.
+* **one writer**: the store is locked as a run directory is (``.lock``, ``flock``, the holder's pid), before
+  the first write. The student inherits the lock's file descriptor, so the store stays locked until both
+  processes are gone; a service started while a killed one's student still holds it waits for that student to
+  exit (up to ``STUDENT_EXIT_WAIT_S``) instead of being refused.
+* **the same command continues**: from the manifest's cursor, wherever it is. A cursor inside a chunk (a
+  stream cut by ``--frames``, a video file that ended or was cut short) continues with the rest of that
+  chunk, then whole ones, so chunk k is always frames ``k * chunk_frames`` on (its rest numbers its tracks on
+  from its stored ones). Done work is not redone: with the cursor at ``--frames`` or at the end of the file
+  and the student's last saved step at ``--student-steps``, a rerun stores nothing and starts no student.
+* **a failing student is reported with its cause**: its ``student_error`` status line, the signal that
+  killed it, or the last line of its stderr (``student.log``), on the service's stderr in one line.
+* **no orphan**: the student dies with the service (NOTE [ Children die with their parent ]); it is started
+  from the main thread, and decoding a video file runs in this process (PyAV), not in a child.
+
 NOTE [ Yielding per frame ]
 SCHED_IDLE orders one CPU's run queue: on a one-core node the student runs only when the
 inference path waits. On a multi-core node it runs on another core at the same time, and shares
@@ -57,6 +82,7 @@ import copy
 import itertools
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -72,27 +98,50 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import EdgetrainError
+from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..profile.process import read_process_memory, reset_peak
+from ..sysutil.processes import pid_running
+from ..train.budget import CUSHION_BYTES
+from ..train.rundir import LOCK_FILE, RunDirectory, RunLockedError
+from ..train.state import StateStore
+from ..units import format_bytes
 from .detect import crop
 from .labels import GateConfig, fit_stream, label_detections
 from .model import Outputs, predict
 from .motion import DETECTORS, run_detector
-from .store import FrameStore, encode_png
-from .student import FRAMES, PROMOTED, STATUS, TEACHER, StudentConfig, emit, load_promoted, write_config
+from .store import FrameStore, check_quota, check_store, encode_png
+from .student import (
+    DECODED_PER_QUOTA_BYTE,
+    FRAMES,
+    PROMOTED,
+    STATES,
+    STATUS,
+    TEACHER,
+    StudentConfig,
+    emit,
+    load_promoted,
+    write_config,
+)
 from .teacher import Teacher, TeacherConfig, load_teacher, save_teacher, train_teacher
 from .tracker import TrackerConfig, track
-from .video import read_frames
+from .video import probe_video, read_frames, stated_frames
 from .world import Camera, ObjectTruth, Video, node_camera, render_video
 
-__all__ = ["ServiceConfig", "Serving", "run_service", "camera_chunks", "clip", "p95_s", "latency_beside_student",
-           "PROBE_FRAME_RATE_HZ"]
+__all__ = ["ServiceConfig", "Serving", "StoreLock", "run_service", "check_camera", "camera_chunks", "clip", "p95_s",
+           "latency_beside_student", "PROBE_FRAME_RATE_HZ", "STUDENT_LOG"]
 
 log = logging.getLogger(__name__)
 
 PROBE_FRAME_RATE_HZ = 20.0  # latency probes pace frames: the student trains between them (NOTE [ Yielding per frame ])
-TRACKS_PER_CHUNK = 100_000  # track ids are chunk * this + the tracker's id: unique over the stream
+# track ids are chunk * this + the tracker's id (past the chunk's stored ones in the rest of a resumed chunk):
+# unique over the stream
+TRACKS_PER_CHUNK = 100_000
 ALIGNMENT_CHUNKS = 6  # the posterior and size rules fit over the last 6 chunks (simulate's stream at 200 frames)
+STUDENT_LOG = "student.log"  # the student's stderr: warnings, a crash's traceback
+# A service started while a killed one's student still holds the store's lock waits this long for it to exit
+# (NOTE [ An unattended node's service ]): the kernel kills it with its parent, at once, and where it cannot, the
+# student stops at its next step.
+STUDENT_EXIT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -120,61 +169,102 @@ class ServiceConfig:
     gate: GateConfig = field(default_factory=GateConfig)
 
 
-def camera_chunks(camera: str, chunk_frames: int, start: int, *, truth: bool = True,
-                  preset: str = "steep") -> Iterator[Video]:
-    """The camera stream from frame ``start`` (a multiple of ``chunk_frames``) in chunks, as videos.
+def check_camera(camera: str, *, truth: bool = True, preset: str = "steep") -> None:
+    """Refuse, before any work, a camera the service cannot read (NOTE [ An unattended node's service ]).
 
-    A generated world's chunk k is ``render_video(camera, chunk_frames, seed * 1000 + 300 + k)``
-    with the preset ``preset`` (:data:`~edgetrain.insitu.world.NODE_CAMERAS`; a folder without
-    truth.json is taken to be seen from that mount)
-    (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its
-    ``node_frames``); endless. A folder (``edgetrain insitu world --out``) gives its frames in
-    order; its ``truth.json`` feeds the stand-in detector only (NOTE [ The stand-in detector ]),
-    and is not needed (``truth=False``) by the motion detector, the only one a video file can feed
-    (NOTE [ A video file as the camera ]).
+    ``camera`` is a seed, a folder of ``frame_*.png`` (with ``truth.json`` where ``truth``: the stand-in detector
+    reads it) or a video file whose first frame decodes at the mount's size (the motion detector only).
+
+    Raises:
+        EdgetrainError: naming ``--camera`` and what is wrong with it.
     """
-    if start % chunk_frames:
-        raise EdgetrainError(f"the store's cursor {start} is not a multiple of --chunk-frames {chunk_frames}: "
-                             f"rerun with the chunk size the store was made with")
+    mount = node_camera(preset)
     if camera.isdigit():
-        k = start // chunk_frames
-        while True:
-            yield render_video(node_camera(preset), chunk_frames, int(camera) * 1000 + 300 + k, rate=0.08)
-            k += 1
+        return
     if Path(camera).is_file():  # NOTE [ A video file as the camera ]
         if truth:
             raise EdgetrainError(f"--camera {camera!r} is a video file, which carries no truth for the stand-in "
                                  "detector: use --detector motion")
-        yield from _video_chunks(Path(camera), chunk_frames, start, node_camera(preset))
+        probe_video(Path(camera), (mount.width_px, mount.height_px))
         return
     folder = Path(camera)
-    paths = sorted(folder.glob("frame_*.png"))
-    if not paths or (truth and not (folder / "truth.json").exists()):
+    if not any(folder.glob("frame_*.png")) or (truth and not (folder / "truth.json").exists()):
         raise EdgetrainError(f"--camera {camera!r} is neither a seed, a video file nor a folder of frame_*.png"
                              + (" with truth.json (from `edgetrain insitu world`; --detector motion needs none)"
                                 if truth else ""))
-    yield from _folder_chunks(folder, paths, chunk_frames, start, node_camera(preset))
 
 
-def _folder_chunks(folder: Path, paths: list[Path], chunk_frames: int, start: int, mount: Camera) -> Iterator[Video]:
+def camera_chunks(camera: str, chunk_frames: int, start: int, *, stop: int | None = None, truth: bool = True,
+                  preset: str = "steep", held: Callable[[int], None] | None = None) -> Iterator[Video]:
+    """The camera stream from frame ``start`` to frame ``stop`` (None: its end) in chunks, as videos.
+
+    Chunk k is frames ``k * chunk_frames`` to ``(k + 1) * chunk_frames``; a ``start`` inside a chunk gives the
+    rest of that chunk first (NOTE [ An unattended node's service ]), and ``stop`` cuts the last one. A generated
+    world's chunk k is ``render_video(camera, chunk_frames, seed * 1000 + 300 + k)`` with the preset ``preset``
+    (:data:`~edgetrain.insitu.world.NODE_CAMERAS`; a folder without truth.json is taken to be seen from that
+    mount) (the first ones are ``insitu simulate``'s node clips when ``chunk_frames`` is its ``node_frames``);
+    endless. A folder (``edgetrain insitu world --out``) gives its frames in order; its ``truth.json`` feeds the
+    stand-in detector only (NOTE [ The stand-in detector ]), and is not needed (``truth=False``) by the motion
+    detector, the only one a video file can feed (NOTE [ A video file as the camera ]). ``held``: for a video
+    file, called with the frames it holds once it is read to its end (NOTE [ A video file cut short ]).
+
+    Raises:
+        EdgetrainError: at the call, a camera that cannot be read (:func:`check_camera`).
+    """
+    check_camera(camera, truth=truth, preset=preset)
+    bounds = _chunk_bounds(start, chunk_frames, stop)
+    mount = node_camera(preset)
+    if camera.isdigit():
+        return _generated_chunks(int(camera), chunk_frames, bounds, mount)
+    if Path(camera).is_file():
+        return _video_chunks(Path(camera), start, bounds, mount, held)
+    return _folder_chunks(Path(camera), bounds, mount)
+
+
+def _chunk_bounds(start: int, chunk_frames: int, stop: int | None) -> Iterator[tuple[int, int]]:
+    """(first, stop) of each chunk from frame ``start``: the rest of the chunk ``start`` is in, then whole ones,
+    the last cut at ``stop``."""
+    first = start
+    while stop is None or first < stop:
+        end = (first // chunk_frames + 1) * chunk_frames
+        yield first, end if stop is None else min(end, stop)
+        first = end
+
+
+def _generated_chunks(seed: int, chunk_frames: int, bounds: Iterator[tuple[int, int]],
+                      mount: Camera) -> Iterator[Video]:
+    for first, end in bounds:
+        k = first // chunk_frames
+        video = render_video(mount, chunk_frames, seed * 1000 + 300 + k, rate=0.08)
+        yield clip(video, first - k * chunk_frames, end - k * chunk_frames)
+
+
+def _folder_chunks(folder: Path, bounds: Iterator[tuple[int, int]], mount: Camera) -> Iterator[Video]:
     from PIL import Image
 
+    paths = sorted(folder.glob("frame_*.png"))
     truth: list[ObjectTruth] = []
     cam = mount  # the node's mount (the posterior rule reads it); truth.json's camera, where there is one
     if (folder / "truth.json").exists():
         meta = json.loads((folder / "truth.json").read_text())
         cam = Camera(**meta["camera"])
         truth = [ObjectTruth(**{**t, "box": tuple(t["box"])}) for t in meta["objects"]]
-    for first in range(start, len(paths), chunk_frames):
-        chunk = paths[first:first + chunk_frames]
+    for first, end in bounds:
+        chunk = paths[first:end]
+        if not chunk:
+            return
         frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in chunk])
         yield Video(cam, frames, tuple(replace(t, frame=t.frame - first) for t in truth
                                        if first <= t.frame < first + len(chunk)))
 
 
-def _video_chunks(path: Path, chunk_frames: int, start: int, mount: Camera) -> Iterator[Video]:
-    frames = read_frames(path, start, (mount.width_px, mount.height_px))
-    while chunk := list(itertools.islice(frames, chunk_frames)):
+def _video_chunks(path: Path, start: int, bounds: Iterator[tuple[int, int]], mount: Camera,
+                  held: Callable[[int], None] | None) -> Iterator[Video]:
+    frames = read_frames(path, start, (mount.width_px, mount.height_px), held)
+    for first, end in bounds:
+        chunk = list(itertools.islice(frames, end - first))
+        if not chunk:
+            return
         yield Video(mount, np.stack(chunk), ())
 
 
@@ -211,7 +301,7 @@ class Serving:
 
 def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, config: ServiceConfig,
                  recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                 student: subprocess.Popen[bytes] | None = None
+                 student: subprocess.Popen[bytes] | None = None, first_track: int = 0
                  ) -> tuple[list[tuple[bytes, int, int]], list[float], int]:
     """The inference path over one chunk: labelled crops to store, per-frame latencies, detections.
 
@@ -220,7 +310,9 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
     whole chunk runs with it paused. ``recent`` holds the track ids (unique over the stream),
     teacher probabilities and boxes of the last chunks (this one appended here): the posterior
     rule's alignment and the size rule's size model are fitted on them (NOTE [ Track posteriors: the steep
-    camera's labelling rule ], NOTE [ Object size from the mount: the size rule ]).
+    camera's labelling rule ], NOTE [ Object size from the mount: the size rule ]). A track's id is
+    ``chunk * TRACKS_PER_CHUNK + first_track`` plus the tracker's: ``first_track`` is past the ids of the chunk's
+    stored tracks where the chunk is the rest of one begun before (:func:`_first_free_track`).
     """
     detections, _ = run_detector(video, config.detector, config.seed * 7919 + chunk)  # sources: never scored here
     by_frame: dict[int, list[int]] = {}
@@ -248,12 +340,13 @@ def _infer_chunk(video: Video, chunk: int, teacher: Teacher, serving: Serving, c
     ids = track(detections, TrackerConfig(seed=config.seed + chunk, max_jump_px=config.motion_gate_px))
     chunk_outputs = Outputs(np.concatenate([o.probs for o in outputs]), np.concatenate([o.features for o in outputs]))
     chunk_boxes = np.array([d.box for d in detections])
-    recent.append((chunk * TRACKS_PER_CHUNK + np.asarray(ids), chunk_outputs.probs, chunk_boxes))
+    stream_ids = [chunk * TRACKS_PER_CHUNK + first_track + i for i in ids]
+    recent.append((np.asarray(stream_ids), chunk_outputs.probs, chunk_boxes))
     tracks, probs, boxes = (np.concatenate(column) for column in zip(*recent, strict=True))
     fit = fit_stream(tracks, probs, boxes, video.camera, teacher.calibration.prior, config.gate)
     pseudo, _ = label_detections(ids, chunk_outputs, chunk_boxes, teacher.calibration, video.camera, config.gate,
                                  config.propagation, fit.alignment, fit.sizes, fit.margin)
-    items = [(encode_png(crops[i]), label, chunk * TRACKS_PER_CHUNK + ids[i])
+    items = [(encode_png(crops[i]), label, stream_ids[i])
              for i, label in enumerate(pseudo) if label is not None]
     return items, latencies_s, len(detections)
 
@@ -266,63 +359,162 @@ def _teacher(root: Path, config: ServiceConfig, say: Callable[[str], None]) -> T
     return load_teacher(path)
 
 
-def _start_student(root: Path, config: ServiceConfig, student_bytes: int, *,
+class StoreLock(RunDirectory):
+    """The store's lock: ``train``'s run-directory lock (NOTE [ Run directory protocol ]), refused in terms of
+    ``--store``, whose file descriptor the student inherits (NOTE [ An unattended node's service ]).
+
+    The cluster commands share their lock the same way; this one does not import the cluster's package into
+    the node's inference process, whose memory is budgeted.
+    """
+
+    def __enter__(self) -> StoreLock:
+        deadline = time.monotonic() + STUDENT_EXIT_WAIT_S
+        while True:
+            try:
+                super().__enter__()
+                return self
+            except RunLockedError:
+                holder = self._holder()
+                if holder is not None and not pid_running(holder) and time.monotonic() < deadline:
+                    time.sleep(0.1)  # its service is gone: the student that shares the lock is exiting
+                    continue
+                raise RunLockedError(f"--store {self.path} is in use by another edgetrain process (pid "
+                                     f"{'unknown' if holder is None else holder}, or its student): wait for it "
+                                     "to end or use another --store") from None
+
+    def _holder(self) -> int | None:
+        """The pid the holder wrote into the lock file (:meth:`claim`); None where there is none."""
+        try:
+            text = (self.path / LOCK_FILE).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+
+def _start_student(root: Path, config: ServiceConfig, student_bytes: int, *, lock: StoreLock | None = None,
                    quiet: bool = False) -> subprocess.Popen[bytes]:
-    """The student process (NOTE [ The student process ]); ``quiet``: its status lines go to status.jsonl only."""
+    """The student process (NOTE [ The student process ]); ``quiet``: its status lines go to status.jsonl only.
+
+    Started from the calling thread, which must live as long as it does (NOTE [ Children die with their
+    parent ]): the service's main thread. It inherits ``lock``, the store's, so the store stays locked while it
+    lives; its stderr goes to ``student.log``, where a failure's cause is read (:func:`_student_failed`).
+    """
     student = StudentConfig(store_dir=str(root), process_bytes=student_bytes, quota_bytes=config.quota_bytes,
                             steps=config.student_steps, round_steps=config.round_steps, margin=config.margin,
                             seed=config.seed, parent_pid=os.getpid())
     path = write_config(student, root / "student.json")
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}  # as cli.main sets it (NOTE [ Returning freed memory ])
-    return subprocess.Popen([sys.executable, "-m", "edgetrain.insitu.background", str(path)], env=env,
-                            stdout=subprocess.DEVNULL if quiet else None)
+    with open(root / STUDENT_LOG, "wb") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "edgetrain.insitu.background", str(path)], env=env,
+                                stdout=subprocess.DEVNULL if quiet else None, stderr=stderr,
+                                pass_fds=() if lock is None else (lock.lock_fd,))
 
 
 def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or continue) the service in ``root`` until ``config.frames`` and the student's steps are done.
 
+    Everything is checked before any work, and ``root`` is locked for the run (NOTE [ An unattended node's
+    service ]).
+
     Returns:
         the last status record (``event: "done"``).
+
+    Raises:
+        EdgetrainError: a refusal (``root`` as it was), another process holds ``root`` (``RunLockedError``), or the
+            student failed (its cause in the message).
     """
+    _check_options(config)
+    _check_memory(config)
+    check_camera(config.camera, truth=config.detector == "standin", preset=config.node_camera)
+    check_store(root / FRAMES)
+    shipped = load_teacher(root / TEACHER) if (root / TEACHER).exists() else None
+    with StoreLock(root) as lock:
+        lock.claim()
+        return _serve(root, config, say or (lambda message: log.info(message)), lock, shipped)
+
+
+def _check_options(config: ServiceConfig) -> None:
     if config.detector not in DETECTORS:
         raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {config.detector!r}")
     if config.probe_every < 2:
         raise ValueError(f"probe_every must be >= 2 (every chunk paused would never train), got {config.probe_every}")
     if not 0.0 < config.student_share < 1.0:
         raise ValueError(f"the student's share of --memory must be in (0, 1), got {config.student_share}")
-    say = say or (lambda message: log.info(message))
-    root.mkdir(parents=True, exist_ok=True)
+    check_quota(config.quota_bytes)
+
+
+def _split_memory(memory_bytes: int, student_share: float) -> tuple[int, int]:
+    """(the student process's budget, the inference process's share) of ``memory_bytes``."""
+    student_bytes = int(memory_bytes * student_share)
+    return student_bytes, memory_bytes - student_bytes
+
+
+def _check_memory(config: ServiceConfig) -> None:
+    """Refuse a memory the two processes cannot start in, before any work (NOTE [ An unattended node's service ]).
+
+    Each process holds at least what this one holds now, Python, PyTorch and the pipeline's modules; the
+    student, besides, the decoded store and the cushion (NOTE [ The student process ]). The student measures
+    its own runtime and plans its least step once it is up, and refuses a budget still too small then.
+
+    Raises:
+        InfeasibleBudgetError: with the least ``--memory`` these parts need.
+    """
+    runtime = read_process_memory().rss_bytes
+    student_least = runtime + DECODED_PER_QUOTA_BYTE * config.quota_bytes + CUSHION_BYTES
+
+    def fits(memory_bytes: int) -> bool:
+        student_bytes, inference_bytes = _split_memory(memory_bytes, config.student_share)
+        return student_bytes >= student_least and inference_bytes >= runtime
+
+    if fits(config.memory_bytes):
+        return
+    least = max(math.ceil(student_least / config.student_share), math.ceil(runtime / (1 - config.student_share)))
+    while not fits(least):  # the float division, and int() of the student's share, are off by a few bytes
+        least += 1
+    while fits(least - 1):
+        least -= 1
+    raise InfeasibleBudgetError(
+        f"--memory {format_bytes(config.memory_bytes)} ({config.memory_bytes} bytes) is below what the service "
+        f"needs before its first step, at least {format_bytes(least)} ({least} bytes): each process holds "
+        f"{format_bytes(runtime)} of Python and PyTorch (as this one does now), and the student (--student-share "
+        f"{config.student_share:g} of it) the decoded store ({DECODED_PER_QUOTA_BYTE} x --quota) and a "
+        f"{format_bytes(CUSHION_BYTES)} cushion besides; give --memory {math.ceil(least / 2**20)}MiB or more",
+        minimum_bytes=least, budget_bytes=config.memory_bytes)
+
+
+def _serve(root: Path, config: ServiceConfig, say: Callable[[str], None], lock: StoreLock,
+           shipped: Teacher | None) -> dict[str, Any]:
+    """:func:`run_service` once its checks passed and ``lock`` holds ``root``."""
     torch.set_num_threads(1)
-    teacher = _teacher(root, config, say)
+    teacher = shipped or _teacher(root, config, say)
     store = FrameStore(root / FRAMES, config.quota_bytes)
     serving = Serving(copy.deepcopy(teacher.model))
     serving.reload_if_promoted(root / PROMOTED)
-    student_bytes = int(config.memory_bytes * config.student_share)
-    inference_bytes = config.memory_bytes - student_bytes
+    student_bytes, inference_bytes = _split_memory(config.memory_bytes, config.student_share)
+    trains = _saved_student_step(root) < config.student_steps  # a rerun with the steps done starts none
     reset_peak()  # the service's budget starts here: the teacher's one-off training is not the node's
     emit(root, {"event": "start", "camera": config.camera, "resumed_frames": store.cursor,
                 "stored_frames": len(store.frames), "memory_bytes": config.memory_bytes,
                 "inference_bytes": inference_bytes, "student_bytes": student_bytes, "serving": serving.name})
     student: subprocess.Popen[bytes] | None = None
+    started = False
     baseline_s: list[float] = []
     beside_s: list[float] = []
     # the last chunks' track ids, teacher probabilities and boxes; empty again after a resume
     recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=ALIGNMENT_CHUNKS)
+    held: list[int] = []  # a video file's frames, once read to its end
     try:
-        for video in camera_chunks(config.camera, config.chunk_frames, store.cursor,
-                                   truth=config.detector == "standin", preset=config.node_camera):
+        for video in camera_chunks(config.camera, config.chunk_frames, store.cursor, stop=config.frames,
+                                   truth=config.detector == "standin", preset=config.node_camera, held=held.append):
             first = store.cursor
-            if config.frames is not None and first >= config.frames:
-                break
-            if config.frames is not None and first + len(video.frames) > config.frames:
-                video = clip(video, 0, config.frames - first)
             reloaded = serving.reload_if_promoted(root / PROMOTED)
             chunk = first // config.chunk_frames
             paused = student is not None and chunk % config.probe_every == 0
             student_cpu_s = _cpu_s(student)
             with _paused(student if paused else None):
                 items, latencies_s, n_detections = _infer_chunk(video, chunk, teacher, serving, config, recent,
-                                                                None if paused else student)
+                                                                None if paused else student,
+                                                                first_track=_first_free_track(store, chunk))
             student_cpu_s = _cpu_s(student) - student_cpu_s
             evicted = store.add(items, cursor=first + len(video.frames))
             alone = student is None or paused
@@ -330,22 +522,25 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
             emit(root, _chunk_status(store, first, len(video.frames), n_detections, len(items), len(evicted),
                                      latencies_s, baseline_s, beside_s, serving, reloaded, inference_bytes,
                                      not alone, student_cpu_s))
-            if student is None:
-                student = _start_student(root, config, student_bytes)
-            elif student.poll() not in (None, 0):  # refused its budget: stop now, not at the stream's end
-                _check_exit(student, root)
-        if student is None:  # nothing left to infer: the student still finishes its steps
-            student = _start_student(root, config, student_bytes)
-        student.wait()
-        _check_exit(student, root)
-        student = None
+            if student is None and trains:
+                student, started = _start_student(root, config, student_bytes, lock=lock), True
+            elif student is not None and student.poll() not in (None, 0):  # stop now, not at the stream's end
+                raise _student_failed(student, root)
+        if held:
+            _report_cut_short(root, Path(config.camera), held[0], say)
+        if student is None and trains:  # nothing left to infer: the student still finishes its steps
+            student, started = _start_student(root, config, student_bytes, lock=lock), True
+        if student is not None:
+            if student.wait() != 0:
+                raise _student_failed(student, root)
+            student = None
         serving.reload_if_promoted(root / PROMOTED)  # promoted after the last chunk: served from now on
     finally:
         if student is not None:
             student.terminate()
             student.wait()
     inference_peak = read_process_memory().peak_rss_bytes
-    student_peak = _student_peak_rss_bytes(root / STATUS)
+    student_peak = _student_peak_rss_bytes(root / STATUS) if started else 0
     done = {"event": "done", "frames": store.cursor, "stored_frames": len(store.frames),
             "store_bytes": store.bytes_used, "serving": serving.name,
             "baseline_p95_s": p95_s(baseline_s), "inference_p95_s": p95_s(beside_s),
@@ -359,9 +554,58 @@ def run_service(root: Path, config: ServiceConfig, say: Callable[[str], None] | 
     return done
 
 
-def _check_exit(student: subprocess.Popen[bytes], root: Path) -> None:
-    if student.returncode not in (None, 0):
-        raise EdgetrainError(f"the student process exited with status {student.returncode} (see {root / STATUS})")
+def _saved_student_step(root: Path) -> int:
+    """The step of the student's newest intact saved state; 0 before its first."""
+    if not (root / STATES).is_dir():
+        return 0
+    saved = StateStore(root / STATES).load_latest()
+    return 0 if saved is None else saved.step
+
+
+def _first_free_track(store: FrameStore, chunk: int) -> int:
+    """The tracker id past the stored tracks of ``chunk`` (0 for a chunk not begun): a chunk resumed mid-way
+    numbers its tracks on from those of its first part."""
+    base = chunk * TRACKS_PER_CHUNK
+    return max((f.track - base + 1 for f in store.frames if base <= f.track < base + TRACKS_PER_CHUNK), default=0)
+
+
+def _report_cut_short(root: Path, video: Path, held: int, say: Callable[[str], None]) -> None:
+    """Say, and record in the status, a video file that ends before its header's count (NOTE [ A video file cut
+    short ])."""
+    stated = stated_frames(video)
+    if stated is None or held >= stated:
+        return
+    say(f"--camera {str(video)!r} ends after {held} frames; its header states {stated}: the file was cut short")
+    emit(root, {"event": "video_cut_short", "camera": str(video), "decoded_frames": held, "stated_frames": stated})
+
+
+def _student_failed(student: subprocess.Popen[bytes], root: Path) -> EdgetrainError:
+    """The service's error for a student that exited with a non-zero status, with the cause it left: its
+    ``student_error`` status line, else the signal that killed it, else its stderr's last line."""
+    status = student.returncode
+    cause = _student_error(root / STATUS, student.pid)
+    if cause is None and status is not None and status < 0:
+        name = signal.Signals(-status).name
+        cause = f"killed by {name}" + (" (out of memory, or kill -9)" if -status == signal.SIGKILL else "")
+    if cause is None:
+        cause = _last_line(root / STUDENT_LOG) or f"it left no cause in {root / STATUS} or {root / STUDENT_LOG}"
+    return EdgetrainError(f"the student process exited with status {status}: {cause}")
+
+
+def _student_error(status: Path, pid: int) -> str | None:
+    """The error of the last ``student_error`` line process ``pid`` wrote to ``status``; None without one."""
+    errors = [record["error"] for record in map(json.loads, status.read_text().splitlines())
+              if record.get("event") == "student_error" and record.get("pid") == pid] if status.exists() else []
+    return errors[-1] if errors else None
+
+
+def _last_line(path: Path) -> str | None:
+    """The last non-blank line of a text file (a traceback's last is its exception); None where there is none."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    return next((line.strip() for line in reversed(lines) if line.strip()), None)
 
 
 @contextlib.contextmanager
@@ -495,6 +739,6 @@ def _wait_for_training(student: subprocess.Popen[bytes], status: Path, timeout_s
         if status.exists() and '"student_start"' in status.read_text():
             return True
         if student.poll() is not None:
-            raise EdgetrainError(f"the student process exited with status {student.returncode} (see {status})")
+            raise _student_failed(student, status.parent)
         time.sleep(0.2)
     return False

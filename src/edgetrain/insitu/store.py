@@ -21,6 +21,10 @@ resumes from it neither skips nor repeats a stored batch. Readers in other proce
 student) read the manifest with :func:`listed_frames` and never open the store for writing
 (opening removes unlisted files, which may be a batch the writer is about to list).
 
+A manifest is checked field by field when it is read, and a writer opening the store checks that every listed
+file is there with its listed size: a hand-edited or damaged store is refused, naming the manifest and the
+field, before the service does any work (:func:`check_store`), never kept or repaired in silence.
+
 Eviction keeps classes balanced: while the stored frames and a new batch together do not fit,
 the oldest frame of the class holding the most bytes goes (a batch's own frames included: they
 are then never written).
@@ -41,10 +45,12 @@ from PIL import Image
 
 from ..errors import EdgetrainError
 from ..fileio import fsync_dir, to_json, write_atomic
+from ..units import format_bytes
 from .detect import CROP_PX
+from .world import CLASSES
 
-__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png", "listed_frames", "decode_png", "MANIFEST_ENTRY_BYTES",
-           "MANIFEST_HEADER_BYTES"]
+__all__ = ["StoredFrame", "FrameStore", "balance", "encode_png", "listed_frames", "decode_png", "check_store",
+           "check_quota", "MANIFEST_ENTRY_BYTES", "MANIFEST_HEADER_BYTES"]
 
 MANIFEST = "manifest.json"
 MANIFEST_ENTRY_BYTES = 128  # charged per listed frame; an entry's JSON is < 100 bytes up to 10-digit numbers
@@ -72,12 +78,105 @@ def decode_png(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 
 
+class ManifestError(EdgetrainError):
+    """A manifest that this module did not write as it is: the message names the file and the field."""
+
+    def __init__(self, manifest: Path, field: str, problem: str) -> None:
+        super().__init__(f"{manifest}: {field} {problem}; the frame store cannot be opened")
+
+
 def _read_manifest(manifest: Path) -> tuple[list[StoredFrame], int, int]:
+    """The listed frames, the next sequence number and the cursor, each field checked.
+
+    Raises:
+        ManifestError: a field is missing or not what the store writes there.
+    """
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
-        return [StoredFrame(**f) for f in data["frames"]], int(data["next_seq"]), int(data.get("cursor", 0))
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         raise EdgetrainError(f"{manifest} is not a frame-store manifest: {exc}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(manifest, "the top level", "is not a JSON object")
+    next_seq = _count(manifest, data, "next_seq")
+    cursor = _count(manifest, data, "cursor") if "cursor" in data else 0
+    entries = data.get("frames")
+    if not isinstance(entries, list):
+        raise ManifestError(manifest, "frames", "is missing or not a list")
+    frames = [_frame(manifest, f"frames[{k}]", entry, next_seq) for k, entry in enumerate(entries)]
+    names = [f.name for f in frames]
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ManifestError(manifest, f"frames[{names.index(twice, names.index(twice) + 1)}].name",
+                            f"lists {twice} a second time")
+    return frames, next_seq, cursor
+
+
+def _count(manifest: Path, record: dict[str, object], field: str, name: str | None = None) -> int:
+    """``record[field]``, a non-negative integer (``name``: the field as the message names it)."""
+    value = record.get(field)
+    if type(value) is not int or value < 0:  # bool is an int subclass: true is no count
+        shown = "missing" if field not in record else f"{json.dumps(value)}, not a non-negative integer"
+        raise ManifestError(manifest, name or field, f"is {shown}")
+    return value
+
+
+def _frame(manifest: Path, where: str, entry: object, next_seq: int) -> StoredFrame:
+    """One listed frame, each field checked: the name the store gives its sequence number, a class label."""
+    if not isinstance(entry, dict):
+        raise ManifestError(manifest, where, "is not a JSON object")
+    unknown = sorted(set(entry) - {"name", "label", "nbytes", "track", "seq"})
+    if unknown:
+        raise ManifestError(manifest, f"{where}.{unknown[0]}", "is not a field of a stored frame")
+    label, nbytes, track, seq = (_count(manifest, entry, field, f"{where}.{field}")
+                                 for field in ("label", "nbytes", "track", "seq"))
+    if label >= len(CLASSES):
+        raise ManifestError(manifest, f"{where}.label", f"is {label}, not a class (0 to {len(CLASSES) - 1})")
+    if seq >= next_seq:
+        raise ManifestError(manifest, f"{where}.seq", f"is {seq}, not below next_seq {next_seq}")
+    if entry.get("name") != _file_name(seq):
+        raise ManifestError(manifest, f"{where}.name", f"is {json.dumps(entry.get('name'))}, not "
+                            f"{json.dumps(_file_name(seq))} (the name of seq {seq})")
+    return StoredFrame(_file_name(seq), label, nbytes, track, seq)
+
+
+def _file_name(seq: int) -> str:
+    return f"{seq:09d}.png"
+
+
+def _check_listed_files(manifest: Path, frames: Sequence[StoredFrame]) -> None:
+    """Every listed frame's file is there with its listed size (NOTE [ Frame store on an SD card ]: listed frames
+    are whole)."""
+    for k, frame in enumerate(frames):
+        try:
+            size = (manifest.parent / frame.name).stat().st_size
+        except FileNotFoundError:
+            raise ManifestError(manifest, f"frames[{k}].name", f"lists {frame.name}, which is not in "
+                                f"{manifest.parent}") from None
+        if size != frame.nbytes:
+            raise ManifestError(manifest, f"frames[{k}].nbytes", f"is {frame.nbytes}, the file holds {size} bytes")
+
+
+def check_store(root: Path) -> None:
+    """Refuse a store whose manifest or listed files are not as the store writes them, changing nothing.
+
+    A new store (no manifest yet) passes.
+
+    Raises:
+        EdgetrainError: naming the manifest and the field.
+    """
+    manifest = root / MANIFEST
+    if manifest.exists():
+        _check_listed_files(manifest, _read_manifest(manifest)[0])
+
+
+def check_quota(quota_bytes: int) -> None:
+    """Refuse a quota that cannot hold a crop: the manifest's charges and the PNG of a crop of noise (which PNG
+    cannot compress: the largest a crop's file is)."""
+    noise = np.random.default_rng(0).integers(0, 256, size=(CROP_PX, CROP_PX, 3), dtype=np.uint8)
+    least = MANIFEST_HEADER_BYTES + MANIFEST_ENTRY_BYTES + len(encode_png(noise))
+    if quota_bytes < least:
+        raise ValueError(f"--quota {format_bytes(quota_bytes)} cannot hold a crop: the store needs at least "
+                         f"{format_bytes(least)} ({least} bytes; a crop's PNG and its manifest entry)")
 
 
 def listed_frames(root: Path) -> list[StoredFrame]:
@@ -105,6 +204,7 @@ class FrameStore:
         manifest = root / MANIFEST
         if manifest.exists():
             self._frames, self._next_seq, self._cursor = _read_manifest(manifest)
+            _check_listed_files(manifest, self._frames)
         else:
             self._write_manifest()  # an empty store is a store
         self._remove_unlisted()
@@ -148,7 +248,7 @@ class FrameStore:
         if max(len(data) for data, _, _ in items) + MANIFEST_ENTRY_BYTES + MANIFEST_HEADER_BYTES > self.quota_bytes:
             raise ValueError(f"a frame larger than the store's whole quota ({self.quota_bytes} bytes, "
                              f"{MANIFEST_ENTRY_BYTES + MANIFEST_HEADER_BYTES} of them for the manifest)")
-        incoming = [StoredFrame(f"{self._next_seq + k:09d}.png", label, len(data), track, self._next_seq + k)
+        incoming = [StoredFrame(_file_name(self._next_seq + k), label, len(data), track, self._next_seq + k)
                     for k, (data, label, track) in enumerate(items)]
         payload = {f.name: data for f, (data, _, _) in zip(incoming, items, strict=True)}
         self._next_seq += len(items)

@@ -59,7 +59,7 @@ from .store import StoredFrame, decode_png, listed_frames
 from .teacher import load_teacher
 
 __all__ = ["StudentConfig", "run_student", "emit", "load_promoted", "held_out", "stored_split", "HELD_OUT_EVERY",
-           "DECODED_PER_QUOTA_BYTE", "write_config", "STATUS", "PROMOTED", "TEACHER", "FRAMES"]
+           "DECODED_PER_QUOTA_BYTE", "write_config", "STATUS", "PROMOTED", "TEACHER", "FRAMES", "STATES"]
 
 HELD_OUT_EVERY = 5  # a fifth of the camera's stored tracks
 # A decoded 32 px crop is 3072 bytes; its PNG at least ~1 KB plus the 128 B the quota charges its
@@ -246,7 +246,8 @@ def _evaluate(student: nn.Sequential, teacher: nn.Sequential, x: np.ndarray, y: 
 
 
 def main(argv: list[str], priority: str = "unchanged") -> int:
-    """Run the student of ``CONFIG.json`` (``argv[0]``); a refused budget is one status line and exit status 2.
+    """Run the student of ``CONFIG.json`` (``argv[0]``); a refusal (a budget too small, no intact state) is one
+    status line (``student_error``, with this process's pid: the service reports it) and exit status 2.
 
     Started through :mod:`edgetrain.insitu.background`, which lowers the priority first.
     """
@@ -254,7 +255,7 @@ def main(argv: list[str], priority: str = "unchanged") -> int:
     try:
         return run_student(config, priority)
     except EdgetrainError as exc:
-        emit(Path(config.store_dir), {"event": "student_error", "error": str(exc)})
+        emit(Path(config.store_dir), {"event": "student_error", "pid": os.getpid(), "error": str(exc)})
         return 2
 
 

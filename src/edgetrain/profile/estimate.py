@@ -13,6 +13,7 @@ from ..errors import EdgetrainError
 if TYPE_CHECKING:
     from ..devices import Device
 from ..models import check_input, get_model_spec
+from ..models.update import apply_update, parse_update
 from ..schedule import keep_all, simulate
 from .profiler import profile
 
@@ -51,20 +52,23 @@ class MemoryEstimate:
 
     def to_dict(self, device: Device | None = None) -> dict[str, object]:
         return {"model": self.model, "batch": self.batch, "size": self.size, "optimizer": self.optimizer,
-                "weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
+                "update": self.chain.meta.get("update", "all"), "weights_bytes": self.weights_bytes,
+                "gradients_bytes": self.gradients_bytes,
                 "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
                 "total_bytes": self.total_bytes, **self.fit(device)}
 
 
 def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_classes: int | None = None,
-              device: str = "meta") -> Chain:
+              device: str = "meta", update: str = "all") -> Chain:
     """The chain of a zoo model: sizes exact, times from FLOPs.
 
     On the meta device (the default) nothing is allocated. On ``"cpu"`` the model is built (weights from seed 0;
     the caller's generator is left as it was) and profiled on real tensors, so the chain carries the scratch that this
     machine's kernels allocate inside an op (NOTE [ A kernel's scratch in the plan ] in chain.py): what a run here
-    will use, and what a test's budget measured here must clear.
+    will use, and what a test's budget measured here must clear. ``update``: the parameters that train (NOTE
+    [ Update schemes ] in ``models/update.py``), recorded in ``chain.meta["update"]``.
     """
+    scheme = parse_update(update)
     spec = get_model_spec(model)
     check_input(spec, batch, size)
     sample = spec.example_input(batch, size, device=device)
@@ -75,6 +79,7 @@ def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_
             with torch.device(device):
                 net = spec.build(num_classes)
             net.train()
+            apply_update(net, scheme)
             chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
     except ValueError as exc:
         if "more than 1 value per channel" not in str(exc):
@@ -82,17 +87,17 @@ def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_
         raise EdgetrainError(f"{model} cannot train on batch {batch} at size {size}: BatchNorm would see a "
                              "single value per channel (PyTorch refuses); use a batch of at least 2 or a larger "
                              "size") from None
-    return replace(chain, name=model)
+    return replace(chain, name=model, meta={**chain.meta, "update": scheme.text})
 
 
 def estimate_memory(model: str, batch: int, size: int, *, optimizer: str = "sgd",
-                    num_classes: int | None = None) -> MemoryEstimate:
+                    num_classes: int | None = None, update: str = "all") -> MemoryEstimate:
     """Estimate the peak memory of one plain training step of zoo ``model``.
 
     Example:
         >>> estimate_memory("resnet50", batch=8, size=500).total_bytes
     """
-    chain = chain_for(model, batch, size, optimizer=optimizer, num_classes=num_classes)
+    chain = chain_for(model, batch, size, optimizer=optimizer, num_classes=num_classes, update=update)
     stats = simulate(chain, keep_all(chain.length))
     fixed = chain.weights_bytes + chain.optimizer_state_bytes + stats.peak_grad_bytes
     return MemoryEstimate(model=model, batch=batch, size=size, optimizer=optimizer,

@@ -56,6 +56,7 @@ from torch import nn
 from ..chain import Chain
 from ..models.segmented import SegmentedStage, segmented_stages
 from ..models.traced import training_mode
+from ..models.update import apply_update
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profile import profile
@@ -146,6 +147,10 @@ class Checkpointed(nn.Module):
             change a learning rate). No ``.grad`` outlives the backward: no clipping by the global
             norm, no accumulation over batches; a parameter several stages share is stepped once
             the last of their backwards has added to its gradient, which is held until then.
+        update: which parameters train (NOTE [ Update schemes ] in ``models/update.py``): ``"bias"``,
+            ``"last:K"``, parameter patterns such as ``"layer4,fc"``; the rest of ``model`` is frozen
+            (``requires_grad=False``) here, before profiling. None (the default) trains what the model's
+            own flags say, all of it unless the user froze some; a frozen start runs once, records nothing.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
@@ -163,10 +168,13 @@ class Checkpointed(nn.Module):
                  recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
                  optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
                  chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None,
-                 compile_stages: bool = False, step_in_backward: OptimizerFactory | None = None) -> None:
+                 compile_stages: bool = False, step_in_backward: OptimizerFactory | None = None,
+                 update: str | None = None) -> None:
         super().__init__()
         if (memory is None) == (recompute is None):
             raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
+        if update is not None:
+            apply_update(model, update)
         self.model = model
         # A plain list: the stages share the model's modules and must not be registered twice.
         self._stages: list[nn.Module] = training_stages(model, loss_fn)

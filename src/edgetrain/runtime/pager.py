@@ -57,8 +57,8 @@ from typing import Any
 import torch
 
 from ..errors import PagingError
-from ..pid_liveness import pid_running
 from ..schedule import Op, OpMemory, PageIn, PageInRecord, PageOut, PageOutRecord
+from ..sysutil.processes import pid_running
 
 __all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "RecordKey", "PageKey",
            "page_key", "STEP_DIR_PREFIX"]

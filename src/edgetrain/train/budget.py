@@ -37,6 +37,7 @@ from torch import nn
 
 from ..errors import InfeasibleBudgetError
 from ..profile.process import read_process_memory, return_freed_memory
+from ..sysutil.processes import dies_with_this_process
 from ..units import format_bytes
 
 if TYPE_CHECKING:
@@ -137,7 +138,8 @@ def estimate_runtime_baseline_bytes() -> int:
     somewhat higher: its data pipeline is open and its kernels are larger.
     """
     result = subprocess.run([sys.executable, "-c", _BASELINE_PROBE], capture_output=True, text=True, timeout=300,
-                            check=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})  # as cli.main sets it
+                            check=True, env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"},  # as cli.main sets it
+                            preexec_fn=dies_with_this_process())
     return int(result.stdout.strip().splitlines()[-1])
 
 

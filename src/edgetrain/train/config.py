@@ -33,6 +33,7 @@ class TrainConfig:
     its saved plan does not meet a changed budget (see NOTE [ Run directory protocol ]).
     ``step_in_backward`` updates each parameter as soon as its gradient is made, one optimizer per
     parameter, and plans for it (NOTE [ The optimizer step in the backward ] in ``chain.py``).
+    ``update`` names the parameters that train (NOTE [ Update schemes ] in ``models/update.py``).
     """
 
     model: str = "resnet18"
@@ -62,6 +63,7 @@ class TrainConfig:
     keep_last: int = 2
     skip_corrupt: bool = False
     step_in_backward: bool = False
+    update: str = "all"
 
     def check(self) -> None:
         """Refuse any setting that cannot work, before any work; one-line messages.
@@ -72,6 +74,8 @@ class TrainConfig:
                 conflicting options.
         """
         from ..chain import OPTIMIZERS
+        from ..data import SYNTHETIC_CLASSES, VAL_FRACTION
+        from ..data.generated import check_split
         from ..devices import get_device
         from ..models import check_input, get_model_spec
         from ..optim import LR_SCHEDULES
@@ -108,8 +112,11 @@ class TrainConfig:
         if self.data != "synthetic" and not Path(self.data).expanduser().is_dir():
             raise EdgetrainError(f"no dataset at {self.data!r}: pass 'synthetic', a folder of class subfolders with "
                                  "images, or a folder of CIFAR-10 .bin files")
+        if self.data == "synthetic":
+            check_split(self.samples, SYNTHETIC_CLASSES, self.batch, self.seed, VAL_FRACTION)
         spec = get_model_spec(self.model)
         check_input(spec, self.batch, self.image)
+        self._check_update(spec)
         if self.device is not None:
             get_device(self.device)
         budget = self.budget_bytes()
@@ -121,7 +128,7 @@ class TrainConfig:
             raise EdgetrainError(f"--page-dir {self.page_dir} is not a directory")
         if self.plan_file is not None:
             self.shipped_plan().check_matches(model=self.model, batch=self.batch, image=self.image,
-                                              optimizer=self.optimizer)
+                                              optimizer=self.optimizer, update=self.update_text())
         if budget is not None and self.workers > 0:
             raise EdgetrainError("--workers > 0 with a memory budget: loader workers are processes of their own, "
                                  "outside the budget of the training process; use --workers 0")
@@ -169,6 +176,23 @@ class TrainConfig:
 
         return scheduled_rate(self.learning_rate(), self.lr_schedule, step, total_steps)
 
+    def update_text(self) -> str:
+        """The update scheme as plan files and ``run.json`` spell it."""
+        from ..models.update import parse_update
+
+        return parse_update(self.update).text
+
+    def _check_update(self, spec: Any) -> None:
+        """Refuse a scheme that does not parse, or that names nothing of the model, on the model built on the
+        meta device (no memory, no time)."""
+        import torch
+
+        from ..models.update import apply_update
+
+        with torch.device("meta"):
+            net = spec.build(spec.default_num_classes)
+        apply_update(net, self.update)
+
     def identity(self) -> RunIdentity:
         """The settings that change the run's numbers, and the request its plan must meet."""
         data = self.data if self.data == "synthetic" else str(Path(self.data).expanduser().resolve())
@@ -180,6 +204,8 @@ class TrainConfig:
             identity["lr_schedule"] = self.lr_schedule
         if self.step_in_backward:   # and before the optimizer moved into the backward
             identity["step_in_backward"] = True
+        if self.update_text() != "all":
+            identity["update"] = self.update_text()
         request = {"budget_bytes": self.budget_bytes(), "step_budget_bytes": self.step_budget_bytes(),
                    "recompute": self.recompute, "device": self.device, "strategy": self.strategy}
         if self.plan_file is not None:

@@ -31,8 +31,9 @@ from torch.utils.data import DataLoader, Dataset
 from ..chain import Chain
 from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import to_json, write_atomic, write_json
+from ..fileio import LeftAsItWas, to_json, write_atomic, write_json
 from ..models import get_model_spec
+from ..models.update import apply_update
 from ..optim import TrainingOptimizer, make_optimizer, set_learning_rate
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
@@ -41,10 +42,12 @@ from ..runtime import Executor
 from ..runtime.step_in_backward import StepInBackward, shared_gradient_bytes
 from ..schedule import Schedule, keep_all, simulate, validate
 from ..stages import training_stages
+from ..sysutil.processes import worker_dies_with_parent
 from ..units import format_bytes
 from .budget import FIRST_STEP_BYTES, ProcessBudget, measure_runtime_baseline, split_process_budget
 from .config import TrainConfig
 from .rundir import (
+    LOCK_FILE,
     METRICS_FILE,
     PLAN_FILE,
     RUN_FILE,
@@ -120,6 +123,7 @@ class Opening:
 
     finished: TrainSummary | None = None
     state: TrainingState | None = None
+    replaces: bool = False  # --overwrite: the run there is removed at the first write, not before the checks
     schedule: Schedule | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -139,13 +143,15 @@ def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSumma
             holds one without ``overwrite``.
     """
     config.check()
-    with RunDirectory(config.run_dir) as run:
+    undo = LeftAsItWas(config.run_dir, own=(LOCK_FILE,))
+    with RunDirectory(config.run_dir) as run, undo:
         opening = open_run(run, config)
         if opening.finished is not None:
             log.info("the run in %s is finished; nothing to do", run.path)
+            undo.commit()
             return opening.finished
         run.claim()
-        return _run(run, config, opening, progress)
+        return _run(run, config, opening, progress, undo)
 
 
 def open_run(run: RunDirectory, config: TrainConfig) -> Opening:
@@ -156,7 +162,7 @@ def open_run(run: RunDirectory, config: TrainConfig) -> Opening:
             if not config.overwrite:
                 raise EdgetrainError(f"run directory {run.path} already holds a run; pass --resume to continue it, "
                                      "--overwrite to replace it, or another --run-dir")
-            run.remove_run()
+            return Opening(replaces=True)
         return Opening()
     saved = run.saved_identity()
     if saved is None:
@@ -212,12 +218,14 @@ def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
     return unmet
 
 
-def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: ProgressFn | None) -> TrainSummary:
+def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: ProgressFn | None,
+         undo: LeftAsItWas) -> TrainSummary:
+    """Open the data, profile, plan: all that can refuse the run, with nothing of the run written (``undo``
+    removes a data cache made on the way); then write the run's identity and plan, and train."""
     started = time.perf_counter()
     if config.budget_bytes() is not None:  # pinning costs step time: only where a process budget must hold
         configure_allocator()  # NOTE [ Returning freed memory ]
     identity = config.identity()
-    run.record(identity, run.saved_plan() if opening.state is not None else None)
     spec = get_model_spec(config.model)
     train_set, val_set, num_classes = open_run_data(config, run.path)
     if len(train_set) < config.batch:
@@ -225,8 +233,8 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
 
     torch.manual_seed(config.seed)
     model = spec.build(num_classes)
+    apply_update(model, config.update)   # before the stages: a frozen start folds into the first stage that trains
     stages = training_stages(model)
-    store = StateStore(run.file(STATE_DIR), keep_last=config.keep_last)
     sampler = ResumableSampler(len(train_set), config.seed)
 
     sample_x, sample_y = first_batch(train_set, config.batch)
@@ -252,6 +260,10 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     chosen = choose_plan(chain, config, budget, saved)
     del sample_x, sample_y
     executor = Executor(stages, chosen.schedule, chain, page_dir=config.page_dir)
+    undo.commit()
+    if opening.replaces:
+        run.remove_run()
+    store = StateStore(run.file(STATE_DIR), keep_last=config.keep_last)
     # measured by the tracker, not by the allocator's records: a torch.profiler session around a step held ~30 MiB
     # of the process's memory (MobileNetV2 at batch 32, 48 px), which a process budget would pay
     predicted_tracked = simulate(chain.without_scratch(), chosen.schedule).peak_bytes
@@ -416,7 +428,7 @@ def _batches(dataset: Dataset[Any], sampler: ResumableSampler, config: TrainConf
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
     loader = DataLoader(dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
                         drop_last=True, generator=generator, persistent_workers=False,
-                        collate_fn=collate_skip_corrupt)
+                        collate_fn=collate_skip_corrupt, worker_init_fn=worker_dies_with_parent)
     for batch in loader:
         yield batch if batch is not None and len(batch[1]) >= 2 else None
 

@@ -115,6 +115,13 @@ class RunDirectory:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    @property
+    def lock_fd(self) -> int:
+        """The locked descriptor, for processes that write under this lock to inherit (``Popen(pass_fds=...)``):
+        an ``flock`` belongs to the open file, so the lock then lasts until the last of them exits."""
+        assert self._lock_fd is not None, "lock_fd inside the with block"
+        return self._lock_fd
+
     def claim(self) -> None:
         """Write our pid into the lock file, for the message a second process gets."""
         assert self._lock_fd is not None, "claim() inside the with block"

@@ -1,0 +1,1 @@
+"""What edgetrain needs from the operating system beside training: processes tied to their parent."""
