@@ -33,9 +33,9 @@ def test_the_plan_fits_the_budget_and_plain_training_does_not(result: demo.DemoR
     assert summary.predicted_peak_bytes <= squeeze.budget_bytes < squeeze.plain_peak_bytes
     assert squeeze.plain_peak_bytes == simulate(squeeze.chain, keep_all(squeeze.chain.length)).peak_bytes
     assert squeeze.least_peak_bytes <= squeeze.budget_bytes
-    # the node's squeeze, or 2% above the least step where the squeeze is tighter
+    # the node's squeeze, or 10% above the least step where the squeeze is tighter
     assert squeeze.budget_bytes == max(int(squeeze.plain_peak_bytes * squeeze.squeeze),
-                                       int(squeeze.least_peak_bytes * 1.02))
+                                       int(squeeze.least_peak_bytes * 1.10))
     assert summary.recompute_factor > 1.0   # the plan recomputes: plain training would not fit
     # the schedule the run trained with, on the chain the figure draws, stays within the budget too
     assert simulate(squeeze.chain, result.run.schedule).peak_bytes <= squeeze.budget_bytes
