@@ -106,7 +106,7 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 
 def _run(config: TrainConfig, nodes: int, options: LocalOptions) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     report = run_local(config, [NodeSpec()] * nodes, options)
-    return _steps(config.run_dir), report.to_dict()
+    return _steps(config.run_dir), report
 
 
 def _keep_logs(run_dir: Path, kept: Path) -> Path:
@@ -496,7 +496,7 @@ def _failure_run(args: argparse.Namespace, run_dir: Path, kind: str, cpus: float
     started, load = time.time(), _load()
     options = LocalOptions(faults=(Fault(1, 4, kind),), preset=args.failure_preset if kind == "cut" else None,
                            cpus_per_node=cpus)
-    report = run_local(config, [NodeSpec()] * 3, options).to_dict()
+    report = run_local(config, [NodeSpec()] * 3, options)
     steps = _steps(config.run_dir)
     (failure,) = report["failures"] or [dict.fromkeys(("detection_s", "last_step_before", "steps_lost",
                                                          "steps_repeated", "stall_s"))]

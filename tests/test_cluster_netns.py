@@ -3,6 +3,7 @@ however it ends. Needs root (namespaces, tc, cgroups); skipped otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -156,3 +157,51 @@ def test_sigterm_removes_the_network(preset: str) -> None:
     assert not _switches(names[0])  # the switch ended with its parent
     assert not any(p.name.startswith(f"edgetrain-cluster-{names[0][:-1]}") for c in ("cpu", "memory")
                    for p in Path(f"/sys/fs/cgroup/{c}").iterdir())
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_the_next_emulation_removes_the_network_of_a_supervisor_that_is_gone() -> None:
+    # Prepare: what a supervisor killed by SIGKILL leaves (a namespace, a bridge, its two cgroups), and the same
+    # pieces of a supervisor that is still alive (a sleeping process stands in for it)
+    mounted_before = _netns_dir_mounted()
+    alive = subprocess.Popen(["sleep", "60"])
+    owners = {"gone": _dead_pid(), "alive": alive.pid}
+    made: dict[str, list[str]] = {}
+    try:
+        for who, pid in owners.items():
+            subprocess.run(["ip", "netns", "add", f"et{pid}n0"], check=True)
+            subprocess.run(["ip", "link", "add", f"etb{pid}", "type", "bridge"], check=True)
+            cgroups = [Path(f"/sys/fs/cgroup/{c}/edgetrain-cluster-et{pid}n0") for c in ("cpu", "memory")]
+            for path in cgroups:
+                path.mkdir()
+            made[who] = [f"et{pid}n0", f"etb{pid}", *map(str, cgroups)]
+        # Execute: the next run's emulation starts and ends
+        with NetworkEmulation(1, "gigabit") as net:
+            during = _leftovers(net)
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        still = {who: [p for p in pieces if (p in namespaces.split() or f" {p}:" in links or Path(p).exists())]
+                 for who, pieces in made.items()}
+    finally:
+        alive.kill()
+        alive.wait()
+        for pid in owners.values():
+            subprocess.run(["ip", "netns", "del", f"et{pid}n0"], capture_output=True)
+            subprocess.run(["ip", "link", "del", f"etb{pid}"], capture_output=True)
+            for controller in ("cpu", "memory"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(f"/sys/fs/cgroup/{controller}/edgetrain-cluster-et{pid}n0").rmdir()
+        if not mounted_before and _netns_dir_mounted() and not subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True).stdout.strip():
+            subprocess.run(["umount", "/run/netns"], capture_output=True)
+
+    # Assert: the gone supervisor's pieces were removed, the live one's kept, the new run's own built and then removed
+    assert len(during) == 1 + 1 + 2  # its namespace (with its veth), bridge and two cgroups
+    assert still == {"gone": [], "alive": made["alive"]}
+    assert _leftovers(net) == []

@@ -105,6 +105,7 @@ def _least_budget_step(compiled: bool, dropout: bool = False) -> tuple[int, int,
     return measured, predicted, len(rng_replayed_stages(wrapped.plan.schedule, wrapped.chain))
 
 
+@pytest.mark.slow
 def test_a_plan_on_compiled_stages_holds_less_than_the_same_plan_on_eager_stages() -> None:
     """Measured by the c10 allocator's records (the tracker cannot see inside compiled code)."""
     (eager_measured, eager_predicted, _), (measured, predicted, _) = _least_budget_step(False), _least_budget_step(True)

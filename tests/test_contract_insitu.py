@@ -210,6 +210,7 @@ def test_the_student_holds_the_stores_lock_until_it_exits_and_a_new_service_wait
 
 
 # --- the same command again continues -------------------------------------------------------------
+@pytest.mark.slow
 def test_a_video_cut_short_is_reported_and_the_same_command_continues_mid_chunk_and_then_finishes_at_once(
         tmp_path: Path) -> None:
     pytest.importorskip("av")

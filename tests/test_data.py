@@ -41,6 +41,7 @@ from edgetrain.data import (
     replay_epochs,
     train_val_split,
 )
+from edgetrain.data import cache as data_cache
 from edgetrain.data.generated import BLOCK_BYTES
 from edgetrain.errors import EdgetrainError
 from edgetrain.train import TrainConfig, train
@@ -567,16 +568,29 @@ def test_caching_reader_under_an_image_folder_hits_the_cached_fraction(shapes: P
     assert cache.stats.hit_rate == pytest.approx(len(cache) / len(data))
 
 
-def test_throttled_reader_takes_bytes_over_read_bps(tmp_path: Path) -> None:
+class _Clock:
+    """A clock that moves only when slept on: what a read takes is what it waits, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def test_throttled_reader_takes_bytes_over_read_bps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "blob"
     path.write_bytes(b"x" * 20_000)
     reader = ThrottledReader(read_bps=1e6, latency_s=0.005)
+    clock = _Clock()
+    monkeypatch.setattr(data_cache, "time", clock)
 
-    start_s = time.perf_counter()
     data = reader.read(path, offset=5_000, size=10_000)
-    elapsed_s = time.perf_counter() - start_s
 
-    assert len(data) == 10_000
-    assert 0.015 <= elapsed_s < 0.5  # 5 ms latency + 10 kB at 1 MB/s
+    assert data == b"x" * 10_000
+    assert clock.now_s == pytest.approx(0.005 + 10_000 / 1e6, rel=1e-12)  # 5 ms latency + 10 kB at 1 MB/s
     with pytest.raises(ValueError):
         ThrottledReader(read_bps=0)

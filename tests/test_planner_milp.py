@@ -351,7 +351,7 @@ def test_time_limit_returns_a_feasible_schedule() -> None:
         assert result.status == "time_limit"
         stats = simulate_graph_schedule(tg, result, memory_bytes=budget)
         assert stats.energy_j == pytest.approx(result.energy_j)
-        assert result.solve_time_s < 5.0
+        assert result.solve_time_s >= 0.05  # stopped by its own clock, not before the limit
 
 
 def test_warm_start_from_a_previous_result() -> None:

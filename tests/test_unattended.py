@@ -167,6 +167,7 @@ def test_resume_of_a_finished_run_prints_its_summary_and_changes_no_file(finishe
     assert snapshot(finished) == before
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first = subprocess.Popen(cli("train", *RUN, "--epochs", "50", "--run-dir", str(run_dir)),
@@ -218,6 +219,7 @@ def test_five_random_kills_resume_to_the_uninterrupted_run_bit_for_bit(tmp_path:
     assert snapshot(broken) == before
 
 
+@pytest.mark.slow
 def test_replan_on_resume_is_explicit_and_recorded(tmp_path: Path) -> None:
     """A second epoch within a step budget the first epoch's keep-all plan exceeds: refused, then replanned."""
     run_dir = tmp_path / "run"

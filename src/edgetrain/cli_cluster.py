@@ -216,6 +216,6 @@ def local_command(model: str = ModelOpt, data: str = DataOpt, samples: int = Sam
                            compress_after=compress_after, local_batch_norm=local_batch_norm,
                            outer_lr=outer_lr, outer_momentum=outer_momentum, wire_dtype=wire)
     report = run_local(config, specs, options)
-    console.print(to_json(report.to_dict(), indent=2))
-    console.print(f"{nodes} nodes ({report.emulation}), {report.restarts} restart(s); metrics: "
+    console.print(to_json(report, indent=2))
+    console.print(f"{nodes} nodes ({report['emulation']}), {report['restarts']} restart(s); metrics: "
                   f"{run_dir / 'metrics.jsonl'}, cluster report: {run_dir / 'cluster.json'}")

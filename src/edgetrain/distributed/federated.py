@@ -78,8 +78,8 @@ except ImportError:
         from None
 
 __all__ = ["FederatedConfig", "FederatedError", "NodeData", "FederatedNode", "FederatedStrategy", "node_data",
-           "initial_weights", "refuse_budgets_below_the_least_step", "open_run", "run_server", "run_client", "METRICS",
-           "STATES", "SUMMARY", "LOGS", "Progress"]
+           "initial_weights", "refuse_budgets_below_the_least_step", "finished_summary", "open_run", "run_server",
+           "run_client", "METRICS", "STATES", "SUMMARY", "LOGS", "Progress"]
 
 
 METRICS = "metrics.jsonl"
@@ -608,6 +608,24 @@ def _reason(failure: Any) -> str:
 
 def _as_state(weights: NDArrays) -> dict[str, torch.Tensor]:
     return {f"{i:04d}": torch.from_numpy(np.ascontiguousarray(w)) for i, w in enumerate(weights)}
+
+
+def finished_summary(config: FederatedConfig) -> dict[str, Any] | None:
+    """The saved summary when ``resume`` finds the run in ``config.run_dir`` made with these settings and every
+    round served (a summary of at least ``config.rounds`` rounds), else None. It only reads: a finished run's
+    resume changes no file."""
+    run = Path(config.run_dir)
+    if not config.resume:
+        return None
+    try:
+        theirs = json.loads((run / SETTINGS).read_text())
+        summary = json.loads((run / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(theirs, dict) or theirs.get("hash") != config_hash(config.settings()):
+        return None  # open_run refuses it, naming the settings
+    rounds = summary.get("rounds") if isinstance(summary, dict) else None
+    return summary if isinstance(rounds, int) and rounds >= config.rounds else None
 
 
 def open_run(config: FederatedConfig) -> tuple[int, NDArrays | None]:

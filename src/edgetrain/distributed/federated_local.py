@@ -30,6 +30,7 @@ from .federated import (
     FederatedConfig,
     FederatedError,
     Progress,
+    finished_summary,
     open_run,
     refuse_budgets_below_the_least_step,
 )
@@ -71,7 +72,8 @@ def _spawn(role: str, config_path: Path, log_dir: Path, lock_fd: int, *extra: st
 def run_local(config: FederatedConfig, progress: Progress | None = None, poll_s: float = 0.2) -> dict[str, Any]:
     """Run the server and ``config.nodes`` node processes on this machine (plain localhost processes) to the end.
 
-    ``progress`` is called with every new round's record. Returns the server's summary.
+    ``progress`` is called with every new round's record. Returns the server's summary; ``resume`` of a finished
+    run starts no process, changes no file and returns the summary saved when it finished.
 
     Raises:
         FederatedError: a process failed (its one-line error, named), e.g. a node whose budget cannot hold.
@@ -83,6 +85,10 @@ def run_local(config: FederatedConfig, progress: Progress | None = None, poll_s:
     run = Path(config.run_dir)
     undo = LeftAsItWas(run, own=(LOCK_FILE,))
     with RunDirectory(run) as lock, undo:
+        finished = finished_summary(config)
+        if finished is not None:
+            undo.commit()
+            return finished
         open_run(config)  # refuse a bad run directory before any process starts
         undo.commit()
         lock.claim()

@@ -210,13 +210,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOptions = LocalOptions()) -> LocalReport:
-    """Train ``config`` on ``len(nodes)`` local processes under supervision (NOTE [ Supervision ]).
+def run_local(config: TrainConfig, nodes: Sequence[NodeSpec],
+              options: LocalOptions = LocalOptions()) -> dict[str, Any]:
+    """Train ``config`` on ``len(nodes)`` local processes under supervision (NOTE [ Supervision ]); returns the
+    supervisor's report (:class:`LocalReport`, as written to ``cluster.json``).
 
     What can be refused is refused before anything is written (:func:`_check_before_work`); then
     the run directory is locked for the whole run, by the supervisor and every node it starts
     (NOTE [ One lock for a run's processes ] in runlock.py), which all die with the supervisor
-    (NOTE [ Children die with their parent ]).
+    (NOTE [ Children die with their parent ]). ``resume`` of a finished run starts no node, changes
+    no file and returns the report saved when it finished.
 
     Raises:
         ClusterError: a refusal every node shares (with its message), more failures than
@@ -232,7 +235,11 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
     rated = _check_before_work(config, nodes, options)
     undo = LeftAsItWas(config.run_dir, own=(LOCK_FILE,))
     with RunDirectory(config.run_dir) as run, undo:
-        open_run(run, config)  # as rank 0 will: a run of other settings, or one there without --resume
+        opening = open_run(run, config)  # as rank 0 will: a run of other settings, or one there without --resume
+        if opening.finished is not None:
+            log.info("the run in %s is finished; nothing to do", run.path)
+            undo.commit()
+            return _saved_report(config.run_dir, len(rated))
         run.claim()
         config = _generate_data(config)  # a data folder it cannot read: refused with nothing made kept
         undo.commit()
@@ -245,7 +252,17 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOpti
             _supervise(config, rated, options, report, network, run.lock_fd)
         report.wall_time_s = time.time() - started
         _write_report(config.run_dir, report)
-    return report
+    return report.to_dict()
+
+
+def _saved_report(run_dir: Path, nodes: int) -> dict[str, Any]:
+    """The report a finished run saved; a report of no work where a power cut came between its summary and its
+    report."""
+    try:
+        saved = json.loads((run_dir / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        saved = None
+    return saved if isinstance(saved, dict) else LocalReport(nodes=nodes).to_dict()
 
 
 def _check_before_work(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOptions) -> tuple[NodeSpec, ...]:

@@ -24,7 +24,9 @@ Everything created is recorded as it is made and removed in reverse order on exi
 SIGTERM/SIGINT, and at interpreter exit, also when creating a later piece failed; that includes
 the ``/run/netns`` bind mount ``ip netns add`` makes, when this run or another edgetrain run
 still using it made it (two runs side by side: the one that made it may end first), once no
-namespace is left in it.
+namespace is left in it. A run killed outright (SIGKILL, a power cut) cannot remove its own: every name
+carries its supervisor's pid, and the next emulation to start removes the pieces of every supervisor
+that is gone (:func:`remove_stale_networks`), as ``cluster local`` does with its scratch folders.
 """
 
 from __future__ import annotations
@@ -46,18 +48,21 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from ..cgroups import remove_cgroup
-from ..sysutil.processes import dies_with_this_process
+from ..sysutil.processes import dies_with_this_process, pid_running
 from .group import ClusterError
 from .tunswitch import TUN_MTU_BYTES, SwitchSpec
 
-__all__ = ["PRESETS", "LinkPreset", "NetworkEmulation", "can_emulate", "NOT_EMULATED"]
+__all__ = ["PRESETS", "LinkPreset", "NetworkEmulation", "can_emulate", "remove_stale_networks", "NOT_EMULATED"]
 
 log = logging.getLogger(__name__)
 
 NOT_EMULATED = "latency and loss are not emulated"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_RUN_DIR = "/run/netns"
-EDGETRAIN_NAMESPACE = re.compile(r"et\d+n\d+")   # NetworkEmulation's namespace names
+# NetworkEmulation's names, each with its supervisor's pid: namespaces, their cgroups, the bridge
+EDGETRAIN_NAMESPACE = re.compile(r"et(\d+)n\d+")
+_EDGETRAIN_CGROUP = re.compile(r"edgetrain-cluster-et(\d+)n\d+")
+_EDGETRAIN_BRIDGE = re.compile(r"etb(\d+)")
 _CFS_PERIOD_US = 100_000
 # How long a packet may wait in a link's tbf queue before it is dropped. Short queues (50 ms)
 # drop the small heartbeat packets behind an all-reduce's burst, and TCP's retransmission
@@ -143,7 +148,7 @@ class NetworkEmulation:
         self.seed = seed
         self.cpus_per_node = cpus_per_node if cpus_per_node is not None else (os.cpu_count() or 1) / nodes
         self.memory_bytes = memory_bytes or [None] * nodes
-        tag = f"{os.getpid() % 100000}"
+        tag = str(os.getpid())  # interface names stay within 15 characters: et<7 digits>n<node>h
         self.bridge = f"etb{tag}"
         self.subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() // 50 % 250}"
         self.names = [f"et{tag}n{i}" for i in range(nodes)]
@@ -191,7 +196,9 @@ class NetworkEmulation:
         self._undo.append(undo)
 
     def _build(self) -> None:
-        if _netns_dir_made_by_edgetrain():  # `ip netns add` bind-mounts it: ours to undo, once unused
+        made_by_edgetrain = _netns_dir_made_by_edgetrain()  # `ip netns add` bind-mounts it: ours to undo, once unused
+        remove_stale_networks()
+        if made_by_edgetrain:
             self._made(_unmount_netns_dir_if_unused)
         if self.preset.switched:
             self._build_switched()
@@ -337,6 +344,46 @@ class NetworkEmulation:
         atexit.unregister(self.close)
 
 
+def remove_stale_networks() -> list[str]:
+    """Remove the namespaces, bridges and cgroups of emulations whose supervisor is gone (killed outright, it could
+    not remove them); returns what was removed. A supervisor's pid reused by a live process keeps its pieces: they
+    are left, never another run's removed. This process's own pid counts as gone, since it has built nothing yet."""
+    def gone(owner: str) -> bool:
+        return int(owner) == os.getpid() or not pid_running(int(owner))
+
+    removed = []
+    for name in _namespaces():
+        match = EDGETRAIN_NAMESPACE.fullmatch(name)
+        if match and gone(match.group(1)):
+            _remove_quietly("ip", "netns", "del", name)  # its veth ends (or TUN device) go with it
+            removed.append(name)
+    links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
+    for bridge in re.findall(r"^\d+: (etb\d+)[:@]", links, flags=re.MULTILINE):
+        match = _EDGETRAIN_BRIDGE.fullmatch(bridge)
+        if match and gone(match.group(1)):
+            _remove_quietly("ip", "link", "del", bridge)
+            removed.append(bridge)
+    for controller in ("cpu", "memory"):
+        for path in sorted((CGROUP_ROOT / controller).glob("edgetrain-cluster-et*")):
+            match = _EDGETRAIN_CGROUP.fullmatch(path.name)
+            if match and gone(match.group(1)):
+                remove_cgroup(path)
+                removed.append(str(path))
+    if removed:
+        log.info("removed the emulated network of supervisors that are gone: %s", ", ".join(removed))
+    return removed
+
+
+def _remove_quietly(*command: str) -> None:
+    """Run a removal; a piece another cleaner removed first is not an error."""
+    subprocess.run(command, capture_output=True)
+
+
+def _namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    return [line.split()[0] for line in listed if line.strip()]
+
+
 def _unmount_netns_dir_if_unused() -> None:
     """Unmount the ``/run/netns`` bind mount ``ip netns add`` made, unless a namespace (another run's) still uses it."""
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip()
@@ -349,8 +396,7 @@ def _netns_dir_made_by_edgetrain() -> bool:
     run beside this one made the mount; it may end first and leave the unmounting to this run)."""
     if not _mounted(NETNS_RUN_DIR):
         return True
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
-    listed = [line.split()[0] for line in names if line.strip()]
+    listed = _namespaces()
     return bool(listed) and all(EDGETRAIN_NAMESPACE.fullmatch(name) for name in listed)
 
 
