@@ -453,19 +453,19 @@ def test_sigterm_to_the_supervisor_ends_its_nodes(tmp_path: Path) -> None:
 def test_a_sigterm_whose_exit_is_swallowed_still_unwinds_the_supervisor() -> None:
     # Prepare: inside the supervisor's SIGTERM handling, a callback whose exceptions Python prints and ignores
     # (as it does in logging's at-fork hook, where CI saw the supervisor's SIGTERM lost).
-    from edgetrain.distributed import local
+    from edgetrain.distributed import termination
 
     class SwallowsExceptions:
         def __del__(self) -> None:
             signal.raise_signal(signal.SIGTERM)   # the handler runs here: its SystemExit is "ignored"
 
-    with local._termination_unwinds():
+    with termination.termination_unwinds():
         # Execute
         callback = SwallowsExceptions()
         del callback
         # Assert: the signal was not lost; the watch loop's check unwinds with SIGTERM's status
         with pytest.raises(SystemExit) as unwound:
-            local._unwind_if_terminated()
+            termination.unwind_if_terminated()
     assert unwound.value.code == 128 + signal.SIGTERM
 
 
@@ -473,23 +473,24 @@ def test_a_sigterm_while_a_spare_starts_still_ends_that_spare(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: SIGTERM lands just after a spare's fork, before the supervisor has it in hand (as in CI, where a
     # spare outlived its supervisor); the spare is a sleep standing in for the worker.
-    from edgetrain.distributed import local
+    from edgetrain.distributed import spares as spares_module
+    from edgetrain.distributed.termination import termination_unwinds
 
     started: list[subprocess.Popen[bytes]] = []
     popen = subprocess.Popen
 
     def popen_then_sigterm(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        if local.SPARE_FLAG not in command:  # the spare's preexec_fn looks up the C library with ldconfig: as it is
+        if spares_module.SPARE_FLAG not in command:  # the spare's preexec_fn looks up the C library: as it is
             return popen(command, **kwargs)
         started.append(popen(["sleep", "60"], **kwargs))
         signal.raise_signal(signal.SIGTERM)
         return started[-1]
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen_then_sigterm)
+    monkeypatch.setattr(spares_module.subprocess, "Popen", popen_then_sigterm)
     try:
         # Execute
-        with pytest.raises(SystemExit) as unwound, local._termination_unwinds(), \
-                local._Spares(tmp_path / "logs", tmp_path, None, enabled=True) as spares:
+        with pytest.raises(SystemExit) as unwound, termination_unwinds(), \
+                spares_module.WarmSpares(tmp_path / "logs", tmp_path, None, enabled=True) as spares:
             spares.fill(0, {"spec": "unused", "shares": []})
         # Assert: the supervisor unwound with SIGTERM's status, and its unwinding ended the spare
         assert unwound.value.code == 128 + signal.SIGTERM

@@ -27,33 +27,14 @@ made for it once the smaller group has trained that many steps.
 The nodes and spares run in sessions of their own (a signal meant for one reaches its whole
 process group), so a signal to the supervisor does not reach them: SIGTERM, like SIGINT, unwinds
 the supervisor through its ``finally`` blocks, which kill and reap every node and spare and
-remove the emulated network (``_termination_unwinds``). Its default action would end the
+remove the emulated network (``termination_unwinds`` in ``termination.py``). Its default action would end the
 supervisor at once: the kernel would kill the nodes with it, as after a SIGKILL of the
 supervisor (NOTE [ Children die with their parent ]), but the network would stay. The
 SystemExit the handler raises can be swallowed: a signal that arrives while the interpreter runs
 a callback it cannot propagate from (logging's at-fork hook, run in the parent after every
 ``Popen``'s fork) is printed as "Exception ignored", and the supervisor would go on watching, its
 nodes training (about 1 run in 4 full test suites). So the handler also records the signal, and
-the watch loop unwinds on it (``_unwind_if_terminated``).
-
-NOTE [ Warm spares ]
-Most of a re-form's time goes into starting fresh processes: importing torch and the first
-profile, whose first call imports torch's dispatch and compile machinery (2-4 s of import and
-5-9 s of a first profile of the small token model on a loaded 2-core machine, against well
-under a second for a second profile). So once a group has trained a step, the supervisor
-starts one *spare* per node (``worker --spare``): it imports, profiles a tiny model, profiles
-the real model at each share its node would get if any one other node failed (into the node's
-profile folder, which a node reads instead of profiling at a share it has seen), and waits on
-its stdin. A re-form hands each node's spare its spec (rank, world size, master) instead of
-starting a process, and the node plans from the profile ready for it; spares are started again
-for the next failure. A spare runs in its node's namespace and CPU cgroup and, as root, under
-SCHED_IDLE until it takes a node's place (so its warm-up takes no CPU a node wants: without it,
-spares warming up on a loaded machine delay a node's heartbeat past the timeout; unprivileged,
-SCHED_IDLE cannot be undone, so spares then run at normal priority). It joins the node's
-memory cgroup only when it takes the node's place; as the pages it holds by then stay charged
-outside (this kernel, 6.18, has no ``move_charge_at_immigrate``), a node with a memory limit
-gets no spare and restarts fresh, so the kernel's limit counts its whole process. Without the
-emulation a spare is a plain process; ``spares=False`` starts fresh processes on every re-form.
+the watch loop unwinds on it (``unwind_if_terminated``).
 
 Own supervision rather than a fault-tolerant layer such as torchft: torchft replaces the
 process group and runs a quorum service (its lighthouse) beside the job, and it is not
@@ -74,12 +55,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ..errors import EdgetrainError
@@ -88,10 +67,13 @@ from ..sysutil.processes import dies_with_this_process, pid_running
 from ..train.config import TrainConfig
 from ..train.rundir import LOCK_FILE, METRICS_FILE, RunDirectory
 from .group import ClusterError
-from .netns import NOT_EMULATED, PRESETS, NetworkEmulation, can_emulate, exit_on_signal
-from .node import ClusterOptions, NodeSpec, batch_shares, check_speeds, node_speed
+from .netns import NOT_EMULATED, NetworkEmulation, can_emulate
+from .node import ClusterOptions, NodeSpec
+from .precheck import check_before_work, generate_data
+from .spares import WarmSpares
 from .split import split_batch
-from .worker import EXIT_REFUSED, SPARE_FLAG, write_spec
+from .termination import starting, termination_unwinds, unwind_if_terminated
+from .worker import EXIT_REFUSED, write_spec
 
 __all__ = ["Fault", "FailureRecord", "LocalOptions", "LocalReport", "run_local", "free_port",
            "SCRATCH_PREFIX"]
@@ -215,7 +197,7 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec],
     """Train ``config`` on ``len(nodes)`` local processes under supervision (NOTE [ Supervision ]); returns the
     supervisor's report (:class:`LocalReport`, as written to ``cluster.json``).
 
-    What can be refused is refused before anything is written (:func:`_check_before_work`); then
+    What can be refused is refused before anything is written (:func:`.precheck.check_before_work`); then
     the run directory is locked for the whole run, by the supervisor and every node it starts
     (NOTE [ One lock for a run's processes ] in runlock.py), which all die with the supervisor
     (NOTE [ Children die with their parent ]). ``resume`` of a finished run starts no node, changes
@@ -226,13 +208,13 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec],
             ``max_restarts``, no node left.
         RunLockedError: another process writes ``config.run_dir``.
         RunMismatchError: ``resume`` with settings that differ from the run's.
-        EdgetrainError: see :func:`_check_before_work`; a fresh run into a directory that holds
+        EdgetrainError: see :func:`.precheck.check_before_work`; a fresh run into a directory that holds
             one without ``overwrite``.
     """
     from ..train.loop import open_run
 
     started = time.time()
-    rated = _check_before_work(config, nodes, options)
+    rated = check_before_work(config, nodes, options)
     undo = LeftAsItWas(config.run_dir, own=(LOCK_FILE,))
     with RunDirectory(config.run_dir) as run, undo:
         opening = open_run(run, config)  # as rank 0 will: a run of other settings, or one there without --resume
@@ -241,11 +223,11 @@ def run_local(config: TrainConfig, nodes: Sequence[NodeSpec],
             undo.commit()
             return _saved_report(config.run_dir, len(rated))
         run.claim()
-        config = _generate_data(config)  # a data folder it cannot read: refused with nothing made kept
+        config = generate_data(config)  # a data folder it cannot read: refused with nothing made kept
         undo.commit()
         report = LocalReport(nodes=len(rated))
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_termination_unwinds())
+            stack.enter_context(termination_unwinds())
             network = None
             if options.preset is not None:
                 network, report.emulation = _network(stack, config, rated, options)
@@ -263,159 +245,6 @@ def _saved_report(run_dir: Path, nodes: int) -> dict[str, Any]:
     except (OSError, ValueError):
         saved = None
     return saved if isinstance(saved, dict) else LocalReport(nodes=nodes).to_dict()
-
-
-def _check_before_work(config: TrainConfig, nodes: Sequence[NodeSpec], options: LocalOptions) -> tuple[NodeSpec, ...]:
-    """Refuse, before anything is written, what no node could run; every node with its speed fixed.
-
-    Every node's settings, the link preset, the speeds (some nodes with one and others none), the
-    faults (a node that does not exist, a cut without the network emulation), the batch (a share
-    for every node) and every budget against the least step of the node's share
-    (:func:`_refuse_budgets_below_the_least_step`). Nodes would otherwise each calibrate this
-    machine for their speed.
-
-    Raises:
-        EdgetrainError: the first refusal, in one line.
-    """
-    for node in nodes:
-        replace(config, device=node.device, memory=node.memory).check()
-    if options.preset is not None and options.preset not in PRESETS:  # also where the emulation falls back
-        raise ClusterError(f"--preset must be one of {', '.join(PRESETS)}; got {options.preset!r}")
-    _check_faults(options, len(nodes))
-    rated = tuple(replace(node, rate_flops_per_s=node_speed(node)) for node in nodes)
-    check_speeds([node.rate_flops_per_s for node in rated])
-    _refuse_budgets_below_the_least_step(config, rated, _first_shares(config, rated, options))
-    return rated
-
-
-def _check_faults(options: LocalOptions, nodes: int) -> None:
-    """Refuse a fault that could not fire: on a node that does not exist, a cut without the emulated links."""
-    ids = "0" if nodes == 1 else f"0 to {nodes - 1}"
-    for fault in options.faults:
-        if not 0 <= fault.node < nodes:
-            raise ClusterError(f"--{fault.kind} {fault.node}@{fault.at_step}: there is no node {fault.node}; "
-                               f"the nodes of --nodes {nodes} are {ids}")
-    if any(f.kind == "cut" for f in options.faults) and (options.preset is None or can_emulate() is not None):
-        raise ClusterError("a 'cut' fault needs the network emulation (--netns, as root)")
-
-
-def _classes(config: TrainConfig) -> int:
-    """The classes a model is built for before the data is read: the synthetic set's, else the least a dataset has
-    (others change only the last layer)."""
-    from ..data import SYNTHETIC_CLASSES
-
-    return SYNTHETIC_CLASSES if config.data == "synthetic" else 2
-
-
-def _first_shares(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOptions) -> tuple[int, ...]:
-    """Every node's share of the global batch in the whole group, as the nodes will split it.
-
-    Raises:
-        EdgetrainError: the batch cannot give every node its least share.
-    """
-    own_norms = not options.node_options().normalises_across_nodes(len(rated)) and _has_batch_norm(config)
-    return batch_shares(config.batch, [n.rate_flops_per_s for n in rated], own_norms=own_norms)
-
-
-def _has_batch_norm(config: TrainConfig) -> bool:
-    from torch import nn
-
-    from ..models import get_model_spec
-
-    model = get_model_spec(config.model).build(_classes(config))
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
-def _refuse_budgets_below_the_least_step(config: TrainConfig, rated: Sequence[NodeSpec],
-                                         shares: Sequence[int]) -> None:
-    """Refuse every node whose budget cannot hold the least step of its share, as its own plan would.
-
-    The least step is profiled here on an example batch of the share's shape. The runtime
-    baseline is the one estimated for a fresh training process
-    (:func:`~edgetrain.train.budget.estimate_runtime_baseline_bytes`); a node measures its own,
-    typically higher, so a budget let through here may still be refused by the node, never one
-    the other way round.
-    """
-    budgets = [replace(config, device=n.device, memory=n.memory).budget_bytes() for n in rated]
-    if all(budget is None for budget in budgets):
-        return
-    from ..models import get_model_spec
-    from ..planners.plan import least_step_bytes
-    from ..train.budget import ProcessBudget, estimate_runtime_baseline_bytes
-    from ..train.loop import profile_batch
-
-    spec = get_model_spec(config.model)
-    model = spec.build(_classes(config))
-    baseline = estimate_runtime_baseline_bytes()
-    least: dict[int, int] = {}
-    refusals = []
-    for node, (share, budget) in enumerate(zip(shares, budgets, strict=True)):
-        if budget is None:
-            continue
-        if share not in least:
-            x, y = spec.example_input(share, config.image), spec.example_target(share, num_classes=_classes(config))
-            least[share] = least_step_bytes(profile_batch(model, x, y, replace(config, batch=share)))
-        process = ProcessBudget(budget, baseline)
-        if process.predicted_process_bytes(least[share]) > budget:
-            refusals.append(f"node {node} cannot hold its share of {share} of {config.batch} samples per step: "
-                            f"{process.infeasible(least[share])}")
-    if refusals:
-        raise ClusterError("; ".join(refusals))
-
-
-def _generate_data(config: TrainConfig) -> TrainConfig:
-    """Generate the run's data once (nodes would otherwise each write the same synthetic dataset); ``config`` with
-    its data root fixed."""
-    from ..train.loop import open_run_data
-
-    open_run_data(config, config.run_dir)
-    return replace(config, data_root=config.data_root or config.run_dir / "data")
-
-
-_TERMINATED: list[int] = []   # signals received inside _termination_unwinds, whether or not their SystemExit got out
-_DEFERRING: list[bool] = []   # non-empty inside _starting: a SIGTERM is recorded, and raised when the start is held
-
-
-@contextlib.contextmanager
-def _termination_unwinds() -> Iterator[None]:
-    """While inside (in the main thread), SIGTERM raises SystemExit, so the supervisor's ``finally`` blocks kill
-    its nodes and spares, and is recorded for :func:`_unwind_if_terminated` (NOTE [ Supervision ])."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _TERMINATED.clear()
-    previous = signal.signal(signal.SIGTERM, _record_and_exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _record_and_exit(signum: int, frame: FrameType | None) -> None:
-    _TERMINATED.append(signum)
-    if not _DEFERRING:
-        exit_on_signal(signum, frame)
-
-
-@contextlib.contextmanager
-def _starting() -> Iterator[None]:
-    """Around starting a process and holding it where the ``finally`` blocks that kill find it: a SIGTERM inside
-    is raised only on leaving. Raised inside ``Popen`` (after its fork) or before the process is held, it left
-    a node or spare running with no one to end it (CI: a spare outlived its supervisor, 1 in about 4 suites)."""
-    received = len(_TERMINATED)
-    _DEFERRING.append(True)
-    try:
-        yield
-    finally:
-        _DEFERRING.pop()
-    _unwind_if_terminated(since=received)
-
-
-def _unwind_if_terminated(since: int = 0) -> None:
-    """Raise the SystemExit of a SIGTERM whose own was swallowed or held (NOTE [ Supervision ]): one of those
-    received after the first ``since``."""
-    if len(_TERMINATED) > since:
-        raise SystemExit(128 + _TERMINATED[-1])
 
 
 def _network(stack: contextlib.ExitStack, config: TrainConfig, nodes: Sequence[NodeSpec],
@@ -441,10 +270,10 @@ def _supervise(config: TrainConfig, rated: Sequence[NodeSpec], options: LocalOpt
     pending = list(options.faults)
     _remove_stale_scratch()
     with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch, \
-            _Spares(config.run_dir / LOG_DIR, Path(scratch), network, options.spares, lock_fd) as spares:
+            WarmSpares(config.run_dir / LOG_DIR, Path(scratch), network, options.spares, lock_fd) as spares:
         attempt = 0
         while True:
-            group = _Group(config if attempt == 0 else replace(config, resume=True, overwrite=False),
+            group = NodeGroup(config if attempt == 0 else replace(config, resume=True, overwrite=False),
                            [(n, rated[n]) for n in alive], options, Path(scratch), attempt, network, spares, lock_fd)
             try:
                 outcome = group.watch(pending, report, down)
@@ -489,97 +318,6 @@ def _write_report(run_dir: Path, report: LocalReport) -> None:
     write_json(run_dir / CLUSTER_FILE, report.to_dict())
 
 
-class _Spares:
-    """One warm process per node, waiting to take its place at the next re-form (NOTE [ Warm spares ])."""
-
-    def __init__(self, log_dir: Path, scratch: Path, network: NetworkEmulation | None, enabled: bool,
-                 lock_fd: int | None = None) -> None:
-        self.log_dir, self.scratch, self.network, self.enabled = log_dir, scratch, network, enabled
-        self.lock_fds = () if lock_fd is None else (lock_fd,)
-        self.waiting: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
-        self.ready_files: dict[int, Path] = {}
-        self.started = 0
-        self.privileged = os.geteuid() == 0  # may put a spare back from SCHED_IDLE
-
-    def wants(self, node: int) -> bool:
-        """Whether ``node`` needs a spare: none waits, and it has no memory limit (NOTE [ Warm spares ])."""
-        limited = self.network is not None and self.network.memory_bytes[node] is not None
-        return self.enabled and node not in self.waiting and not limited
-
-    def fill(self, node: int, prepare: dict[str, Any]) -> None:
-        """Start a spare for ``node``; ``prepare``: its first order (shares to profile ahead)."""
-        ready = self.scratch / f"spare-{self.started}-node-{node}.ready"
-        command = [sys.executable, "-m", "edgetrain.distributed.worker", SPARE_FLAG, str(ready)]
-        env = dict(os.environ)
-        if self.network is not None:
-            command, env = self.network.wrap(node, command, memory=False), {**env, **self.network.env(node)}
-        log_path = self.log_dir / f"spare-{self.started}-node-{node}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        tie = dies_with_this_process()  # NOTE [ Children die with their parent ]
-
-        def start() -> None:
-            tie()
-            if self.privileged:
-                _idle()
-
-        with log_path.open("wb") as log_file, _starting():
-            proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=start,
-                                    pass_fds=self.lock_fds)
-            self.waiting[node], self.started = (proc, log_path), self.started + 1  # before anything that can raise
-        self.ready_files[node] = ready
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(prepare) + "\n").encode())
-        proc.stdin.flush()
-
-    def ready(self) -> bool:
-        """Whether every spare has warmed up and profiled ahead (always, with spares off)."""
-        return all(path.exists() for path in self.ready_files.values()) if self.enabled else True
-
-    def take(self, node: int, spec_file: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path] | None:
-        """Node ``node``'s spare, now running ``spec_file`` with ``env``; None when it has none alive."""
-        self.ready_files.pop(node, None)
-        proc, log_path = self.waiting.pop(node, (None, Path()))
-        if proc is None or proc.poll() is not None:
-            return None
-        if self.network is not None:
-            self.network.admit(node, proc.pid)
-        if self.privileged:
-            _schedule_normally(proc.pid)
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write((json.dumps({"spec": str(spec_file), "env": env}) + "\n").encode())
-            proc.stdin.close()
-        except BrokenPipeError:  # it died just now
-            return None
-        return proc, log_path
-
-    def __enter__(self) -> _Spares:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc, _ in self.waiting.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            if proc.stdin is not None:
-                proc.stdin.close()
-        self.waiting.clear()
-        self.ready_files.clear()
-
-
-def _idle() -> None:
-    """In a spare before it starts: SCHED_IDLE, so its warm-up takes only CPU time no node wants."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _schedule_normally(pid: int) -> None:
-    """Every thread of ``pid`` back to SCHED_OTHER (needs root: unprivileged, SCHED_IDLE is one-way)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setscheduler(int(task.name), os.SCHED_OTHER, os.sched_param(0))
-
-
 @dataclass(frozen=True)
 class _Outcome:
     kind: str  # done, failed, refused, rejoin
@@ -588,11 +326,11 @@ class _Outcome:
     step: int = 0
 
 
-class _Group:
+class NodeGroup:
     """One attempt: the nodes started on one port, watched until they finish or one fails."""
 
     def __init__(self, config: TrainConfig, members: list[tuple[int, NodeSpec]], options: LocalOptions,
-                 scratch: Path, attempt: int, network: NetworkEmulation | None, spares: _Spares,
+                 scratch: Path, attempt: int, network: NetworkEmulation | None, spares: WarmSpares,
                  lock_fd: int) -> None:
         self.options, self.members, self.config, self.network = options, members, config, network
         self.spares = spares
@@ -625,7 +363,7 @@ class _Group:
                     command = network.wrap(node_id, command)
                 self.logs[node_id] = config.run_dir / LOG_DIR / f"attempt-{attempt}-node-{node_id}.log"
                 self.logs[node_id].parent.mkdir(parents=True, exist_ok=True)
-                with self.logs[node_id].open("wb") as log_file, _starting():
+                with self.logs[node_id].open("wb") as log_file, starting():
                     self.procs[node_id] = subprocess.Popen(
                         command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                         preexec_fn=dies_with_this_process(), pass_fds=(lock_fd,))
@@ -639,7 +377,7 @@ class _Group:
         own_from: int | None = None   # the step this group resumed from, once it has logged one of its own
         while True:
             time.sleep(0.05)
-            _unwind_if_terminated()
+            unwind_if_terminated()
             now = time.time()
             step, step_time = _last_step(self.metrics)
             last = report.failures[-1] if report.failures else None

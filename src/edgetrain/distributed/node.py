@@ -737,7 +737,7 @@ def profile_share(model: nn.Module, x: torch.Tensor, y: torch.Tensor, local: Tra
 
 def profile_shares(config: TrainConfig, node: NodeSpec, options: ClusterOptions, shares: list[int]) -> None:
     """Profile this node at each of ``shares`` into ``options.profile_dir`` ahead of need (a warm spare's
-    work: NOTE [ Warm spares ] in local.py)."""
+    work: NOTE [ Warm spares ] in spares.py)."""
     if not shares:
         return
     spec = get_model_spec(config.model)

@@ -1,6 +1,6 @@
 """``python -m edgetrain.distributed.worker SPEC.json``: one node started by ``edgetrain cluster local``.
 
-``python -m edgetrain.distributed.worker --spare READY``: a warm spare (NOTE [ Warm spares ] in local.py).
+``python -m edgetrain.distributed.worker --spare READY``: a warm spare (NOTE [ Warm spares ] in spares.py).
 It imports torch and edgetrain and profiles a tiny model once (the profiler's first call imports
 torch's dispatch and compile machinery: seconds), profiles its node at the shares it may get
 next (a line ``{"spec": PATH, "shares": [...]}`` on stdin; then it touches READY), then waits for the line
@@ -14,7 +14,7 @@ not restart), 3 the cluster broke under this node (a peer died or stopped answer
 
 A native crash (a C++ exception ending in ``std::terminate``: SIGABRT; SIGSEGV, SIGBUS, SIGFPE, SIGILL)
 leaves no Python traceback of its own; :mod:`faulthandler` prints every thread's Python stack into the
-node's log first, and the supervisor's message names that log (``local._loss_line``).
+node's log first, and the supervisor's message names that log (``NodeGroup._loss_line`` in ``local.py``).
 """
 
 from __future__ import annotations
