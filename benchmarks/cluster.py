@@ -615,7 +615,7 @@ def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
     import torch.distributed as dist
 
     from edgetrain.distributed.compress import PowerSGD
-    from edgetrain.distributed.node import cluster_step
+    from edgetrain.distributed.step import cluster_step
     from edgetrain.runtime import Executor
     from edgetrain.schedule import keep_all
     from edgetrain.stages import training_stages

@@ -94,8 +94,9 @@ from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.group import all_reduce_gradients
 from edgetrain.distributed.local import LocalOptions, run_local
-from edgetrain.distributed.node import NodeSpec, cluster_step, seed_step
+from edgetrain.distributed.node import NodeSpec
 from edgetrain.distributed.split import split_batch
+from edgetrain.distributed.step import cluster_step, seed_step
 from edgetrain.fileio import read_jsonl
 from edgetrain.models import get_model_spec
 from edgetrain.optim import make_optimizer, set_learning_rate

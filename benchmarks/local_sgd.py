@@ -11,7 +11,7 @@ local --average-every K`` are. Modes:
   with ``--local-batch-norm``);
 * **average**: each node steps on its own gradient, the weights averaged every ``--every`` steps
   (NOTE [ Periodic averaging ]);
-* **diloco**: the same with DiLoCo's outer step (:class:`edgetrain.distributed.node.OuterStep`,
+* **diloco**: the same with DiLoCo's outer step (:class:`edgetrain.distributed.step.OuterStep`,
   the nodes' inner optimizers restarted after it: NOTE [ Outer step ]);
 * **diloco-carry**: the outer step with each node's inner momentum carried over (no restart).
 
@@ -41,7 +41,7 @@ from torch import nn
 
 from edgetrain.benchstats import rerun_command
 from edgetrain.data import collate_skip_corrupt
-from edgetrain.distributed.node import OuterStep, restart_optimizer
+from edgetrain.distributed.step import OuterStep, restart_optimizer
 from edgetrain.models import get_model_spec
 from edgetrain.optim import make_optimizer
 from edgetrain.train import TrainConfig

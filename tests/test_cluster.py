@@ -111,7 +111,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
     from edgetrain.distributed.compress import PowerSGD
     from edgetrain.distributed.group import all_reduce_tensors
-    from edgetrain.distributed.node import average_parameters, cluster_step
+    from edgetrain.distributed.step import average_parameters, cluster_step
 
     torch.set_num_threads(1)  # forked: no intra-op thread pool inherited from the parent is used
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -234,7 +234,7 @@ def _norm_rank(rank: int, port: int, out: str, shares: tuple[int, int]) -> None:
     import torch.distributed as dist
 
     from edgetrain.distributed.batch_norm import synchronise_batch_norm
-    from edgetrain.distributed.node import cluster_step
+    from edgetrain.distributed.step import cluster_step
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -750,7 +750,8 @@ def test_the_outer_step_is_nesterov_sgd_on_the_pseudo_gradient_and_resumes_from_
         tmp_path: Path) -> None:
     # Prepare: a tiny model's weights θ0 and two rounds of "averaged local weights" (the all-reduce stood in for:
     # the parameters hold the average when the outer step runs), in float64 so the closed form is exact to 1e-12.
-    from edgetrain.distributed.node import ClusterOptions, OuterStep
+    from edgetrain.distributed.node import ClusterOptions
+    from edgetrain.distributed.step import OuterStep
     from edgetrain.train.state import StateStore, TrainingState
 
     lr, momentum = 0.7, 0.9

@@ -15,8 +15,9 @@ from torch import nn
 from edgetrain.chain import Chain
 from edgetrain.distributed.group import ClusterError
 from edgetrain.distributed.local import LocalOptions
-from edgetrain.distributed.node import ClusterOptions, cluster_step
+from edgetrain.distributed.node import ClusterOptions
 from edgetrain.distributed.overlap import HalfPrecisionAllReduce
+from edgetrain.distributed.step import cluster_step
 from edgetrain.errors import EdgetrainError
 from edgetrain.optim import make_optimizer
 from edgetrain.planners import uniform

@@ -5,8 +5,9 @@ inside the functions that talk to the cluster.
 """
 
 from .group import ClusterEnv, ClusterError, config_hash
-from .node import ClusterOptions, NodeSpec, StepResult, cluster_step, node_speed, train_node
+from .node import ClusterOptions, NodeSpec, node_speed, train_node
 from .split import share_weights, split_batch
+from .step import StepResult, cluster_step
 
 __all__ = ["ClusterEnv", "ClusterError", "ClusterOptions", "NodeSpec", "StepResult", "cluster_step", "config_hash",
            "node_speed", "share_weights", "split_batch", "train_node"]

@@ -10,7 +10,7 @@ one small all-reduce in the forward (per channel: the samples' sum and sum of sq
 count, in float64) and one in the backward (the sums of ``g`` and ``g * x̂``), so a step's
 gradient is single-node training's on the global batch, BatchNorm included.
 
-The backward's convention follows :func:`~edgetrain.distributed.node.cluster_step`: each node's
+The backward's convention follows :func:`~edgetrain.distributed.step.cluster_step`: each node's
 loss is the mean over its own samples and its gradients are summed with weight ``n_r / N`` (its
 share of the global batch). So the input gradient a node returns is ``dL/dx / (n_r / N)``, with
 ``L`` the global batch's mean loss: the cross-node sums are taken of ``(n_s / N)``-weighted terms
