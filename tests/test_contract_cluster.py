@@ -245,7 +245,8 @@ def _cluster_run(run_dir: Path) -> None:
 
 def _federated_run(run_dir: Path) -> None:
     """What a run of FEDERATED that was started leaves before its first round: its settings and its lock file."""
-    from edgetrain.distributed.federated import FederatedConfig, open_run
+    from edgetrain.distributed.federated import FederatedConfig
+    from edgetrain.distributed.federated_server import open_run
 
     with RunDirectory(run_dir) as run:
         run.claim()

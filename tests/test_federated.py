@@ -31,11 +31,10 @@ from edgetrain.distributed.federated import (  # after the skip
     FederatedConfig,
     FederatedError,
     FederatedNode,
-    FederatedStrategy,
     initial_weights,
     run_client,
-    run_server,
 )
+from edgetrain.distributed.federated_server import FederatedStrategy, run_server
 from edgetrain.distributed.local import free_port
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.train.state import StateStore

@@ -30,10 +30,9 @@ from .federated import (
     FederatedConfig,
     FederatedError,
     Progress,
-    finished_summary,
-    open_run,
     refuse_budgets_below_the_least_step,
 )
+from .federated_server import finished_summary, open_run
 
 __all__ = ["run_local", "LocalRun"]
 
