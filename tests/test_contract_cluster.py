@@ -37,7 +37,7 @@ FEDERATED = ["--nodes", "2", "-m", "transformer_small", "--samples", "97", "--im
              "--local-steps", "2"]
 ORPHAN_DEADLINE_S = 10.0
 WORKER = "-m edgetrain.distributed.worker "  # a node's or a spare's command line
-SERVER_OR_NODE = "-m edgetrain.distributed.federated "
+SERVER_OR_NODE = "-m edgetrain.distributed.federated_process "
 needs_flower = pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
                                   reason="Flower is not installed (pip install 'edgetrain[federated]')")
 

@@ -138,7 +138,7 @@ def test_a_reply_that_is_not_the_models_weights_is_refused(base: FederatedConfig
 
 def _server(config: FederatedConfig, path: Path) -> subprocess.Popen[bytes]:
     path.write_text(config.to_json())
-    return subprocess.Popen([sys.executable, "-m", "edgetrain.distributed.federated", "server", str(path)],
+    return subprocess.Popen([sys.executable, "-m", "edgetrain.distributed.federated_process", "server", str(path)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -208,7 +208,7 @@ def test_a_node_without_a_server_gives_up_after_its_timeout(base: FederatedConfi
 def _insitu_node(root: Path, tracks: range, seed: int) -> None:
     """A node folder as `edgetrain insitu run` leaves it: a teacher (4 replay crops) and a store of one frame per
     track, random pixels, label ``track % 4``."""
-    from edgetrain.insitu.labels import Calibration
+    from edgetrain.insitu.gate import Calibration
     from edgetrain.insitu.model import classifier
     from edgetrain.insitu.store import FrameStore, encode_png
     from edgetrain.insitu.student import FRAMES, TEACHER

@@ -39,11 +39,8 @@ a lost server: they reconnect until ``connect_timeout_s`` passes without one.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -495,31 +492,3 @@ def run_client(config: FederatedConfig, node: FederatedNode) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ processes
-
-
-def main(argv: Sequence[str]) -> int:
-    """``python -m edgetrain.distributed.federated server CONFIG.json`` or ``... client CONFIG.json NODE``.
-
-    An expected failure is one line ``error: ...`` and exit status 2.
-    """
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # Flower's INFO lines and its deprecation banners
-    role, config = argv[0], FederatedConfig.from_json(Path(argv[1]).read_text())
-    torch.set_num_threads(config.threads)
-    try:
-        if role == "server":
-            from .federated_server import run_server
-
-            run_server(config)
-        else:
-            run_client(config, FederatedNode(config, int(argv[2])))
-    except EdgetrainError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        if role == "server":  # gRPC's worker threads of a server stopped mid-round would keep the process up
-            os._exit(2)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """``cluster federated`` on one machine: a Flower server and one process per node, supervised.
 
-Plain localhost processes (``python -m edgetrain.distributed.federated server|client``): no network
+Plain localhost processes (``python -m edgetrain.distributed.federated_process server|client``): no network
 shaping, no cgroup (docs/guide/cluster.md, "Federated mode"). The first process to fail stops the others
 and its one line is the error. The launcher holds the run directory's lock, which every process it starts
 shares (NOTE [ One lock for a run's processes ] in runlock.py), and they all die with it (NOTE [ Children
@@ -62,8 +62,8 @@ def _spawn(role: str, config_path: Path, log_dir: Path, lock_fd: int, *extra: st
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1", "FLWR_TELEMETRY_ENABLED": "0"}  # as cli.main sets the former
     with log_path.open("wb") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "edgetrain.distributed.federated", role, str(config_path),
-                                  *extra], stdout=out, stderr=subprocess.STDOUT, env=env,
+        popen = subprocess.Popen([sys.executable, "-m", "edgetrain.distributed.federated_process", role,
+                                  str(config_path), *extra], stdout=out, stderr=subprocess.STDOUT, env=env,
                                  preexec_fn=dies_with_this_process(), pass_fds=(lock_fd,))
     return _Process(name, popen, log_path)
 
