@@ -8,7 +8,7 @@ Trains the seed's teacher as ``insitu simulate`` does, runs the stand-in detecto
 the teacher over the node's stream once, then applies every rule of the grid and scores the
 pseudo-labels with the truth: ``--rule gate`` (the default) the first increment's competence gate
 (calibration, trusted frames, track vote, propagation backward and forward), ``--rule posterior``
-the track posterior (NOTE [ Track posteriors: the steep camera's labelling rule ] in insitu/labels.py) over
+the track posterior (NOTE [ Track posteriors: the steep camera's labelling rule ] in insitu/posterior.py) over
 its elevation weights and alignment bands, ``--rule size`` the size rule (NOTE [ Object size from the mount: the
 size rule ])
 against the posterior rule: precision at full coverage and, keeping the tracks with the largest
@@ -27,19 +27,12 @@ import numpy as np
 import torch
 
 from edgetrain.insitu.detect import crop, detect
-from edgetrain.insitu.labels import (
-    Calibration,
-    GateConfig,
-    box_size_m,
-    calibrate,
-    competence_weights,
-    elevation_deg,
-    fit_alignment,
-    fit_stream,
-    label_detections,
-    track_evidence,
-)
+from edgetrain.insitu.gate import Calibration, GateConfig, calibrate
+from edgetrain.insitu.geometry import box_size_m, elevation_deg
+from edgetrain.insitu.labels import fit_stream, label_detections
 from edgetrain.insitu.model import predict
+from edgetrain.insitu.posterior import competence_weights, fit_alignment
+from edgetrain.insitu.sizes import track_evidence
 from edgetrain.insitu.teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from edgetrain.insitu.tracker import TrackerConfig, track
 from edgetrain.insitu.world import CLASSES, EYE_LEVEL, NODE_CAMERAS, Camera

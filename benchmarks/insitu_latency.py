@@ -10,7 +10,7 @@ Renders ``--clips`` held-out clips of the node's camera (``simulate``'s test cli
 service's inference path over them in 25-frame chunks, with a student process (as the service
 starts it: SCHED_IDLE, one thread, half of 1 GiB) training from the store's frames, paused
 (SIGSTOP) on even chunks and running on odd ones
-(:func:`edgetrain.insitu.service.latency_beside_student`). Frames arrive at ``--frame-rate``
+(:func:`edgetrain.insitu.latency.latency_beside_student`). Frames arrive at ``--frame-rate``
 (20 per second: a frame every 50 ms, so the student has the time between frames to train; 0:
 back to back) and, as the service does by default, the student is stopped while each frame is
 inferred (NOTE [ Yielding per frame ]; ``--student-runs-during-frames`` lets both run at once).
@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from edgetrain.benchstats import software_setup, spread
-from edgetrain.insitu.service import PROBE_FRAME_RATE_HZ, ServiceConfig, latency_beside_student
+from edgetrain.insitu.latency import PROBE_FRAME_RATE_HZ, latency_beside_student
+from edgetrain.insitu.service_config import ServiceConfig
 from edgetrain.insitu.student import FRAMES, TEACHER
 from edgetrain.insitu.teacher import load_teacher, render_clips
 from edgetrain.insitu.world import NODE_CAMERAS

@@ -29,7 +29,9 @@ from typer.testing import CliRunner
 
 from edgetrain.cli import app
 from edgetrain.errors import InfeasibleBudgetError
-from edgetrain.insitu import service
+from edgetrain.insitu import service, supervisor
+from edgetrain.insitu.inference import TRACKS_PER_CHUNK
+from edgetrain.insitu.service_config import ServiceConfig
 from edgetrain.insitu.store import FrameStore, encode_png
 from edgetrain.insitu.teacher import load_teacher
 from edgetrain.insitu.world import STEEP, render_video
@@ -185,19 +187,19 @@ def test_the_student_holds_the_stores_lock_until_it_exits_and_a_new_service_wait
     store = tmp_path / "node"
     store.mkdir()
     _sure_teacher(store / "teacher.pt")
-    lock = service.StoreLock(store).__enter__()
+    lock = supervisor.StoreLock(store).__enter__()
     lock.claim()
-    student = service._start_student(store, service.ServiceConfig(camera="0", memory_bytes=2**30), 2**29,
-                                     lock=lock, quiet=True)
+    student = supervisor.start_student(store, ServiceConfig(camera="0", memory_bytes=2**30), 2**29,
+                                       lock=lock, quiet=True)
     try:
         # Execute: this process lets go of its descriptor without unlocking, as a killed service does.
         os.close(lock.lock_fd)
         with pytest.raises(RunLockedError, match=rf"pid {os.getpid()}, or its student"):
-            service.StoreLock(store).__enter__()  # the holder (this process) is alive: refused at once
+            supervisor.StoreLock(store).__enter__()  # the holder (this process) is alive: refused at once
         (store / ".lock").write_text("999999999\n")  # the holder named is gone: its student is exiting
         threading.Timer(1.0, student.kill).start()
         waited = time.monotonic()
-        successor = service.StoreLock(store).__enter__()
+        successor = supervisor.StoreLock(store).__enter__()
         waited = time.monotonic() - waited
     finally:
         student.kill()
@@ -205,7 +207,7 @@ def test_the_student_holds_the_stores_lock_until_it_exits_and_a_new_service_wait
 
     # Assert: the store stayed locked while the student lived, and a successor got it once the student was gone.
     assert student.returncode == -signal.SIGKILL
-    assert 1.0 <= waited < service.STUDENT_EXIT_WAIT_S
+    assert 1.0 <= waited < supervisor.STUDENT_EXIT_WAIT_S
     successor.__exit__(None, None, None)
 
 
@@ -260,7 +262,7 @@ def test_a_video_cut_short_is_reported_and_the_same_command_continues_mid_chunk_
 def test_the_rest_of_a_chunk_numbers_its_tracks_on_from_the_chunks_stored_ones(tmp_path: Path) -> None:
     store = FrameStore(tmp_path / "frames", 2**20)
     crop = encode_png(np.zeros((32, 32, 3), dtype=np.uint8))
-    per_chunk = service.TRACKS_PER_CHUNK
+    per_chunk = TRACKS_PER_CHUNK
     store.add([(crop, 0, track) for track in (3, per_chunk + 4, per_chunk + 1, 2 * per_chunk)], cursor=29)
 
     # Chunk 1's stored tracks are its tracker ids 1 and 4: its rest starts at 5; a chunk not begun at 0.
@@ -382,9 +384,9 @@ def test_the_least_memory_a_refusal_names_is_the_floor_of_both_processes(
     monkeypatch.setattr(service, "read_process_memory", lambda: SimpleNamespace(rss_bytes=300 * 2**20))
     for share, floor in ((0.5, 680 * 2**20), (0.9, 3000 * 2**20 - 9)):
         with pytest.raises(InfeasibleBudgetError) as caught:
-            service._check_memory(service.ServiceConfig(camera="0", memory_bytes=floor - 1, student_share=share))
+            service._check_memory(ServiceConfig(camera="0", memory_bytes=floor - 1, student_share=share))
         assert caught.value.minimum_bytes == floor
-        service._check_memory(service.ServiceConfig(camera="0", memory_bytes=floor, student_share=share))
+        service._check_memory(ServiceConfig(camera="0", memory_bytes=floor, student_share=share))
 
 
 # --- a hand-edited manifest ---------------------------------------------------------------------
@@ -436,7 +438,7 @@ def failing(tmp_path: Path) -> Iterator[Any]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(code: str) -> subprocess.Popen[bytes]:
-        with open(tmp_path / service.STUDENT_LOG, "wb") as stderr:
+        with open(tmp_path / supervisor.STUDENT_LOG, "wb") as stderr:
             started.append(subprocess.Popen([sys.executable, "-c", code], stderr=stderr))
         return started[-1]
 
@@ -449,13 +451,13 @@ def failing(tmp_path: Path) -> Iterator[Any]:
 def test_a_student_that_crashes_or_is_killed_is_reported_with_its_cause(tmp_path: Path, failing: Any) -> None:
     crashed = failing("raise RuntimeError('the state directory is read-only')")
     crashed.wait(timeout=60)
-    assert str(service._student_failed(crashed, tmp_path)) == (
+    assert str(supervisor.student_failed(crashed, tmp_path)) == (
         "the student process exited with status 1: RuntimeError: the state directory is read-only")
 
     killed = failing("import time; time.sleep(60)")
     killed.kill()
     killed.wait()
-    assert str(service._student_failed(killed, tmp_path)) == (
+    assert str(supervisor.student_failed(killed, tmp_path)) == (
         "the student process exited with status -9: killed by SIGKILL (out of memory, or kill -9)")
 
 

@@ -15,43 +15,35 @@ import numpy as np
 import pytest
 from benchmark_scripts import load_benchmark
 
-from edgetrain.insitu.detect import Detection, crop, detect, detectable
-from edgetrain.insitu.labels import (
-    MIN_HEADING_TRAVEL_M,
+from edgetrain.insitu.crossfit import (
     SIZE_OUTLIER_LOG_DENSITY,
-    Alignment,
-    Calibration,
-    GateConfig,
-    HeadingSizes,
-    SizeModel,
-    StreamFit,
-    TrackEvidence,
-    accepted,
-    box_size_m,
-    calibrate,
-    competence_weights,
     cross_fitted_labels,
     cross_fitted_scores,
-    elevation_deg,
-    fit_alignment,
-    fit_size_model,
-    fit_stream,
     fold_of_tracks,
+    repeated_cross_fit,
+)
+from edgetrain.insitu.detect import Detection, crop, detect, detectable
+from edgetrain.insitu.gate import Calibration, GateConfig, accepted, calibrate, log_aspect, propagate, vote
+from edgetrain.insitu.geometry import (
+    MIN_HEADING_TRAVEL_M,
+    box_size_m,
+    elevation_deg,
     ground_point_m,
     heading_rad,
-    label_detections,
-    log_aspect,
+    track_side_views,
+)
+from edgetrain.insitu.labels import StreamFit, fit_stream, label_detections, relabel_tracks
+from edgetrain.insitu.model import Outputs
+from edgetrain.insitu.posterior import Alignment, competence_weights, fit_alignment, posterior_labels
+from edgetrain.insitu.sizes import (
+    HeadingSizes,
+    SizeModel,
+    TrackEvidence,
+    fit_size_model,
     min_margin,
-    posterior_labels,
-    propagate,
-    relabel_tracks,
-    repeated_cross_fit,
     size_labels,
     track_evidence,
-    track_side_views,
-    vote,
 )
-from edgetrain.insitu.model import Outputs
 from edgetrain.insitu.store import MANIFEST_ENTRY_BYTES, MANIFEST_HEADER_BYTES, FrameStore, balance
 from edgetrain.insitu.tracker import TrackerConfig, iou_matrix, jumped, track
 from edgetrain.insitu.world import POLE, STEEP, Video, render_video
@@ -393,7 +385,7 @@ def test_the_heading_size_model_recovers_a_classs_length_and_width_from_tracks_a
 
 
 def test_a_class_seen_at_many_views_by_many_tracks_keeps_its_least_squares_slope() -> None:
-    from edgetrain.insitu.labels import _heading_sizes
+    from edgetrain.insitu.sizes import _heading_sizes
 
     # Prepare: one class, 40 tracks (3 to 12 frames each) at side views spread over [0, 1], log width 0 + 0.7 s
     # (a crate), height flat, 5% noise.
@@ -413,7 +405,7 @@ def test_a_class_seen_at_many_views_by_many_tracks_keeps_its_least_squares_slope
 
 
 def test_a_class_with_two_tracks_or_two_seen_side_on_near_its_end_on_size_has_no_slope() -> None:
-    from edgetrain.insitu.labels import _heading_sizes
+    from edgetrain.insitu.sizes import _heading_sizes
 
     # Prepare: (a) a class with two tracks, 10 and 30 frames, end-on 1 m and side-on 2 m wide (a line fits them
     # exactly); (b) 20 tracks seen end-on (views 0-0.1) and two side-on (0.9, 1.0), sizes with 5% noise, the two
@@ -444,7 +436,7 @@ def test_a_class_with_two_tracks_or_two_seen_side_on_near_its_end_on_size_has_no
 
 
 def test_a_slope_is_kept_where_its_likelihood_gain_in_effective_tracks_beats_half_a_log_of_their_number() -> None:
-    from edgetrain.insitu.labels import _slope_lowers_bic
+    from edgetrain.insitu.sizes import _slope_lowers_bic
 
     # Prepare: four tracks of equal weight, one size dimension, residual sums of squares flat / line of 2.0 and 2.3
     # (either side of the closed-form threshold below), and the same with frames 1, 1, 1, 5 (Kish: 64 / 28 tracks).
@@ -730,7 +722,7 @@ def test_a_self_training_round_relabels_whole_tracks_in_the_store(tmp_path: Path
 def test_every_student_fine_tunes_the_teacher_at_the_configured_peak_learning_rate(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import edgetrain.insitu.simulate as sim
-    from edgetrain.insitu.labels import Calibration
+    from edgetrain.insitu.gate import Calibration
     from edgetrain.insitu.model import FitConfig, Unlabelled, classifier
     from edgetrain.insitu.teacher import Teacher
 

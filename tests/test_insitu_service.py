@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from edgetrain.errors import EdgetrainError
+from edgetrain.insitu.camera import camera_chunks
 from edgetrain.insitu.detect import Detection
-from edgetrain.insitu.labels import Calibration
+from edgetrain.insitu.gate import Calibration
+from edgetrain.insitu.inference import Serving
 from edgetrain.insitu.model import classifier
 from edgetrain.insitu.motion import MotionConfig, detect_motion, match_sources, score_boxes
-from edgetrain.insitu.service import Serving, camera_chunks
 from edgetrain.insitu.store import FrameStore, encode_png
 from edgetrain.insitu.student import StudentConfig, held_out, load_promoted, write_config
 from edgetrain.insitu.teacher import Teacher, load_teacher, save_teacher
@@ -149,16 +150,17 @@ def test_a_service_killed_9_resumes_where_it_stopped(tmp_path: Path) -> None:
 
 def test_a_student_budget_below_its_least_step_is_its_refusal_and_the_service_reports_its_cause(
         tmp_path: Path) -> None:
-    from edgetrain.insitu import service
+    from edgetrain.insitu.service_config import ServiceConfig
+    from edgetrain.insitu.supervisor import start_student, student_failed
 
     # Prepare: a store with its teacher; a student started as the service starts it, on 100 MiB, which the
     # service's floor (NOTE [ An unattended node's service ]) is too coarse to refuse at the start.
     store = tmp_path / "node"
     store.mkdir()
     _sure_teacher(store / "teacher.pt")
-    config = service.ServiceConfig(camera="0", memory_bytes=2**30)
+    config = ServiceConfig(camera="0", memory_bytes=2**30)
 
-    student = service._start_student(store, config, 100 * 2**20, quiet=True)
+    student = start_student(store, config, 100 * 2**20, quiet=True)
     try:
         student.wait(timeout=300)
     finally:
@@ -171,7 +173,7 @@ def test_a_student_budget_below_its_least_step_is_its_refusal_and_the_service_re
     assert [r["pid"] for r in refusal] == [student.pid]
     assert refusal[0]["error"].startswith("budget 100.00 MiB (104857600 bytes) is below what training needs in "
                                           "this process: runtime baseline ")
-    assert str(service._student_failed(student, store)) == \
+    assert str(student_failed(student, store)) == \
         f"the student process exited with status 2: {refusal[0]['error']}"
 
 
@@ -464,22 +466,23 @@ def test_the_student_is_stopped_while_a_frame_is_inferred_and_runs_between(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pause_per_frame: bool) -> None:
     from collections import deque
 
-    from edgetrain.insitu import service
+    from edgetrain.insitu import inference
+    from edgetrain.insitu.service_config import ServiceConfig
 
     teacher = load_teacher(_sure_teacher(tmp_path / "teacher.pt"))
     video = render_video(STEEP, 12, seed=1, rate=0.3)  # detections on frames 4-11
     student = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"])
     states_in_frames: list[str] = []
-    real_predict = service.predict
+    real_predict = inference.predict
 
     def predict_noting_the_student(model: torch.nn.Sequential, crops: np.ndarray) -> Any:
         states_in_frames.append(_state_within(student.pid, "T") if pause_per_frame else _state(student.pid))
         return real_predict(model, crops)
 
-    monkeypatch.setattr(service, "predict", predict_noting_the_student)
-    config = service.ServiceConfig(camera="0", memory_bytes=2**30, chunk_frames=12, pause_per_frame=pause_per_frame)
+    monkeypatch.setattr(inference, "predict", predict_noting_the_student)
+    config = ServiceConfig(camera="0", memory_bytes=2**30, chunk_frames=12, pause_per_frame=pause_per_frame)
     try:
-        _, latencies_s, _ = service._infer_chunk(video, 0, teacher, Serving(teacher.model), config, deque(), student)
+        _, latencies_s, _ = inference.infer_chunk(video, 0, teacher, Serving(teacher.model), config, deque(), student)
         after = _state_within(student.pid, "S")
     finally:
         student.kill()
@@ -502,7 +505,7 @@ def test_the_student_is_stopped_while_a_frame_is_inferred_and_runs_between(
 ])
 def test_frames_arrive_at_the_cameras_times_or_at_once_when_late(
         monkeypatch: pytest.MonkeyPatch, rate_hz: float | None, work_s: list[float], arrivals_s: list[float]) -> None:
-    from edgetrain.insitu import service
+    from edgetrain.insitu import inference
 
     now = [0.0]
 
@@ -515,8 +518,8 @@ def test_frames_arrive_at_the_cameras_times_or_at_once_when_late(
         def sleep(seconds: float) -> None:
             now[0] += seconds
 
-    monkeypatch.setattr(service, "time", Clock)
-    arrivals = service._arrivals(rate_hz)
+    monkeypatch.setattr(inference, "time", Clock)
+    arrivals = inference._arrivals(rate_hz)
     seen = []
     for work in work_s:
         next(arrivals)
@@ -562,20 +565,21 @@ def test_the_services_tracker_cuts_tracks_at_the_configured_motion_gate(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate_px: float) -> None:
     from collections import deque
 
-    from edgetrain.insitu import service
+    from edgetrain.insitu import inference
+    from edgetrain.insitu.service_config import ServiceConfig
 
     teacher = load_teacher(_sure_teacher(tmp_path / "teacher.pt"))
     video = render_video(STEEP, 12, seed=1, rate=0.3)
     gates: list[float] = []
-    real_track = service.track
+    real_track = inference.track
 
     def track_noting_the_gate(detections: Any, config: Any) -> Any:
         gates.append(config.max_jump_px)
         return real_track(detections, config)
 
-    monkeypatch.setattr(service, "track", track_noting_the_gate)
-    config = service.ServiceConfig(camera="0", memory_bytes=2**30, chunk_frames=12, motion_gate_px=gate_px)
-    service._infer_chunk(video, 0, teacher, Serving(teacher.model), config, deque())
+    monkeypatch.setattr(inference, "track", track_noting_the_gate)
+    config = ServiceConfig(camera="0", memory_bytes=2**30, chunk_frames=12, motion_gate_px=gate_px)
+    inference.infer_chunk(video, 0, teacher, Serving(teacher.model), config, deque())
     assert gates == [gate_px]
     from edgetrain.insitu.simulate import SimulateConfig
-    assert service.ServiceConfig(camera="0", memory_bytes=2**30).motion_gate_px == SimulateConfig.motion_gate_px
+    assert ServiceConfig(camera="0", memory_bytes=2**30).motion_gate_px == SimulateConfig.motion_gate_px

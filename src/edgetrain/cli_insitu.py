@@ -132,7 +132,7 @@ def simulate_command(
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
     import shutil
 
-    from .insitu.labels import GateConfig
+    from .insitu.gate import GateConfig
     from .insitu.simulate import QUICK, SimulateConfig, simulate
     from .units import parse_bytes
 
@@ -205,7 +205,8 @@ def run_command(
         quick: bool = typer.Option(False, "--quick", help="A small teacher (a smoke test).")) -> None:
     """The node's service: detect, track, label and store in this process; the student trains beside it at low
     priority and is promoted when it wins. Status: JSON lines on stdout and in STORE/status.jsonl."""
-    from .insitu.service import ServiceConfig, run_service
+    from .insitu.service import run_service
+    from .insitu.service_config import ServiceConfig
     from .insitu.simulate import QUICK
     from .insitu.teacher import TeacherConfig
     from .units import parse_bytes

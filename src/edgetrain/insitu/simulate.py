@@ -16,25 +16,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .crossfit import cross_fitted_labels, cross_fitted_scores, repeated_cross_fit
 from .detect import crop
-from .labels import (
-    PROPAGATION,
-    RULES,
-    Calibration,
-    GateConfig,
-    StreamFit,
-    TrackEvidence,
-    cross_fitted_labels,
-    cross_fitted_scores,
-    fit_stream,
-    label_detections,
-    relabel_tracks,
-    repeated_cross_fit,
-    score_margins,
-)
+from .gate import PROPAGATION, RULES, Calibration, GateConfig
+from .inference import TRACKS_PER_CHUNK
+from .labels import StreamFit, fit_stream, label_detections, relabel_tracks
+from .latency import PROBE_FRAME_RATE_HZ, latency_beside_student
 from .model import FitConfig, Outputs, Unlabelled, fit, predict
 from .motion import DETECTORS, run_detector, score_boxes
-from .service import PROBE_FRAME_RATE_HZ, TRACKS_PER_CHUNK, ServiceConfig, latency_beside_student
+from .service_config import ServiceConfig
+from .sizes import TrackEvidence, score_margins
 from .store import FrameStore, encode_png
 from .teacher import Teacher, TeacherConfig, crops_with_truth, render_clips, train_teacher
 from .tracker import TrackerConfig, track
@@ -77,7 +68,7 @@ class SimulateConfig:
     # tracks first (an earlier round relabels every track; the next round's students learn its surest share only);
     # 0.81, not 0.8: the stream's detections in tracks too short to store (~0.5% with the motion gate) count too
     round_repeats: int = 1  # with round_folds: deals of the tracks into folds per round, each with its own fold
-    # students; a crop's vote is its mean over them (NOTE [ Votes agreed over several fold orders ] in labels.py)
+    # students; a crop's vote is its mean over them (NOTE [ Votes agreed over several fold orders ] in crossfit.py)
     track_consistency: float = 0.0  # > 0: the final student also learns the crops of the tracks the last round
     # drops, with no label, by the track-consistency term at this weight (NOTE [ Track consistency on the dropped
     # tracks ] in model.py)

@@ -2,7 +2,7 @@
 
 The teacher is trained on the generator's eye-level world (:func:`train_teacher`), the same way
 for ``insitu simulate`` and ``insitu run``. A node keeps it as ``teacher.pt``: the weights, the
-gate's :class:`~edgetrain.insitu.labels.Calibration` and the eye-level crops the student replays
+gate's :class:`~edgetrain.insitu.gate.Calibration` and the eye-level crops the student replays
 against forgetting. The file holds tensors only, written atomically, and loads with
 ``torch.load(weights_only=True)``.
 """
@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import EdgetrainError
 from ..fileio import write_atomic
 from .detect import crop, detectable
-from .labels import Calibration, GateConfig, calibrate
+from .gate import Calibration, GateConfig, calibrate
 from .model import FitConfig, classifier, fit, predict
 from .world import CLASSES, EYE_LEVEL, Camera, Video, render_video
 

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from .detect import Detection
 
-__all__ = ["TrackerConfig", "track", "iou_matrix", "jumped"]
+__all__ = ["TrackerConfig", "track", "track_rows", "iou_matrix", "jumped"]
 # The motion gate extrapolates from the newest of a track's detections and the oldest of this many.
 RECENT_DETECTIONS = 3
 
@@ -146,6 +146,14 @@ def track(detections: Sequence[Detection], config: TrackerConfig = TrackerConfig
             found.recent = [*found.recent[1 - RECENT_DETECTIONS:], (f, z[:2])]
             ids[i] = found.track_id
     return ids
+
+
+def track_rows(ids: Sequence[int] | np.ndarray) -> dict[int, list[int]]:
+    """Each track's rows in ``ids``, tracks in order of first appearance."""
+    members: dict[int, list[int]] = {}
+    for i, tid in enumerate(ids):
+        members.setdefault(int(tid), []).append(i)
+    return members
 
 
 def jumped(recent: Sequence[tuple[int, np.ndarray]], frame: int, centre: np.ndarray, max_jump_px: float) -> bool:
