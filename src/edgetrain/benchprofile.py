@@ -51,19 +51,13 @@ def _time_workload(workload: Workload, runs: int) -> list[float]:
 
     from .data.stall import make_step_fn
     from .models import get_model_spec
+    from .profile.measure import step_times
 
     spec = get_model_spec(workload.model)
     torch.manual_seed(0)
     step = make_step_fn(spec.build())
     data = (spec.example_input(workload.batch, workload.size), spec.example_target(workload.batch))
-    step(data)  # warm-up: allocator, caches, lazy initialisation
-    per_step_s = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        for _ in range(workload.steps):
-            step(data)
-        per_step_s.append((time.perf_counter() - start) / workload.steps)
-    return per_step_s
+    return list(step_times(lambda: step(data), runs, calls=workload.steps))
 
 
 def run_profile(device: str | None = None, runs: int = 5, workloads: tuple[Workload, ...] = WORKLOADS,

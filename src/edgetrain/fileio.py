@@ -12,6 +12,9 @@ own results.
 
 JSON written by the tool never holds ``NaN`` or ``Infinity`` (which JSON does not have and
 strict parsers refuse): :func:`to_json` turns non-finite floats into ``null``.
+
+Raw bytes read back into memory (a page file, a storage probe's file) go through
+:func:`read_exactly`, which refuses a file of another size than the buffer.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl", "LeftAsItWas"]
+__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl", "read_exactly",
+           "LeftAsItWas"]
 
 
 def json_safe(value: Any) -> Any:
@@ -109,6 +113,23 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return records
+
+
+def read_exactly(path: Path, into: memoryview) -> None:
+    """Fill ``into`` from the file at ``path``, unbuffered, looping over short reads.
+
+    Raises:
+        OSError: ``EIO`` when the file is shorter or longer than ``into``; whatever opening or reading raises.
+    """
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < len(into):
+            n = f.readinto(into[done:])
+            if not n:
+                raise OSError(errno.EIO, f"{path} is {done} bytes, expected {len(into)}")
+            done += n
+        if f.read(1):
+            raise OSError(errno.EIO, f"{path} is longer than the expected {len(into)} bytes")
 
 
 class LeftAsItWas:

@@ -63,7 +63,7 @@ import numpy as np
 from ..chain import NOMINAL_FLOPS_PER_S
 from ..energy import Direction
 from ..errors import EdgetrainError
-from ..fileio import write_atomic
+from ..fileio import read_exactly, write_atomic
 from .catalog import ENERGY_FIELDS, RATE_FIELDS, Device, parse_catalog, this_machine, tomllib
 from .rate import GemmProbe, probe_gemm
 
@@ -272,13 +272,7 @@ def _drop_cached(path: Path) -> bool:
 
 def _read_into(path: Path, into: memoryview) -> float:
     start = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        done = 0
-        while done < len(into):
-            n = f.readinto(into[done:])
-            if not n:
-                raise EdgetrainError(f"{path} is shorter than what was written to it")
-            done += n
+    read_exactly(path, into)
     return time.perf_counter() - start
 
 
@@ -400,6 +394,7 @@ def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, re
 
     from ..models import get_model_spec
     from ..profile import chain_for
+    from ..profile.measure import step_times, train_step
 
     if repeats < 1:
         raise EdgetrainError(f"repeats must be >= 1, got {repeats}")
@@ -413,16 +408,11 @@ def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, re
     x, y = spec.example_input(batch, size), spec.example_target(batch)
     steps: list[float] = []
     power: list[float] = []
-    for index in range(repeats + 1):
-        with _sampling(meter if index else None, power):   # the first step warms allocators and caches
-            start = time.perf_counter()
-            torch.nn.functional.cross_entropy(net(x), y).backward()
-            elapsed = time.perf_counter() - start
-        net.zero_grad(set_to_none=True)
-        if index:
-            steps.append(elapsed)
-            if progress is not None:
-                progress(index, repeats)
+    timed = step_times(lambda: train_step(net, x, y), repeats, around=lambda: _sampling(meter, power))
+    for index, elapsed in enumerate(timed, 1):
+        steps.append(elapsed)
+        if progress is not None:
+            progress(index, repeats)
     return ComputeProbe(model, batch, size, flops, tuple(steps), torch.get_num_threads(), tuple(power))
 
 

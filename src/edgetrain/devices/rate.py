@@ -98,6 +98,7 @@ def calibrate_host(rounds: int = 5) -> HostCalibration:
     from ..chain import NOMINAL_FLOPS_PER_S
     from ..models import get_model_spec
     from ..profile import chain_for
+    from ..profile.measure import step_times, train_step
 
     model, batch, size = CALIBRATION_STEP
     flops = chain_for(model, batch, size).compute_time_s * NOMINAL_FLOPS_PER_S
@@ -105,14 +106,9 @@ def calibrate_host(rounds: int = 5) -> HostCalibration:
     net = spec.build()
     x, y = spec.example_input(batch, size), spec.example_target(batch)
     gemm_rates, steps_s = [], []
-    for index in range(rounds + 1):
-        start = time.perf_counter()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        elapsed = time.perf_counter() - start
-        net.zero_grad(set_to_none=True)
-        if index:  # the first step warms allocators and caches
-            steps_s.append(elapsed)
-            gemm_rates.append(probe_gemm(seconds=0.3).flops_per_s)
+    for elapsed in step_times(lambda: train_step(net, x, y), rounds):
+        steps_s.append(elapsed)
+        gemm_rates.append(probe_gemm(seconds=0.3).flops_per_s)
     source = (f"measured here: best of {rounds} alternating rounds of a 0.3 s FP64 DGEMM 1024^3 burst and one {model} "
               f"training step (batch {batch}, {size} px, {flops:.4g} FLOP, forward + loss + backward) on "
               f"{torch.get_num_threads()} threads")

@@ -68,7 +68,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, reduce
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -76,13 +76,15 @@ from ..chain import Chain
 from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord
 
-__all__ = ["Solver", "Costs", "Grid", "MovesGrid", "BudgetTable", "RECORD_VARIANTS", "ceil_div", "row",
+__all__ = ["Solver", "SubProblem", "Costs", "Grid", "MovesGrid", "BudgetTable", "RECORD_VARIANTS", "ceil_div", "row",
            "needed_subproblems", "sweep_time_s", "common_unit_bytes", "discretise", "without_paging", "solve_reference",
-           "solve_fast", "solve_grid", "rebuild", "replay", "check_options", "check_length", "step_bytes"]
+           "solve_fast", "solve_grid", "rebuild", "replay", "unfold", "check_options", "check_length", "step_bytes"]
 
 logger = logging.getLogger(__name__)
 
 Solver = Literal["fast", "reference"]
+Task = TypeVar("Task", bound=tuple[int, ...])  # a sub-problem to rebuild: (s, t, e) or (s, t, memory, e)
+SubProblem = tuple[int, int, int, int]           # (s, t, m, e): P(s, t, e) within memory m
 
 
 def ceil_div(n_bytes: int, unit_bytes: int) -> int:
@@ -390,53 +392,73 @@ def rebuild(grid: MovesGrid, choice: np.ndarray, units: int) -> tuple[Op, ...]:
     return replay(grid, lambda s, t, m, e: int(choice[e, row(s, t), m]), units)
 
 
-def replay(grid: MovesGrid, choose: Callable[[int, int, int, int], int], units: int) -> tuple[Op, ...]:
-    """The ops of the moves ``choose(s, t, m, e)`` picks, from ``P(0, L-1, 0)`` in ``units`` (explicit stack:
-    chains outgrow Python's recursion). Choice codes as in :func:`solve_reference`."""
-    g = grid.base
-    length = g.length
+def unfold(top: Task, expand: Callable[[Task], tuple[list[Op], list[Task | Op]]]) -> tuple[Op, ...]:
+    """The ops of a DP's moves from the sub-problem ``top``, on an explicit stack (chains outgrow Python's recursion).
+
+    ``expand(task)`` gives the ops its move runs first and then, in the order they run after
+    those, the ops and sub-problems that follow (stacked in reverse, so the next pops first).
+    """
     ops: list[Op] = []
-    stack: list[tuple[int, int, int, int] | Op] = [(0, length - 1, units, 0)]
+    stack: list[Task | Op] = [top]
     while stack:
         task = stack.pop()
-        if not isinstance(task, tuple):
+        if isinstance(task, tuple):
+            first, then = expand(task)
+            ops += first
+            stack += reversed(then)
+        else:
             ops.append(task)
-            continue
+    return tuple(ops)
+
+
+def replay(grid: MovesGrid, choose: Callable[[int, int, int, int], int], units: int) -> tuple[Op, ...]:
+    """The ops of the moves ``choose(s, t, m, e)`` picks, from ``P(0, L-1, 0)`` in ``units``.
+
+    Choice codes as in :func:`solve_reference`.
+    """
+    g = grid.base
+    length = g.length
+
+    def expand(task: SubProblem) -> tuple[list[Op], list[SubProblem | Op]]:
         s, t, m, e = task
         code = choose(s, t, m, e)
         if code < 0:
             raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} units")
         kind, k = divmod(code, length)
-        if k == s and kind < 4:            # (a) / (a'): what runs later is pushed first
+        then: list[SubProblem | Op] = []
+        if k == s and kind < 4:            # (a) / (a')
             variant = RECORD_VARIANTS[kind - 1] if kind else None
-            value_late = variant in ("value", "both") and bool(grid.late[e, s])
-            if value_late:
-                stack.append(PageIn(s))
-            stack.append(Backward(s))
-            if variant in ("internals", "both"):
-                stack.append(PageInRecord(s))
-            if variant in ("value", "both") and not value_late:
-                stack.append(PageIn(s))
+            pages_value, pages_internals = variant in ("value", "both"), variant in ("internals", "both")
+            value_late = pages_value and bool(grid.late[e, s])
+            first: list[Op] = [Forward(s, Keep.ALL)]
+            if pages_value:
+                first.append(PageOut(s))
+            if pages_internals:
+                first.append(PageOutRecord(s))
             if s < t:
                 hold = int(g.record_hold_units[e, s]) if kind == 0 else int(grid.record_hold_units[kind - 1, e, s])
-                stack.append((s + 1, t, min(m - hold, g.max_units), int(g.child_entry[s])))
-            ops.append(Forward(s, Keep.ALL))
-            if variant in ("value", "both"):
-                ops.append(PageOut(s))
-            if variant in ("internals", "both"):
-                ops.append(PageOutRecord(s))
-        else:                              # (b) / (b')
-            paged = kind == 4
-            stack.append((s, k - 1, m - int(g.grad_units[k, t]), e))
-            if paged:
-                stack.append(PageIn(s))
-            hold = int(grid.checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
-            stack.append((k, t, min(m - hold, g.max_units), 1))
-            ops.append(Forward(s, Keep.INPUT))
-            if paged:
-                ops.append(PageOut(s))
-            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
-    return tuple(ops)
+                then.append((s + 1, t, min(m - hold, g.max_units), int(g.child_entry[s])))
+            if pages_value and not value_late:
+                then.append(PageIn(s))
+            if pages_internals:
+                then.append(PageInRecord(s))
+            then.append(Backward(s))
+            if value_late:
+                then.append(PageIn(s))
+            return first, then
+        paged = kind == 4                  # (b) / (b')
+        first = [Forward(s, Keep.INPUT)]
+        if paged:
+            first.append(PageOut(s))
+        first += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
+        hold = int(grid.checkpoint_hold_units[e, s]) if paged else int(g.checkpoint_hold_units[e, s])
+        then.append((k, t, min(m - hold, g.max_units), 1))
+        if paged:
+            then.append(PageIn(s))
+        then.append((s, k - 1, m - int(g.grad_units[k, t]), e))
+        return first, then
+
+    return unfold((0, length - 1, units, 0), expand)
 
 
 def check_options(slots: int, solver: str) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from ..chain import Chain
 from ..errors import InfeasibleBudgetError
 from ..schedule import Backward, Forward, Keep, Op, Schedule
-from .dp_grid import Costs, check_length, needed_subproblems, step_bytes, sweep_time_s
+from .dp_grid import Costs, SubProblem, check_length, needed_subproblems, step_bytes, sweep_time_s, unfold
 
 __all__ = ["ExactTable", "solve_exact", "exact_minimum_bytes", "least_peak_schedule", "below_minimum_error"]
 
@@ -67,25 +67,17 @@ def least_peak_schedule(chain: Chain) -> Schedule:
     schedule away near the minimum), it is the answer that fits every feasible budget.
     """
     least = _least_peaks(chain)
-    ops: list[Op] = []
-    stack: list[tuple[int, int, int] | Op] = [(0, chain.length - 1, 0)]
-    while stack:
-        task = stack.pop()
-        if not isinstance(task, tuple):
-            ops.append(task)
-            continue
+
+    def expand(task: tuple[int, int, int]) -> tuple[list[Op], list[tuple[int, int, int] | Op]]:
         s, t, e = task
         k = least[s, t, e][2]
-        if k == s:                         # (a): what runs later is pushed first
-            stack.append(Backward(s))
-            if s < t:
-                stack.append((s + 1, t, 0 if chain.stages[s].output_saved else 1))
-            ops.append(Forward(s, Keep.ALL))
-        else:                              # (b)
-            stack += [(s, k - 1, e), (k, t, 1)]
-            ops.append(Forward(s, Keep.INPUT))
-            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
-    return Schedule(tuple(ops), chain.length, strategy="optimal", params={"least_peak": True})
+        if k == s:                         # (a)
+            child = [(s + 1, t, 0 if chain.stages[s].output_saved else 1)] if s < t else []
+            return [Forward(s, Keep.ALL)], [*child, Backward(s)]
+        return _advance(s, k), [(k, t, 1), (s, k - 1, e)]   # (b)
+
+    ops = unfold((0, chain.length - 1, 0), expand)
+    return Schedule(ops, chain.length, strategy="optimal", params={"least_peak": True})
 
 
 def below_minimum_error(chain: Chain, budget_bytes: int, minimum_bytes: int) -> InfeasibleBudgetError:
@@ -174,30 +166,26 @@ def _solve_fronts(chain: Chain, activation_budget_bytes: int) -> dict[tuple[int,
 def _rebuild_fronts(chain: Chain, fronts: dict[tuple[int, int, int], _Front], activation_bytes: int) -> tuple[Op, ...]:
     """``rebuild`` in bytes: replay the steps' moves from ``P(0, L-1, 0)``."""
     costs = Costs.of(chain)
-    ops: list[Op] = []
-    stack: list[tuple[int, int, int, int] | Op] = [(0, chain.length - 1, activation_bytes, 0)]
-    while stack:
-        task = stack.pop()
-        if not isinstance(task, tuple):
-            ops.append(task)
-            continue
+
+    def expand(task: SubProblem) -> tuple[list[Op], list[SubProblem | Op]]:
         s, t, m, e = task
         front = fronts[e, s, t]
         step = int(front.index(m))
         if step < 0:
             raise AssertionError(f"rebuild reached an infeasible sub-problem P({s}, {t}, {e}) in {m} bytes")
         k = int(front.code[step])
-        if k == s:                         # (a): what runs later is pushed first
-            stack.append(Backward(s))
-            if s < t:
-                stack.append((s + 1, t, m - costs.record_hold(e, s), 0 if chain.stages[s].output_saved else 1))
-            ops.append(Forward(s, Keep.ALL))
-        else:                              # (b)
-            stack.append((s, k - 1, m - costs.grads(k, t), e))
-            stack.append((k, t, m - costs.entry(e, s), 1))
-            ops.append(Forward(s, Keep.INPUT))
-            ops += [Forward(j, Keep.NONE) for j in range(s + 1, k)]
-    return tuple(ops)
+        if k == s:                         # (a)
+            entry = 0 if chain.stages[s].output_saved else 1
+            child = [(s + 1, t, m - costs.record_hold(e, s), entry)] if s < t else []
+            return [Forward(s, Keep.ALL)], [*child, Backward(s)]
+        return _advance(s, k), [(k, t, m - costs.entry(e, s), 1), (s, k - 1, m - costs.grads(k, t), e)]   # (b)
+
+    return unfold((0, chain.length - 1, activation_bytes, 0), expand)
+
+
+def _advance(s: int, k: int) -> list[Op]:
+    """Move (b)'s forwards: ``x_s`` kept as the checkpoint, then on to ``x_k`` keeping nothing."""
+    return [Forward(s, Keep.INPUT), *(Forward(j, Keep.NONE) for j in range(s + 1, k))]
 
 
 @dataclass(frozen=True, eq=False)

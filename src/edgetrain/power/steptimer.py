@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 
 def main(argv: list[str]) -> None:
@@ -18,6 +17,7 @@ def main(argv: list[str]) -> None:
 
     from ..data.stall import make_step_fn
     from ..models import get_model_spec
+    from ..profile.measure import step_times
 
     model, batch, size, threads, steps, warmup = argv[0], *(int(x) for x in argv[1:6])
     torch.set_num_threads(threads)
@@ -28,14 +28,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 6:
         with open(argv[6], "w") as procs:
             procs.write(str(os.getpid()))  # cgroup v1: moves every thread of this process
-    for _ in range(warmup):
-        step(data)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step(data)
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"step_times_s": times}))
+    print(json.dumps({"step_times_s": list(step_times(lambda: step(data), steps, warmup=warmup))}))
 
 
 if __name__ == "__main__":

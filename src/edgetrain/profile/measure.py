@@ -1,7 +1,10 @@
-"""The measured peak of a real, plain training step: what every estimate is held against."""
+"""A real, plain training step and what is measured of it: its peak (what every estimate is held against), its time."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +14,7 @@ from ..optim import make_optimizer
 from ..stages import LossFn
 from .tracker import LiveBytesTracker
 
-__all__ = ["MeasuredStep", "measure_training_step"]
+__all__ = ["MeasuredStep", "measure_training_step", "step_times", "train_step"]
 
 
 @dataclass(frozen=True)
@@ -36,17 +39,46 @@ def measure_training_step(model: nn.Module, sample: torch.Tensor, target: torch.
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
     model.train()
     for _ in range(warmup_steps):
-        _step(model, opt, criterion, sample, labels)
+        train_step(model, sample, labels, opt, criterion)
     with LiveBytesTracker() as tracker:
         tracker.register_training_state(model, opt, sample, labels)
         resident = tracker.current_bytes
-        loss = _step(model, opt, criterion, sample, labels)
+        loss = train_step(model, sample, labels, opt, criterion)
     return MeasuredStep(peak_bytes=tracker.peak_bytes, resident_bytes=resident, loss=loss)
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, criterion: LossFn, x: torch.Tensor, y: torch.Tensor) -> float:
-    opt.zero_grad(set_to_none=True)
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer | None = None,
+               criterion: LossFn = nn.functional.cross_entropy) -> float:
+    """One plain training step, its loss: zero_grad, forward, loss, backward, then the optimizer's step.
+
+    Without an optimizer the step ends at the gradients: the forward and backward whose FLOPs
+    the planner counts (the device probe and the host calibration time it).
+    """
+    if optimizer is None:
+        model.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad(set_to_none=True)
     loss = criterion(model(x), y)
     loss.backward()
-    opt.step()
+    if optimizer is not None:
+        optimizer.step()
     return float(loss.detach())
+
+
+def step_times(step: Callable[[], object], repeats: int, *, warmup: int = 1, calls: int = 1,
+               around: Callable[[], AbstractContextManager[object]] = nullcontext) -> Iterator[float]:
+    """Seconds per call of ``step``, timed over ``calls`` calls at a time, ``repeats`` times after ``warmup`` calls.
+
+    The warm-up calls (allocator, caches, optimizer state) are not timed. ``around`` is entered
+    around each timed stretch (a power meter's sampling). A generator, so that what the caller
+    does between two stretches (a DGEMM burst, a progress report) runs there and is not timed.
+    """
+    for _ in range(warmup):
+        step()
+    for _ in range(repeats):
+        with around():
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            elapsed = time.perf_counter() - start
+        yield elapsed / calls

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from ..models import get_model_spec
 from ..optim import make_optimizer
 from ..planners import plan
 from ..profile.estimate import chain_for
+from ..profile.measure import step_times, train_step
 from ..runtime import Executor
 from ..schedule import keep_all, simulate
 from ..stages import training_stages
@@ -122,16 +122,6 @@ def largest_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 1 <<
     return low
 
 
-def _time_steps(step: Callable[[], None], reps: int) -> float:
-    step()  # warm-up: allocator, optimizer state
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _throughputs(model_name: str, batch: int, image: int, budget_bytes: int | None, reps: int,
                  runs: int) -> tuple[float, ...]:
     """Samples per second of ``runs`` separate runs, each with its own model and warm-up."""
@@ -147,9 +137,7 @@ def _throughput(model_name: str, batch: int, image: int, budget_bytes: int | Non
     opt = make_optimizer("sgd", model.parameters())
     if budget_bytes is None:
         def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+            train_step(model, x, y, opt)
     else:
         chain = chain_for(model_name, batch, image)
         executor = Executor(training_stages(model), plan(chain, memory=budget_bytes).schedule, chain)
@@ -158,7 +146,7 @@ def _throughput(model_name: str, batch: int, image: int, budget_bytes: int | Non
             opt.zero_grad(set_to_none=True)
             executor.step(x, y)
             opt.step()
-    return batch / _time_steps(step, reps)
+    return batch / statistics.median(step_times(step, reps))
 
 
 def sweep_batches(model: str, image: int, budget_bytes: int, *, batches: tuple[int, ...] = (),

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from ..errors import PagingError
+from ..fileio import read_exactly
 from ..schedule import Op, OpMemory, PageIn, PageInRecord, PageOut, PageOutRecord
 from ..sysutil.processes import pid_running
 
@@ -108,7 +109,7 @@ def _paths(directory: Path, key: PageKey, parts: int) -> tuple[list[Path], str]:
     return [directory / f"r{key.stage}.{n}.page" for n in range(parts)], str(directory / f"r{key.stage}.*.page")
 
 
-# --- raw file I/O (module functions: tests replace them to simulate a full or failing disk) --------
+# --- raw file writes (a module function: tests replace it to simulate a full or failing disk) -------
 
 def _write_bytes(path: Path, data: memoryview) -> None:
     """Write ``data`` to a new file at ``path``, looping over short writes."""
@@ -116,19 +117,6 @@ def _write_bytes(path: Path, data: memoryview) -> None:
         done = 0
         while done < len(data):
             done += f.write(data[done:])
-
-
-def _read_bytes(path: Path, into: memoryview) -> None:
-    """Fill ``into`` from the file at ``path``; a file of another size is an error."""
-    with open(path, "rb", buffering=0) as f:
-        done = 0
-        while done < len(into):
-            n = f.readinto(into[done:])
-            if not n:
-                raise OSError(errno.EIO, f"page file is {done} bytes, expected {len(into)}")
-            done += n
-        if f.read(1):
-            raise OSError(errno.EIO, f"page file is longer than the expected {len(into)} bytes")
 
 
 def _byte_view(storage_holder: torch.Tensor) -> torch.Tensor:
@@ -466,7 +454,7 @@ def _read_job(paths: Sequence[Path], arrays: Sequence[Any]) -> float:
     """The reader's job: each file into the bytes taken for it, then the file is deleted."""
     start = time.perf_counter()
     for path, array in zip(paths, arrays, strict=True):
-        _read_bytes(path, memoryview(array).cast("B"))
+        read_exactly(path, memoryview(array).cast("B"))
         path.unlink()
     return time.perf_counter() - start
 
