@@ -19,7 +19,7 @@ import typer.main
 from PIL import Image
 
 from edgetrain.cli import app
-from edgetrain.cli_common import click_exceptions, click_types, refuse_non_finite
+from edgetrain.cli.common import click_exceptions, click_types, refuse_non_finite
 from edgetrain.devices.catalog import DEVICES_ENV
 from tests.test_cli import run
 

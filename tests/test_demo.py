@@ -101,7 +101,7 @@ def test_too_few_samples_for_a_batch_are_refused_before_any_work(tmp_path: Path)
 def test_the_command_line_defaults_are_the_library_s() -> None:
     import inspect
 
-    from edgetrain.cli import demo as command
+    from edgetrain.cli.train import demo as command
 
     options = inspect.signature(command).parameters
     defaults = demo.DemoSettings()

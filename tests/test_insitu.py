@@ -1161,7 +1161,7 @@ def test_the_simulate_commands_defaults_are_the_simulation_configs() -> None:
     """`insitu simulate` states its defaults in --help; each must be the library's, or the two would drift."""
     import typer
 
-    from edgetrain.cli_insitu import insitu_app
+    from edgetrain.cli.insitu import insitu_app
     from edgetrain.insitu.simulate import SimulateConfig
     from edgetrain.units import parse_bytes
 

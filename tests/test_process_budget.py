@@ -122,6 +122,36 @@ def test_a_run_at_budget_m_completes_in_a_cgroup_of_m_with_the_unconstrained_los
     assert hog.returncode == -9, "the cgroup's limit must kill a process that exceeds it"
 
 
+def _least_process_bytes(*args: str) -> int:
+    """The least process budget of a run, from the refusal of an impossible one."""
+    refused = run_in(None, *args, "--memory", "1MiB")
+    assert refused.returncode == 2, refused.stderr
+    return int(re.search(r"= [0-9.]+ \wiB \((\d+) bytes\)$", refused.stderr.strip()).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_auto_under_budget_m_completes_in_a_cgroup_of_m_and_trains_the_scheme_it_picked(tmp_path: Path) -> None:
+    common = ["train", "--model", "mobilenet_v2", "--image", "64", "--batch", "16", "--samples", "64", "--epochs", "1",
+              "--save-every", "100"]
+    least_auto = _least_process_bytes(*common, "--update", "auto", "--run-dir", str(tmp_path / "probe-auto"))
+    least_all = _least_process_bytes(*common, "--run-dir", str(tmp_path / "probe-all"))
+    # a budget that full fine-tuning cannot meet, so that auto must pick among the schemes that freeze some stages
+    budget = (least_auto + 8 * 2**20) // 4096 * 4096 + 4096
+    assert budget < least_all
+    with memory_cgroup(budget) as cgroup:
+        bounded = run_in(cgroup, *common, "--update", "auto", "--memory", str(budget), "--run-dir",
+                         str(tmp_path / "bounded"))
+    assert bounded.returncode == 0, bounded.stderr
+    summary = json.loads((tmp_path / "bounded" / "summary.json").read_text())
+    assert summary["update"] not in ("auto", "all")
+    assert summary["update_choice"].startswith(f"--update auto: {summary['update']} ")
+    assert summary["runtime_baseline_bytes"] < summary["process_peak_bytes"] <= budget
+    # the run trained its pick: the same scheme given by name takes the same steps
+    fixed = run_in(None, *common, "--update", summary["update"], "--run-dir", str(tmp_path / "fixed"))
+    assert fixed.returncode == 0, fixed.stderr
+    assert step_losses(tmp_path / "bounded") == step_losses(tmp_path / "fixed")
+
+
 def _high_water_mark_kib() -> int:
     status = Path("/proc/self/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     faulthandler.enable(sys.stderr, all_threads=True)  # a native crash's stacks, into the node's log
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one-line errors (see cli_cluster._config)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # one-line errors (see _quiet_c10d in cli/cluster.py)
     from ..errors import EdgetrainError
     from .group import ClusterEnv
     from .node import train_node

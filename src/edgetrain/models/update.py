@@ -8,8 +8,12 @@ Training Under 256KB Memory", NeurIPS 2022). A scheme names the parameters that 
 * ``all``: every parameter;
 * ``bias``: biases and the affine parameters of normalisation layers;
 * ``last:K``: every parameter of the model's last ``K`` stages (the loss is not a stage here);
+* ``auto``: one of the above, chosen by probes on the training data (NOTE [ Contribution analysis ] in
+  ``models/contribution.py``), resolved before anything is frozen;
 * a comma-separated list of patterns (``layer4,fc``, ``features.1[0-8].*``): the parameters whose
-  name (as ``model.named_parameters()`` gives it) matches one, or lies in a module that matches one.
+  name (as ``model.named_parameters()`` gives it) matches one, or lies in a module that matches one;
+  ``bias`` among them stands for the ``bias`` set, so ``bias,classifier`` is TinyTL's bias-only update
+  with a new head that trains whole.
 
 The rest get ``requires_grad = False``, and every part of edgetrain reads the flags, so a model the
 user froze by hand is planned and trained the same way: autograd saves nothing for a gradient no one
@@ -29,9 +33,10 @@ from torch import nn
 
 from ..errors import EdgetrainError
 
-__all__ = ["UpdateScheme", "UpdateSchemeError", "parse_update", "apply_update", "NORM_TYPES", "ALL"]
+__all__ = ["UpdateScheme", "UpdateSchemeError", "parse_update", "apply_update", "NORM_TYPES", "ALL", "AUTO"]
 
 ALL = "all"
+AUTO = "auto"   # chosen from the training data (NOTE [ Contribution analysis ] in ``models/contribution.py``)
 NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
@@ -43,7 +48,7 @@ class UpdateSchemeError(EdgetrainError, ValueError):
 class UpdateScheme:
     """A parsed scheme (NOTE [ Update schemes ]); ``text`` is its canonical spelling, as plan files record it."""
 
-    kind: str                       # "all", "bias", "last" or "patterns"
+    kind: str                       # "all", "bias", "last", "patterns" or "auto"
     last: int = 0                   # K of last:K
     patterns: tuple[str, ...] = ()
 
@@ -63,7 +68,7 @@ def parse_update(text: str) -> UpdateScheme:
         UpdateSchemeError: an empty scheme, ``last:K`` with ``K`` not a whole number >= 1, an empty pattern.
     """
     spelled = text.strip()
-    if spelled in (ALL, "bias"):
+    if spelled in (ALL, "bias", AUTO):
         return UpdateScheme(spelled)
     if spelled.startswith("last:"):
         count = spelled[len("last:"):]
@@ -86,6 +91,9 @@ def apply_update(model: nn.Module, scheme: UpdateScheme | str, stages: list[nn.M
             ``last:K`` beyond the model's stages, or a scheme under which no parameter trains.
     """
     chosen = parse_update(scheme) if isinstance(scheme, str) else scheme
+    if chosen.kind == AUTO:
+        raise UpdateSchemeError("--update auto chooses from the training data: only `edgetrain train` takes it; "
+                                "give all, bias, last:K or patterns here")
     named = dict(model.named_parameters())
     trained = _trained_ids(model, chosen, named, stages)
     for param in named.values():
@@ -106,6 +114,9 @@ def _trained_ids(model: nn.Module, scheme: UpdateScheme, named: dict[str, nn.Par
         return _last_stages(model, scheme.last, stages)
     trained: set[int] = set()
     for pattern in scheme.patterns:
+        if pattern == "bias":
+            trained |= {id(p) for p in _bias_and_norm(model)}
+            continue
         matched = {id(p) for name, p in named.items()
                    if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"{pattern}.*")}
         if not matched:

@@ -187,8 +187,10 @@ class TrainConfig:
         meta device (no memory, no time)."""
         import torch
 
-        from ..models.update import apply_update
+        from ..models.update import AUTO, apply_update, parse_update
 
+        if parse_update(self.update).kind == AUTO:   # chosen from the data when the run opens it
+            return
         with torch.device("meta"):
             net = spec.build(spec.default_num_classes)
         apply_update(net, self.update)

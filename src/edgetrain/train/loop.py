@@ -44,6 +44,7 @@ from ..schedule import Schedule, keep_all, simulate, validate
 from ..stages import training_stages
 from ..sysutil.processes import worker_dies_with_parent
 from ..units import format_bytes
+from .auto_update import resolve_update
 from .budget import FIRST_STEP_BYTES, ProcessBudget, measure_runtime_baseline, split_process_budget
 from .config import TrainConfig
 from .rundir import (
@@ -106,6 +107,8 @@ class TrainSummary:
     # the plan's peak as the tracker counts a step (measured_peak_bytes): without the kernels' scratch, which only the
     # allocator's records see (NOTE [ A kernel's scratch in the plan ] in chain.py); None in summaries from before it
     predicted_tracked_peak_bytes: int | None = None
+    update: str | None = None          # the scheme that trained: ``auto``'s pick, or the one given
+    update_choice: str | None = None   # why ``auto`` picked it (``AutoChoice.explain`` in models/contribution.py)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TrainSummary:
@@ -126,6 +129,7 @@ class Opening:
     replaces: bool = False  # --overwrite: the run there is removed at the first write, not before the checks
     schedule: Schedule | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    update: str | None = None   # the scheme a resumed ``--update auto`` run chose at its start
 
 
 def train(config: TrainConfig, progress: ProgressFn | None = None) -> TrainSummary:
@@ -188,16 +192,19 @@ def _resumed(run: RunDirectory, config: TrainConfig, saved: RunIdentity, state: 
     """Resume from ``state``; a changed request keeps the saved plan only if that plan meets it."""
     changes = config.identity().request_changes(saved)
     figures = run.saved_plan()
+    chosen = None if figures is None else figures.get("update")
     if not changes or figures is None:
-        return Opening(state=state, schedule=state.schedule)
+        return Opening(state=state, schedule=state.schedule, update=chosen)
     unmet = _unmet(figures, config.identity().request)
     record = {"step": state.step, "epoch": state.epoch, "changes": changes}
     if not unmet:
-        return Opening(state=state, schedule=state.schedule, events=[{**record, "event": "request_changed"}])
+        return Opening(state=state, schedule=state.schedule, events=[{**record, "event": "request_changed"}],
+                       update=chosen)
     if not config.replan:
         raise RunMismatchError(f"--resume: the request changed ({'; '.join(changes)}) and the run's plan does not "
                                f"meet it ({'; '.join(unmet)}); resume with the run's settings, or pass --replan")
-    return Opening(state=state, schedule=None, events=[{**record, "event": "replanned", "unmet": unmet}])
+    return Opening(state=state, schedule=None, events=[{**record, "event": "replanned", "unmet": unmet}],
+                   update=chosen)
 
 
 def _unmet(figures: dict[str, Any], request: dict[str, Any]) -> list[str]:
@@ -231,9 +238,10 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
 
+    scheme, update_choice = resolve_update(spec, num_classes, train_set, config, opening.update)
     torch.manual_seed(config.seed)
     model = spec.build(num_classes)
-    apply_update(model, config.update)   # before the stages: a frozen start folds into the first stage that trains
+    apply_update(model, scheme)   # before the stages: a frozen start folds into the first stage that trains
     stages = training_stages(model)
     sampler = ResumableSampler(len(train_set), config.seed)
 
@@ -268,7 +276,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     # of the process's memory (MobileNetV2 at batch 32, 48 px), which a process budget would pay
     predicted_tracked = simulate(chain.without_scratch(), chosen.schedule).peak_bytes
     write_json(run.file(PLAN_FILE), {"schedule": chosen.schedule.to_dict(), **chosen.to_dict()})
-    run.record(identity, _plan_figures(chosen, baseline))
+    run.record(identity, {**_plan_figures(chosen, baseline), "update": scheme})
     predicted_process = ProcessBudget(0, baseline).predicted_process_bytes(chosen.predicted_peak_bytes)
     log.info("plan: %s, predicted tensor peak %d bytes, process %d bytes, recompute factor %.3f", chosen.strategy,
              chosen.predicted_peak_bytes, predicted_process, chosen.recompute_factor)
@@ -332,7 +340,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
         resumed_from_step=None if resumed_at is None else resumed_at[0],
         skipped_samples=train_set.corrupt_count + val_set.corrupt_count,
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        predicted_tracked_peak_bytes=predicted_tracked)
+        predicted_tracked_peak_bytes=predicted_tracked, update=scheme, update_choice=update_choice)
     write_json(run.file(SUMMARY_FILE), asdict(summary))
     return summary
 

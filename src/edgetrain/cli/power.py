@@ -1,8 +1,7 @@
-"""``edgetrain power`` (modes, run, restore, advise) and ``bench counters`` / ``bench profile``.
+"""``edgetrain power``: list a board's modes, run a command under one, restore a mode a killed run left changed,
+advise one for a workload.
 
-``power_app`` is registered on the main app by one line in :mod:`edgetrain.cli`, and
-:func:`register_bench` hangs the two bench commands on its ``bench`` group, so this module never
-imports :mod:`edgetrain.cli`. The library is imported inside each command.
+The main app registers ``power_app`` in :mod:`edgetrain.cli`; the library is imported inside each command.
 """
 
 from __future__ import annotations
@@ -12,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from .cli_common import clean_errors, console
-from .fileio import to_json
-from .sysutil.processes import dies_with_this_process
+from ..fileio import to_json
+from ..sysutil.processes import dies_with_this_process
+from .common import clean_errors, console
+
+__all__ = ["power_app"]
 
 power_app = typer.Typer(help="Power modes: list a board's modes, run a command under one, restore a mode a "
                                "crashed run left changed, advise one for a workload.", no_args_is_help=True)
@@ -29,7 +29,7 @@ def power_group(ctx: typer.Context) -> None:
     """Every power command first puts back a mode that a killed run left changed (NOTE [ A mode is always
     restored ]); ``power restore`` does it itself, to say what it did."""
     if ctx.invoked_subcommand != "restore":
-        from .power.control import recover_pending
+        from ..power.control import recover_pending
 
         recover_pending()
 
@@ -55,7 +55,7 @@ def modes_command(device: str | None = typer.Option(None, "--device", "-d", help
                                                        "jetson-nano); default: this board's /etc/nvpmodel.conf."),
                   as_json: bool = typer.Option(False, "--json", help="Print JSON (with each mode's source).")) -> None:
     """The power modes of a catalog Jetson (sourced figures), or of this board (its nvpmodel.conf and sysfs)."""
-    from .power.modes import modes_for_device, nvpmodel_conf_path, parse_nvpmodel_conf, read_cpu_state
+    from ..power.modes import modes_for_device, nvpmodel_conf_path, parse_nvpmodel_conf, read_cpu_state
 
     if device is not None:
         modes = modes_for_device(device)
@@ -94,8 +94,8 @@ def run_command(ctx: typer.Context,
                 cpu_mhz: float | None = typer.Option(None, "--cpu-mhz", min=1, help="cpufreq max clock, MHz.")
                 ) -> None:
     """Run a command (after --) under a power mode, then restore the board's mode, whatever happens."""
-    from .errors import EdgetrainError
-    from .power.control import ModeRequest, applied_mode
+    from ..errors import EdgetrainError
+    from ..power.control import ModeRequest, applied_mode
 
     request = ModeRequest(mode, cores, governor, None if cpu_mhz is None else cpu_mhz * 1e6)
     if request.is_empty() or not ctx.args:
@@ -113,7 +113,7 @@ def run_command(ctx: typer.Context,
 @clean_errors
 def restore_command() -> None:
     """Put back a mode a crashed run left changed (normally done at the start of every power command)."""
-    from .power.control import default_restore_file, recover_pending
+    from ..power.control import default_restore_file, recover_pending
 
     console.print("restored the board's previous mode" if recover_pending()
                   else f"nothing to restore ({default_restore_file()} does not exist)")
@@ -140,7 +140,7 @@ def advise_command(
                                                       "monitor as `bench device` takes it; repeat to sum rails."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The mode of least energy per epoch that meets the deadline and the power cap, from <= 6 profiled modes."""
-    from .power.advice import advise_device
+    from ..power.advice import advise_device
 
     report = advise_device(device, model, batch, samples, deadline_s=deadline, power_cap_w=power_cap,
                            profiles_file=profiles, simulate_seed=simulate_seed,
@@ -158,103 +158,3 @@ def advise_command(
                   + ("; at risk: it meets the constraints only without the safety margin, or not at all"
                      if advice["at_risk"] else ""), highlight=False, markup=False)
 
-
-def _cell(value: Any, fmt: str) -> str:
-    if isinstance(value, str):
-        return "n/a"  # the reason is printed once below the table
-    return "-" if value is None else fmt.format(value)
-
-
-def _counter_value(figures: dict[str, Any], label: str) -> Any:
-    value = figures["counters"].get(label)
-    return value["scaled"] if isinstance(value, dict) else value
-
-
-def _print_counters(report: dict[str, Any]) -> None:
-    rows = [*report["phases"].items(), ("step", report["step"])]
-    pmus = sorted(report["step"]["metrics"]) or [""]
-    table = Table(title=f"{report['model']}, batch {report['batch']}, {report['size']} px: sums over "
-                        f"{report['steps']} steps" + (f"; PMUs {', '.join(pmus)}" if pmus != [""] else ""))
-    for header in ("phase", "s", "task-clock ms", "page faults", "ctx switches", *(
-            f"{pmu + ' ' if pmu else ''}{name}" for pmu in pmus for name in ("instructions", "cycles", "IPC",
-                                                                            "L1D miss", "branch miss"))):
-        table.add_column(header, justify="left" if header == "phase" else "right")
-    for phase, figures in rows:
-        task_ns = _counter_value(figures, "task-clock")
-        cells = [phase, f"{figures['seconds']:.3f}", _cell(task_ns / 1e6 if isinstance(task_ns, float) else task_ns,
-                                                         "{:.1f}"),
-                 _cell(_counter_value(figures, "page-faults"), "{:.0f}"),
-                 _cell(_counter_value(figures, "context-switches"), "{:.0f}")]
-        for pmu in pmus:
-            prefix = f"{pmu}/" if pmu else ""
-            suffix = "/" if pmu else ""
-            metrics = figures["metrics"].get(pmu, {})
-            cells += [_cell(_counter_value(figures, f"{prefix}instructions{suffix}"), "{:.3g}"),
-                      _cell(_counter_value(figures, f"{prefix}cycles{suffix}"), "{:.3g}"),
-                      _cell(metrics.get("ipc"), "{:.2f}"), _cell(metrics.get("l1d_miss_ratio"), "{:.2%}"),
-                      _cell(metrics.get("branch_miss_ratio"), "{:.2%}")]
-        table.add_row(*cells)
-    Console(width=max(console.width, 170)).print(table)
-    for label, why in report["unavailable"].items():
-        console.print(f"{label}: {why}", markup=False, highlight=False)
-    overhead = report["overhead"]
-    counted, plain = overhead["counted_step_spread_s"], overhead["plain_step_spread_s"]
-    console.print(f"overhead of reading the counters at every phase boundary: step {counted['median']:.4g} s "
-                  f"(IQR {counted['iqr']:.3g} s) vs {plain['median']:.4g} s (IQR {plain['iqr']:.3g} s) without "
-                  f"({100 * (overhead['ratio'] - 1):+.1f}%; medians of {plain['n']} steps each)")
-
-
-def register_bench(bench_app: typer.Typer) -> None:
-    """Hang ``bench counters`` and ``bench profile`` on the main app's ``bench`` group (called once by cli.py)."""
-
-    @bench_app.command("counters")
-    @clean_errors
-    def bench_counters(model: str = typer.Option("resnet18_cifar", "--model", "-m", help="Model to train."),
-                       batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size."),
-                       image: int = typer.Option(32, "--image", "--size", min=1, help="Image side (sequence length)."),
-                       steps: int = typer.Option(3, "--steps", min=1, help="Timed steps (sums over them)."),
-                       as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-        """Hardware and software counters per training phase (data, forward, backward, optimizer) and per step."""
-        from .hwcounters.phases import count_phases
-        from .models import check_input, get_model_spec
-
-        check_input(get_model_spec(model), batch, image)
-        report = count_phases(model, batch, image, steps)
-        if as_json:
-            typer.echo(to_json(report))
-        else:
-            _print_counters(report)
-
-    @bench_app.command("profile")
-    @clean_errors
-    def bench_profile(device: str | None = typer.Option(None, "--device", "-d", help="Name of this board in the "
-                                                        "report (default: the hostname)."),
-                      runs: int = typer.Option(5, "--runs", min=2, help="Timed runs per workload."),
-                      out: Path = typer.Option(Path("out/profile"), "--out", "-o", help="Output directory."),
-                      as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
-        """The fixed, versioned training workloads, repeated: median, IQR and CoV per workload, and the setup."""
-        from .benchprofile import run_profile
-        from .fileio import write_json
-
-        report = run_profile(device, runs)
-        out.mkdir(parents=True, exist_ok=True)
-        path = write_json(out / f"{report['device']}.json", report)
-        if as_json:
-            typer.echo(to_json(report))
-            return
-        table = Table(title=f"edgetrain training profile v{report['version']} on {report['device']} "
-                            f"({report['runs']} runs)")
-        for header in ("workload", "batch", "size", "s/step median", "IQR", "CoV", "samples/s"):
-            table.add_column(header, justify="left" if header == "workload" else "right")
-        for row in report["workloads"]:
-            stats = row["s_per_step"]
-            table.add_row(row["name"], str(row["batch"]), str(row["size"]), f"{stats['median']:.4f}",
-                          f"{stats['iqr']:.4f}", f"{stats['cov_pct']:.1f}%", f"{row['samples_per_s']:.1f}")
-        console.print(table)
-        setup = report["setup"]
-        console.print(f"torch {setup['torch']}, Python {setup['python']}, kernel {setup['kernel']}, {setup['cpu']}, "
-                      f"{setup['torch_threads']} threads, governor {setup['governor']}, {setup['power_mode']}; "
-                      f"wrote {path}", markup=False, highlight=False)
-
-
-__all__ = ["power_app", "register_bench"]

@@ -1,7 +1,7 @@
 """``edgetrain insitu``: the in-situ student-teacher pipeline of the founding paper's section III.
 
-Registered on the main app by one line in :mod:`edgetrain.cli`; the library is imported inside
-each command, so ``edgetrain --help`` does not pay for PyTorch.
+The main app registers ``insitu_app`` in :mod:`edgetrain.cli`; the library is imported inside each
+command, so ``edgetrain --help`` does not pay for PyTorch.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from .cli_common import clean_errors, console, finite
-from .fileio import to_json
+from ..fileio import to_json
+from .common import clean_errors, console, finite
+
+__all__ = ["insitu_app"]
 
 insitu_app = typer.Typer(help="In-situ student-teacher training on a camera node: render a world, simulate "
                                 "the pipeline, run the service, plot its report.", no_args_is_help=True)
@@ -34,16 +36,16 @@ def world_command(out: Path = typer.Option(Path("out/insitu/world"), "--out", "-
                       "(H.264); needs the `video` extra.")
                   ) -> None:
     """Render a clip of the camera world: frame_NNNNN.png and truth.json (ground truth, for evaluation only)."""
-    from .insitu.world import EYE_LEVEL, FRAME_RATE_HZ, node_camera, render_video, write_video
+    from ..insitu.world import EYE_LEVEL, FRAME_RATE_HZ, node_camera, render_video, write_video
 
     video = render_video(EYE_LEVEL[0] if camera == "eye" else node_camera(camera), frames, seed)
     if video_file is not None:  # first: a container it cannot write is refused before anything is written
-        from .insitu.video import write_frames
+        from ..insitu.video import write_frames
 
         write_frames(video.frames, video_file, FRAME_RATE_HZ)
     write_video(video, out)
     if sheet:
-        from .insitu.sheet import contact_sheet
+        from ..insitu.sheet import contact_sheet
 
         contact_sheet(seed, out / "sheet.png")
     console.print(f"{frames} frames, {len(video.truth)} object records, {len({t.track_id for t in video.truth})} "
@@ -132,9 +134,9 @@ def simulate_command(
     """Render the world, run the pipeline on the node's camera, train teacher/student/oracle, score them."""
     import shutil
 
-    from .insitu.gate import GateConfig
-    from .insitu.simulate import QUICK, SimulateConfig, simulate
-    from .units import parse_bytes
+    from ..insitu.gate import GateConfig
+    from ..insitu.simulate import QUICK, SimulateConfig, simulate
+    from ..units import parse_bytes
 
     overrides: dict[str, Any] = {"replay_crops": replay_crops, "student_epochs": student_epochs,
                                  **(QUICK if quick else {})}
@@ -205,11 +207,11 @@ def run_command(
         quick: bool = typer.Option(False, "--quick", help="A small teacher (a smoke test).")) -> None:
     """The node's service: detect, track, label and store in this process; the student trains beside it at low
     priority and is promoted when it wins. Status: JSON lines on stdout and in STORE/status.jsonl."""
-    from .insitu.service import run_service
-    from .insitu.service_config import ServiceConfig
-    from .insitu.simulate import QUICK
-    from .insitu.teacher import TeacherConfig
-    from .units import parse_bytes
+    from ..insitu.service import run_service
+    from ..insitu.service_config import ServiceConfig
+    from ..insitu.simulate import QUICK
+    from ..insitu.teacher import TeacherConfig
+    from ..units import parse_bytes
 
     if (memory is None) == (device is None):
         raise ValueError("give exactly one of --memory or --device")
@@ -230,7 +232,7 @@ def run_command(
 def report_command(status: Path = typer.Argument(..., help="A service's store directory or its status.jsonl."),
                    out: Path = typer.Option(Path("insitu.png"), "--out", "-o", help="The plot (PNG).")) -> None:
     """Plot teacher vs student accuracy over time (held-out stored frames) from a service's status lines."""
-    from .reports.insitu import plot_status, read_status
+    from ..reports.insitu import plot_status, read_status
 
     last = plot_status(read_status(status), out)
     console.print(f"{last['rounds']} student rounds, last at step {last['step']}: student "
@@ -239,7 +241,7 @@ def report_command(status: Path = typer.Argument(..., help="A service's store di
 
 
 def _usable_memory_of(device: str) -> int:
-    from .devices import get_device
+    from ..devices import get_device
 
     target = get_device(device)
     capacity = target.usable_memory_bytes if target.usable_memory_bytes is not None else target.memory_bytes

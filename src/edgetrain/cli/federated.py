@@ -1,7 +1,7 @@
 """``edgetrain cluster federated``: FedAvg across camera nodes on Flower, each node training under its budget.
 
-Registered on ``edgetrain cluster`` by :func:`register_federated`; the library, Flower and torch are
-imported inside the command.
+The main app registers it on ``edgetrain cluster`` in :mod:`edgetrain.cli`; the library, Flower and torch
+are imported inside the command.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import typer
 
-from .cli_common import clean_errors, console
-from .units import format_bytes
+from ..units import format_bytes
+from .common import clean_errors, console
 
-__all__ = ["register_federated"]
+__all__ = ["federated_command"]
 
 
 def _progress(rounds: int) -> Callable[[dict[str, Any]], None]:
@@ -31,6 +31,7 @@ def _progress(rounds: int) -> Callable[[dict[str, Any]], None]:
     return report
 
 
+@clean_errors
 def federated_command(
         nodes: int = typer.Option(2, "--nodes", "-n", min=1, help="Node processes to start."),
         rounds: int = typer.Option(3, "--rounds", min=1, help="FedAvg rounds in all (a resumed run goes on to it)."),
@@ -58,9 +59,9 @@ def federated_command(
         resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --run-dir.")) -> None:
     """Federated training on this machine: a Flower server and --nodes client processes; only weights travel."""
-    from .distributed.federated import FederatedConfig
-    from .distributed.federated_local import run_local
-    from .distributed.local import free_port
+    from ..distributed.federated import FederatedConfig
+    from ..distributed.federated_local import run_local
+    from ..distributed.local import free_port
 
     config = FederatedConfig(run_dir=str(run_dir), nodes=nodes, rounds=rounds, local_steps=local_steps, batch=batch,
                              lr=lr, optimizer=optimizer, seed=seed, model=model, samples=samples, image=image,
@@ -72,7 +73,3 @@ def federated_command(
     console.print(f"{rounds} rounds on {nodes} nodes{resumed} in {summary['wall_time_s']:.1f} s; metrics: "
                   f"{run_dir / 'metrics.jsonl'}, logs: {run_dir / 'logs'}")
 
-
-def register_federated(cluster_app: typer.Typer) -> None:
-    """Add ``federated`` to ``edgetrain cluster``."""
-    cluster_app.command("federated")(clean_errors(federated_command))

@@ -1,4 +1,5 @@
-"""What every ``edgetrain`` command module shares: the consoles and the one-line error handling.
+"""What every ``edgetrain`` command module shares: the consoles, the one-line error handling, the progress bar,
+the options of a training step and the device look-ups several commands make.
 
 Every failure is one line on stderr, never a traceback: library errors
 (:class:`~edgetrain.errors.EdgetrainError`, bad quantities, files that cannot be written) exit
@@ -17,21 +18,24 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from .errors import EdgetrainError
+from ..errors import EdgetrainError
 
-__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions", "finite", "refuse_non_finite"]
+__all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions", "click_types", "finite",
+           "refuse_non_finite", "ModelOpt", "BatchOpt", "SizeOpt", "DeviceOpt", "OptimizerOpt", "UpdateOpt",
+           "with_progress", "memory_of", "host_for"]
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 # typer >= 0.2x carries its own click (typer._click); an older one, such as the typer < 0.21 that Flower
 # (the `federated` extra) pins, runs on click itself.
 _CLICK = "typer._click" if importlib.util.find_spec("typer._click") else "click"
 click_exceptions: Any = importlib.import_module(f"{_CLICK}.exceptions")
 click_types: Any = importlib.import_module(f"{_CLICK}.types")
-click_core: Any = importlib.import_module(f"{_CLICK}.core")
 log = logging.getLogger("edgetrain.cli")
 
 
@@ -67,7 +71,7 @@ def clean_errors(command: F) -> F:
 
 
 def finite(option: str, least: float | None = None, *,
-            above: float | None = None) -> Callable[[float | None], float | None]:
+           above: float | None = None) -> Callable[[float | None], float | None]:
     """A typer callback refusing NaN, infinities, values below ``least`` and values not above ``above``."""
 
     def check(value: float | None) -> float | None:
@@ -114,3 +118,45 @@ def refuse_non_finite(command: Any) -> Any:
     for sub in getattr(command, "commands", {}).values():
         refuse_non_finite(sub)
     return command
+
+
+# The training step that memory, plan, train and bench batch describe: the same flags and help in each.
+ModelOpt = typer.Option(..., "--model", "-m", help="Model name, e.g. resnet50, mobilenet_v2, transformer.")
+BatchOpt = typer.Option(..., "--batch", "-b", min=1, help="Batch size.")
+SizeOpt = typer.Option(224, "--image", "--size", "--seq-len", min=1,
+                       help="Image side in pixels (sequence length for transformer models).")
+DeviceOpt = typer.Option(None, "--device", "-d", help="Device from `edgetrain devices`, e.g. odroid-xu4.")
+OptimizerOpt = typer.Option("sgd", "--optimizer", help="sgd (with momentum) or adam.")
+UpdateOpt = typer.Option("all", "--update", help="The parameters that train: all, bias (biases and norm layers), "
+                         "last:K (the last K stages), comma-separated parameter patterns (layer4,fc; bias,fc adds "
+                         "the biases) or, for train, auto (chosen by probes on the data); the rest is frozen, and "
+                         "a frozen start runs once without recording.")
+
+
+def with_progress(description: str, work: Callable[[Callable[[int, int], None]], T]) -> T:
+    """Run ``work(progress)`` under a progress bar on stderr; ``progress(done, total)`` advances it."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(description, total=None)
+        return work(lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def memory_of(device: str) -> int:
+    """Memory of a catalog device, for commands that need it as a budget."""
+    from ..devices import get_device
+
+    memory_bytes = get_device(device).memory_bytes
+    if memory_bytes is None:
+        raise EdgetrainError(f"device {device!r} has no known memory size")
+    return memory_bytes
+
+
+def host_for(target: Any) -> Any:
+    """This machine's calibration when ``target``'s training rate needs it (NOTE [ One time model ]), else None."""
+    from ..timemodel import needs_calibration
+
+    if target is None or not needs_calibration(target):
+        return None
+    from ..devices.rate import host_calibration
+
+    return with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: host_calibration())
