@@ -1,7 +1,7 @@
 """Data-parallel training across emulated edge nodes: scaling, periodic averaging for slow links, failures survived.
 
 Tables from ``edgetrain cluster local`` runs on this machine; every time they print is the
-median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.benchstats.spread`):
+median over ``--repeats`` runs with its IQR and CoV (:func:`edgetrain.bench.stats.spread`):
 
 * **link**: what an emulated link delivers between two nodes: one-byte TCP round trips (spread over
   every ping of every probe) and bulk TCP throughput (spread over the probes), the switch's counters.
@@ -74,13 +74,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from edgetrain.benchstats import Spread, equivalence, rerun_command, spread
+from edgetrain.bench.stats import Spread, equivalence, rerun_command, spread
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.netns import PRESETS, LinkPreset, NetworkEmulation, can_emulate
 from edgetrain.distributed.node import NodeSpec
-from edgetrain.fileio import read_jsonl
 from edgetrain.models import get_model_spec
+from edgetrain.sysutil.fileio import read_jsonl
 from edgetrain.train import TrainConfig
 
 log = logging.getLogger("cluster")
@@ -118,7 +118,7 @@ def _keep_logs(run_dir: Path, kept: Path) -> Path:
 
 
 def _spread(values: list[float | None]) -> dict[str, Any] | None:
-    """:func:`edgetrain.benchstats.spread` of the values that are not None, as a dict; None when none are."""
+    """:func:`edgetrain.bench.stats.spread` of the values that are not None, as a dict; None when none are."""
     kept = [v for v in values if v is not None]
     return spread(kept).to_dict() if kept else None
 
@@ -366,7 +366,7 @@ def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list
 
 def _final_versus_single(runs: list[dict[str, Any]], single: list[dict[str, Any]], margin: float) -> dict[str, Any]:
     """Seed by seed, a mode's final loss (the last ``--ttt-window`` steps' mean) over the single node's minus 1,
-    and whether they are within ±``margin`` (:func:`~edgetrain.benchstats.equivalence`)."""
+    and whether they are within ±``margin`` (:func:`~edgetrain.bench.stats.equivalence`)."""
     differences = [run["final_loss"] / reference["final_loss"] - 1 for run, reference in zip(runs, single, strict=True)]
     return {**equivalence(differences, margin), "differences": differences}
 
@@ -614,11 +614,11 @@ def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from edgetrain.core.schedule import keep_all
+    from edgetrain.core.stages import training_stages
     from edgetrain.distributed.compress import PowerSGD
     from edgetrain.distributed.step import cluster_step
     from edgetrain.runtime import Executor
-    from edgetrain.schedule import keep_all
-    from edgetrain.stages import training_stages
 
     torch.set_num_threads(1)
     crashes = []
@@ -721,8 +721,8 @@ def state_saves(args: argparse.Namespace, scratch: Path, cpus: float) -> list[di
     SGD momentum (``StateStore.save(TrainingState.capture(...))``, as a node saves), one torch thread."""
     import torch
 
+    from edgetrain.core.optim import make_optimizer
     from edgetrain.models.registry import get_model_spec
-    from edgetrain.optim import make_optimizer
     from edgetrain.train.state import StateStore, TrainingState
 
     torch.set_num_threads(1)

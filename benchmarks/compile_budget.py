@@ -150,15 +150,15 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     times: edgetrain's tensor accounting leaves out scratch memory inside a kernel (a convolution's
     unfolded columns) that the allocator's records include, and the comparison is on the records.
     """
+    from edgetrain.core.optim import make_optimizer
+    from edgetrain.core.stages import compiled_stages, training_stages
     from edgetrain.models import stages_of
     from edgetrain.models.segmented import SegmentedStage, segmented_stages
-    from edgetrain.optim import make_optimizer
     from edgetrain.planners.blocks import least_block_bytes
     from edgetrain.profile import profile
     from edgetrain.runtime import Checkpointed, three_budgets
     from edgetrain.runtime.compiled import measured_step_peak_bytes
     from edgetrain.runtime.step_in_backward import shared_gradient_bytes
-    from edgetrain.stages import compiled_stages, training_stages
     value = setting.partition(":")[2]
     compiled = setting.startswith("edgetrain+compile")
     blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
@@ -244,10 +244,10 @@ def compiled_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer:
 def whole_graph_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
                      chain: Any, chosen: Any, tried: list[Any]) -> tuple[Callable[[], None], dict[str, Any]]:
     """The chosen whole-model candidate's step, and what the row records of it and of every candidate."""
+    from edgetrain.core.schedule import simulate
     from edgetrain.planners.single_level import single_level
     from edgetrain.runtime import three_budgets
     from edgetrain.runtime.compiled import build_compiled, text_kinds, training_step
-    from edgetrain.schedule import simulate
     kinds = chosen.regions or "." * chain.length
     stats = simulate(chain, single_level(text_kinds(kinds)))
     step = training_step(build_compiled(model, chosen), x, y, optimizer, nn.functional.cross_entropy)
@@ -279,7 +279,7 @@ def setting_step(setting: str, name: str, batch: int, image: int,
                  match_step_bytes: int | None) -> tuple[Callable[[], None], dict[str, Any]]:
     """The training step of ``setting`` on model ``name`` (one torch thread, seed 0, SGD), and what its plan
     predicts (empty for eager and inductor)."""
-    from edgetrain.optim import make_optimizer
+    from edgetrain.core.optim import make_optimizer
     from edgetrain.runtime.compiled import training_step
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -307,7 +307,7 @@ def setting_step(setting: str, name: str, batch: int, image: int,
 def in_backward_step(model: nn.Module, run: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
     """Loss and backward of ``run`` (``model``, compiled or not) with one SGD per parameter of ``model`` stepped as
     its gradient is accumulated: the whole step."""
-    from edgetrain.optim import make_optimizer
+    from edgetrain.core.optim import make_optimizer
     from edgetrain.runtime.step_in_backward import StepInBackward
     StepInBackward([model], lambda ps: make_optimizer("sgd", ps), "sgd")   # the parameters' hooks keep it
 
@@ -655,7 +655,7 @@ def main() -> None:
         if args.md:
             Path(args.md).write_text(markdown(merged))
         return
-    from edgetrain.benchstats import software_setup
+    from edgetrain.bench.stats import software_setup
     names = all_models() if args.models == "all" else args.models.split(",")
     settings = args.settings.split(",")
     if "eager" not in settings:

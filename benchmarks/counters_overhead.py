@@ -19,7 +19,7 @@ import argparse
 import json
 import time
 
-from edgetrain.benchstats import Spread, software_setup, spread
+from edgetrain.bench.stats import Spread, software_setup, spread
 from edgetrain.hwcounters.perf_event import CounterSet
 from edgetrain.hwcounters.phases import PHASES, count_phases
 

@@ -6,7 +6,7 @@ train split), batches of 32, an emulated Raspberry Pi 4 microSD card (the device
 :func:`edgetrain.data.analyze_stalls` ``--repeats`` times (each is the three-run differential
 over ``--batches`` batches for every worker count, keeping medians of per-batch times) and prints,
 per worker count, the median over the repeats of every column of the table with its IQR and CoV
-(:func:`edgetrain.benchstats.spread`), as JSON with the software setup.
+(:func:`edgetrain.bench.stats.spread`), as JSON with the software setup.
 
 Usage::
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgetrain.benchstats import software_setup, spread
+from edgetrain.bench.stats import software_setup, spread
 from edgetrain.data import StallReport, analyze_stalls, make_step_fn, open_dataset
 from edgetrain.devices import get_device
 

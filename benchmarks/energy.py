@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetrain.benchstats import Spread, software_setup, spread
-from edgetrain.chain import Chain
+from edgetrain.bench.stats import Spread, software_setup, spread
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.costs.energy import EnergyProfile
+from edgetrain.costs.timemodel import HostCalibration, needs_calibration, training_rate
 from edgetrain.devices import Device, get_device
 from edgetrain.devices.rate import calibrate_host
-from edgetrain.energy import EnergyProfile
 from edgetrain.planners.paging import solve_paging
 from edgetrain.profile.linear_resnet import linear_resnet
 from edgetrain.reports.poet import DEFAULT_DEVICES, PoetFigure, reproduce_poet
-from edgetrain.schedule import keep_all, simulate
-from edgetrain.timemodel import HostCalibration, needs_calibration, training_rate
 
 FULL_MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
 QUICK_MODELS = (("resnet18", 2, 128), ("transformer_small", 4, 32))

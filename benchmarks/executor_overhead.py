@@ -22,11 +22,11 @@ import torch
 from _allocator import keep_freed_memory
 from torch import nn
 
-from edgetrain.benchstats import software_setup, spread
+from edgetrain.bench.stats import software_setup, spread
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.stages import training_stages
 from edgetrain.models import get_model_spec
 from edgetrain.runtime import Executor
-from edgetrain.schedule import keep_all
-from edgetrain.stages import training_stages
 
 log = logging.getLogger("executor_overhead")
 

@@ -88,7 +88,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from edgetrain.benchstats import equivalence, rerun_command
+from edgetrain.bench.stats import equivalence, rerun_command
+from edgetrain.core.optim import make_optimizer, set_learning_rate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.stages import training_stages
 from edgetrain.data import collate_skip_corrupt
 from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.compress import PowerSGD
@@ -97,12 +100,9 @@ from edgetrain.distributed.local import LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.distributed.split import split_batch
 from edgetrain.distributed.step import cluster_step, seed_step
-from edgetrain.fileio import read_jsonl
 from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer, set_learning_rate
 from edgetrain.runtime import Executor
-from edgetrain.schedule import keep_all
-from edgetrain.stages import training_stages
+from edgetrain.sysutil.fileio import read_jsonl
 from edgetrain.train import TrainConfig
 from edgetrain.train.loop import evaluate, open_run_data
 from edgetrain.train.state import ResumableSampler

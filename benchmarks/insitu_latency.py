@@ -19,7 +19,7 @@ training, and its CPU share while it ran: near 0 means the machine, busy with ot
 the SCHED_IDLE student nothing, and the ratio then says nothing about training's interference.
 Run it on a quiet machine.
 With ``--repeats N`` it measures N times over the same clips and adds a line with the median,
-IQR and CoV of both p95s, the ratio and the student's CPU share (:func:`edgetrain.benchstats.spread`).
+IQR and CoV of both p95s, the ratio and the student's CPU share (:func:`edgetrain.bench.stats.spread`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from edgetrain.benchstats import software_setup, spread
+from edgetrain.bench.stats import software_setup, spread
 from edgetrain.insitu.latency import PROBE_FRAME_RATE_HZ, latency_beside_student
 from edgetrain.insitu.service_config import ServiceConfig
 from edgetrain.insitu.student import FRAMES, TEACHER

@@ -18,7 +18,7 @@ import argparse
 import json
 import time
 
-from edgetrain.benchstats import software_setup, spread
+from edgetrain.bench.stats import software_setup, spread
 from edgetrain.insitu.motion import detect_motion, match_sources, score_boxes
 from edgetrain.insitu.world import NODE_CAMERAS, render_video
 

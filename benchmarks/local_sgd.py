@@ -39,11 +39,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgetrain.benchstats import rerun_command
+from edgetrain.bench.stats import rerun_command
+from edgetrain.core.optim import make_optimizer
 from edgetrain.data import collate_skip_corrupt
 from edgetrain.distributed.step import OuterStep, restart_optimizer
 from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer
 from edgetrain.train import TrainConfig
 from edgetrain.train.loop import open_run_data
 from edgetrain.train.state import ResumableSampler

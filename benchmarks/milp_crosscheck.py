@@ -17,13 +17,13 @@ import random
 import time
 
 from edgetrain import Chain
-from edgetrain.chain import StageCost
-from edgetrain.energy import EnergyProfile
+from edgetrain.core.chain import StageCost
+from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import EdgetrainError
 from edgetrain.planners.milp import chain_training_graph, milp
 from edgetrain.planners.milp_ops import milp_schedule
 from edgetrain.planners.paging import solve_paging
-from edgetrain.schedule import keep_all, simulate
 
 PROFILES = (EnergyProfile("slow-storage", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8),
             EnergyProfile("cheap-storage", 1.0, 3.0, 1e-3, 40.0, 0.1, 1e-3, 20.0, 0.1))

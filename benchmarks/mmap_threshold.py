@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-from edgetrain.benchstats import spread
+from edgetrain.bench.stats import spread
 
 CHILD = """
 import json, sys, time, torch
@@ -27,7 +27,7 @@ from edgetrain.profile.process import configure_allocator, read_process_memory, 
 if sys.argv[1] != "default":
     configure_allocator(int(sys.argv[1]))
 from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer
+from edgetrain.core.optim import make_optimizer
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = get_model_spec(sys.argv[2]).build(10)

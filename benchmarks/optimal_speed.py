@@ -26,16 +26,16 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from edgetrain.chain import Chain, StageCost
+from edgetrain.core.chain import Chain, StageCost
+from edgetrain.core.schedule import keep_all, simulate
 from edgetrain.planners.optimal import solve
-from edgetrain.schedule import keep_all, simulate
 
 log = logging.getLogger("optimal_speed")
 
 FIRST_CALL = """
 import time
 start = time.perf_counter()
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
 from edgetrain.planners.optimal import solve
 imported = time.perf_counter()
 solve(Chain.uniform(3), 10)

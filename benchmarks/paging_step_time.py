@@ -7,7 +7,7 @@ over each gap where it is not needed (the test's ``with_paging``, imported from 
 schedule is the one the tests check). Each round times ``--steps`` steps of the paged and of the
 unpaged schedule, interleaved so both see the same outside load, and keeps each one's median;
 the table gives the median over ``--rounds`` rounds with its IQR and CoV
-(:func:`edgetrain.benchstats.spread`). The simulated time prices paging serially at this host's
+(:func:`edgetrain.bench.stats.spread`). The simulated time prices paging serially at this host's
 own measured write/read throughput (the step's ``write_s``/``read_s``), as
 ``test_step_time_against_the_simulator`` does. Prints JSON with the software setup. Needs the
 ``test`` extra (it imports ``tests/test_paging.py``, hence pytest).
@@ -31,13 +31,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_paging import SIZES, case, median_step_s, with_paging  # the schedule and timing the tests use
 
-from edgetrain.benchstats import software_setup, spread
-from edgetrain.energy import EnergyProfile
+from edgetrain.bench.stats import software_setup, spread
+from edgetrain.core.schedule import simulate
+from edgetrain.core.stages import training_stages
+from edgetrain.costs.energy import EnergyProfile
 from edgetrain.planners import uniform
 from edgetrain.profile import profile
 from edgetrain.runtime import Executor
-from edgetrain.schedule import simulate
-from edgetrain.stages import training_stages
 
 
 def host_profile(write_bytes: int, write_s: float, read_bytes: int, read_s: float) -> EnergyProfile:

@@ -58,7 +58,7 @@ Usage::
 
 Writes ``out/bench_planners.json`` and ``out/bench_planners.png`` (``--out``, ``--plot``), logs
 progress to stderr and prints the target summary to stdout. Every point keeps its per-round ratios
-and their spread (median, quartiles, CoV: :func:`edgetrain.benchstats.spread`), which the tables show.
+and their spread (median, quartiles, CoV: :func:`edgetrain.bench.stats.spread`), which the tables show.
 """
 
 from __future__ import annotations
@@ -82,18 +82,18 @@ from _allocator import keep_freed_memory
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from edgetrain.benchstats import software_setup, spread
-from edgetrain.chain import Chain
+from edgetrain.bench.stats import software_setup, spread
+from edgetrain.core.chain import Chain
+from edgetrain.core.optim import make_optimizer
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, Stats, keep_all, simulate
+from edgetrain.core.stages import training_stages
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import get_model_spec, stages_of
-from edgetrain.optim import make_optimizer
 from edgetrain.planners import OptimalTable, plan, revolve, solve
 from edgetrain.planners.uniform import segment_bounds
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.profile.tracker import storage_bytes, storage_key
 from edgetrain.runtime import Executor
-from edgetrain.schedule import Backward, Forward, Keep, Op, Schedule, Stats, keep_all, simulate
-from edgetrain.stages import training_stages
 
 log = logging.getLogger("bench_planners")
 

@@ -23,12 +23,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgetrain.benchstats import software_setup, spread
-from edgetrain.fileio import write_atomic
+from edgetrain.bench.stats import software_setup, spread
 from edgetrain.power.cgroup_modes import quota_grid, quota_unavailable_reason, time_step_in_mode
 from edgetrain.power.modes import catalog_modes
 from edgetrain.power.predict import Profile, choose_profile_modes, fit_mode_model, mape_percent
 from edgetrain.power.simulate import score_all
+from edgetrain.sysutil.fileio import write_atomic
 
 
 def real_validation(model: str, batch: int, size: int, steps: int, warmup: int, rounds: int,

@@ -7,7 +7,7 @@ cgroup-quota modes (NOTE [ Thread x quota modes ]), measuring each mode as
 a child process that imports PyTorch and builds the model, then ``--warmup`` + ``--steps``
 training steps inside the mode's quota). Repeats the whole profiling ``--repeats`` times and
 prints, as JSON: the wall time of one profiling with its median, IQR and CoV
-(:func:`edgetrain.benchstats.spread`), the modes it profiled, each mode's wall time, and the
+(:func:`edgetrain.bench.stats.spread`), the modes it profiled, each mode's wall time, and the
 software setup. Needs root (cgroup v1 cpu controller); changes no CPU's online state or clock.
 
 Without a power sensor the advisor's objective is the epoch time (``advise``), so its margin-free
@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from edgetrain.benchstats import software_setup, spread
+from edgetrain.bench.stats import software_setup, spread
 from edgetrain.power.cgroup_modes import quota_grid, quota_unavailable_reason, time_step_in_mode
 from edgetrain.power.predict import ModePoint, Profile, profile_adaptively
 

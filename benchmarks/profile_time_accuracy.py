@@ -4,7 +4,7 @@ The profiler's timed chain is what the planners price recomputation with; its st
 backward times should add up to the step they come from. Each round profiles the model (median
 of ``--repeats`` timings per stage) and then times ``--steps`` plain steps (forward, loss,
 backward; the first dropped), interleaved so that both see the same outside load; the ratio
-profiled / measured is reported per round with its median, IQR and CoV (benchstats).
+profiled / measured is reported per round with its median, IQR and CoV (edgetrain.bench.stats).
 
 Run: .venv/bin/python benchmarks/profile_time_accuracy.py [--threads 1] [--rounds 3] [--out out/profile_time.json]
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from edgetrain.benchstats import spread
+from edgetrain.bench.stats import spread
 from edgetrain.models import get_model_spec
 from edgetrain.profile.profiler import profile
 

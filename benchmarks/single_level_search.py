@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import simulate
 from edgetrain.planners import single_level as planner
 from edgetrain.profile import profile
 from edgetrain.runtime import three_budgets
-from edgetrain.schedule import simulate
 
 
 class _OutOfTime(Exception):

@@ -2,7 +2,7 @@
 
 For timings the docs quote of a command as a whole ("answers in about a second", "a full run takes
 N minutes"): runs the command ``--runs`` times in turn and prints the median, IQR and CoV of its
-wall time (:func:`edgetrain.benchstats.spread`) with the software setup, as JSON. The command's
+wall time (:func:`edgetrain.bench.stats.spread`) with the software setup, as JSON. The command's
 own output is discarded; a run that fails stops the benchmark with its exit code. Beside the wall
 time it reports the CPU time (user + system) the command's processes used, which a shared
 machine's load stretches far less than the wall time.
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgetrain.benchstats import software_setup, spread
+from edgetrain.bench.stats import software_setup, spread
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from edgetrain.core.schedule import keep_all, simulate
 from edgetrain.insitu.model import augment, to_tensor
 from edgetrain.insitu.teacher import crops_with_truth, render_clips
 from edgetrain.insitu.world import CLASSES, EYE_LEVEL, STEEP
@@ -45,7 +46,6 @@ from edgetrain.planners.plan import least_step_bytes
 from edgetrain.profile import profile
 from edgetrain.runtime import check_step
 from edgetrain.runtime.verify import step_peaks
-from edgetrain.schedule import keep_all, simulate
 from edgetrain.units import format_bytes
 
 log = logging.getLogger("transfer_accuracy")
@@ -250,7 +250,7 @@ def measure_task(task: Task, sizes: Sizes) -> dict[str, Any]:
     return {"task": task.name, "train": len(task.train_x), "test": len(task.test_x), "forward_peak_bytes": forward,
             "pretrain_seconds": task.pretrain_seconds, "before": _accuracy(task.model, task.test_x, task.test_y),
             "rows": rows, "probes": [_probe_record(p) for p in probes], "probe_steps": sizes.probe_steps,
-            "sweep": sweep(rows, probes, sizes.probe_steps)}
+            }
 
 
 def _probe_record(probe: Probe) -> dict[str, Any]:
@@ -258,22 +258,26 @@ def _probe_record(probe: Probe) -> dict[str, Any]:
             "loss_drop": probe.loss_drop, "probe_seconds": probe.probe_seconds}
 
 
-def sweep(rows: list[dict[str, Any]], probes: list[Probe], steps: int) -> list[dict[str, Any]]:
+def sweep(task: dict[str, Any]) -> list[dict[str, Any]]:
     """At each budget (each scheme's measured least peak): the best fixed scheme whose measured least peak fits,
-    and the scheme auto picks (by the planner's least step) with its accuracy and measured peak."""
+    and the scheme auto picks with its accuracy and measured peak.
+
+    The budgets are measured peaks (at one thread, where the allocator's records see every kernel's scratch), so
+    auto's fit test reads each candidate's least by the same instrument: its probe's gain, its measured least.
+    """
+    rows = task["rows"]
     by_scheme = {r["scheme"]: r for r in rows}
+    probes = [Probe(p["scheme"], by_scheme[p["scheme"]]["least"]["measured_peak_bytes"], 0, 0.0, p["gain"],
+                    p["loss_drop"], 0.0, p["probe_seconds"], cached=False) for p in task["probes"]]
     points = []
     for budget in sorted({r["least"]["measured_peak_bytes"] for r in rows}):
         fitting = [r for r in rows if r["least"]["measured_peak_bytes"] <= budget]
         best = max(fitting, key=lambda r: r["accuracy"])
-        try:
-            chosen = pick(probes, budget, steps).scheme
-        except ValueError:
-            chosen = None
-        auto = by_scheme.get(chosen) if chosen is not None else None
+        chosen = pick(probes, budget, task["probe_steps"]).scheme
+        auto = by_scheme[chosen]
         points.append({"budget_bytes": budget, "best_fixed": best["scheme"], "best_fixed_accuracy": best["accuracy"],
-                       "auto": chosen, "auto_accuracy": None if auto is None else auto["accuracy"],
-                       "auto_measured_peak_bytes": None if auto is None else auto["least"]["measured_peak_bytes"]})
+                       "auto": chosen, "auto_accuracy": auto["accuracy"],
+                       "auto_measured_peak_bytes": auto["least"]["measured_peak_bytes"]})
     return points
 
 
@@ -337,16 +341,17 @@ def render(result: dict[str, Any]) -> str:
                   + ", ".join(f"{p['scheme']} {100 * p['gain']:+.1f}" for p in task["probes"]) + ".", "",
                   "| budget MiB | best fixed scheme that fits | its accuracy | auto picks | auto's accuracy | auto's "
                   "measured MiB |", "|---|---|---|---|---|---|"]
-        for point in task["sweep"]:
+        points = sweep(task)
+        for point in points:
             auto_peak = point["auto_measured_peak_bytes"]
             lines.append(f"| {_mib(point['budget_bytes'])} | {point['best_fixed']} | "
                          f"{_pct(point['best_fixed_accuracy'])} | {point['auto'] or '-'} | "
                          f"{_pct(point['auto_accuracy'])} | {'-' if auto_peak is None else _mib(auto_peak)} |")
-        behind = [p for p in task["sweep"] if p["auto_accuracy"] is not None
+        behind = [p for p in points if p["auto_accuracy"] is not None
                   and p["auto_accuracy"] < p["best_fixed_accuracy"]]
         lines += ["", "Auto is as accurate as the best fixed scheme that fits " +
-                  ("at every budget." if not behind else f"at {len(task['sweep']) - len(behind)} of "
-                   f"{len(task['sweep'])} budgets; behind at " + ", ".join(
+                  ("at every budget." if not behind else f"at {len(points) - len(behind)} of "
+                   f"{len(points)} budgets; behind at " + ", ".join(
                        f"{_mib(p['budget_bytes'])} MiB ({p['auto']} {_pct(p['auto_accuracy'])} against "
                        f"{p['best_fixed']} {_pct(p['best_fixed_accuracy'])})" for p in behind) + ".")]
         parts.append("\n".join(lines))

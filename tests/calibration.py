@@ -6,6 +6,6 @@ half a minute on a loaded machine.
 
 from __future__ import annotations
 
-from edgetrain.timemodel import HostCalibration
+from edgetrain.costs.timemodel import HostCalibration
 
 TEST_HOST = HostCalibration(gemm_fp64_flops_per_s=20e9, training_flops_per_s=10e9, source="fixed for the tests")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from edgetrain import Chain
-from edgetrain.chain import StageCost
-from edgetrain.schedule import keep_all, simulate
+from edgetrain.core.chain import StageCost
+from edgetrain.core.schedule import keep_all, simulate
 
 MB = 1_000_000
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from edgetrain.chain import Chain
-from edgetrain.optim import TrainingOptimizer
+from edgetrain.core.chain import Chain
+from edgetrain.core.optim import TrainingOptimizer
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule, simulate
 from edgetrain.runtime import Checkpointed, StepCheck, check_step, three_budgets
 from edgetrain.runtime.verify import StepPeaks, step_peaks
-from edgetrain.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule, simulate
 
 
 @dataclass
@@ -139,9 +139,9 @@ def between_least_and_keep_all_mib(model: str, batch: int, image: int) -> int:
     Measured here, not written down: the convolutions' scratch is in the plan (NOTE [ A kernel's scratch in the
     plan ]), and oneDNN's kernels differ by CPU (ResNet-18 at batch 8 and 64 px: a least step of 136.3 MiB on one
     machine, 149.4 MiB on an AMD EPYC)."""
+    from edgetrain.core.schedule import keep_all, simulate
     from edgetrain.planners.plan import least_step_bytes
     from edgetrain.profile import chain_for
-    from edgetrain.schedule import keep_all, simulate
 
     chain = chain_for(model, batch, image, num_classes=10, device="cpu")
     least, plain = least_step_bytes(chain), simulate(chain, keep_all(chain.length)).peak_bytes

@@ -8,8 +8,8 @@ import pytest
 from test_cli import run
 from test_power_modes import fake_board
 
-from edgetrain.benchprofile import PROFILE_VERSION, WORKLOADS, Workload, run_profile
-from edgetrain.benchstats import software_setup
+from edgetrain.bench.stats import software_setup
+from edgetrain.bench.workloads import PROFILE_VERSION, WORKLOADS, Workload, run_profile
 from edgetrain.errors import EdgetrainError
 
 

@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from edgetrain.benchstats import rerun_command
+from edgetrain.bench.stats import rerun_command
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,8 +21,10 @@ from steps import (
 )
 from torch import fx, nn
 
-from edgetrain.chain import Chain
-from edgetrain.energy import EnergyProfile
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import PageOut, PageOutRecord, Schedule, keep_all, simulate
+from edgetrain.core.stages import training_stages
+from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import stages_of, transformer_encoder_small
 from edgetrain.models.edge_vision import DenseNet
@@ -32,8 +34,6 @@ from edgetrain.planners.paging import least_paging_peak, paging_dp
 from edgetrain.planners.plan import least_step_bytes
 from edgetrain.profile import profile
 from edgetrain.runtime import Executor, PagingStats, check_step
-from edgetrain.schedule import PageOut, PageOutRecord, Schedule, keep_all, simulate
-from edgetrain.stages import training_stages
 
 
 class Ladder(nn.Module):

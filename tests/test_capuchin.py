@@ -7,12 +7,12 @@ import random
 import pytest
 from chains import MB, keep_all_peak, random_chain
 
-from edgetrain.chain import Chain
-from edgetrain.energy import EnergyProfile
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import PageOut, keep_all, simulate
+from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.capuchin import capuchin
 from edgetrain.planners.paging import solve_paging
-from edgetrain.schedule import PageOut, keep_all, simulate
 
 # storage as fast as it gets: any transfer hides behind one stage of compute
 FAST = EnergyProfile("fast", 1e9, 3.0, 1e-9, 1e15, 1.0, 1e-9, 1e15, 1.0)

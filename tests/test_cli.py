@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edgetrain.cli import main
-from edgetrain.planfile import PlanFile
+from edgetrain.core.planfile import PlanFile
 
 runner = CliRunner()
 

@@ -31,17 +31,17 @@ import torch.multiprocessing as mp
 from benchmark_scripts import load_benchmark
 from torch import nn
 
-from edgetrain.benchstats import equivalence
-from edgetrain.chain import Chain
+from edgetrain.bench.stats import equivalence
+from edgetrain.core.chain import Chain
+from edgetrain.core.optim import make_optimizer
+from edgetrain.core.stages import training_stages
 from edgetrain.distributed import split_batch
 from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
 from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.errors import EdgetrainError
-from edgetrain.optim import make_optimizer
 from edgetrain.planners import uniform
 from edgetrain.runtime import Executor
-from edgetrain.stages import training_stages
 from edgetrain.train import TrainConfig
 
 STEPS = 20

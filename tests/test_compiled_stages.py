@@ -7,11 +7,11 @@ import torch
 from steps import allocator_step_peaks
 from torch import nn
 
+from edgetrain.core.schedule import rng_replayed_stages
+from edgetrain.core.stages import CompiledStage, compiled_stages, training_stages
 from edgetrain.profile import profile
 from edgetrain.profile.tracker import LiveBytesTracker
 from edgetrain.runtime import Checkpointed, three_budgets
-from edgetrain.schedule import rng_replayed_stages
-from edgetrain.stages import CompiledStage, compiled_stages, training_stages
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]

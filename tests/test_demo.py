@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from edgetrain.core.schedule import keep_all, simulate
 from edgetrain.reports import demo
 from edgetrain.reports.node_fit import DEMO_SQUEEZE
-from edgetrain.schedule import keep_all, simulate
 
 pytest.importorskip("matplotlib")
 

@@ -10,13 +10,13 @@ from calibration import TEST_HOST
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from edgetrain.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
+from edgetrain.core.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
+from edgetrain.costs.energy import EnergyProfile, compute_energy_j, page_energy_j, page_time_s, scale_chain
+from edgetrain.costs.timemodel import training_rate
 from edgetrain.devices import get_device
 from edgetrain.devices.catalog import ENERGY_FIELDS
-from edgetrain.energy import EnergyProfile, compute_energy_j, page_energy_j, page_time_s, scale_chain
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import profile
-from edgetrain.timemodel import training_rate
 
 FULL = ["mkr1000", "nrf52840"]
 RPI4 = EnergyProfile.from_device(get_device("rpi4"), training_rate(get_device("rpi4"), TEST_HOST))

@@ -23,15 +23,15 @@ import torch
 from steps import StepPeaks, StepResult, measured_schedule_step, observe, peaks_track, plain_autograd_step
 from torch import nn
 
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
+from edgetrain.core.optim import make_optimizer
+from edgetrain.core.schedule import Backward, Forward, Keep, Schedule, keep_all, rng_replayed_stages, simulate
+from edgetrain.core.stages import training_stages
 from edgetrain.errors import ScheduleError
 from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer
 from edgetrain.planners import OptimalTable, revolve, solve, uniform
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import Checkpointed, Executor, run_schedule
-from edgetrain.schedule import Backward, Forward, Keep, Schedule, keep_all, rng_replayed_stages, simulate
-from edgetrain.stages import training_stages
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +380,7 @@ def test_only_recomputed_stages_that_draw_random_numbers_keep_the_generator_stat
     """A deterministic stage recomputes without the generator's state (5,056 bytes on CPU, which the plan counts
     for the stages that keep it); a dropout stage keeps it, so its recomputation draws the same mask (the
     exactness grid above)."""
-    from edgetrain.rng_state import RngState
+    from edgetrain.autograd.rng_state import RngState
     captured: list[int] = []
     original = RngState.capture
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgetrain.fileio import read_jsonl
+from edgetrain.sysutil.fileio import read_jsonl
 
 
 def test_a_line_cut_by_a_kill_is_left_out_and_the_whole_records_before_it_are_read(tmp_path: Path) -> None:

@@ -93,6 +93,11 @@ def test_subpackages_are_attributes_as_in_other_libraries() -> None:
     assert result.stdout.split() == ["True", "True", "True", "False"]
 
 
+def test_the_root_holds_only_the_entry_the_errors_and_the_units() -> None:
+    # Everything else lives in a folder named for what it holds (docs/contributing.md, "Layout")
+    assert sorted(path.name for path in SRC.glob("*.py")) == ["__init__.py", "__main__.py", "errors.py", "units.py"]
+
+
 def test_no_module_imports_a_private_name_of_another() -> None:
     # Prepare
     modules = _modules()

@@ -12,17 +12,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
+from edgetrain.core.optim import make_optimizer
+from edgetrain.core.stages import training_stages
 from edgetrain.distributed.group import ClusterError
 from edgetrain.distributed.local import LocalOptions
 from edgetrain.distributed.node import ClusterOptions
 from edgetrain.distributed.overlap import HalfPrecisionAllReduce
 from edgetrain.distributed.step import cluster_step
 from edgetrain.errors import EdgetrainError
-from edgetrain.optim import make_optimizer
 from edgetrain.planners import uniform
 from edgetrain.runtime import Executor
-from edgetrain.stages import training_stages
 
 STEPS = 10
 SHARES = (5, 3)  # unequal: each node's part is weighted by its samples

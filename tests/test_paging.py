@@ -41,17 +41,10 @@ from steps import (
 )
 from torch import nn
 
-from edgetrain.chain import Chain
-from edgetrain.energy import EnergyProfile
-from edgetrain.errors import PagingError, ScheduleError
-from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer
-from edgetrain.planners import uniform
-from edgetrain.planners.paging import solve_paging
-from edgetrain.profile import LiveBytesTracker, profile
-from edgetrain.runtime import Executor, PageStore, run_schedule
-from edgetrain.runtime import pager as paging
-from edgetrain.schedule import (
+from edgetrain.autograd.seeded_backward import GradBox
+from edgetrain.core.chain import Chain
+from edgetrain.core.optim import make_optimizer
+from edgetrain.core.schedule import (
     Backward,
     Forward,
     Keep,
@@ -65,8 +58,15 @@ from edgetrain.schedule import (
     memory_timeline,
     simulate,
 )
-from edgetrain.seeded_backward import GradBox
-from edgetrain.stages import training_stages
+from edgetrain.core.stages import training_stages
+from edgetrain.costs.energy import EnergyProfile
+from edgetrain.errors import PagingError, ScheduleError
+from edgetrain.models import get_model_spec
+from edgetrain.planners import uniform
+from edgetrain.planners.paging import solve_paging
+from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.runtime import Executor, PageStore, run_schedule
+from edgetrain.runtime import pager as paging
 
 log = logging.getLogger(__name__)
 
@@ -591,8 +591,8 @@ KILLED_STEP = textwrap.dedent("""
     import sys, time, torch
     from torch import nn
     from edgetrain.runtime import Executor
-    from edgetrain.schedule import Forward, Backward, Keep, PageOut, PageIn, Schedule
-    from edgetrain.stages import training_stages
+    from edgetrain.core.schedule import Forward, Backward, Keep, PageOut, PageIn, Schedule
+    from edgetrain.core.stages import training_stages
 
     model = nn.Sequential(nn.Linear(16, 4096), nn.ReLU(), nn.Linear(4096, 4))
     ops = (Forward(0, Keep.ALL), Forward(1, Keep.ALL), Forward(2, Keep.ALL), PageOut(2), Forward(3, Keep.ALL),

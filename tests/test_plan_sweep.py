@@ -12,10 +12,10 @@ import random
 import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, StageCost, simulate
+from edgetrain.core.schedule import Stats, keep_all
 from edgetrain.planners import plan, revolve, solve, uniform
 from edgetrain.planners.optimal_exact import exact_minimum_bytes, least_peak_schedule, solve_exact
 from edgetrain.profile import chain_for
-from edgetrain.schedule import Stats, keep_all
 
 FINE_SLOTS = 4000  # eight times plan()'s default grid
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.planfile import PlanFile, PlanFileError
+from edgetrain.core.planfile import PlanFile, PlanFileError
 
 RUN = ["--model", "resnet18", "--batch", "8", "--image", "64", "--samples", "64", "--epochs", "1"]
 

@@ -21,9 +21,10 @@ from benchmark_scripts import load_benchmark
 from calibration import TEST_HOST
 from torch import nn
 
-from edgetrain.chain import Chain, StageCost
+from edgetrain.core.chain import Chain, StageCost
+from edgetrain.costs.energy import EnergyProfile, page_energy_j
+from edgetrain.costs.timemodel import training_rate
 from edgetrain.devices import get_device
-from edgetrain.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import EdgetrainError, InfeasibleBudgetError, ScheduleError
 from edgetrain.planners.graph import capture_graph
 from edgetrain.planners.milp import (
@@ -40,7 +41,6 @@ from edgetrain.planners.milp import (
     simulate_graph_schedule,
     training_graph,
 )
-from edgetrain.timemodel import training_rate
 
 RPI4 = EnergyProfile.from_device(get_device("rpi4"), training_rate(get_device("rpi4"), TEST_HOST))
 

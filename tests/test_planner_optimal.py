@@ -20,14 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgetrain.chain import Chain, StageCost
+from edgetrain.core.chain import Chain, StageCost
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all, simulate, validate
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners import dp_grid
 from edgetrain.planners.optimal import OptimalTable, optimal, solve
 from edgetrain.planners.optimal_exact import exact_minimum_bytes
 from edgetrain.planners.revolve import revolve, revolve_advances
 from edgetrain.planners.uniform import uniform
-from edgetrain.schedule import Backward, Forward, Keep, Op, Schedule, keep_all, simulate, validate
 
 
 def random_chain(rng: random.Random, length: int, *, scale_bytes: int = 1, flags: bool = True) -> Chain:

@@ -12,9 +12,9 @@ from math import comb
 
 import pytest
 
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, simulate, validate
 from edgetrain.planners.revolve import revolve, revolve_advances, revolve_repetitions
-from edgetrain.schedule import Backward, Forward, Keep, Op, Schedule, simulate, validate
 
 DENSE_LENGTHS = [*range(1, 151), 200, 317, 500]
 ALL_SLOTS = range(1, 31)

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential, set_checkpoint_early_stop
 
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import Forward, Schedule, keep_all, simulate, validate
 from edgetrain.planners.uniform import segment_bounds, uniform
-from edgetrain.schedule import Forward, Schedule, keep_all, simulate, validate
 
 GRID = [(length, segments) for length in range(1, 33) for segments in range(1, length + 1)]
 TORCH_CASES = [(2, 1), (2, 2), (4, 1), (4, 2), (5, 2), (7, 3), (8, 3), (10, 4), (11, 3), (6, 6), (9, 5)]

@@ -10,11 +10,13 @@ import pytest
 from calibration import TEST_HOST
 from typer.testing import CliRunner
 
-from edgetrain.chain import Chain
 from edgetrain.cli import main
+from edgetrain.core.chain import Chain
+from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.costs.energy import EnergyProfile, scale_chain
+from edgetrain.costs.timemodel import training_rate
 from edgetrain.devices import get_device
 from edgetrain.devices.rate import CALIBRATION_ENV
-from edgetrain.energy import EnergyProfile, scale_chain
 from edgetrain.planners.capuchin import capuchin
 from edgetrain.planners.energy_plan import plan_energy
 from edgetrain.planners.paging import solve_paging
@@ -27,8 +29,6 @@ from edgetrain.reports.poet_claims import (
     claims_markdown,
     sweep_markdown,
 )
-from edgetrain.schedule import keep_all, simulate
-from edgetrain.timemodel import training_rate
 
 
 @pytest.fixture(scope="module")

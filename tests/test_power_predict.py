@@ -12,7 +12,7 @@ import pytest
 from test_cli import run
 from test_power_modes import fake_board, snapshot
 
-from edgetrain.benchstats import spread
+from edgetrain.bench.stats import spread
 from edgetrain.errors import EdgetrainError
 from edgetrain.power.advice import board_grid, measure_board, read_profiles
 from edgetrain.power.cgroup_modes import (

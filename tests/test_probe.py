@@ -14,6 +14,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from edgetrain.cli import app
+from edgetrain.costs.energy import EnergyProfile, scale_chain
 from edgetrain.devices import DeviceCatalogError, get_device, load_devices_file
 from edgetrain.devices import probe as probe_module
 from edgetrain.devices.catalog import DEVICES_ENV
@@ -31,7 +32,6 @@ from edgetrain.devices.probe import (
     probe_storage,
     write_device_entry,
 )
-from edgetrain.energy import EnergyProfile, scale_chain
 from edgetrain.errors import EdgetrainError
 from edgetrain.models import get_model_spec
 from edgetrain.profile import chain_for

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from edgetrain import estimate_memory, keep_all, measure_training_step, profile, simulate
+from edgetrain.core.optim import make_optimizer
 from edgetrain.models import get_model_spec
-from edgetrain.optim import make_optimizer
 from edgetrain.profile import LiveBytesTracker
 from edgetrain.profile.tracker import storage_bytes
 

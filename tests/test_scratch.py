@@ -11,12 +11,12 @@ from steps import allocator_step_peaks, peak_tracks
 from torch import nn
 
 from edgetrain import Checkpointed
-from edgetrain.chain import Chain, StageCost
+from edgetrain.core.chain import Chain, StageCost
+from edgetrain.core.schedule import keep_all, simulate
 from edgetrain.profile import profile
 from edgetrain.profile import profiler as profiler_module
 from edgetrain.profile.tracker import AllocatorRecorder, _session_changes, records_every_allocation
 from edgetrain.runtime.verify import three_budgets
-from edgetrain.schedule import keep_all, simulate
 
 
 def conv_net() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

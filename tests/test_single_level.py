@@ -11,10 +11,10 @@ from benchmark_scripts import load_benchmark
 from chains import keep_all_peak, random_chain
 
 from edgetrain import Chain
+from edgetrain.core.schedule import simulate
 from edgetrain.planners import single_level as planner
 from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan, stage_groups
 from edgetrain.runtime.compiled import text_kinds
-from edgetrain.schedule import simulate
 
 
 def test_a_short_chain_is_searched_stage_by_stage() -> None:

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from edgetrain.core.schedule import Backward, Discard, Forward, Keep, Schedule
 from edgetrain.errors import EdgetrainError
-from edgetrain.schedule import Backward, Discard, Forward, Keep, Schedule
 from edgetrain.train import (
     CorruptStateError,
     ResumableSampler,
@@ -412,7 +412,7 @@ TRAIN_SCRIPT = textwrap.dedent('''
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from edgetrain.schedule import keep_all
+    from edgetrain.core.schedule import keep_all
     from edgetrain.train import ResumableSampler, StateStore, TrainingState
 
     parser = argparse.ArgumentParser()

@@ -11,12 +11,12 @@ from steps import peak_tracks
 from torch import nn
 
 from edgetrain import Checkpointed
-from edgetrain.chain import Chain, StageCost
+from edgetrain.core.chain import Chain, StageCost
+from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.stages import training_stages
 from edgetrain.profile import LiveBytesTracker, profile
 from edgetrain.runtime import three_budgets
 from edgetrain.runtime.step_in_backward import shared_gradient_bytes
-from edgetrain.schedule import keep_all, simulate
-from edgetrain.stages import training_stages
 
 
 def _three_stage_chain() -> Chain:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.chain import Chain
+from edgetrain.core.chain import Chain
 from edgetrain.profile import estimate_memory
 from edgetrain.reports import tables
 from edgetrain.reports.tables import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from edgetrain.chain import NOMINAL_FLOPS_PER_S
+from edgetrain.core.chain import NOMINAL_FLOPS_PER_S
 from edgetrain.devices import get_device
 from edgetrain.devices.catalog import tomllib
 from edgetrain.models import MODELS

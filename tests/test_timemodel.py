@@ -11,12 +11,12 @@ import torch
 from calibration import TEST_HOST
 from test_cli import run
 
-from edgetrain.chain import NOMINAL_FLOPS_PER_S
+from edgetrain.core.chain import NOMINAL_FLOPS_PER_S
+from edgetrain.costs.timemodel import HostCalibration, training_rate
 from edgetrain.devices import get_device, rate
 from edgetrain.devices.rate import CACHE_DIR_ENV, CALIBRATION_ENV, calibration_cache_path, host_calibration, probe_gemm
 from edgetrain.errors import EdgetrainError
 from edgetrain.profile import chain_for
-from edgetrain.timemodel import HostCalibration, training_rate
 
 
 def plan_json(device: str, *extra: str) -> dict[str, object]:

@@ -36,12 +36,12 @@ CHILD = textwrap.dedent('''
     import json, sys
     import torch
     from edgetrain.models import get_model_spec
-    from edgetrain.optim import make_optimizer
+    from edgetrain.core.optim import make_optimizer
     from edgetrain.planners import solve
     from edgetrain.profile import LiveBytesTracker, profile
     from edgetrain.runtime import run_schedule
-    from edgetrain.schedule import keep_all, simulate
-    from edgetrain.stages import training_stages
+    from edgetrain.core.schedule import keep_all, simulate
+    from edgetrain.core.stages import training_stages
 
     def status(field):
         with open("/proc/self/status") as f:

@@ -191,8 +191,8 @@ def test_the_optimizer_in_the_backward_is_refused_with_a_shipped_plan_and_is_par
 
 def test_a_cosine_rate_falls_from_the_rate_to_zero_and_each_step_trains_at_its_own(tmp_path: Path) -> None:
     # By hand: rate (1 + cos(pi s / T)) / 2 after s of T steps; cos(pi / 2) rounds to 6e-17, lost in 1 + it.
+    from edgetrain.core.optim import scheduled_rate
     from edgetrain.errors import UnknownNameError
-    from edgetrain.optim import scheduled_rate
 
     quarter, three_quarters = 0.01 * (1 + 2 ** -0.5) / 2, 0.01 * (1 - 2 ** -0.5) / 2
     rates = [scheduled_rate(0.01, "cosine", s, 4) for s in range(5)]

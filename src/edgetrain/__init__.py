@@ -16,12 +16,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .chain import Chain, StageCost
-    from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
-    from .planners import Plan, plan
-    from .profile import estimate_memory, measure_training_step, profile
-    from .runtime import Checkpointed, Executor, fit_compiled, run_schedule
-    from .schedule import (
+    from .core.chain import Chain, StageCost
+    from .core.schedule import (
         Backward,
         Discard,
         Forward,
@@ -36,6 +32,10 @@ if TYPE_CHECKING:
         simulate,
         validate,
     )
+    from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
+    from .planners import Plan, plan
+    from .profile import estimate_memory, measure_training_step, profile
+    from .runtime import Checkpointed, Executor, fit_compiled, run_schedule
     from .units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
@@ -49,12 +49,12 @@ __all__ = [
 
 # Where each public name lives: the module imported when the name is first read.
 _HOMES = {
-    ".chain": ("Chain", "StageCost"),
+    ".core.chain": ("Chain", "StageCost"),
     ".errors": ("EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError"),
     ".planners": ("Plan", "plan"),
     ".profile": ("estimate_memory", "measure_training_step", "profile"),
     ".runtime": ("Checkpointed", "Executor", "fit_compiled", "run_schedule"),
-    ".schedule": ("Backward", "Discard", "Forward", "Keep", "PageIn", "PageInRecord", "PageOut", "PageOutRecord",
+    ".core.schedule": ("Backward", "Discard", "Forward", "Keep", "PageIn", "PageInRecord", "PageOut", "PageOutRecord",
                   "Schedule", "Stats", "keep_all", "simulate", "validate"),
     ".units": ("format_bytes", "parse_bytes"),
 }

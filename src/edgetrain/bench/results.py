@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdgetrainError
-from ..fileio import write_atomic
+from ..sysutil.fileio import write_atomic
 
 __all__ = ["RESULTS_FORMAT", "BenchmarkResult", "provenance", "read_result", "write_result"]
 

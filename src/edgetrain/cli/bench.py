@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..errors import EdgetrainError
-from ..fileio import to_json, write_atomic, write_json
+from ..sysutil.fileio import to_json, write_atomic, write_json
 from ..units import format_bytes
 from .common import ModelOpt, SizeOpt, clean_errors, console, err_console, finite, memory_of, with_progress
 
@@ -277,7 +277,7 @@ def bench_profile(device: str | None = typer.Option(None, "--device", "-d", help
                   out: Path = typer.Option(Path("out/profile"), "--out", "-o", help="Output directory."),
                   as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
     """The fixed, versioned training workloads, repeated: median, IQR and CoV per workload, and the setup."""
-    from ..benchprofile import run_profile
+    from ..bench.workloads import run_profile
 
     report = run_profile(device, runs)
     out.mkdir(parents=True, exist_ok=True)

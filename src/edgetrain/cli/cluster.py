@@ -18,7 +18,7 @@ from typing import Any
 
 import typer
 
-from ..fileio import to_json
+from ..sysutil.fileio import to_json
 from .common import clean_errors, console, error
 
 __all__ = ["cluster_app"]

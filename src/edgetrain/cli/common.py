@@ -153,7 +153,7 @@ def memory_of(device: str) -> int:
 
 def host_for(target: Any) -> Any:
     """This machine's calibration when ``target``'s training rate needs it (NOTE [ One time model ]), else None."""
-    from ..timemodel import needs_calibration
+    from ..costs.timemodel import needs_calibration
 
     if target is None or not needs_calibration(target):
         return None

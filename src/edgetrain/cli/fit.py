@@ -119,12 +119,12 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
                                                     "`edgetrain train --plan` (schedule, chain, settings)."),
                  as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """The best schedule for a memory budget (default: the device's memory) or a factor ρ; fastest or least energy."""
+    from ..core.planfile import PlanFile
+    from ..costs.timemodel import scale_to_rate, training_rate
     from ..devices import get_device
     from ..models import get_model_spec
-    from ..planfile import PlanFile
     from ..planners import plan
     from ..profile import chain_for
-    from ..timemodel import scale_to_rate, training_rate
 
     if objective not in ("time", "energy"):
         raise EdgetrainError(f"--objective must be time or energy, got {objective!r}")
@@ -199,7 +199,7 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
 
 def _time_source(target: Any, rate: Any) -> str:
     """Where a device time comes from (``rate``: the target's training rate), or why there is none."""
-    from ..timemodel import unknown_rate_reason
+    from ..costs.timemodel import unknown_rate_reason
 
     if target is None:
         return "unknown: no --device; a step time needs a device's training rate (NOTE [ One time model ])"

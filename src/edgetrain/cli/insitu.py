@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from ..fileio import to_json
+from ..sysutil.fileio import to_json
 from .common import clean_errors, console, finite
 
 __all__ = ["insitu_app"]

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from ..fileio import to_json
+from ..sysutil.fileio import to_json
 from ..sysutil.processes import dies_with_this_process
 from .common import clean_errors, console
 

@@ -73,10 +73,10 @@ def reproduce_poet(out: Path = typer.Option(Path("out/poet"), "--out", "-o", hel
                                                "keep-all's peak and the least feasible, evenly between)."),
                    milp: bool = typer.Option(False, "--milp", help="Add the MILP series (ResNet-18; slower).")) -> None:
     """POET's Fig. 3 and 4 shapes (energy vs memory and vs runtime budget) and its results beside ours."""
+    from ..costs.timemodel import needs_calibration
     from ..devices import get_device
     from ..reports.poet import DEFAULT_DEVICES
     from ..reports.poet import reproduce_poet as build
-    from ..timemodel import needs_calibration
 
     # the kept (or $EDGETRAIN_HOST_CALIBRATION's) calibration where a device needs one, so a rerun gives the same times
     host = host_for(next((d for d in map(get_device, DEFAULT_DEVICES) if needs_calibration(d)), None))

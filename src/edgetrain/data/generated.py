@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fileio import fsync_dir, write_atomic
+from ..sysutil.fileio import fsync_dir, write_atomic
 from ..sysutil.processes import pid_running
 from ..units import format_bytes
 from .errors import DataError, DatasetTooLargeError, TooFewSamplesError

@@ -345,7 +345,7 @@ def analyze_stalls(step_fn: StepFn, dataset: FileDataset, batch_size: int, worke
 def make_step_fn(model: nn.Module, *, optimizer: str = "sgd", lr: float | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> StepFn:
     """A plain training step (zero_grad, forward, loss, backward, optimizer step) for :func:`analyze_stalls`."""
-    from ..optim import make_optimizer
+    from ..core.optim import make_optimizer
     from ..profile.measure import train_step
 
     criterion = loss_fn if loss_fn is not None else nn.functional.cross_entropy

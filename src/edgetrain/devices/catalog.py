@@ -27,8 +27,8 @@ The energy figures (:data:`ENERGY_FIELDS`) follow the same rules: ``compute_flop
 *achieved* training rate measured on the device (POET's, not the datasheet peak in
 ``peak_fp32_gflops``), ``compute_power_w`` the power drawn while computing, and
 ``pagein_*`` / ``pageout_*`` the latency per transfer, throughput and power of paging to the
-device's flash or SD card. :mod:`edgetrain.energy` turns them into an
-:class:`~edgetrain.energy.EnergyProfile` and refuses a device that lacks any of them, naming
+device's flash or SD card. :mod:`edgetrain.costs.energy` turns them into an
+:class:`~edgetrain.costs.energy.EnergyProfile` and refuses a device that lacks any of them, naming
 the fields, rather than guessing.
 """
 
@@ -81,7 +81,7 @@ logger = logging.getLogger(__name__)
 THIS_MACHINE = "this-machine"
 DEVICES_ENV = "EDGETRAIN_DEVICES"   # device files the user adds to the catalog (os.pathsep-separated)
 INT_FIELDS = ("memory_bytes", "usable_memory_bytes", "flash_bytes", "cpu_cores")
-# The figures an energy cost model needs (see edgetrain.energy), each in its unit.
+# The figures an energy cost model needs (see edgetrain.costs.energy), each in its unit.
 ENERGY_FIELDS = ("compute_flops_per_s", "compute_power_w", "pagein_latency_s", "pagein_bps", "pagein_power_w",
                  "pageout_latency_s", "pageout_bps", "pageout_power_w")
 # A sustained rate on a named microbenchmark, the time model's calibration (NOTE [ One time model ]).
@@ -125,7 +125,7 @@ class Device:
         flash_bytes: on-chip program flash of a microcontroller, in bytes.
         gemm_fp64_flops_per_s: sustained FP64 LINPACK / DGEMM rate of the whole device, achieved
             (measured), in FLOP/s; with the same probe run here it calibrates the device's
-            training time (NOTE [ One time model ] in :mod:`edgetrain.timemodel`).
+            training time (NOTE [ One time model ] in :mod:`edgetrain.costs.timemodel`).
         compute_flops_per_s: achieved (measured) training compute rate in FLOP/s, measured by a
             training step on the device itself; not a peak.
         compute_power_w: power drawn while computing, in watts (``notes`` say whether it is the

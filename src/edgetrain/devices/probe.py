@@ -11,7 +11,7 @@ and recorded with the source they name, or left unknown.
   ``fsync`` returns and a read starts after ``posix_fadvise(DONTNEED)`` has dropped the file
   from the page cache, so both measure the storage, not RAM: the figures POET measured
   "without the page cache" for its Raspberry Pi. ``time = latency + bytes / throughput`` (the
-  cost model's formula, :mod:`edgetrain.energy`) is fitted to every transfer by least squares
+  cost model's formula, :mod:`edgetrain.costs.energy`) is fitted to every transfer by least squares
   on *relative* error, so the small transfers, which carry the latency, weigh as much as the
   large ones. A fitted latency that is not positive (noise on fast storage) is replaced by the
   median time of the smallest transfer, an upper bound, and the source says so.
@@ -21,7 +21,7 @@ and recorded with the source they name, or left unknown.
 * **Compute** (``compute_flops_per_s``): the achieved training rate, FLOPs of one training step
   (forward, loss and backward, counted as the planner counts them: the meta-device chain of
   :func:`edgetrain.profile.chain_for`) over the median measured time of that step on this
-  machine. With it, :func:`edgetrain.energy.scale_chain` predicts exactly the measured step
+  machine. With it, :func:`edgetrain.costs.energy.scale_chain` predicts exactly the measured step
   for the probing model and batch; other models inherit the assumption stated there (the same
   achieved rate for every stage).
 * **Usable memory** (``usable_memory_bytes``): ``MemAvailable`` in ``/proc/meminfo`` plus the
@@ -60,10 +60,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..chain import NOMINAL_FLOPS_PER_S
-from ..energy import Direction
+from ..core.chain import NOMINAL_FLOPS_PER_S
+from ..costs.energy import Direction
 from ..errors import EdgetrainError
-from ..fileio import read_exactly, write_atomic
+from ..sysutil.fileio import read_exactly, write_atomic
 from .catalog import ENERGY_FIELDS, RATE_FIELDS, Device, parse_catalog, this_machine, tomllib
 from .rate import GemmProbe, probe_gemm
 
@@ -536,7 +536,7 @@ def write_device_entry(path: str | os.PathLike[str], name: str, entry: Mapping[s
     """Put ``entry`` as ``[devices.<name>]`` into the device file at ``path``, keeping its other devices.
 
     The new file is validated by the catalog's rules before it replaces the old one
-    (:func:`~edgetrain.fileio.write_atomic`), so a crash leaves either file whole.
+    (:func:`~edgetrain.sysutil.fileio.write_atomic`), so a crash leaves either file whole.
 
     Raises:
         DeviceCatalogError: the existing file is not a valid device file, or the entry breaks a rule.

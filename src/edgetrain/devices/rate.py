@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..costs.timemodel import HostCalibration
 from ..errors import EdgetrainError
-from ..timemodel import HostCalibration
 
 __all__ = ["CALIBRATION_ENV", "CACHE_DIR_ENV", "GemmProbe", "calibrate_host", "cpu_model", "host_calibration",
            "probe_gemm", "calibration_cache_path"]
@@ -95,7 +95,7 @@ def calibrate_host(rounds: int = 5) -> HostCalibration:
     """
     import torch
 
-    from ..chain import NOMINAL_FLOPS_PER_S
+    from ..core.chain import NOMINAL_FLOPS_PER_S
     from ..models import get_model_spec
     from ..profile import chain_for
     from ..profile.measure import step_times, train_step
@@ -157,7 +157,7 @@ def _fingerprint() -> dict[str, Any]:
 
 def _cached_calibration() -> HostCalibration:
     """The calibration kept for this fingerprint, or a new measurement, kept (a write failure only loses the cache)."""
-    from ..fileio import write_json
+    from ..sysutil.fileio import write_json
 
     path, fingerprint = calibration_cache_path(), _fingerprint()
     try:

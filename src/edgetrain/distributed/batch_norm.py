@@ -39,8 +39,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from ..autograd.norm_statistics import recomputing
 from ..errors import EdgetrainError
-from ..norm_statistics import recomputing
 
 __all__ = ["CrossNodeBatchNorm", "synchronise_batch_norm", "cross_node_statistics"]
 

@@ -51,7 +51,7 @@ from torch import nn
 
 from .. import __version__
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import to_json
+from ..sysutil.fileio import to_json
 from ..units import format_bytes, parse_bytes
 from .flower import NDArrays, NumPyClient, Scalar, grpc, start_client
 
@@ -119,7 +119,7 @@ class FederatedConfig:
 
     def check(self) -> None:
         """Refuse settings that cannot work, in one line, before any process starts."""
-        from ..chain import OPTIMIZERS
+        from ..core.chain import OPTIMIZERS
         from ..models import get_model_spec
 
         for name, value in (("--nodes", self.nodes), ("--rounds", self.rounds), ("--local-steps", self.local_steps),
@@ -350,7 +350,7 @@ class FederatedNode:
     def fit(self, weights: NDArrays, round_: int) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """``local_steps`` steps from ``weights`` (NOTE [ Federated rounds ]); the new weights, the node's own
         samples and its metrics (mean training loss, memory)."""
-        from ..optim import make_optimizer
+        from ..core.optim import make_optimizer
         from ..profile.process import read_process_memory
         from ..train.budget import ProcessBudget
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..fileio import LeftAsItWas, read_jsonl
+from ..sysutil.fileio import LeftAsItWas, read_jsonl
 from ..sysutil.processes import dies_with_this_process
 from ..train.rundir import LOCK_FILE, RunDirectory
 from .federated import (

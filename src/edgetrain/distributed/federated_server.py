@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..fileio import read_jsonl, write_json
+from ..sysutil.fileio import read_jsonl, write_json
 from .federated import METRICS, SETTINGS, STATES, SUMMARY, FederatedConfig, FederatedError, initial_weights
 from .flower import (
     ClientProxy,

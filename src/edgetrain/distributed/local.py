@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdgetrainError
-from ..fileio import LeftAsItWas
+from ..sysutil.fileio import LeftAsItWas
 from ..sysutil.processes import dies_with_this_process, pid_running
 from ..train.config import TrainConfig
 from ..train.rundir import LOCK_FILE, METRICS_FILE, RunDirectory
@@ -313,7 +313,7 @@ def _remove_stale_scratch() -> None:
 
 
 def _write_report(run_dir: Path, report: LocalReport) -> None:
-    from ..fileio import write_json
+    from ..sysutil.fileio import write_json
 
     write_json(run_dir / CLUSTER_FILE, report.to_dict())
 

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from ..cgroups import remove_cgroup
+from ..sysutil.cgroups import remove_cgroup
 from ..sysutil.processes import dies_with_this_process, pid_running
 from .group import ClusterError
 from .tunswitch import TUN_MTU_BYTES, SwitchSpec

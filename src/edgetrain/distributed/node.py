@@ -20,16 +20,16 @@ import torch
 from torch import nn
 
 from .. import __version__
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.optim import make_optimizer, set_learning_rate
+from ..core.stages import training_stages
 from ..data import collate_skip_corrupt, first_batch
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import write_json
 from ..models import get_model_spec
-from ..optim import make_optimizer, set_learning_rate
 from ..planners import Plan
 from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
-from ..stages import training_stages
+from ..sysutil.fileio import write_json
 from ..train.budget import ProcessBudget, measure_runtime_baseline, split_process_budget
 from ..train.config import TrainConfig
 from ..train.loop import (
@@ -180,9 +180,9 @@ def node_speed(node: NodeSpec) -> float | None:
         return float(node.rate_flops_per_s)
     if node.device is None:
         return None
+    from ..costs.timemodel import needs_calibration, training_rate, unknown_rate_reason
     from ..devices import get_device
     from ..devices.rate import host_calibration
-    from ..timemodel import needs_calibration, training_rate, unknown_rate_reason
 
     device = get_device(node.device)
     rate = training_rate(device, host_calibration() if needs_calibration(device) else None)

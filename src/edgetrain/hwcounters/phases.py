@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..benchstats import spread
+from ..bench.stats import spread
 from .metrics import metrics_by_pmu
 from .perf_event import CounterSet, Reading
 
@@ -28,8 +28,8 @@ PHASES = ("data", "forward", "backward", "optimizer")
 def _step_parts(model: str, batch: int, size: int, steps: int) -> list[Callable[[Any], Any]]:
     import torch
 
+    from ..core.optim import make_optimizer
     from ..models import get_model_spec
-    from ..optim import make_optimizer
 
     spec = get_model_spec(model)
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ change keeps two invariants, whatever instant the power fails:
 
 * **listed frames are whole**: new frame files are written and flushed to disk (one
   ``os.sync`` per batch, far cheaper than an ``fsync`` per 2 KB file) *before* the manifest
-  naming them is replaced atomically (:func:`edgetrain.fileio.write_atomic`); an evicted
+  naming them is replaced atomically (:func:`edgetrain.sysutil.fileio.write_atomic`); an evicted
   frame leaves the manifest *before* its file is deleted. Files the manifest does not list
   (a batch cut short) are deleted when the store is opened.
 * **the quota holds on disk**: eviction frees room (manifest first, then files) before the
@@ -44,7 +44,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import EdgetrainError
-from ..fileio import fsync_dir, to_json, write_atomic
+from ..sysutil.fileio import fsync_dir, to_json, write_atomic
 from ..units import format_bytes
 from .detect import CROP_PX
 from .world import CLASSES

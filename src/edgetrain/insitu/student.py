@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import to_json, write_atomic
+from ..sysutil.fileio import to_json, write_atomic
 from .model import augment, predict, to_tensor
 from .store import StoredFrame, decode_png, listed_frames
 from .teacher import load_teacher

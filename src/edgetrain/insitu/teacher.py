@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetrainError
-from ..fileio import write_atomic
+from ..sysutil.fileio import write_atomic
 from .detect import crop, detectable
 from .gate import Calibration, GateConfig, calibrate
 from .model import FitConfig, classifier, fit, predict

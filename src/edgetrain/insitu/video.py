@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EdgetrainError
-from ..fileio import write_atomic
+from ..sysutil.fileio import write_atomic
 
 __all__ = ["read_frames", "probe_video", "stated_frames", "write_frames"]
 

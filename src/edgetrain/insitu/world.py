@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..fileio import write_json
+from ..sysutil.fileio import write_json
 
 __all__ = ["CLASSES", "Camera", "EYE_LEVEL", "POLE", "STEEP", "NODE_CAMERAS", "node_camera", "ObjectTruth", "Video",
            "render_video", "write_video", "FRAME_RATE_HZ"]

@@ -40,12 +40,12 @@ import torch
 from torch import nn
 
 from ..errors import EdgetrainError
-from ..fileio import write_json
+from ..sysutil.fileio import write_json
 from ..units import format_bytes
 from .update import AUTO, UpdateSchemeError, apply_update
 
 if TYPE_CHECKING:
-    from ..chain import Chain
+    from ..core.chain import Chain
 
 __all__ = ["AUTO", "PROBE_STEPS", "StepBudget", "Probe", "ProbeData", "AutoChoice", "default_candidates",
            "probe_data", "probe_schemes", "choose_update", "pick"]
@@ -221,16 +221,16 @@ def _step_fn(model: nn.Module, chain: Chain,
     numba's kernel, whose ~100 MiB would stay in the process that trains next, as training plans)."""
     if budget_bytes is None:
         return lambda x, y: nn.functional.cross_entropy(model(x), y).backward()
+    from ..core.stages import training_stages
     from ..planners import plan
     from ..runtime import Executor
-    from ..stages import training_stages
 
     return Executor(training_stages(model), plan(chain, memory=budget_bytes, jit=False).schedule, chain).step
 
 
 def _probe_one(build: Callable[[], nn.Module], scheme: str, data: ProbeData, budget: StepBudget, steps: int,
                lr: float, optimizer: str, seed: int, before: tuple[float, float]) -> Probe:
-    from ..optim import make_optimizer
+    from ..core.optim import make_optimizer
     from ..planners.plan import least_step_bytes
     from ..profile import profile
 

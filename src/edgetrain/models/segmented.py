@@ -47,8 +47,8 @@ import torch
 from torch import fx, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..norm_statistics import frozen_statistics
-from ..rng_state import RandomDraws, RngState, replayed_rng
+from ..autograd.norm_statistics import frozen_statistics
+from ..autograd.rng_state import RandomDraws, RngState, replayed_rng
 from .traced import is_scalar_node, mutates, traced_module
 
 __all__ = ["SegmentedStage", "segmented_stage", "segmented_stages"]

@@ -19,7 +19,7 @@ The rest get ``requires_grad = False``, and every part of edgetrain reads the fl
 user froze by hand is planned and trained the same way: autograd saves nothing for a gradient no one
 needs (a frozen convolution whose input needs no gradient saves no input), frozen parameters get no
 gradient and no optimizer state, and the stages before the first one that trains fold into it
-(:func:`edgetrain.stages.training_stages`), so they run once, record nothing and back-propagate
+(:func:`edgetrain.core.stages.training_stages`), so they run once, record nothing and back-propagate
 nothing. The profiler measures all of this on the model as it is flagged, and the planners plan it
 unchanged.
 """

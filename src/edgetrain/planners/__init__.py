@@ -1,4 +1,4 @@
-"""Planners: pure functions from a chain and a budget to a :class:`~edgetrain.schedule.Schedule`.
+"""Planners: pure functions from a chain and a budget to a :class:`~edgetrain.core.schedule.Schedule`.
 
 ``uniform(chain, segments)`` is PyTorch's ``checkpoint_sequential``, ``revolve(chain, slots)``
 binomial checkpointing (Griewank & Walther 2000), ``optimal(chain, memory_bytes)`` the dynamic

@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ..chain import Chain, StageCost
-from ..energy import EnergyProfile
+from ..core.chain import Chain, StageCost
+from ..costs.energy import EnergyProfile
 from ..errors import InfeasibleBudgetError
 from ..units import parse_bytes
 from .paging import PagingResult, paging_dp

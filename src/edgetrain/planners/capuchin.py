@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal
 
-from ..chain import Chain
-from ..energy import EnergyProfile, page_time_s
+from ..core.chain import Chain
+from ..core.schedule import Backward, Forward, Keep, Op, PageIn, PageOut, Schedule, simulate
+from ..costs.energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
-from ..schedule import Backward, Forward, Keep, Op, PageIn, PageOut, Schedule, simulate
 from .uniform import advance, record_and_reverse
 
 __all__ = ["Mode", "capuchin", "capuchin_schedule"]
@@ -92,10 +92,10 @@ def capuchin(chain: Chain, profile: EnergyProfile, memory_bytes: int) -> Schedul
     """Capuchin's greedy schedule within ``memory_bytes`` (the whole simulated peak of the step).
 
     Args:
-        chain: the cost model, its stage times the device's (:func:`edgetrain.energy.scale_chain`),
+        chain: the cost model, its stage times the device's (:func:`edgetrain.costs.energy.scale_chain`),
             since whether a swap hides compares them with the device's transfer times.
         profile: the device: its paging latency and throughput decide swap or recompute.
-        memory_bytes: the budget, as :func:`~edgetrain.schedule.simulate` counts the peak.
+        memory_bytes: the budget, as :func:`~edgetrain.core.schedule.simulate` counts the peak.
 
     Returns:
         A schedule with ``strategy="capuchin"``; ``params`` lists the swapped and recomputed stages.

@@ -72,9 +72,9 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord
 from ..errors import InfeasibleBudgetError
-from ..schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord
 
 __all__ = ["Solver", "SubProblem", "Costs", "Grid", "MovesGrid", "BudgetTable", "RECORD_VARIANTS", "ceil_div", "row",
            "needed_subproblems", "sweep_time_s", "common_unit_bytes", "discretise", "without_paging", "solve_reference",

@@ -1,9 +1,9 @@
 """Pick the least-energy schedule on a device for a memory budget and, optionally, a deadline.
 
 The counterpart of :func:`~edgetrain.planners.plan` for the energy objective of POET (Patil et
-al., ICML 2022): the chain's stage times must be the device's (:func:`edgetrain.energy.scale_chain`),
-and every candidate is priced by :func:`~edgetrain.schedule.simulate` with the device's
-:class:`~edgetrain.energy.EnergyProfile`, so all strategies are compared on the same oracle.
+al., ICML 2022): the chain's stage times must be the device's (:func:`edgetrain.costs.energy.scale_chain`),
+and every candidate is priced by :func:`~edgetrain.core.schedule.simulate` with the device's
+:class:`~edgetrain.costs.energy.EnergyProfile`, so all strategies are compared on the same oracle.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..chain import Chain
-from ..energy import EnergyProfile, scale_chain
+from ..core.chain import Chain
+from ..core.schedule import Schedule, Stats, keep_all, simulate
+from ..costs.energy import EnergyProfile, scale_chain
+from ..costs.timemodel import HostCalibration, training_rate
 from ..errors import EdgetrainError, InfeasibleBudgetError, UnknownNameError
-from ..schedule import Schedule, Stats, keep_all, simulate
-from ..timemodel import HostCalibration, training_rate
 from ..units import parse_bytes
 from .optimal import solve
 from .paging import paging_dp
@@ -108,7 +108,7 @@ def plan_energy(chain: Chain, profile: EnergyProfile, memory: int | str, *, dead
     """The least-energy schedule of ``strategy`` within ``memory`` (and ``deadline_s``) on a device.
 
     Args:
-        chain: the cost model with the device's stage times (see :func:`edgetrain.energy.scale_chain`).
+        chain: the cost model with the device's stage times (see :func:`edgetrain.costs.energy.scale_chain`).
         profile: the device's energy profile.
         memory: the whole peak allowed, bytes or text such as ``"512MiB"``.
         deadline_s: the longest step time allowed (compute plus serial paging), or None.

@@ -52,10 +52,10 @@ from torch import fx, nn
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..core.stages import LossFn
 from ..errors import EdgetrainError
-from ..fileio import write_atomic
 from ..profile.tracker import SavedTensors, storage_bytes, storage_key
-from ..stages import LossFn
+from ..sysutil.fileio import write_atomic
 
 __all__ = ["GraphNode", "Graph", "capture_graph"]
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chain import Chain, optimizer_memory
-from ..energy import EnergyProfile, page_energy_j, page_time_s
+from ..core.chain import Chain, optimizer_memory
+from ..costs.energy import EnergyProfile, page_energy_j, page_time_s
 from ..errors import EdgetrainError
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ def training_graph(graph: Graph, profile: EnergyProfile, *, optimizer: str = "sg
 def chain_training_graph(chain: Chain, profile: EnergyProfile) -> TrainingGraph:
     """The training graph of a chain: ``F_0..F_{L-1}`` then ``B_{L-1}..B_0``.
 
-    Stage times must already be the device's (:func:`edgetrain.energy.scale_chain`). ``F_i``
+    Stage times must already be the device's (:func:`edgetrain.costs.energy.scale_chain`). ``F_i``
     holds the stage's record, ``max(out_bytes, saved_bytes)`` (the record includes ``x_{i+1}``;
     counting only ``out_bytes`` would forget autograd's other saved tensors), with the forward
     workspace. ``B_i`` holds ``δ_i`` (``value_bytes[i]``; nothing for ``i = 0``: the input needs no

@@ -4,7 +4,7 @@
 :func:`~edgetrain.planners.milp.chain_training_graph` (``F_0 .. F_{L-1}`` then
 ``B_{L-1} .. B_0``): which nodes each stage computes (``R``), keeps (``S``), reads back
 (``M_in``) and writes (``M_out``). This module replays those decisions stage by stage on the
-simulator's own state (:mod:`edgetrain.schedule`) and emits the ops that do the same.
+simulator's own state (:mod:`edgetrain.core.schedule`) and emits the ops that do the same.
 
 NOTE [ From MILP decisions to ops ]
 Node ``F_j`` is the value ``x_{j+1}`` (plus, once stage ``j`` is recorded, the record's own
@@ -29,7 +29,7 @@ The MILP writes a value once (``M_out[j, j]``) and its copy stays on flash; ``Pa
 the copy, so each read-back takes its own ``PageOut``, issued when the value is dropped. Energy
 is the MILP's when every value is read back at most once, which is what is emitted (a second
 read-back raises). Memory is never more than the MILP's at any point: the ops hold a subset of
-what the MILP's replay holds, and the result is checked with :func:`~edgetrain.schedule.simulate`
+what the MILP's replay holds, and the result is checked with :func:`~edgetrain.core.schedule.simulate`
 against the budget.
 
 What the ops cannot express (each raises :class:`~edgetrain.errors.ScheduleError` naming the
@@ -48,9 +48,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..chain import Chain
-from ..errors import ScheduleError
-from ..schedule import (
+from ..core.chain import Chain
+from ..core.schedule import (
     Backward,
     Discard,
     Forward,
@@ -66,6 +65,7 @@ from ..schedule import (
     apply_op,
     simulate,
 )
+from ..errors import ScheduleError
 from .milp import MilpResult
 
 __all__ = ["milp_schedule"]
@@ -226,7 +226,7 @@ def milp_schedule(chain: Chain, result: MilpResult) -> Schedule:
         result: the solution, from :func:`~edgetrain.planners.milp.milp`.
 
     Returns:
-        A :class:`~edgetrain.schedule.Schedule` (strategy ``"milp"``) that :func:`simulate` accepts,
+        A :class:`~edgetrain.core.schedule.Schedule` (strategy ``"milp"``) that :func:`simulate` accepts,
         with a peak within ``result.memory_bytes``; it computes every node as often as the MILP
         and pages every value as often (a record's own tensors, ``saved_bytes > out_bytes``, are
         one more transfer where the MILP pages the node whole). On chains whose records keep only

@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..chain import Chain
-from ..energy import EnergyProfile
+from ..core.chain import Chain
+from ..core.schedule import Schedule, simulate
+from ..costs.energy import EnergyProfile
 from ..errors import EdgetrainError
-from ..schedule import Schedule, simulate
 from ..units import parse_bytes
 from .milp import MilpResult, milp
 from .milp_graph import chain_training_graph
@@ -77,7 +77,7 @@ class MilpPlan:
 
 def plan_milp(chain: Chain, profile: EnergyProfile, memory: int | str, *, deadline_s: float | None = None,
               time_limit_s: float = 60.0) -> MilpPlan:
-    """Solve POET's MILP on ``chain`` (device times, see :func:`edgetrain.energy.scale_chain`) within ``memory``.
+    """Solve POET's MILP on ``chain`` (device times, see :func:`edgetrain.costs.energy.scale_chain`) within ``memory``.
 
     Raises:
         InfeasibleBudgetError: the budget is below the graph's least feasible peak.

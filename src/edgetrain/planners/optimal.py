@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Schedule
 from ..errors import InfeasibleBudgetError
-from ..schedule import Schedule
 from .dp_grid import (
     BudgetTable,
     Costs,
@@ -71,7 +71,7 @@ class OptimalTable(BudgetTable):
     the sub-chains (8 bytes per entry against 2) are dropped once solved.
 
     Example:
-        >>> from edgetrain.chain import Chain
+        >>> from edgetrain.core.chain import Chain
         >>> table = solve(Chain.uniform(10), 20)
         >>> table.time_s(20), table.min_memory_bytes
         (20.0, 5)
@@ -123,7 +123,7 @@ def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solv
     Args:
         chain: the cost model.
         max_memory_bytes: the largest budget the table answers for: the whole peak of a step
-            as :func:`~edgetrain.schedule.simulate` reports it (weights, optimizer state,
+            as :func:`~edgetrain.core.schedule.simulate` reports it (weights, optimizer state,
             input, activations, gradients, workspaces).
         slots: memory units the activation budget ``max_memory_bytes - chain.resident_bytes``
             is cut into (fewer when a common divisor of all sizes makes the grid exact);
@@ -139,7 +139,7 @@ def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solv
         ValueError: for ``slots < 1`` or an unknown solver.
 
     Example:
-        >>> from edgetrain.chain import Chain
+        >>> from edgetrain.core.chain import Chain
         >>> table = solve(Chain.uniform(8), 12)
         >>> [table.time_s(b) for b in (5, 6, 12)]
         [36.0, 24.0, 16.0]
@@ -177,8 +177,8 @@ def optimal(chain: Chain, memory_bytes: int, *, slots: int = 500) -> Schedule:
         InfeasibleBudgetError: when nothing fits, carrying the least budget as ``minimum_bytes``.
 
     Example:
-        >>> from edgetrain.chain import Chain
-        >>> from edgetrain.schedule import simulate
+        >>> from edgetrain.core.chain import Chain
+        >>> from edgetrain.core.schedule import simulate
         >>> stats = simulate(Chain.uniform(8), optimal(Chain.uniform(8), 6))
         >>> stats.peak_bytes <= 6, stats.time_s
         (True, 24.0)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Backward, Forward, Keep, Op, Schedule
 from ..errors import InfeasibleBudgetError
-from ..schedule import Backward, Forward, Keep, Op, Schedule
 from .dp_grid import Costs, SubProblem, check_length, needed_subproblems, step_bytes, sweep_time_s, unfold
 
 __all__ = ["ExactTable", "solve_exact", "exact_minimum_bytes", "least_peak_schedule", "below_minimum_error"]
@@ -199,7 +199,7 @@ class ExactTable:
     solves it only where a table cannot vouch for its answer.
 
     Example:
-        >>> from edgetrain.chain import Chain
+        >>> from edgetrain.core.chain import Chain
         >>> table = solve_exact(Chain.uniform(8), 12)
         >>> table.min_memory_bytes, [table.time_s(b) for b in (5, 6, 12)]
         (5, [36.0, 24.0, 16.0])

@@ -27,7 +27,7 @@ Besides (a) *record s* and (b) *checkpoint x_k*:
 
 The cost of a schedule is ``Σ weight × time`` per kind of work: compute (every forward and
 backward), page-in and page-out (``latency + bytes / throughput`` per transfer). With the
-device's powers as weights it is the step's energy exactly as :func:`~edgetrain.schedule.simulate`
+device's powers as weights it is the step's energy exactly as :func:`~edgetrain.core.schedule.simulate`
 reports it (``energy_j``); with weight 1 everywhere it is the step's time. A deadline is met
 by a Lagrangian weight ``λ`` on time added to every power (:func:`paging_dp` searches it): this
 is exact at ``λ = 0`` (the least-energy schedule meets the deadline) and otherwise returns the
@@ -48,10 +48,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..chain import Chain
-from ..energy import EnergyProfile, page_time_s
+from ..core.chain import Chain
+from ..core.schedule import Schedule, Stats, keep_all, simulate
+from ..costs.energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
-from ..schedule import Schedule, Stats, keep_all, simulate
 from .dp_grid import (
     BudgetTable,
     Costs,
@@ -196,7 +196,7 @@ def solve_paging(chain: Chain, profile: EnergyProfile, max_memory_bytes: int, *,
     """Solve the paging table of ``chain`` on a device for every budget up to ``max_memory_bytes``.
 
     Args:
-        chain: the cost model, its stage times the device's (:func:`edgetrain.energy.scale_chain`).
+        chain: the cost model, its stage times the device's (:func:`edgetrain.costs.energy.scale_chain`).
         profile: the device's energy profile (powers; paging latency and throughput).
         max_memory_bytes: the largest whole-step peak the table answers for.
         weights: cost per second of compute / page-in / page-out; default the device's

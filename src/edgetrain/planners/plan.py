@@ -1,7 +1,7 @@
 """Pick the best schedule for a memory budget or for a recompute factor.
 
 A memory budget means what a device's RAM means: the whole peak of a training step as
-:func:`~edgetrain.schedule.simulate` counts it. With ``memory=`` we return the fastest schedule
+:func:`~edgetrain.core.schedule.simulate` counts it. With ``memory=`` we return the fastest schedule
 within it; with ``recompute=ρ`` the schedule of least peak whose time stays within ``ρ`` times
 a step without recomputation (the founding paper's binary search over memory).
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Schedule, Stats, keep_all, simulate
 from ..errors import InfeasibleBudgetError, UnknownNameError
-from ..schedule import Schedule, Stats, keep_all, simulate
 from ..units import format_bytes, parse_bytes
 from .dp_grid import Solver
 from .optimal import OptimalTable, solve

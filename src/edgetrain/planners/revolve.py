@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from math import comb
 
-from ..chain import Chain
-from ..schedule import Backward, Forward, Keep, Op, Schedule
+from ..core.chain import Chain
+from ..core.schedule import Backward, Forward, Keep, Op, Schedule
 
 __all__ = ["revolve", "revolve_advances", "revolve_repetitions"]
 
@@ -147,8 +147,8 @@ def revolve(chain: Chain, slots: int) -> Schedule:
         ValueError: if ``slots < 1``.
 
     Example:
-        >>> from edgetrain.chain import Chain
-        >>> from edgetrain.schedule import simulate
+        >>> from edgetrain.core.chain import Chain
+        >>> from edgetrain.core.schedule import simulate
         >>> simulate(Chain.uniform(10), revolve(Chain.uniform(10), 3)).forward_advances
         15
     """

@@ -9,9 +9,9 @@ is recorded again just before its own backward, never nested.
 
 from __future__ import annotations
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Backward, Forward, Keep, Op, Schedule, simulate
 from ..errors import InfeasibleBudgetError
-from ..schedule import Backward, Forward, Keep, Op, Schedule, simulate
 from ..units import format_bytes
 from .uniform import record_and_reverse, segment_bounds
 

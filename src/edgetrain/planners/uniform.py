@@ -9,14 +9,14 @@ checkpointed piece is re-run with autograd, from the last to the first, and back
 This is the square-root strategy of Chen et al., "Training Deep Nets with Sublinear Memory
 Cost" (arXiv:1604.06174, 2016): with ``segments ~ sqrt(L)`` the activations held at once
 grow as ``O(sqrt(L))`` for one extra forward of the first ``L - last`` stages. Expressing
-it as a :class:`~edgetrain.schedule.Schedule` lets the simulator price it like any other
+it as a :class:`~edgetrain.core.schedule.Schedule` lets the simulator price it like any other
 planner and lets tests hold it against torch's own implementation.
 """
 
 from __future__ import annotations
 
-from ..chain import Chain
-from ..schedule import Backward, Forward, Keep, Op, Schedule
+from ..core.chain import Chain
+from ..core.schedule import Backward, Forward, Keep, Op, Schedule
 
 __all__ = ["uniform", "segment_bounds", "advance", "record_and_reverse"]
 
@@ -71,7 +71,7 @@ def uniform(chain: Chain, segments: int) -> Schedule:
         ValueError: for ``segments < 1`` or ``segments > chain.length``.
 
     Example:
-        >>> from edgetrain.chain import Chain
+        >>> from edgetrain.core.chain import Chain
         >>> sched = uniform(Chain.uniform(4), 2)
         >>> [(type(op).__name__, op.stage) for op in sched.ops][:4]
         [('Forward', 0), ('Forward', 1), ('Forward', 2), ('Forward', 3)]

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cgroups import remove_cgroup
 from ..errors import EdgetrainError
+from ..sysutil.cgroups import remove_cgroup
 from .predict import ModePoint
 
 __all__ = ["CGROUP_CPU", "QuotaMode", "StepTiming", "cpu_quota_cgroup", "quota_grid", "quota_unavailable_reason",

@@ -179,7 +179,7 @@ class Board:
 
 
 def _save_restore(path: Path, record: dict[str, Any]) -> None:
-    from ..fileio import write_json
+    from ..sysutil.fileio import write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, record)

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..chain import Chain
+from ..core.chain import Chain
 from ..errors import EdgetrainError
 
 if TYPE_CHECKING:
     from ..devices import Device
+from ..core.schedule import keep_all, simulate
 from ..models import check_input, get_model_spec
 from ..models.update import apply_update, parse_update
-from ..schedule import keep_all, simulate
 from .profiler import profile
 
 __all__ = ["MemoryEstimate", "estimate_memory", "chain_for"]

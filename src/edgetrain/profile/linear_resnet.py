@@ -5,7 +5,7 @@ by analogy to ResNet-x": the same weight memory as ResNet-x, ``x`` identical lay
 an activation of ResNet-x's total activation divided by ``x``, and unit forward and backward
 cost, so a step without recomputation costs ``2x`` and the recompute factor is
 ``time / 2x``. It exists only as a cost model (there is no network to run), so it is a
-:class:`~edgetrain.chain.Chain`, built from our estimator's measurement of the real ResNet
+:class:`~edgetrain.core.chain.Chain`, built from our estimator's measurement of the real ResNet
 (hence here, beside the estimator, and not in ``models``, which the estimator reads).
 Only weights and activations are counted, as in the paper: no gradients, no optimizer state.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..chain import Chain
+from ..core.chain import Chain
 from ..errors import EdgetrainError
 from .estimate import chain_for
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..optim import make_optimizer
-from ..stages import LossFn
+from ..core.optim import make_optimizer
+from ..core.stages import LossFn
 from .tracker import LiveBytesTracker
 
 __all__ = ["MeasuredStep", "measure_training_step", "step_times", "train_step"]

@@ -1,4 +1,4 @@
-"""Measure a model into a :class:`~edgetrain.chain.Chain`, stage by stage.
+"""Measure a model into a :class:`~edgetrain.core.chain.Chain`, stage by stage.
 
 Each stage is run on its own, with the previous stage's output as input, three ways: without
 autograd (output size and forward workspace), recorded (what autograd saves, counted with
@@ -22,10 +22,10 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
-from ..rng_state import RandomDraws, RngState
-from ..seeded_backward import GradBox, HandOver, seed_backward
-from ..stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
+from ..autograd.rng_state import RandomDraws, RngState
+from ..autograd.seeded_backward import GradBox, HandOver, seed_backward
+from ..core.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
+from ..core.stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
 from .tracker import (
     AllocatorRecorder,
     AllocatorWindow,
@@ -105,7 +105,7 @@ def _rng_state_nbytes(device: torch.device) -> int:
 
 def _loss_held_bytes(loss: torch.Tensor) -> int:
     """The loss a step returns and the seed gradient its backward starts from (``torch.ones`` of the
-    loss's shape, as ``Tensor.backward`` and :class:`~edgetrain.seeded_backward.HandOver` make it):
+    loss's shape, as ``Tensor.backward`` and :class:`~edgetrain.autograd.seeded_backward.HandOver` make it):
     both live past the loss stage's own ops (``Chain.loss_held_bytes``)."""
     return loss.untyped_storage().nbytes() + loss.numel() * loss.element_size()
 
@@ -305,7 +305,7 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
             saved[storage_key(y)] = y.untyped_storage().nbytes()
 
         # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
-        #    is handed to the engine as the executor hands it (edgetrain.seeded_backward): freed once used.
+        #    is handed to the engine as the executor hands it (edgetrain.autograd.seeded_backward): freed once used.
         backward, grad_in = _seeded_backward(y, x_rec, recorder)
         grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
         del y
@@ -353,8 +353,8 @@ def _stepped_backward(module: nn.Module, x: torch.Tensor, input_grad: bool, para
 
 def _seeded_backward(y: torch.Tensor, x_rec: torch.Tensor, recorder: Recorder) -> tuple[AllocatorWindow, int]:
     """Back-propagate a recorded stage from ``y`` with a ones gradient handed to the engine as the executor hands
-    it (edgetrain.seeded_backward: freed once used), as a window of ``recorder``; the window, and the bytes of the
-    gradient it leaves in ``x_rec``."""
+    it (edgetrain.autograd.seeded_backward: freed once used), as a window of ``recorder``; the window, and the bytes
+    of the gradient it leaves in ``x_rec``."""
     box = GradBox()
     seed = HandOver.apply(y, box) if y.requires_grad else None
     box.grad = None if y.dim() == 0 else torch.ones_like(y)

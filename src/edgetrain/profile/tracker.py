@@ -27,8 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..optim import TrainingOptimizer
-from ..rng_state import STATE_WATCHERS
+from ..autograd.rng_state import STATE_WATCHERS
+from ..core.optim import TrainingOptimizer
 
 __all__ = ["AllocatorRecorder", "AllocatorWindow", "LiveBytesTracker", "SavedTensors", "allocator_window",
            "full_allocator_window",

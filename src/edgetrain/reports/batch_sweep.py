@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
+from ..core.optim import make_optimizer
+from ..core.schedule import keep_all, simulate
+from ..core.stages import training_stages
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
-from ..optim import make_optimizer
 from ..planners import plan
 from ..profile.estimate import chain_for
 from ..profile.measure import step_times, train_step
 from ..runtime import Executor
-from ..schedule import keep_all, simulate
-from ..stages import training_stages
 
 __all__ = ["BatchPoint", "BatchSweep", "DeviceLargestBatch", "PAPER_LARGEST_BATCH", "largest_batch",
            "largest_batches_by_device", "sweep_batches"]

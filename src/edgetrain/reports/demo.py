@@ -50,11 +50,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..fileio import read_jsonl, write_json
+from ..sysutil.fileio import read_jsonl, write_json
 
 if TYPE_CHECKING:
-    from ..chain import Chain
-    from ..schedule import Schedule
+    from ..core.chain import Chain
+    from ..core.schedule import Schedule
     from ..train import TrainConfig, TrainSummary
     from ..train.loop import ProgressFn
 
@@ -195,9 +195,9 @@ def squeeze_for(squeeze: float, settings: DemoSettings = DemoSettings()) -> Sque
     The step is profiled on real tensors, as the run will be: its kernels' scratch (NOTE [ A kernel's
     scratch in the plan ]) raises the least step above the meta device's estimate.
     """
+    from ..core.schedule import keep_all, simulate
     from ..planners.plan import least_step_bytes
     from ..profile import chain_for
-    from ..schedule import keep_all, simulate
 
     chain = chain_for(settings.model, settings.batch, settings.image, optimizer=settings.optimizer,
                       num_classes=settings.classes, device="cpu")
@@ -261,7 +261,7 @@ def prepare_run(out: Path, squeeze: Squeeze, settings: DemoSettings = DemoSettin
 
 def summarise(config: TrainConfig, summary: TrainSummary) -> DemoRun:
     """Part 3's figures, read back from the run directory: epochs, step losses, the schedule it ran."""
-    from ..schedule import Schedule
+    from ..core.schedule import Schedule
     from ..train.budget import ProcessBudget
     from ..train.rundir import METRICS_FILE, PLAN_FILE
 
@@ -282,9 +282,9 @@ def summarise(config: TrainConfig, summary: TrainSummary) -> DemoRun:
 
 
 def _step_memory(chain: Chain, schedule: Schedule) -> list[int]:
-    """The step's simulated RAM at every op of ``schedule`` (:func:`~edgetrain.schedule.memory_timeline`), then
-    at the optimizer step, which :func:`~edgetrain.schedule.simulate` also counts."""
-    from ..schedule import memory_timeline
+    """The step's simulated RAM at every op of ``schedule`` (:func:`~edgetrain.core.schedule.memory_timeline`), then
+    at the optimizer step, which :func:`~edgetrain.core.schedule.simulate` also counts."""
+    from ..core.schedule import memory_timeline
 
     return ([m.transient_bytes for m in memory_timeline(chain, schedule)]
             + [chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes])
@@ -297,8 +297,8 @@ def write_figure(path: Path, squeeze: Squeeze, demo: DemoRun, classes: int) -> P
     Raises:
         EdgetrainError: matplotlib is not installed (the ``reports`` extra).
     """
+    from ..core.schedule import keep_all
     from ..errors import EdgetrainError
-    from ..schedule import keep_all
 
     try:
         import matplotlib

@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Schedule, keep_all, simulate
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import write_atomic
 from ..planners.optimal import solve
 from ..planners.revolve import revolve
 from ..profile.estimate import chain_for
 from ..profile.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet, linear_resnet_from_total
-from ..schedule import Schedule, keep_all, simulate
+from ..sysutil.fileio import write_atomic
 from ..units import format_bytes
 from .tables import paper_values
 

@@ -4,7 +4,7 @@ POET (Patil et al., ICML 2022) claims that integrating paging with rematerialisa
 training step's energy within about 1% of the unconstrained step down to roughly half the
 memory, where rematerialisation alone pays far more. For each model and device this sweeps
 memory budgets from plain backprop's simulated peak down to the least budget ``paging-dp``
-fits, and prices every strategy's schedule with :func:`~edgetrain.schedule.simulate` on the
+fits, and prices every strategy's schedule with :func:`~edgetrain.core.schedule.simulate` on the
 device's energy profile:
 
 * ``paging-dp``: recompute + paging, least energy (:mod:`edgetrain.planners.paging`);
@@ -35,17 +35,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.schedule import Schedule, keep_all, simulate
+from ..costs.energy import EnergyProfile, scale_chain
+from ..costs.timemodel import HostCalibration, needs_calibration, training_rate
 from ..devices import get_device
-from ..energy import EnergyProfile, scale_chain
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import write_atomic
 from ..planners.capuchin import capuchin
 from ..planners.optimal import OptimalTable, solve
 from ..planners.paging import PagingTable, solve_paging
 from ..profile.estimate import chain_for
-from ..schedule import Schedule, keep_all, simulate
-from ..timemodel import HostCalibration, needs_calibration, training_rate
+from ..sysutil.fileio import write_atomic
 from .poet_claims import (
     TINY_MODELS,
     TinyModel,
@@ -77,11 +77,11 @@ WHOLE_STEP = "budget_pct_of_keep_all_peak"   # the claim's axes: % of keep-all's
 ACTIVATIONS = "activation_budget_pct"        # or of its part above the fixed state (POET's accounting)
 ASSUMPTIONS = (
     "Energy per training step = compute power x compute time + per-transfer paging energy "
-    "(latency + bytes / throughput) x storage power, POET's model (edgetrain.energy).",
+    "(latency + bytes / throughput) x storage power, POET's model (edgetrain.costs.energy).",
     "Stage times are FLOPs (counted on the meta device) / the device's training rate (NOTE [ One time model ]: "
     "measured on the device, or its LINPACK rate x the training efficiency measured here); every stage runs at "
     "the same achieved rate.",
-    "Budgets and peaks are the whole step's RAM as edgetrain.schedule.simulate counts it: weights, optimizer "
+    "Budgets and peaks are the whole step's RAM as edgetrain.core.schedule.simulate counts it: weights, optimizer "
     "state (SGD momentum), input batch, gradients, activations and workspace.",
     "Paging time is charged serially (no overlap with compute); what each planner may page is in its module "
     "(paging-dp: NOTE [ The paging DP ]; capuchin: stage inputs its records keep).",

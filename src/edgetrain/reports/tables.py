@@ -31,9 +31,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..chain import Chain
-from ..fileio import write_atomic
+from ..core.chain import Chain
 from ..profile.estimate import estimate_memory
+from ..sysutil.fileio import write_atomic
 from ..units import format_bytes
 
 if TYPE_CHECKING:

@@ -53,16 +53,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..chain import Chain
+from ..autograd.seeded_backward import GradBox
+from ..core.chain import Chain
+from ..core.schedule import simulate
+from ..core.stages import LossFn, compiled_stages, training_stages
 from ..models.segmented import SegmentedStage, segmented_stages
 from ..models.traced import training_mode
 from ..models.update import apply_update
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profile import profile
-from ..schedule import simulate
-from ..seeded_backward import GradBox
-from ..stages import LossFn, compiled_stages, training_stages
 from .executor import Executor, PendingBackward
 from .step_in_backward import OptimizerFactory, StepInBackward, shared_gradient_bytes
 
@@ -99,7 +99,7 @@ class _ScheduledForward(torch.autograd.Function):
 class Checkpointed(nn.Module):
     """Train ``model`` within a memory budget (or a recompute factor) by planned recomputation.
 
-    The model is profiled on ``sample`` into a :class:`~edgetrain.chain.Chain` (loss
+    The model is profiled on ``sample`` into a :class:`~edgetrain.core.chain.Chain` (loss
     included), a schedule is planned with :func:`edgetrain.planners.plan`, and training
     steps follow it (see NOTE [ Checkpointed in a user loop ]). A batch of another shape,
     dtype or device is profiled and planned again (logged as a warning: profiling takes

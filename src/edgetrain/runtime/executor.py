@@ -1,4 +1,4 @@
-"""Run a checkpointing :class:`~edgetrain.schedule.Schedule` in a real training step, op by op.
+"""Run a checkpointing :class:`~edgetrain.core.schedule.Schedule` in a real training step, op by op.
 
 NOTE [ Executor memory semantics ]
 The executor is a dumb dispatcher: it owns no policy, it does what each op says, and holds a
@@ -13,7 +13,7 @@ live bytes of a step track ``simulate(chain, schedule).peak_bytes``:
   a leaf input would be pinned by its ``AccumulateGrad`` node whether saved or not. The
   alias's backward stores the incoming gradient ``δ_i`` in a box and stops there, so each
   stage's graph is separate and ``δ_i`` is handed to the next ``Backward`` by hand.
-* A record keeps a :class:`~edgetrain.seeded_backward.HandOver` output hung on the stage output,
+* A record keeps a :class:`~edgetrain.autograd.seeded_backward.HandOver` output hung on the stage output,
   never the output: ``x_{i+1}`` lives after it is released only if the stage saved it
   (``output_saved``), and then a weak reference to its storage finds it again if a later op
   needs it.
@@ -33,12 +33,12 @@ A stage forwarded more than once in a step must behave as if it ran once:
   forward, its last, and the plan counts it (NOTE [ Generator states in the plan ] in
   ``schedule.py``).
 * Normalisation statistics: every later forward runs the stage's BatchNorm-like modules at
-  momentum 0 (:func:`~edgetrain.norm_statistics.frozen_statistics`): the update
+  momentum 0 (:func:`~edgetrain.autograd.norm_statistics.frozen_statistics`): the update
   ``0 * batch + 1 * running`` leaves their running statistics bit for bit as they were, and
   ``num_batches_tracked`` is put back after it, so they are updated once per step, with the
   first forward's input, the one plain autograd sees. Nothing is copied, so there is no copy
   for the plan to count. A norm whose batch statistics are summed over nodes normalises a
-  recomputation with the first forward's (:func:`~edgetrain.norm_statistics.recomputing`).
+  recomputation with the first forward's (:func:`~edgetrain.autograd.norm_statistics.recomputing`).
 
 Stages must not modify their input in place: a checkpointed input would be corrupted for
 its recomputation (``torch.utils.checkpoint`` has the same rule).
@@ -89,12 +89,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..chain import Chain
-from ..errors import PagingError, ScheduleError
-from ..norm_statistics import frozen_statistics
-from ..profile.tracker import storage_key
-from ..rng_state import RngState, replayed_rng
-from ..schedule import (
+from ..autograd.norm_statistics import frozen_statistics
+from ..autograd.rng_state import RngState, replayed_rng
+from ..autograd.seeded_backward import GradBox, HandOver, seed_backward
+from ..core.chain import Chain
+from ..core.schedule import (
     Backward,
     Discard,
     Forward,
@@ -111,8 +110,9 @@ from ..schedule import (
     simulate,
     validate,
 )
-from ..seeded_backward import GradBox, HandOver, seed_backward
-from ..stages import LossStage, parameter_holders
+from ..core.stages import LossStage, parameter_holders
+from ..errors import PagingError, ScheduleError
+from ..profile.tracker import storage_key
 from .pager import OverlapPlan, PageKey, PageSession, PageStore, PagingStats, RecordKey, page_key, plan_overlap
 
 __all__ = ["Executor", "PendingBackward", "run_schedule"]
@@ -581,7 +581,7 @@ class _Run:
         record = self.records.pop(i)
         is_loss = i == len(self.stages) - 1
         if record.seed is not None and (self.delta is not None or is_loss):
-            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.seeded_backward)
+            # δ_{i+1} goes to the engine alone, freed once consumed (edgetrain.autograd.seeded_backward)
             record.output_grad.grad, self.delta = self.delta, None
             seed_backward(record.seed)
         # else: nothing downstream depends on this stage's output; no gradient flows through it.
@@ -600,7 +600,7 @@ class Executor:
 
     Args:
         stages: modules whose composition is the training step; the last is the loss (a
-            :class:`~edgetrain.stages.LossStage` when a target is passed to :meth:`step`).
+            :class:`~edgetrain.core.stages.LossStage` when a target is passed to :meth:`step`).
         schedule: the ops of one step, for ``len(stages)`` stages.
         chain: the cost model the schedule was planned on; when given, the schedule is
             validated against it (else against a chain of the same length, which checks the
@@ -641,7 +641,7 @@ class Executor:
             raise ScheduleError("no stages to run")
         if schedule.length != len(stages):
             raise ScheduleError(f"the schedule is for {schedule.length} stages but {len(stages)} stages were given "
-                                "(the last stage must be the loss: see edgetrain.stages.training_stages)")
+                                "(the last stage must be the loss: see edgetrain.core.stages.training_stages)")
         if chain is not None and chain.length != len(stages):
             raise ScheduleError(f"the chain has {chain.length} stages but {len(stages)} stages were given")
         # Without a chain: one of the same length whose records keep internals, so that paging them validates.
@@ -855,10 +855,10 @@ def run_schedule(stages: Sequence[nn.Module], schedule: Schedule, x: torch.Tenso
     (NOTE [ Executor memory semantics ]).
 
     Args:
-        stages: e.g. :func:`edgetrain.stages.training_stages` ``(model, loss_fn)``.
+        stages: e.g. :func:`edgetrain.core.stages.training_stages` ``(model, loss_fn)``.
         schedule: a schedule for ``len(stages)`` stages (a planner's output).
         x: the input batch.
-        target: labels set on the final :class:`~edgetrain.stages.LossStage`.
+        target: labels set on the final :class:`~edgetrain.core.stages.LossStage`.
         chain: the chain the schedule was planned on, to validate against.
         on_op: called as ``on_op(op_index, op)`` after every op.
         page_dir: where ``PageOut`` ops write (see :class:`Executor`); None for the temp directory.

@@ -27,7 +27,7 @@ NOTE [ Overlap without a higher peak ]
 The simulator charges paging serially: ``x_k``'s RAM is freed when ``PageOut(k)`` returns and
 taken when ``PageIn(k)`` starts. :func:`plan_overlap` lets a write keep its storage while
 later ops run, and a read take its bytes some ops early (prefetch), only over ops whose
-simulated RAM (:func:`~edgetrain.schedule.memory_timeline`) plus every other transfer planned
+simulated RAM (:func:`~edgetrain.core.schedule.memory_timeline`) plus every other transfer planned
 over them leaves room for the value under the step's simulated peak. Elsewhere the executor
 waits: for the write before the next op, for the read at the ``PageIn`` itself.
 """
@@ -56,9 +56,9 @@ from typing import Any
 
 import torch
 
+from ..core.schedule import Op, OpMemory, PageIn, PageInRecord, PageOut, PageOutRecord
 from ..errors import PagingError
-from ..fileio import read_exactly
-from ..schedule import Op, OpMemory, PageIn, PageInRecord, PageOut, PageOutRecord
+from ..sysutil.fileio import read_exactly
 from ..sysutil.processes import pid_running
 
 __all__ = ["PageStore", "PageSession", "PagingStats", "OverlapPlan", "plan_overlap", "RecordKey", "PageKey",
@@ -619,7 +619,7 @@ def plan_overlap(ops: Sequence[Op], timeline: Sequence[OpMemory], sizes: Sequenc
 
     Args:
         ops: the schedule's ops.
-        timeline: :func:`~edgetrain.schedule.memory_timeline` of the schedule.
+        timeline: :func:`~edgetrain.core.schedule.memory_timeline` of the schedule.
         sizes: bytes of each value ``x_k`` (``chain.value_bytes``).
         record_sizes: bytes of each stage's record internals (``saved_bytes - out_bytes``, as
             the simulator counts them); needed when ``ops`` page records.

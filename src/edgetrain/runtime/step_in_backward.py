@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..stages import parameter_holders
+from ..core.stages import parameter_holders
 
 __all__ = ["StepInBackward", "OptimizerFactory", "shared_gradient_bytes"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.planfile import PlanFile
 from ..errors import EdgetrainError, UnknownNameError
-from ..planfile import PlanFile
 from ..units import parse_bytes
 from .rundir import RunIdentity
 
@@ -73,12 +73,12 @@ class TrainConfig:
                 unknown model, optimizer, strategy or device, a size the model cannot take,
                 conflicting options.
         """
-        from ..chain import OPTIMIZERS
+        from ..core.chain import OPTIMIZERS
+        from ..core.optim import LR_SCHEDULES
         from ..data import SYNTHETIC_CLASSES, VAL_FRACTION
         from ..data.generated import check_split
         from ..devices import get_device
         from ..models import check_input, get_model_spec
-        from ..optim import LR_SCHEDULES
         from ..planners.plan import STRATEGIES
 
         _at_least("--batch", self.batch, 1)
@@ -161,7 +161,7 @@ class TrainConfig:
         return PlanFile.load(self.plan_file)
 
     def learning_rate(self) -> float:
-        from ..optim import DEFAULT_LR
+        from ..core.optim import DEFAULT_LR
 
         return DEFAULT_LR[self.optimizer] if self.lr is None else float(self.lr)
 
@@ -171,8 +171,8 @@ class TrainConfig:
         return train_samples // self.batch * self.epochs
 
     def learning_rate_at(self, step: int, total_steps: int) -> float:
-        """The rate of the step after ``step`` of ``total_steps`` (:func:`~edgetrain.optim.scheduled_rate`)."""
-        from ..optim import scheduled_rate
+        """The rate of the step after ``step`` of ``total_steps`` (:func:`~edgetrain.core.optim.scheduled_rate`)."""
+        from ..core.optim import scheduled_rate
 
         return scheduled_rate(self.learning_rate(), self.lr_schedule, step, total_steps)
 

@@ -28,20 +28,20 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..chain import Chain
+from ..core.chain import Chain
+from ..core.optim import TrainingOptimizer, make_optimizer, set_learning_rate
+from ..core.schedule import Schedule, keep_all, simulate, validate
+from ..core.stages import training_stages
 from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..fileio import LeftAsItWas, to_json, write_atomic, write_json
 from ..models import get_model_spec
 from ..models.update import apply_update
-from ..optim import TrainingOptimizer, make_optimizer, set_learning_rate
 from ..planners import Candidate, Plan, plan
 from ..profile import LiveBytesTracker, profile
 from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
 from ..runtime.step_in_backward import StepInBackward, shared_gradient_bytes
-from ..schedule import Schedule, keep_all, simulate, validate
-from ..stages import training_stages
+from ..sysutil.fileio import LeftAsItWas, to_json, write_atomic, write_json
 from ..sysutil.processes import worker_dies_with_parent
 from ..units import format_bytes
 from .auto_update import resolve_update

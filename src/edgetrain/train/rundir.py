@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import EdgetrainError
-from ..fileio import write_json
+from ..sysutil.fileio import write_json
 
 __all__ = ["RunDirectory", "RunIdentity", "RunLockedError", "RunMismatchError", "RUN_FILES"]
 

@@ -61,10 +61,10 @@ import torch
 from torch import nn
 from torch.utils.data import Sampler
 
+from ..core.optim import TrainingOptimizer
+from ..core.schedule import Schedule
 from ..errors import EdgetrainError
-from ..fileio import fsync_dir
-from ..optim import TrainingOptimizer
-from ..schedule import Schedule
+from ..sysutil.fileio import fsync_dir
 
 __all__ = [
     "TrainingState", "StateStore", "ResumableSampler", "StateError", "CorruptStateError",

@@ -1,6 +1,6 @@
 """Schedules as plain data, their validation, and the simulator every planner is judged by.
 
-A schedule is a tuple of op records over the stages of a :class:`~edgetrain.chain.Chain`
+A schedule is a tuple of op records over the stages of a :class:`~edgetrain.core.chain.Chain`
 (see NOTE [ The chain memory model ] in ``chain.py``):
 
 * ``Forward(stage, keep)`` computes ``x_{stage+1}`` from ``x_stage``.
@@ -29,7 +29,7 @@ checkpoint does. The loss ``x_L`` is kept: the step returns it.
 
 NOTE [ Paging time and energy ]
 Paging is charged *serially*: an op waits for its transfer, ``latency + bytes / throughput``
-(POET's per-transfer formula, :func:`edgetrain.energy.page_time_s`). The executor overlaps
+(POET's per-transfer formula, :func:`edgetrain.costs.energy.page_time_s`). The executor overlaps
 transfers with compute on background threads, so a real step can only be faster than this
 price, and a deadline met here is met there. A paged-out value's copy on disk is deleted when
 it is paged in or when the value dies; ``peak_disk_bytes`` is the most the step keeps there.
@@ -60,12 +60,12 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import ScheduleError
+from ..sysutil.fileio import write_atomic
 from .chain import Chain
-from .errors import ScheduleError
-from .fileio import write_atomic
 
 if TYPE_CHECKING:
-    from .energy import EnergyProfile
+    from ..costs.energy import EnergyProfile
 
 __all__ = ["Keep", "Forward", "Backward", "Discard", "PageOut", "PageIn", "PageOutRecord", "PageInRecord", "Op",
            "Schedule", "Stats", "validate", "simulate", "keep_all", "OpMemory", "memory_timeline", "SimState",
@@ -617,8 +617,8 @@ def _stats(chain: Chain, tally: SimTally, profile: EnergyProfile | None, *, peak
     page_time_s = 0.0
     energies: dict[str, float | None] = {"energy_compute_j": None, "energy_pagein_j": None, "energy_pageout_j": None}
     if profile is not None:
-        from .energy import page_energy_j
-        from .energy import page_time_s as transfer_s
+        from ..costs.energy import page_energy_j
+        from ..costs.energy import page_time_s as transfer_s
 
         page_time_s = (sum(transfer_s(n, profile, "in") for n in tally.pagein_transfers)
                        + sum(transfer_s(n, profile, "out") for n in tally.pageout_transfers))
@@ -659,7 +659,7 @@ def simulate(chain: Chain, schedule: Schedule, profile: EnergyProfile | None = N
 
     Args:
         chain: the cost model; its stage times must be the target device's when ``profile``
-            is given (see :func:`edgetrain.energy.scale_chain`).
+            is given (see :func:`edgetrain.costs.energy.scale_chain`).
         schedule: the ops of one step.
         profile: a device's energy profile: prices paging time (else paging is free) and fills
             the energy fields (compute = power x compute time; paging per transfer).

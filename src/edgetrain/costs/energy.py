@@ -13,8 +13,8 @@ model, pure and in explicit units:
 * page-in / page-out of ``n`` bytes: ``time_s = latency_s + n / bps`` (POET's formula, one
   latency per transfer) and ``energy_j = power_w * time_s``. Zero bytes is no transfer: 0 s.
 * device time from a chain profiled elsewhere (:func:`scale_chain`): NOTE [ One time model ]
-  in :mod:`edgetrain.timemodel`, the one model every objective uses; ``compute_flops_per_s``
-  is the device's training rate from :func:`edgetrain.timemodel.training_rate`. It *assumes*
+  in :mod:`edgetrain.costs.timemodel`, the one model every objective uses; ``compute_flops_per_s``
+  is the device's training rate from :func:`edgetrain.costs.timemodel.training_rate`. It *assumes*
   every stage runs at the same achieved rate on both machines, i.e. that the device is
   uniformly slower; memory-bound stages and different kernels break it.
 
@@ -28,9 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .chain import Chain, StageCost
-from .devices.catalog import ENERGY_FIELDS, Device
-from .errors import EdgetrainError
+from ..core.chain import Chain, StageCost
+from ..devices.catalog import ENERGY_FIELDS, Device
+from ..errors import EdgetrainError
 from .timemodel import TrainingRate, scale_to_rate
 
 __all__ = [
@@ -88,7 +88,7 @@ class EnergyProfile:
 
         Args:
             device: the catalog device (powers and paging figures).
-            rate: its training rate from :func:`edgetrain.timemodel.training_rate` (NOTE [ One
+            rate: its training rate from :func:`edgetrain.costs.timemodel.training_rate` (NOTE [ One
                 time model ]); None takes the device's own ``compute_flops_per_s``.
 
         Raises:

@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from .fileio import write_atomic
+from ..sysutil.fileio import write_atomic
 
 __all__ = ["StageCost", "Chain", "OPTIMIZERS", "optimizer_memory", "NOMINAL_FLOPS_PER_S"]
 

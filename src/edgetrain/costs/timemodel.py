@@ -46,9 +46,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .chain import NOMINAL_FLOPS_PER_S, Chain
-from .devices.catalog import Device
-from .errors import EdgetrainError
+from ..core.chain import NOMINAL_FLOPS_PER_S, Chain
+from ..devices.catalog import Device
+from ..errors import EdgetrainError
 
 __all__ = ["HostCalibration", "TrainingRate", "needs_calibration", "scale_to_rate", "training_rate",
            "unknown_rate_reason"]

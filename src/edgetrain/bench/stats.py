@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .devices.rate import cpu_model
-from .errors import EdgetrainError
+from ..devices.rate import cpu_model
+from ..errors import EdgetrainError
 
 __all__ = ["Spread", "equivalence", "rerun_command", "software_setup", "spread"]
 
@@ -114,8 +114,8 @@ def software_setup(root: Path = Path("/")) -> dict[str, Any]:
     """The software and CPU settings a timing depends on: torch, Python, kernel, CPU, threads, governor, mode."""
     import torch
 
-    from .power.control import Board
-    from .power.modes import read_cpu_state
+    from ..power.control import Board
+    from ..power.modes import read_cpu_state
 
     state = read_cpu_state(root)
     governors = sorted(set(state.governors.values()))

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import EdgetrainError
+from ..sysutil.fileio import to_json, write_atomic
 from .chain import Chain
-from .errors import EdgetrainError
-from .fileio import to_json, write_atomic
 from .schedule import Schedule, simulate, validate
 
 __all__ = ["PlanFile", "PlanFileError", "PLAN_FILE_FORMAT", "PLAN_FILE_VERSION"]
@@ -73,7 +73,7 @@ class PlanFile:
                                 "with edgetrain plan ... -o")
 
     def body(self) -> dict[str, Any]:
-        from . import __version__
+        from .. import __version__
 
         stats = simulate(self.chain, self.schedule)
         return {**self.subject(), "device": self.device, "budget_bytes": self.budget_bytes,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .models import stages_of
+from ..models import stages_of
 
 __all__ = ["CompiledStage", "FrozenPrefix", "LossStage", "compiled_stages", "fold_frozen_prefix", "parameter_holders",
            "training_stages"]

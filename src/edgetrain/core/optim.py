@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ..errors import UnknownNameError
 from .chain import OPTIMIZERS
-from .errors import UnknownNameError
 
 __all__ = ["make_optimizer", "DEFAULT_LR", "LR_SCHEDULES", "scheduled_rate", "set_learning_rate", "TrainingOptimizer"]
 

@@ -6,7 +6,7 @@ written beside the times, so that boards and software versions can be compared. 
 :data:`PROFILE_VERSION` never change; a change of workload, batch, size or steps makes a new version, and reports of
 two versions are not compared. Each workload is built once, warmed up with one step, then timed ``runs`` times over
 ``steps`` training steps (zero_grad, forward, loss, backward, SGD step); a run's figure is its seconds per step, and
-the report gives their median, IQR and CoV (:func:`~edgetrain.benchstats.spread`).
+the report gives their median, IQR and CoV (:func:`~edgetrain.bench.stats.spread`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .benchstats import software_setup, spread
+from .stats import software_setup, spread
 
 __all__ = ["PROFILE_VERSION", "WORKLOADS", "Workload", "run_profile"]
 
@@ -49,9 +49,9 @@ WORKLOADS = (
 def _time_workload(workload: Workload, runs: int) -> list[float]:
     import torch
 
-    from .data.stall import make_step_fn
-    from .models import get_model_spec
-    from .profile.measure import step_times
+    from ..data.stall import make_step_fn
+    from ..models import get_model_spec
+    from ..profile.measure import step_times
 
     spec = get_model_spec(workload.model)
     torch.manual_seed(0)
@@ -71,8 +71,8 @@ def run_profile(device: str | None = None, runs: int = 5, workloads: tuple[Workl
     Raises:
         EdgetrainError: ``runs < 2`` (a spread needs two runs).
     """
-    from .devices.rate import probe_gemm
-    from .errors import EdgetrainError
+    from ..devices.rate import probe_gemm
+    from ..errors import EdgetrainError
 
     if runs < 2:
         raise EdgetrainError(f"--runs must be >= 2 for a spread, got {runs}")
