@@ -47,10 +47,13 @@ from .update import AUTO, UpdateSchemeError, apply_update
 if TYPE_CHECKING:
     from ..core.chain import Chain
 
-__all__ = ["AUTO", "PROBE_STEPS", "StepBudget", "Probe", "ProbeData", "AutoChoice", "default_candidates",
-           "probe_data", "probe_schemes", "choose_update", "pick"]
+__all__ = ["AUTO", "PROBE_STEPS", "PROBE_TRAIN_BATCHES", "PROBE_HELD_OUT_BATCHES", "StepBudget", "Probe", "ProbeData",
+           "AutoChoice", "default_candidates", "probe_batch_counts", "probe_data", "probe_schemes", "choose_update",
+           "pick"]
 
 PROBE_STEPS = 16
+PROBE_TRAIN_BATCHES = 8
+PROBE_HELD_OUT_BATCHES = 4
 _CACHE_VERSION = 2
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -68,8 +71,14 @@ class ProbeData:
     held_out: Sequence[Batch]
 
 
-def probe_data(x: torch.Tensor, y: torch.Tensor, batch: int, *, train_batches: int = 8, held_out_batches: int = 4,
-               seed: int = 0) -> ProbeData:
+def probe_batch_counts(count: int) -> tuple[int, int]:
+    """Of ``count >= 2`` whole batches, how many a probe trains on and how many it scores on: a third held out (at
+    least one, at most 4), up to 8 of the rest to train."""
+    held = min(PROBE_HELD_OUT_BATCHES, max(count // 3, 1))
+    return min(PROBE_TRAIN_BATCHES, count - held), held
+
+
+def probe_data(x: torch.Tensor, y: torch.Tensor, batch: int, *, seed: int = 0) -> ProbeData:
     """Whole batches of a seeded shuffle of ``(x, y)``: the first for the probe's steps, the next held out.
 
     Raises:
@@ -79,8 +88,7 @@ def probe_data(x: torch.Tensor, y: torch.Tensor, batch: int, *, train_batches: i
     if count < 2:
         raise EdgetrainError(f"--update auto needs two batches of {batch} to probe on (one to train, one to score), "
                              f"got {len(x)} samples")
-    held = min(held_out_batches, max(count // 3, 1))
-    trained = min(train_batches, count - held)
+    trained, held = probe_batch_counts(count)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     batches = [(x[order[k * batch:(k + 1) * batch]], y[order[k * batch:(k + 1) * batch]])
                for k in range(trained + held)]

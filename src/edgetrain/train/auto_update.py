@@ -13,7 +13,17 @@ from torch.utils.data import default_collate
 
 from ..data import FileDataset, default_data_root
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..models.contribution import PROBE_STEPS, Probe, ProbeData, StepBudget, pick, probe_schemes
+from ..models.contribution import (
+    PROBE_HELD_OUT_BATCHES,
+    PROBE_STEPS,
+    PROBE_TRAIN_BATCHES,
+    Probe,
+    ProbeData,
+    StepBudget,
+    pick,
+    probe_batch_counts,
+    probe_schemes,
+)
 from ..models.update import AUTO, parse_update
 from ..units import format_bytes
 from .budget import ProcessBudget, measure_runtime_baseline, split_process_budget
@@ -24,8 +34,6 @@ __all__ = ["resolve_update", "dataset_probe_data"]
 
 log = logging.getLogger(__name__)
 
-PROBE_TRAIN_BATCHES = 8
-PROBE_HELD_OUT_BATCHES = 4
 # How much the runtime may grow after auto measures it: a probe's steps add to what its profiling brought up (the
 # optimizer's and the executor's first steps), and the run then profiles its scheme again; 5 and 9 MiB measured
 # (MobileNetV2 at 64 px, batch 16). The pick leaves this room beside the runtime the probes left, and a refusal
@@ -60,10 +68,9 @@ def dataset_probe_data(dataset: FileDataset, batch: int, seed: int) -> ProbeData
     if count < 2:
         raise EdgetrainError(f"--update auto needs two batches of {batch} readable samples to probe on (one to "
                              f"train, one to score), and the training split has {len(readable)}")
-    held = min(PROBE_HELD_OUT_BATCHES, max(count // 3, 1))
-    batches = [readable[k * batch:(k + 1) * batch] for k in range(count)]
-    trained = min(PROBE_TRAIN_BATCHES, count - held)
-    return ProbeData(_DatasetBatches(dataset, batches[:trained]), _DatasetBatches(dataset, batches[trained:][:held]))
+    trained, held = probe_batch_counts(count)
+    batches = [readable[k * batch:(k + 1) * batch] for k in range(trained + held)]
+    return ProbeData(_DatasetBatches(dataset, batches[:trained]), _DatasetBatches(dataset, batches[trained:]))
 
 
 def resolve_update(spec: Any, num_classes: int, train_set: FileDataset, config: TrainConfig,
