@@ -24,7 +24,7 @@ from edgetrain.errors import EdgetrainError
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGES = ROOT / "docs" / "results"
-BENCHMARKS = ("optimal_speed", "suite_time", "update_schemes", "transfer_accuracy")
+BENCHMARKS = ("optimal_speed", "suite_time", "demo_time", "update_schemes", "transfer_accuracy")
 
 
 def load(name: str) -> ModuleType:

@@ -53,7 +53,7 @@ from edgetrain.models.segmented import SegmentedStage, segmented_stages
 from edgetrain.models.user_examples import SkipCat, encoder_in_sequential, sequential_cnn
 from edgetrain.planners import plan
 from edgetrain.planners.blocks import least_block_bytes, plan_blocks
-from edgetrain.profile import profile
+from edgetrain.profiling import profile
 from edgetrain.runtime import StepCheck, check_step, three_budgets
 from edgetrain.runtime.verify import LOOPS
 

@@ -155,7 +155,7 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     from edgetrain.models import stages_of
     from edgetrain.models.segmented import SegmentedStage, segmented_stages
     from edgetrain.planners.blocks import least_block_bytes
-    from edgetrain.profile import profile
+    from edgetrain.profiling import profile
     from edgetrain.runtime import Checkpointed, three_budgets
     from edgetrain.runtime.compiled import measured_step_peak_bytes
     from edgetrain.runtime.step_in_backward import shared_gradient_bytes
@@ -219,7 +219,7 @@ def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: 
     graph at it, then up to three regions plans fitted to the measured step; NOTE [ A byte budget for
     torch.compile ]). Kept: the fastest within ``match_step_bytes``, else the one with the least peak.
     """
-    from edgetrain.profile import profile
+    from edgetrain.profiling import profile
     from edgetrain.runtime.compiled import compiled_candidates
     chain = profile(model, x, y)
     tried = compiled_candidates(model, x, y, match_step_bytes, optimizer, chain=chain,
@@ -234,7 +234,7 @@ def compiled_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer:
     """``edgetrain.runtime.compiled.fit_compiled`` at the matched budget: the fastest of inductor's own graphs at
     1.0, 0.5 and 0.0 and edgetrain's regions fitted at 1.0 whose step fits (NOTE [ A byte budget for
     torch.compile ])."""
-    from edgetrain.profile import profile
+    from edgetrain.profiling import profile
     from edgetrain.runtime.compiled import fit_compiled
     chain = profile(model, x, y)
     fit = fit_compiled(model, x, y, chain.between_steps_bytes + match_step_bytes, optimizer, chain=chain)
@@ -244,7 +244,7 @@ def compiled_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer:
 def whole_graph_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
                      chain: Any, chosen: Any, tried: list[Any]) -> tuple[Callable[[], None], dict[str, Any]]:
     """The chosen whole-model candidate's step, and what the row records of it and of every candidate."""
-    from edgetrain.core.schedule import simulate
+    from edgetrain.core.simulator import simulate
     from edgetrain.planners.single_level import single_level
     from edgetrain.runtime import three_budgets
     from edgetrain.runtime.compiled import build_compiled, text_kinds, training_step
@@ -318,7 +318,7 @@ def in_backward_step(model: nn.Module, run: nn.Module, x: torch.Tensor, y: torch
 
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
     """One setting in this process: print its JSON line (the parent reads the last line)."""
-    from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
+    from edgetrain.profiling.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
     from edgetrain.runtime.compiled import measured_step_peak_bytes
     configure_allocator()
     step, info = setting_step(setting, name, batch, image, match_step_bytes)

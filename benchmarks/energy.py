@@ -5,8 +5,8 @@ activations are 3% of the step's RAM, weights, momentum and gradients the rest, 
 sweep is possible; at 224 px they are about half) and the BERT-base-like ``transformer`` encoder
 (batch 8, 256 tokens, activations about two thirds of the step) on the boards that can hold
 them (the microcontrollers get the report's tiny models instead), with POET's MILP on ResNet-18
-when :mod:`edgetrain.planners.milp` imports.
-Then times :func:`~edgetrain.planners.paging.solve_paging` (500 slots, the rpi4 profile) on
+when :mod:`edgetrain.planners.milp.solve` imports.
+Then times :func:`~edgetrain.planners.dp.paging.solve_paging` (500 slots, the rpi4 profile) on
 152-stage chains: ``Chain.uniform(152)`` and LinearResNet-152 (batch 8, 224 px); target < 1 s.
 
 Usage::
@@ -30,13 +30,14 @@ from typing import Any
 
 from edgetrain.bench.stats import Spread, software_setup, spread
 from edgetrain.core.chain import Chain
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.costs.timemodel import HostCalibration, needs_calibration, training_rate
 from edgetrain.devices import Device, get_device
 from edgetrain.devices.rate import calibrate_host
-from edgetrain.planners.paging import solve_paging
-from edgetrain.profile.linear_resnet import linear_resnet
+from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.profiling.linear_resnet import linear_resnet
 from edgetrain.reports.poet import DEFAULT_DEVICES, PoetFigure, reproduce_poet
 
 FULL_MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
@@ -131,8 +132,8 @@ def operator_milp_times(time_limit_s: float, repeats: int = 1,
     import torch
 
     from edgetrain.models import resnet18
-    from edgetrain.planners.graph import capture_graph
-    from edgetrain.planners.milp import keep_all_schedule, milp, simulate_graph_schedule, training_graph
+    from edgetrain.planners.milp.solve import keep_all_schedule, milp, simulate_graph_schedule, training_graph
+    from edgetrain.profiling.graph import capture_graph
 
     with torch.device("meta"):
         model = resnet18()

@@ -22,7 +22,7 @@ from typing import Any
 
 from edgetrain.distributed.federated import METRICS, FederatedConfig
 from edgetrain.distributed.federated_local import run_local
-from edgetrain.distributed.local import free_port
+from edgetrain.distributed.supervisor import free_port
 from edgetrain.units import format_bytes
 
 

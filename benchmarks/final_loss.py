@@ -94,12 +94,12 @@ from edgetrain.core.schedule import keep_all
 from edgetrain.core.stages import training_stages
 from edgetrain.data import collate_skip_corrupt
 from edgetrain.devices.rate import cpu_model
+from edgetrain.distributed.batch_shares import split_batch
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.group import all_reduce_gradients
-from edgetrain.distributed.local import LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
-from edgetrain.distributed.split import split_batch
 from edgetrain.distributed.step import cluster_step, seed_step
+from edgetrain.distributed.supervisor import LocalOptions, run_local
 from edgetrain.models import get_model_spec
 from edgetrain.runtime import Executor
 from edgetrain.sysutil.fileio import read_jsonl
@@ -155,7 +155,7 @@ def cluster_of_one() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
+def one_process_run(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
     """One run of ``config`` (the global run: its batch is the global batch) as ``mode``'s cluster would train it
     (NOTE [ The compressed cluster in one process ]): every step's logged loss and rank 0's held-out loss after every
     epoch. Needs :func:`cluster_of_one` (or any group of one process)."""
@@ -199,7 +199,7 @@ def simulate(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
 def cluster_run(config: TrainConfig, mode: SimMode, local_batch_norm: bool) -> dict[str, Any]:
     """``config`` trained by a real ``cluster local`` of ``mode.slices`` plain local processes (no emulation, spares
     off, no restart) summing whole gradients in ``mode.wire`` (NOTE [ A real cluster beside the simulation ]): the
-    same readings as :func:`simulate`'s but the training split's evaluation, which a cluster does not log; CPU
+    same readings as :func:`one_process_run`'s but the training split's evaluation, which a cluster does not log; CPU
     seconds are the nodes' and the supervisor's."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread
     started, cpu_started = time.perf_counter(), _cpu_with_children_s()
@@ -363,7 +363,7 @@ def _same_run(run: dict[str, Any], settings: dict[str, Any]) -> bool:
 def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
     """The compression table's run (``benchmarks/cluster.py``'s configuration: ``--epochs`` of ``--steps`` global
     batches), this seed."""
-    from cluster import _config as cluster_config  # benchmarks/ is the script's own folder
+    from _cluster.common import run_config as cluster_config  # benchmarks/ is the script's own folder
     return replace(cluster_config(root, args.model, args.batch, args.steps, args.image, args.epochs), seed=seed,
                    lr_schedule=args.lr_schedule)
 
@@ -444,7 +444,7 @@ def main() -> None:
         raise SystemExit("--modes: 'single' first (the reference); --batch a multiple of --nodes")
     if not 0 <= args.window <= args.steps:
         raise SystemExit(f"--window {args.window}: 0 (the whole epoch) to --steps ({args.steps})")
-    from cluster import _load, write_result  # benchmarks/ is the script's own folder
+    from _cluster.common import load_average, write_result  # benchmarks/ is the script's own folder
     torch.set_num_threads(1)
     settings = _settings(args)
     command = rerun_command("benchmarks/final_loss.py", vars(args), leave_out=("out", "md", "read", "seeds"))
@@ -454,15 +454,15 @@ def main() -> None:
         for seed in args.seeds:
             with tempfile.TemporaryDirectory(prefix="final-loss-") as scratch:  # the seed's data, made once
                 for mode in (m for m in modes if (m.name, seed) not in done):
-                    load = _load()
+                    load = load_average()
                     config = _config(args, seed, Path(scratch))
-                    run = simulate(config, mode) if mode.wire is None else \
+                    run = one_process_run(config, mode) if mode.wire is None else \
                         cluster_run(replace(config, run_dir=config.run_dir / mode.name.replace(":", "-")), mode,
                                     args.local_batch_norm)
                     line = {"settings": settings, "mode": mode.name, "seed": seed, "cpu": cpu_model(),
                             "torch": torch.__version__, "load_before": load,
-                            "load_after": _load(), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S",
-                                                                                 time.gmtime()), **run}
+                            "load_after": load_average(), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                                        time.gmtime()), **run}
                     with args.runs.open("a") as runs_file:
                         runs_file.write(json.dumps(line) + "\n")
                     print(f"{mode.name} seed {seed}: held-out {run['val_loss']:.4f} ({run['wall_s']:.0f} s, load "

@@ -23,7 +23,7 @@ CHILD = """
 import ctypes, json, sys, threading, time
 from pathlib import Path
 import edgetrain.train.loop as loop
-from edgetrain.profile import process
+from edgetrain.profiling import process
 from edgetrain.train import TrainConfig, train
 
 threshold, model, batch, image, samples, memory, run_dir = sys.argv[1:8]

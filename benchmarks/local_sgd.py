@@ -53,7 +53,7 @@ MODES = ("single", "exact", "average", "diloco", "diloco-carry")
 
 def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
     """The time-to-target run's configuration: ``benchmarks/cluster.py``'s (one epoch of ``steps``), this seed."""
-    from cluster import _config as cluster_config  # benchmarks/ is the script's own folder
+    from _cluster.common import run_config as cluster_config  # benchmarks/ is the script's own folder
     return replace(cluster_config(root, args.model, args.batch, args.steps, args.image), seed=seed)
 
 
@@ -193,7 +193,7 @@ def main() -> None:
               "load_before": load, "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
               "window": args.window, "target_step": target_step,
               "rows": [summarise(r, args.window, target_step) for r in runs], "runs": runs}
-    from cluster import write_result  # benchmarks/ is the script's own folder
+    from _cluster.common import write_result  # benchmarks/ is the script's own folder
     write_result(result, args.out, args.md, markdown)
 
 

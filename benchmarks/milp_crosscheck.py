@@ -4,7 +4,7 @@ Chains whose records hold only their output (``saved_bytes == out_bytes``, input
 gradients, no workspace), 2-7 stages of 1-4 bytes, alternately on two storage profiles. For every
 budget from paging-dp's least to keep-all's peak: the MILP (HiGHS, gap 1e-9, a page-in consumes
 the flash copy as the executor's does) against paging-dp's exact table, and the MILP's solution
-converted to executor ops (:func:`edgetrain.planners.milp_ops.milp_schedule`) replayed by the
+converted to executor ops (:func:`edgetrain.planners.milp.ops.milp_schedule`) replayed by the
 simulator (peak within the budget, energy equal to the MILP's).
 
 Usage: ``python benchmarks/milp_crosscheck.py [--chains 100]``; prints counts and any mismatch.
@@ -18,12 +18,13 @@ import time
 
 from edgetrain import Chain
 from edgetrain.core.chain import StageCost
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import EdgetrainError
-from edgetrain.planners.milp import chain_training_graph, milp
-from edgetrain.planners.milp_ops import milp_schedule
-from edgetrain.planners.paging import solve_paging
+from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.planners.milp.ops import milp_schedule
+from edgetrain.planners.milp.solve import chain_training_graph, milp
 
 PROFILES = (EnergyProfile("slow-storage", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8),
             EnergyProfile("cheap-storage", 1.0, 3.0, 1e-3, 40.0, 0.1, 1e-3, 20.0, 0.1))

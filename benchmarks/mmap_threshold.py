@@ -23,7 +23,7 @@ from edgetrain.bench.stats import spread
 
 CHILD = """
 import json, sys, time, torch
-from edgetrain.profile.process import configure_allocator, read_process_memory, reset_peak
+from edgetrain.profiling.process import configure_allocator, read_process_memory, reset_peak
 if sys.argv[1] != "default":
     configure_allocator(int(sys.argv[1]))
 from edgetrain.models import get_model_spec

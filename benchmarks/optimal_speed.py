@@ -27,8 +27,9 @@ from dataclasses import replace
 from typing import Any
 
 from edgetrain.core.chain import Chain, StageCost
-from edgetrain.core.schedule import keep_all, simulate
-from edgetrain.planners.optimal import solve
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
+from edgetrain.planners.dp.optimal import solve
 
 log = logging.getLogger("optimal_speed")
 
@@ -36,7 +37,7 @@ FIRST_CALL = """
 import time
 start = time.perf_counter()
 from edgetrain.core.chain import Chain
-from edgetrain.planners.optimal import solve
+from edgetrain.planners.dp.optimal import solve
 imported = time.perf_counter()
 solve(Chain.uniform(3), 10)
 print(imported - start, time.perf_counter() - imported)
@@ -90,8 +91,8 @@ def run(quick: bool) -> dict[str, object]:
         first = {"cold_cache": first_call_s(cache_dir), "warm_cache": first_call_s(cache_dir)}
     solve(Chain.uniform(3), 10)   # compile or load the kernel in this process before timing
 
-    from edgetrain.profile.estimate import chain_for
-    from edgetrain.profile.linear_resnet import linear_resnet
+    from edgetrain.profiling.estimate import chain_for
+    from edgetrain.profiling.linear_resnet import linear_resnet
 
     chains = [synthetic_chain(52), synthetic_chain(152),
               replace(chain_for("resnet152", 8, 224), name="resnet152-b8-224"), linear_resnet(152, 8, 224)]

@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_paging import SIZES, case, median_step_s, with_paging  # the schedule and timing the tests use
 
 from edgetrain.bench.stats import software_setup, spread
-from edgetrain.core.schedule import simulate
+from edgetrain.core.simulator import simulate
 from edgetrain.core.stages import training_stages
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.planners import uniform
-from edgetrain.profile import profile
+from edgetrain.profiling import profile
 from edgetrain.runtime import Executor
 
 

@@ -85,14 +85,15 @@ from torch.utils.checkpoint import checkpoint_sequential
 from edgetrain.bench.stats import software_setup, spread
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
-from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, Stats, keep_all, simulate
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all
+from edgetrain.core.simulator import Stats, simulate
 from edgetrain.core.stages import training_stages
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import get_model_spec, stages_of
 from edgetrain.planners import OptimalTable, plan, revolve, solve
 from edgetrain.planners.uniform import segment_bounds
-from edgetrain.profile import LiveBytesTracker, profile
-from edgetrain.profile.tracker import storage_bytes, storage_key
+from edgetrain.profiling import LiveBytesTracker, profile
+from edgetrain.profiling.tracker import storage_bytes, storage_key
 from edgetrain.runtime import Executor
 
 log = logging.getLogger("bench_planners")

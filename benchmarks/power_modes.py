@@ -1,6 +1,6 @@
 """The power-mode advisor, validated two ways: a simulated mode grid, and real modes on this machine.
 
-(a) Simulated: :func:`edgetrain.power.simulate.score_device` on every catalog Jetson with a
+(a) Simulated: :func:`edgetrain.power.ground_truth.score_device` on every catalog Jetson with a
 sourced mode table: random workloads on the board's full synthetic DVFS grid, at most 6 profiled
 modes (five corners and the advisor's first pick, NOTE [ Profiling where the answer is ]), the
 advisor's final pick against the true best (NOTE [ The ground truth is not the model ]).
@@ -25,9 +25,9 @@ from typing import Any
 
 from edgetrain.bench.stats import software_setup, spread
 from edgetrain.power.cgroup_modes import quota_grid, quota_unavailable_reason, time_step_in_mode
+from edgetrain.power.ground_truth import score_all
 from edgetrain.power.modes import catalog_modes
 from edgetrain.power.predict import Profile, choose_profile_modes, fit_mode_model, mape_percent
-from edgetrain.power.simulate import score_all
 from edgetrain.sysutil.fileio import write_atomic
 
 

@@ -21,7 +21,7 @@ import torch
 
 from edgetrain.bench.stats import spread
 from edgetrain.models import get_model_spec
-from edgetrain.profile.profiler import profile
+from edgetrain.profiling.profiler import profile
 
 CASES = [("mobilenet_v2", 8, 64), ("resnet18", 8, 64), ("transformer_small", 8, 64)]
 

@@ -26,7 +26,7 @@ if sys.argv[1] == "import torch":  # resident memory right after importing PyTor
     sys.exit()
 if sys.argv[1] != "plain":
     import edgetrain.data, edgetrain.planners, edgetrain.runtime, edgetrain.train
-    from edgetrain.profile.process import configure_allocator
+    from edgetrain.profiling.process import configure_allocator
     if sys.argv[1] == "edgetrain+allocator":
         configure_allocator()
 net = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3), nn.BatchNorm2d(64), nn.ReLU(), nn.Conv2d(64, 128, 3, 2, 1),

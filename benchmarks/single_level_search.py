@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from edgetrain.core.chain import Chain
-from edgetrain.core.schedule import simulate
+from edgetrain.core.simulator import simulate
 from edgetrain.planners import single_level as planner
-from edgetrain.profile import profile
+from edgetrain.profiling import profile
 from edgetrain.runtime import three_budgets
 
 

@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.models import get_model_spec
 from edgetrain.models.update import apply_update
-from edgetrain.planners.plan import least_step_bytes
-from edgetrain.profile import profile
+from edgetrain.planners.choose import least_step_bytes
+from edgetrain.profiling import profile
 from edgetrain.runtime import check_step
 from edgetrain.units import format_bytes
 

@@ -12,8 +12,9 @@ import pytest
 
 def load_benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """``benchmarks/<name>.py``, registered in ``sys.modules`` for the test (its dataclasses look their module up
-    there)."""
+    there), with ``benchmarks/`` on ``sys.path`` as when the script runs (it imports its helper modules from there)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    monkeypatch.syspath_prepend(str(path.parent))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

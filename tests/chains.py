@@ -6,7 +6,8 @@ import random
 
 from edgetrain import Chain
 from edgetrain.core.chain import StageCost
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 
 MB = 1_000_000
 

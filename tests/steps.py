@@ -11,7 +11,8 @@ from torch import nn
 
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import TrainingOptimizer
-from edgetrain.core.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule, simulate
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, PageInRecord, PageOutRecord, Schedule
+from edgetrain.core.simulator import simulate
 from edgetrain.runtime import Checkpointed, StepCheck, check_step, three_budgets
 from edgetrain.runtime.verify import StepPeaks, step_peaks
 
@@ -91,7 +92,7 @@ def assert_trains_at_three_budgets(model: nn.Module, x: torch.Tensor, y: torch.T
     budget on it): each within its budget, gradients as plain autograd's, peak as predicted; the
     least budget recomputes and keep-all does not. ``loop``: ``check_step``'s (``"user"``: the
     steps are ``cross_entropy(wrapped(x), y).backward()``)."""
-    from edgetrain.profile import profile
+    from edgetrain.profiling import profile
 
     chain = chain if chain is not None else profile(model, x, y, measure_time=False)
     budgets = three_budgets(chain)
@@ -139,9 +140,10 @@ def between_least_and_keep_all_mib(model: str, batch: int, image: int) -> int:
     Measured here, not written down: the convolutions' scratch is in the plan (NOTE [ A kernel's scratch in the
     plan ]), and oneDNN's kernels differ by CPU (ResNet-18 at batch 8 and 64 px: a least step of 136.3 MiB on one
     machine, 149.4 MiB on an AMD EPYC)."""
-    from edgetrain.core.schedule import keep_all, simulate
-    from edgetrain.planners.plan import least_step_bytes
-    from edgetrain.profile import chain_for
+    from edgetrain.core.schedule import keep_all
+    from edgetrain.core.simulator import simulate
+    from edgetrain.planners.choose import least_step_bytes
+    from edgetrain.profiling import chain_for
 
     chain = chain_for(model, batch, image, num_classes=10, device="cpu")
     least, plain = least_step_bytes(chain), simulate(chain, keep_all(chain.length)).peak_bytes

@@ -48,8 +48,8 @@ def test_an_unknown_benchmark_is_one_line_and_exit_2() -> None:
     done = _benchmarks("run", "optimal_speed", "no_such_benchmark")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "error: unknown benchmark 'no_such_benchmark'; valid names: optimal_speed, suite_time, update_schemes, "
-        "transfer_accuracy"]
+        "error: unknown benchmark 'no_such_benchmark'; valid names: optimal_speed, suite_time, demo_time, "
+        "update_schemes, transfer_accuracy"]
     assert "running" not in done.stderr   # refused before the first benchmark ran
 
 

@@ -8,11 +8,12 @@ import pytest
 from chains import MB, keep_all_peak, random_chain
 
 from edgetrain.core.chain import Chain
-from edgetrain.core.schedule import PageOut, keep_all, simulate
+from edgetrain.core.schedule import PageOut, keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.planners.capuchin import capuchin
-from edgetrain.planners.paging import solve_paging
+from edgetrain.planners.dp.paging import solve_paging
 
 # storage as fast as it gets: any transfer hides behind one stage of compute
 FAST = EnergyProfile("fast", 1e9, 3.0, 1e-9, 1e15, 1.0, 1e-9, 1e15, 1.0)

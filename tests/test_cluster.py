@@ -37,8 +37,8 @@ from edgetrain.core.optim import make_optimizer
 from edgetrain.core.stages import training_stages
 from edgetrain.distributed import split_batch
 from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
-from edgetrain.distributed.local import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.distributed.node import NodeSpec
+from edgetrain.distributed.supervisor import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.errors import EdgetrainError
 from edgetrain.planners import uniform
 from edgetrain.runtime import Executor
@@ -361,7 +361,7 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
     # being taken for hung (a real restart, which would make the count below wrong).
     options = LocalOptions(faults=(Fault(1, 2, "kill", when_warm=False),), rejoin_after_steps=3,
                            heartbeat_timeout_s=20)
-    with caplog.at_level(logging.WARNING, logger="edgetrain.distributed.local"):
+    with caplog.at_level(logging.WARNING, logger="edgetrain.distributed.supervisor"):
         report = run_local(config, [NodeSpec()] * 2, options)
     # Assert: the signal named (an injected kill, not a crash); one failure, one restart for it and one for the
     # rejoin; every step trained once, in order,
@@ -556,9 +556,9 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeyp
                "finished_steps": 31, "contiguous": True, "emulation": "e"}
               for d, s in ((0.5, 4.0), (None, None), (1.5, 2.0))]
     # Execute
-    medians = bench._step_medians(steps)
-    row = bench._scaling_row("gigabit", 8, 2, runs)
-    failure = bench._failure_row("stop", failed)
+    medians = bench.common.step_medians(steps)
+    row = bench.scaling._scaling_row("gigabit", 8, 2, runs)
+    failure = bench.failures._failure_row("stop", failed)
     table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
                             "scaling": [{**row, "speedup": 1.0, "efficiency": 0.5}], "failures": [failure]})
     # Assert: by hand, inclusive quartiles of (1, 2, 3) are 1.5 and 2.5; CoV = stdev 1 / mean 2.
@@ -570,7 +570,7 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeyp
     assert failure["stall_s"]["median"] == 3.0 and failure["injected"] == 2 and failure["restarts"] == [1, 1, 1]
     assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table
     assert "| stop | 2 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
-    assert bench._spread([None, None]) is None
+    assert bench.common.spread_of([None, None]) is None
 
 
 def test_the_node_crash_table_counts_signals_exceptions_and_parted_weights(tmp_path: Path,
@@ -591,12 +591,12 @@ def test_the_node_crash_table_counts_signals_exceptions_and_parted_weights(tmp_p
         if config.seed == 2:
             raise ClusterError("more than 0 restarts; last: node 2 killed by SIGABRT; every thread's stack is in x")
 
-    monkeypatch.setattr(bench, "run_local", fake_run_local)
+    monkeypatch.setattr(bench.crashes, "run_local", fake_run_local)
     args = argparse.Namespace(node_crash_runs=4, node_crash_after=[2], node_crash_model="resnet18", node_crash_nodes=4,
                               node_crash_batch=32, node_crash_steps=4, image=32, compress_rank=2,
                               out=tmp_path / "out" / "b.json")
     # Execute
-    (row,) = bench.node_crashes(args, tmp_path / "scratch", 1.0)
+    (row,) = bench.crashes.node_crashes(args, tmp_path / "scratch", 1.0)
     # Assert: three crashes, each said; their logs kept; no restart allowed, PowerSGD rank 2 after 2 exact steps
     assert row["crashed_runs"] == 3
     assert row["crashes"] == [
@@ -626,7 +626,7 @@ def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Pa
     assert warmed[:3] == exact[:3]
     assert warmed[3] != exact[3]
     # and both nodes logged the same final weights, as the node-crash table reads them
-    assert load_benchmark("cluster", monkeypatch)._weights_parted(tmp_path / "warmed", 2) is None
+    assert load_benchmark("cluster", monkeypatch).crashes._weights_parted(tmp_path / "warmed", 2) is None
 
 
 def test_a_cluster_node_steps_at_the_cosine_rate_of_its_global_step(tmp_path: Path) -> None:
@@ -722,7 +722,7 @@ def test_a_node_that_aborts_leaves_every_threads_stack_in_the_log_the_supervisor
 
 
 def test_a_crash_is_told_by_its_terminate_line_fatal_error_and_innermost_frame() -> None:
-    from edgetrain.distributed.local import _crash_lines
+    from edgetrain.distributed.supervisor import _crash_lines
 
     # a gloo enforce thrown where nothing catches it (PyTorch's PowerSGD hook crashing on gloo), as faulthandler
     # logs it
@@ -833,9 +833,9 @@ def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps
         monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_benchmark("cluster", monkeypatch)
     losses = [float(step) for step in range(1, 14)]  # step s logged loss s; averagings after steps 4, 8, 12
-    assert bench._averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
-    assert bench._averaged_loss(losses, 4, 2) == 11.0
-    assert bench._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
+    assert bench.ttt._averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
+    assert bench.ttt._averaged_loss(losses, 4, 2) == 11.0
+    assert bench.ttt._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
 
 
 def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_nodes_and_reads_earlier_runs(
@@ -857,14 +857,14 @@ def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_no
         (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return {"restarts": 0, "emulation": "plain"}
 
-    monkeypatch.setattr(bench, "run_local", fake_run_local)
+    monkeypatch.setattr(bench.common, "run_local", fake_run_local)
     args = argparse.Namespace(ttt_modes=["single", "exact", "fp16"], ttt_nodes=4, ttt_batch=8, ttt_steps=4,
                               ttt_window=2, ttt_target_at=0.5, ttt_weak=False, ttt_seed=0, repeats=2,
                               ttt_preset="none", model="resnet18", image=32, local_batch_norm=False, margin=0.005,
                               ttt_read=[], average_every=4, outer_lr=0.7, outer_momentum=0.9, compress_rank=2,
                               compress_after=0)
     # Execute
-    single, exact, half = bench.time_to_target(args, tmp_path / "scratch", 1.0)
+    single, exact, half = bench.ttt.time_to_target(args, tmp_path / "scratch", 1.0)
     # Assert: the target is the single node's mean of steps 1-2 (3.5), reached at step 2 in 8 s; whole gradients
     # reach it at step 3 (3 s): efficiency 8 / (4 x 3). Final loss (mean of the last 2 steps) against the single
     # node's: +0.2% and +0.6%, mean 0.4%, SE 0.2% (sd 0.283%), t(0.95, 1 df) = 6.313752: undecided.
@@ -894,7 +894,7 @@ def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_no
     folders.clear()
     args.ttt_read, args.repeats = [earlier], 3
     # Execute
-    again = bench.time_to_target(args, tmp_path / "scratch-2", 1.0)
+    again = bench.ttt.time_to_target(args, tmp_path / "scratch-2", 1.0)
     # Assert: seeds 0 and 1 read (their times kept), only seed 2 run
     assert [f.name.rsplit("-", 1)[1] for f in folders] == ["2", "2", "2"]
     assert again[1]["steps_to_target"] == [3, 3, 3] and again[1]["time_to_target_s"]["median"] == 3.0
@@ -902,7 +902,7 @@ def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_no
     # Another image size is another experiment: nothing read
     earlier.write_text(earlier.read_text().replace("--image 32", "--image 64"))
     folders.clear()
-    bench.time_to_target(args, tmp_path / "scratch-3", 1.0)
+    bench.ttt.time_to_target(args, tmp_path / "scratch-3", 1.0)
     assert len(folders) == 9
 
 
@@ -926,7 +926,7 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
         (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return {"restarts": 0, "emulation": "plain"}
 
-    monkeypatch.setattr(bench, "run_local", fake_run_local)
+    monkeypatch.setattr(bench.common, "run_local", fake_run_local)
     args = argparse.Namespace(nodes=[1, 4], presets=["none"], batches=[32], model="resnet18", image=32,
                               compress_steps=2, compress_epochs=2, lr_schedule="cosine", repeats=2, compress_seed=0,
                               ttt_window=5,
@@ -934,7 +934,7 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
                               average_every=4, outer_lr=0.7, outer_momentum=0.9, local_batch_norm=False,
                               out=tmp_path / "out" / "b.json")
     # Execute
-    single, exact, powersgd, diloco = bench.compression(args, tmp_path / "scratch", 1.0)
+    single, exact, powersgd, diloco = bench.compression.compression(args, tmp_path / "scratch", 1.0)
     table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
                             "compression": [single, exact, powersgd, diloco]})
     # Assert: seed by seed against the single node: exact +1%, 0% (mean 0.5%, standard error stdev/sqrt 2 = 0.5%);
@@ -956,8 +956,8 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
                                              (4, 2, 3, 1, 1.0, 0.0, 0, False), (4, 0, 0, 4, 0.7, 0.9, 0, False)}
     assert not (tmp_path / "out" / "crash-logs").exists()  # the crashed run had started no node: no logs
     with pytest.raises(SystemExit, match="unknown mode 'powersgd:0'"):
-        bench.mode("powersgd:0", args, 4)
-    assert bench.mode("powersgd", args, 4).label == "PowerSGD rank 8"
+        bench.common.mode("powersgd:0", args, 4)
+    assert bench.common.mode("powersgd", args, 4).label == "PowerSGD rank 8"
 
 
 def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -991,7 +991,8 @@ def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_p
     records = [json.loads(line) for line in (tmp_path / "real" / "metrics.jsonl").read_text().splitlines()]
     # Execute
     with bench.cluster_of_one():
-        simulated = bench.simulate(replace(config, run_dir=tmp_path / "sim"), bench.sim_mode("powersgd:2:1", 2, True))
+        simulated = bench.one_process_run(replace(config, run_dir=tmp_path / "sim"),
+                                          bench.sim_mode("powersgd:2:1", 2, True))
     # Assert: every step's logged loss and rank 0's held-out loss after each epoch (from rank 0's own running
     # statistics) are the real run's: the simulation computes each node's gradient as the node does and only sums
     # PowerSGD's matrices in another order. Up to the weights of one compressed step (steps 1-3, the first epoch's
@@ -1005,7 +1006,8 @@ def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_p
     assert simulated["losses"][3] == pytest.approx(losses[3], rel=COMPRESSED_REL_TOL)
     assert simulated["val_curve"][1] == pytest.approx(val_curve[1], rel=COMPRESSED_REL_TOL)
     with bench.cluster_of_one():
-        rank_one = bench.simulate(replace(config, run_dir=tmp_path / "sim1"), bench.sim_mode("powersgd:1:1", 2, True))
+        rank_one = bench.one_process_run(replace(config, run_dir=tmp_path / "sim1"),
+                                         bench.sim_mode("powersgd:1:1", 2, True))
     assert rank_one["losses"][3] != pytest.approx(losses[3], rel=COMPRESSED_REL_TOL)
 
 
@@ -1019,7 +1021,7 @@ def test_the_final_loss_tables_real_cluster_mode_trains_on_local_processes_in_fl
     config = TrainConfig(model="resnet18", samples=25, batch=8, image=32, epochs=2, save_every=100,
                          lr_schedule="cosine", run_dir=tmp_path / "sim")
     with bench.cluster_of_one():
-        single = bench.simulate(config, bench.sim_mode("single", 2, False))
+        single = bench.one_process_run(config, bench.sim_mode("single", 2, False))
     # Execute
     whole, half = (bench.cluster_run(replace(config, run_dir=tmp_path / wire), bench.sim_mode(f"cluster:{wire}", 2,
                                                                                              False), False)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from edgetrain.errors import InfeasibleBudgetError
-from edgetrain.profile import profile
+from edgetrain.profiling import profile
 from edgetrain.runtime import compiled as compiled_module
 from edgetrain.runtime import three_budgets
 from edgetrain.runtime.compiled import CompiledCandidate, fit_compiled, measured_step_peak_bytes, training_step

@@ -7,10 +7,10 @@ import torch
 from steps import allocator_step_peaks
 from torch import nn
 
-from edgetrain.core.schedule import rng_replayed_stages
+from edgetrain.core.simulator import rng_replayed_stages
 from edgetrain.core.stages import CompiledStage, compiled_stages, training_stages
-from edgetrain.profile import profile
-from edgetrain.profile.tracker import LiveBytesTracker
+from edgetrain.profiling import profile
+from edgetrain.profiling.tracker import LiveBytesTracker
 from edgetrain.runtime import Checkpointed, three_budgets
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -117,13 +117,14 @@ def test_measuring_compiled_code_inside_a_running_profiler_session_is_refused_in
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from edgetrain.profile.tracker import allocator_window
+    from edgetrain.profiling.tracker import allocator_window
     with (torch_profile(activities=[ProfilerActivity.CPU]), pytest.raises(RuntimeError, match="already running"),
           allocator_window()):
         pass
 
 
-@pytest.mark.parametrize(("compiled", "dropout"), [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize(("compiled", "dropout"), [(False, False), pytest.param(True, False, marks=pytest.mark.slow),
+                                                  (False, True)])
 def test_a_least_plan_holds_its_prediction_by_the_allocators_records_too(compiled: bool, dropout: bool) -> None:
     """A second instrument: the c10 allocator's records of the step, eager or compiled stages, not above the
     prediction (the loss and its seed, which live inside a step of this loop, counted there). With dropout, the

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgetrain.distributed.local import SCRATCH_PREFIX
 from edgetrain.distributed.netns import NetworkEmulation, can_emulate
+from edgetrain.distributed.supervisor import SCRATCH_PREFIX
 from edgetrain.train import StateStore, TrainConfig
 from edgetrain.train.rundir import RunDirectory
 

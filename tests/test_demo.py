@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.reports import demo
 from edgetrain.reports.node_fit import DEMO_SQUEEZE
 

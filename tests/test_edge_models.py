@@ -21,8 +21,8 @@ from torch import nn
 
 from edgetrain.models import densenet121, efficientnet_b0, gpt_decoder, mobilenet_v3_small, stages_of, unet, yolov8
 from edgetrain.models.edge_vision import B0_STAGES, DenseNet, EfficientNet
-from edgetrain.profile import profile
-from edgetrain.profile.tracker import storage_bytes
+from edgetrain.profiling import profile
+from edgetrain.profiling.tracker import storage_bytes
 from edgetrain.runtime import Checkpointed, three_budgets
 
 

@@ -16,7 +16,7 @@ from edgetrain.costs.timemodel import training_rate
 from edgetrain.devices import get_device
 from edgetrain.devices.catalog import ENERGY_FIELDS
 from edgetrain.errors import EdgetrainError
-from edgetrain.profile import profile
+from edgetrain.profiling import profile
 
 FULL = ["mkr1000", "nrf52840"]
 RPI4 = EnergyProfile.from_device(get_device("rpi4"), training_rate(get_device("rpi4"), TEST_HOST))

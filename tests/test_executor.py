@@ -25,12 +25,13 @@ from torch import nn
 
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
-from edgetrain.core.schedule import Backward, Forward, Keep, Schedule, keep_all, rng_replayed_stages, simulate
+from edgetrain.core.schedule import Backward, Forward, Keep, Schedule, keep_all
+from edgetrain.core.simulator import rng_replayed_stages, simulate
 from edgetrain.core.stages import training_stages
 from edgetrain.errors import ScheduleError
 from edgetrain.models import get_model_spec
 from edgetrain.planners import OptimalTable, revolve, solve, uniform
-from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.runtime import Checkpointed, Executor, run_schedule
 
 log = logging.getLogger(__name__)
@@ -180,12 +181,12 @@ def test_measured_peak_tracks_simulated_peak_over_budgets(name: str, record_prop
 def test_an_executor_that_keeps_every_activation_fails_the_peak_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above has teeth: an executor that never lets go of a value (Discard and the
     release after a forward do nothing) measures far above the simulated peak, and is rejected."""
-    from edgetrain.runtime import executor
+    from edgetrain.runtime.schedule_run import ScheduleRun
 
     c = case("transformer_small", *MEMORY_SIZES["transformer_small"])
     schedule = c.table.schedule(c.budgets(6)[-1])   # the least memory: values are dropped and recomputed
     assert peaks_track(measured_step_peak(c, schedule), c.chain, schedule)
-    monkeypatch.setattr(executor._Run, "release", lambda self, k: None)
+    monkeypatch.setattr(ScheduleRun, "release", lambda self, k: None)
     hoarding = measured_step_peak(c, schedule)
     assert not peaks_track(hoarding, c.chain, schedule), hoarding
 

@@ -35,7 +35,7 @@ from edgetrain.distributed.federated import (  # after the skip
     run_client,
 )
 from edgetrain.distributed.federated_server import FederatedStrategy, run_server
-from edgetrain.distributed.local import free_port
+from edgetrain.distributed.supervisor import free_port
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.train.state import StateStore
 

@@ -11,8 +11,8 @@ from edgetrain import keep_all, simulate
 from edgetrain.errors import EdgetrainError
 from edgetrain.models import resnet18
 from edgetrain.planners import revolve_advances
-from edgetrain.profile import linear_resnet
-from edgetrain.profile.linear_resnet import linear_resnet_from_total
+from edgetrain.profiling import linear_resnet
+from edgetrain.profiling.linear_resnet import linear_resnet_from_total
 from edgetrain.reports.figure1 import (
     CLAIM_RHO,
     PAPER_FAMILY,

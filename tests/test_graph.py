@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from edgetrain.errors import EdgetrainError
 from edgetrain.models import get_model_spec
-from edgetrain.planners.graph import Graph, GraphNode, capture_graph
+from edgetrain.profiling.graph import Graph, GraphNode, capture_graph
 
 BATCH = 2
 

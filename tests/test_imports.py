@@ -59,15 +59,15 @@ def test_importing_the_cli_does_not_import_torch() -> None:
 
 
 def test_public_api_is_lazy_and_complete() -> None:
-    # Execute: a fresh interpreter; the subpackage `profile` is imported before the function is read
-    code = ("import sys, edgetrain; torch_at_start = 'torch' in sys.modules; import edgetrain.profile.estimate; "
+    # Execute: a fresh interpreter; the profiling package is imported before the function is read
+    code = ("import sys, edgetrain; torch_at_start = 'torch' in sys.modules; import edgetrain.profiling.estimate; "
             "from edgetrain import plan, profile; "
             "print(torch_at_start, all(hasattr(edgetrain, n) for n in edgetrain.__all__), callable(profile), "
-            "edgetrain.profile is sys.modules['edgetrain.profile'].profile, plan.__module__)")
+            "edgetrain.profile is sys.modules['edgetrain.profiling'].profile, plan.__module__)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
 
     # Assert
-    assert result.stdout.split() == ["False", "True", "True", "True", "edgetrain.planners.plan"]
+    assert result.stdout.split() == ["False", "True", "True", "True", "edgetrain.planners.choose"]
 
 
 PUBLIC_NAMES = [

@@ -211,6 +211,7 @@ def test_a_student_that_beats_the_teacher_is_promoted_then_served(tmp_path: Path
     assert not serving.reload_if_promoted(store / "model.pt")  # unchanged: not loaded again
 
 
+@pytest.mark.slow   # over 20 s on 2 cores
 def test_a_student_promoted_after_the_last_chunk_is_what_the_service_serves_at_its_end(tmp_path: Path) -> None:
     # Prepare: a stream already stored (cursor at --frames) whose tracks are labelled 0, and a teacher that leans to 1:
     # the student learns them and is promoted after the last chunk.
@@ -346,6 +347,7 @@ def test_a_video_file_the_service_cannot_read_is_refused_in_one_line(tmp_path: P
         next(camera_chunks(str(tmp_path / "garbled.mkv"), 10, start=0, truth=False))
 
 
+@pytest.mark.slow   # over 20 s on 2 cores
 def test_the_service_runs_on_a_video_file_with_the_motion_detector(tmp_path: Path) -> None:
     pytest.importorskip("av")
     from edgetrain.insitu.video import write_frames

@@ -16,13 +16,14 @@ from chains import chain_with_output_records
 
 from edgetrain import Chain
 from edgetrain.core.chain import StageCost
-from edgetrain.core.schedule import Forward, Keep, PageIn, PageOut, Schedule, keep_all, simulate
+from edgetrain.core.schedule import Forward, Keep, PageIn, PageOut, Schedule, keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError, ScheduleError
-from edgetrain.planners.milp import chain_training_graph, milp
-from edgetrain.planners.milp_ops import milp_schedule
-from edgetrain.planners.milp_plan import MilpPlan, plan_milp
-from edgetrain.planners.paging import solve_paging
+from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.planners.milp.ops import milp_schedule
+from edgetrain.planners.milp.solve import chain_training_graph, milp
+from edgetrain.planners.milp.strategy import MilpPlan, plan_milp
 
 PROFILE = EnergyProfile("toy", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
 CHEAP_STORAGE = EnergyProfile("cheap", 1.0, 3.0, 1e-6, 1000.0, 0.01, 1e-6, 1000.0, 0.01)

@@ -41,7 +41,7 @@ from steps import (
 )
 from torch import nn
 
-from edgetrain.autograd.seeded_backward import GradBox
+from edgetrain.autograd.handover import GradBox
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
 from edgetrain.core.schedule import (
@@ -55,18 +55,18 @@ from edgetrain.core.schedule import (
     PageOutRecord,
     Schedule,
     keep_all,
-    memory_timeline,
-    simulate,
 )
+from edgetrain.core.simulator import memory_timeline, simulate
 from edgetrain.core.stages import training_stages
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import PagingError, ScheduleError
 from edgetrain.models import get_model_spec
 from edgetrain.planners import uniform
-from edgetrain.planners.paging import solve_paging
-from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.runtime import Executor, PageStore, run_schedule
 from edgetrain.runtime import pager as paging
+from edgetrain.runtime.overlap import plan_overlap
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +396,7 @@ def test_overlap_stays_under_the_simulated_peak() -> None:
         for kind in VALUE_KINDS + RECORD_KINDS:
             schedule = schedule_of(name, kind)
             timeline = memory_timeline(c.chain, schedule)
-            plan = paging.plan_overlap(schedule.ops, timeline, c.chain.value_bytes, record_sizes)
+            plan = plan_overlap(schedule.ops, timeline, c.chain.value_bytes, record_sizes)
             peak = max(m.transient_bytes for m in timeline)
             extra = [0] * len(schedule.ops)
             for j, end in plan.release_before.items():

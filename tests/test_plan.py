@@ -8,7 +8,7 @@ import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, simulate
 from edgetrain.planners import plan, revolve, uniform
-from edgetrain.profile import chain_for
+from edgetrain.profiling import chain_for
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_planning_without_the_jit_never_imports_numba() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from edgetrain.profile import chain_for; from edgetrain.planners import plan; "
+    code = ("import sys; from edgetrain.profiling import chain_for; from edgetrain.planners import plan; "
             "c = chain_for('resnet18', 8, 128); plan(c, recompute=1.2, jit=False); "
             "plan(c, memory=200 * 2**20, jit=False);"
             "print('numba' in sys.modules)")

@@ -12,10 +12,11 @@ import random
 import pytest
 
 from edgetrain import Chain, InfeasibleBudgetError, StageCost, simulate
-from edgetrain.core.schedule import Stats, keep_all
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import Stats
 from edgetrain.planners import plan, revolve, solve, uniform
-from edgetrain.planners.optimal_exact import exact_minimum_bytes, least_peak_schedule, solve_exact
-from edgetrain.profile import chain_for
+from edgetrain.planners.dp.exact import exact_minimum_bytes, least_peak_schedule, solve_exact
+from edgetrain.profiling import chain_for
 
 FINE_SLOTS = 4000  # eight times plan()'s default grid
 
@@ -181,7 +182,7 @@ def test_a_long_chain_at_its_least_budget_gets_a_faster_schedule_than_the_least_
     nothing at the least budget, and the least-peak schedule (which only minimises the peak) was the answer;
     schedules the grid places above the budget that hold no more than it are faster. The plan is the fastest
     that fits of every candidate, and fits."""
-    from edgetrain.planners.plan import _least_peak_candidate, _OptimalSearch
+    from edgetrain.planners.choose import _least_peak_candidate, _OptimalSearch
 
     chain = random_chain(80, 0)
     least = least_feasible(chain)

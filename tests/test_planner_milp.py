@@ -1,4 +1,4 @@
-"""Tests of POET's MILP planner (``edgetrain.planners.milp``).
+"""Tests of POET's MILP planner (``edgetrain.planners.milp.solve``).
 
 The replay :func:`simulate_graph_schedule` is the oracle: every schedule the MILP returns is
 replayed, must meet its budget and deadline, and must cost what the solver's objective says.
@@ -26,8 +26,7 @@ from edgetrain.costs.energy import EnergyProfile, page_energy_j
 from edgetrain.costs.timemodel import training_rate
 from edgetrain.devices import get_device
 from edgetrain.errors import EdgetrainError, InfeasibleBudgetError, ScheduleError
-from edgetrain.planners.graph import capture_graph
-from edgetrain.planners.milp import (
+from edgetrain.planners.milp.solve import (
     GraphSchedule,
     TrainingGraph,
     TrainingNode,
@@ -41,6 +40,7 @@ from edgetrain.planners.milp import (
     simulate_graph_schedule,
     training_graph,
 )
+from edgetrain.profiling.graph import capture_graph
 
 RPI4 = EnergyProfile.from_device(get_device("rpi4"), training_rate(get_device("rpi4"), TEST_HOST))
 
@@ -107,7 +107,7 @@ def random_chain(rng: random.Random, length: int, scale: int = 1) -> Chain:
 def brute_force(tg: TrainingGraph) -> list[tuple[int, float]]:
     """(peak, energy) of every recomputation pattern without paging that replays, each replayed."""
     # The minimal-storage rule the planner reads back with.
-    from edgetrain.planners.milp_replay import schedule_from_decisions
+    from edgetrain.planners.milp.replay import schedule_from_decisions
 
     n = len(tg)
     cells = [(t, i) for t in range(n) for i in range(t) if not tg.nodes[i].backward and t <= tg.need_end[i]]
@@ -294,7 +294,7 @@ def test_matches_brute_force_with_paging() -> None:
         fwd("a", 2.0, 4, page=(0.3, 0.4), page_time=(0.5, 0.5)), fwd("b", 1.0, 3, (0,), page=(0.2, 0.9)),
         fwd("c", 3.0, 2, (1,), page=(1.5, 0.1)), bwd("Bc", 1.0, 2, (2, 1)), bwd("Bb", 1.0, 2, (3, 0)),
     ), resident_bytes=1)
-    from edgetrain.planners.milp_replay import schedule_from_decisions
+    from edgetrain.planners.milp.replay import schedule_from_decisions
 
     n, end = len(tg), tg.need_end
     cells = ([("R", t, i) for t in range(n) for i in range(t) if not tg.nodes[i].backward and t <= end[i]]
@@ -490,7 +490,7 @@ def test_plans_that_leave_the_generator_states_out_give_a_minimum_that_counts_th
     """The MILP and the energy planner plan below the budget by the generator states' reserve: a refusal's
     minimum is the one without states plus that reserve, and a plan at exactly that minimum is made."""
     from edgetrain.planners.energy_plan import plan_energy
-    from edgetrain.planners.milp_plan import plan_milp
+    from edgetrain.planners.milp.strategy import plan_milp
 
     profile = EnergyProfile("x", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
     free = paged_back_chain()

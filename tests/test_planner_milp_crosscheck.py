@@ -17,10 +17,11 @@ import random
 import pytest
 from chains import chain_with_output_records
 
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
-from edgetrain.planners.milp import chain_training_graph, milp
-from edgetrain.planners.paging import solve_paging
+from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.planners.milp.solve import chain_training_graph, milp
 
 PROFILE = EnergyProfile("toy", 1.0, 3.0, 1e-3, 4.0, 0.5, 1e-3, 2.0, 0.8)
 

@@ -21,11 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgetrain.core.chain import Chain, StageCost
-from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all, simulate, validate
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all
+from edgetrain.core.simulator import simulate, validate
 from edgetrain.errors import InfeasibleBudgetError
-from edgetrain.planners import dp_grid
-from edgetrain.planners.optimal import OptimalTable, optimal, solve
-from edgetrain.planners.optimal_exact import exact_minimum_bytes
+from edgetrain.planners.dp import grid as dp_grid
+from edgetrain.planners.dp.exact import exact_minimum_bytes
+from edgetrain.planners.dp.optimal import OptimalTable, optimal, solve
 from edgetrain.planners.revolve import revolve, revolve_advances
 from edgetrain.planners.uniform import uniform
 
@@ -309,7 +310,7 @@ def test_budget_above_the_table_is_refused() -> None:
 
 @dataclass(frozen=True)
 class Node:
-    """A simulator state (``schedule.SimState``) plus the value the last op produced."""
+    """A simulator state (``simulator.SimState``) plus the value the last op produced."""
 
     held: frozenset[int]
     recorded: frozenset[int]

@@ -11,14 +11,15 @@ from chains import MB, around_least, keep_all_peak, random_chain
 
 from edgetrain import Chain
 from edgetrain.core.chain import StageCost
-from edgetrain.core.schedule import Backward, Forward, PageIn, PageOut, Schedule, simulate
+from edgetrain.core.schedule import Backward, Forward, PageIn, PageOut, Schedule
+from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile, page_energy_j
 from edgetrain.errors import InfeasibleBudgetError
-from edgetrain.planners.dp_grid import common_unit_bytes
+from edgetrain.planners.dp.grid import common_unit_bytes
+from edgetrain.planners.dp.optimal import solve
+from edgetrain.planners.dp.paging import least_paging_peak, paging_dp, solve_paging
 from edgetrain.planners.energy_plan import plan_energy
-from edgetrain.planners.optimal import solve
-from edgetrain.planners.paging import least_paging_peak, paging_dp, solve_paging
-from edgetrain.profile import linear_resnet
+from edgetrain.profiling import linear_resnet
 
 # cheap storage: 100 MB/s in at 1 W, 50 MB/s out at 1.5 W, 1 ms latency; compute at 3 W
 CHEAP = EnergyProfile("cheap", 1e9, 3.0, 1e-3, 1e8, 1.0, 1e-3, 5e7, 1.5)

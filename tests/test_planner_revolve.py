@@ -13,7 +13,8 @@ from math import comb
 import pytest
 
 from edgetrain.core.chain import Chain
-from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, simulate, validate
+from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule
+from edgetrain.core.simulator import simulate, validate
 from edgetrain.planners.revolve import revolve, revolve_advances, revolve_repetitions
 
 DENSE_LENGTHS = [*range(1, 151), 200, 317, 500]

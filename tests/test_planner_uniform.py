@@ -11,7 +11,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential, set_checkpoint_early_stop
 
 from edgetrain.core.chain import Chain
-from edgetrain.core.schedule import Forward, Schedule, keep_all, simulate, validate
+from edgetrain.core.schedule import Forward, Schedule, keep_all
+from edgetrain.core.simulator import simulate, validate
 from edgetrain.planners.uniform import segment_bounds, uniform
 
 GRID = [(length, segments) for length in range(1, 33) for segments in range(1, length + 1)]

@@ -24,6 +24,7 @@ from edgetrain.power.cgroup_modes import (
     time_step_in_mode,
 )
 from edgetrain.power.control import Board, PowerControlUnavailable
+from edgetrain.power.ground_truth import SimWorkload, device_grid, score_device, true_power_w, true_time_s
 from edgetrain.power.predict import (
     ModePoint,
     Profile,
@@ -33,7 +34,6 @@ from edgetrain.power.predict import (
     mape_percent,
     profile_adaptively,
 )
-from edgetrain.power.simulate import SimWorkload, device_grid, score_device, true_power_w, true_time_s
 
 GRID = [ModePoint(f"{c}c{f}{e}", c, f, e) for c, f, e in itertools.product(
     (1, 2, 3, 4), (0.4e9, 0.8e9, 1.2e9, 1.6e9), (0.8e9, 1.6e9))]

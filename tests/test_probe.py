@@ -34,7 +34,7 @@ from edgetrain.devices.probe import (
 )
 from edgetrain.errors import EdgetrainError
 from edgetrain.models import get_model_spec
-from edgetrain.profile import chain_for
+from edgetrain.profiling import chain_for
 
 SIZES = (4096, 65536, 1 << 20)
 POWERS = {"compute_power_w": 4.0, "pagein_power_w": 0.3, "pageout_power_w": 0.5}

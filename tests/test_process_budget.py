@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.profile.process import read_process_memory
+from edgetrain.profiling.process import read_process_memory
 
 V1_ROOT, V2_ROOT = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
 

@@ -13,8 +13,8 @@ from torch import nn
 from edgetrain import estimate_memory, keep_all, measure_training_step, profile, simulate
 from edgetrain.core.optim import make_optimizer
 from edgetrain.models import get_model_spec
-from edgetrain.profile import LiveBytesTracker
-from edgetrain.profile.tracker import storage_bytes
+from edgetrain.profiling import LiveBytesTracker
+from edgetrain.profiling.tracker import storage_bytes
 
 _LONG = pytest.mark.slow
 CASES = [("resnet18", 2, 64), ("resnet18", 4, 96), pytest.param("resnet50", 1, 64, marks=_LONG),
@@ -138,7 +138,7 @@ def test_stages_are_timed_outside_the_byte_tracker(monkeypatch: pytest.MonkeyPat
     """The tracker's Python dispatch costs every op a fixed overhead: timing under it inflated small-op stages."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    profiler = importlib.import_module("edgetrain.profile.profiler")
+    profiler = importlib.import_module("edgetrain.profiling.profiler")
     modes_while_timing: list[object] = []
     time_stage = profiler._time_stage
 

@@ -12,11 +12,11 @@ import torch
 from benchmark_scripts import load_benchmark
 from torch import nn
 
-from edgetrain.core.schedule import simulate
+from edgetrain.core.simulator import simulate
 from edgetrain.models import stages_of
 from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan
-from edgetrain.profile import profile
-from edgetrain.profile.tracker import LiveBytesTracker
+from edgetrain.profiling import profile
+from edgetrain.profiling.tracker import LiveBytesTracker
 from edgetrain.runtime import three_budgets
 from edgetrain.runtime.regions import Regions
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from edgetrain import Backward, Chain, Discard, Forward, Keep, Schedule, ScheduleError, StageCost, keep_all, simulate
-from edgetrain.core.schedule import PageIn, PageInRecord, PageOut, PageOutRecord, memory_timeline
+from edgetrain.core.schedule import PageIn, PageInRecord, PageOut, PageOutRecord
+from edgetrain.core.simulator import memory_timeline
 
 
 def ops(*items: Forward | Backward | Discard) -> tuple[Forward | Backward | Discard, ...]:

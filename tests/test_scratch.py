@@ -12,10 +12,11 @@ from torch import nn
 
 from edgetrain import Checkpointed
 from edgetrain.core.chain import Chain, StageCost
-from edgetrain.core.schedule import keep_all, simulate
-from edgetrain.profile import profile
-from edgetrain.profile import profiler as profiler_module
-from edgetrain.profile.tracker import AllocatorRecorder, _session_changes, records_every_allocation
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
+from edgetrain.profiling import profile
+from edgetrain.profiling import profiler as profiler_module
+from edgetrain.profiling.tracker import AllocatorRecorder, _session_changes, records_every_allocation
 from edgetrain.runtime.verify import three_budgets
 
 
@@ -118,7 +119,7 @@ def test_a_zoo_chain_on_real_tensors_is_the_meta_chain_with_this_machines_scratc
     """``chain_for(..., device="cpu")``: the same sizes the meta device gives (its tracker sees every tensor),
     plus the convolutions' scratch no tensor shows, without moving the caller's generator (the weights' init and
     MobileNetV2's dropout draw)."""
-    from edgetrain.profile import chain_for
+    from edgetrain.profiling import chain_for
 
     torch.manual_seed(123)
     state = torch.get_rng_state()

@@ -11,7 +11,7 @@ from benchmark_scripts import load_benchmark
 from chains import keep_all_peak, random_chain
 
 from edgetrain import Chain
-from edgetrain.core.schedule import simulate
+from edgetrain.core.simulator import simulate
 from edgetrain.planners import single_level as planner
 from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan, stage_groups
 from edgetrain.runtime.compiled import text_kinds

@@ -12,9 +12,10 @@ from torch import nn
 
 from edgetrain import Checkpointed
 from edgetrain.core.chain import Chain, StageCost
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.core.stages import training_stages
-from edgetrain.profile import LiveBytesTracker, profile
+from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.runtime import three_budgets
 from edgetrain.runtime.step_in_backward import shared_gradient_bytes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.core.chain import Chain
-from edgetrain.profile import estimate_memory
+from edgetrain.profiling import estimate_memory
 from edgetrain.reports import tables
 from edgetrain.reports.tables import (
     PaperValue,

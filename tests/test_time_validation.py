@@ -12,7 +12,7 @@ from edgetrain.core.chain import NOMINAL_FLOPS_PER_S
 from edgetrain.devices import get_device
 from edgetrain.devices.catalog import tomllib
 from edgetrain.models import MODELS
-from edgetrain.profile import chain_for
+from edgetrain.profiling import chain_for
 
 FIGURES_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "time_validation.toml"
 KEYS = {"device", "cite", "model", "published_model", "batch", "image", "classes", "optimizer", "published_total_s",

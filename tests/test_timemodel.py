@@ -16,7 +16,7 @@ from edgetrain.costs.timemodel import HostCalibration, training_rate
 from edgetrain.devices import get_device, rate
 from edgetrain.devices.rate import CACHE_DIR_ENV, CALIBRATION_ENV, calibration_cache_path, host_calibration, probe_gemm
 from edgetrain.errors import EdgetrainError
-from edgetrain.profile import chain_for
+from edgetrain.profiling import chain_for
 
 
 def plan_json(device: str, *extra: str) -> dict[str, object]:

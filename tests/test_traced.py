@@ -15,7 +15,7 @@ from torch import fx, nn
 from edgetrain.models import NotTraceableError, resnet18, stages_of, traced_stages
 from edgetrain.models.user_examples import SkipCat, encoder_in_sequential, sequential_cnn
 from edgetrain.planners import plan
-from edgetrain.profile import profile
+from edgetrain.profiling import profile
 from edgetrain.runtime import check_step, three_budgets
 
 

@@ -38,7 +38,7 @@ CHILD = textwrap.dedent('''
     from edgetrain.models import get_model_spec
     from edgetrain.core.optim import make_optimizer
     from edgetrain.planners import solve
-    from edgetrain.profile import LiveBytesTracker, profile
+    from edgetrain.profiling import LiveBytesTracker, profile
     from edgetrain.runtime import run_schedule
     from edgetrain.core.schedule import keep_all, simulate
     from edgetrain.core.stages import training_stages

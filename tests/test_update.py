@@ -12,11 +12,12 @@ import torch
 from torch import nn
 
 from edgetrain.core.optim import make_optimizer
-from edgetrain.core.schedule import keep_all, simulate
+from edgetrain.core.schedule import keep_all
+from edgetrain.core.simulator import simulate
 from edgetrain.core.stages import FrozenPrefix, training_stages
 from edgetrain.models import resnet18_cifar, stages_of
 from edgetrain.models.update import UpdateSchemeError, apply_update, parse_update
-from edgetrain.profile import chain_for, profile
+from edgetrain.profiling import chain_for, profile
 from edgetrain.runtime import Checkpointed, check_step, three_budgets
 from tests.steps import check_tracks
 from tests.test_cli import run

@@ -15,8 +15,8 @@ from torch import nn
 from edgetrain.models import get_model_spec, resnet18_cifar
 from edgetrain.models.contribution import Probe, ProbeData, choose_update, default_candidates, pick, probe_schemes
 from edgetrain.models.update import UpdateSchemeError, apply_update, parse_update
-from edgetrain.planners.plan import least_step_bytes
-from edgetrain.profile import profile
+from edgetrain.planners.choose import least_step_bytes
+from edgetrain.profiling import profile
 from tests.test_cli import run
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,14 +25,12 @@ if TYPE_CHECKING:
         PageOut,
         PageOutRecord,
         Schedule,
-        Stats,
         keep_all,
-        simulate,
-        validate,
     )
+    from .core.simulator import Stats, simulate, validate
     from .errors import EdgetrainError, InfeasibleBudgetError, ScheduleError, UnknownNameError
     from .planners import Plan, plan
-    from .profile import estimate_memory, measure_training_step, profile
+    from .profiling import estimate_memory, measure_training_step, profile
     from .runtime import Checkpointed, Executor, fit_compiled, run_schedule
     from .units import format_bytes, parse_bytes
 
@@ -52,30 +48,14 @@ _HOMES = {
     ".core.chain": ("Chain", "StageCost"),
     ".errors": ("EdgetrainError", "InfeasibleBudgetError", "ScheduleError", "UnknownNameError"),
     ".planners": ("Plan", "plan"),
-    ".profile": ("estimate_memory", "measure_training_step", "profile"),
+    ".profiling": ("estimate_memory", "measure_training_step", "profile"),
     ".runtime": ("Checkpointed", "Executor", "fit_compiled", "run_schedule"),
     ".core.schedule": ("Backward", "Discard", "Forward", "Keep", "PageIn", "PageInRecord", "PageOut", "PageOutRecord",
-                  "Schedule", "Stats", "keep_all", "simulate", "validate"),
+                       "Schedule", "keep_all"),
+    ".core.simulator": ("Stats", "simulate", "validate"),
     ".units": ("format_bytes", "parse_bytes"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-
-
-class _Package(ModuleType):
-    """NOTE [ The function profile and the package profile ]
-    ``edgetrain.profile`` is the function (the public name), yet
-    ``edgetrain/profile/`` is also a subpackage, and importing a subpackage binds it to its name
-    in the parent. A public name never gives way to a subpackage of the same name: the binding
-    gets the name's own value (the subpackage is loaded by then, so this costs nothing).
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, ModuleType) and name in _HOME_OF:
-            value = getattr(importlib.import_module(_HOME_OF[name], __name__), name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

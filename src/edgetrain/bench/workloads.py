@@ -51,7 +51,7 @@ def _time_workload(workload: Workload, runs: int) -> list[float]:
 
     from ..data.stall import make_step_fn
     from ..models import get_model_spec
-    from ..profile.measure import step_times
+    from ..profiling.measure import step_times
 
     spec = get_model_spec(workload.model)
     torch.manual_seed(0)

@@ -182,7 +182,7 @@ def _rates(values: list[str], nodes: int) -> list[float | None]:
 
 
 def _faults(kills: list[str], stops: list[str], cuts: list[str]) -> tuple[Any, ...]:
-    from ..distributed.local import Fault
+    from ..distributed.supervisor import Fault
 
     faults = []
     for kind, specs in (("kill", kills), ("stop", stops), ("cut", cuts)):
@@ -230,7 +230,7 @@ def local_command(settings: ClusterSettings,
     rates = _rates(rate, nodes)
     _quiet_c10d()
     from ..distributed import NodeSpec
-    from ..distributed.local import LocalOptions, run_local
+    from ..distributed.supervisor import LocalOptions, run_local
 
     config = settings.config()
     specs = [NodeSpec(d, m, r) for d, m, r in zip(_per_node("--device", device, nodes),

@@ -24,8 +24,8 @@ from rich.text import Text
 from ..errors import EdgetrainError
 
 __all__ = ["console", "err_console", "error", "clean_errors", "click_exceptions", "click_types", "finite",
-           "refuse_non_finite", "ModelOpt", "BatchOpt", "SizeOpt", "DeviceOpt", "OptimizerOpt", "UpdateOpt",
-           "with_progress", "memory_of", "host_for"]
+           "refuse_non_finite", "ModelOpt", "ModelArgOpt", "model_name", "BatchOpt", "SizeOpt", "DeviceOpt",
+           "OptimizerOpt", "UpdateOpt", "with_progress", "memory_of", "host_for"]
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
@@ -121,7 +121,10 @@ def refuse_non_finite(command: Any) -> Any:
 
 
 # The training step that memory, plan, train and bench batch describe: the same flags and help in each.
-ModelOpt = typer.Option(..., "--model", "-m", help="Model name, e.g. resnet50, mobilenet_v2, transformer.")
+ModelOpt = typer.Option(..., "--model", "-m", help="A model of the zoo (resnet50, mobilenet_v2, transformer, ...) or "
+                        "your own as package.module:factory, a callable that returns it.")
+ModelArgOpt = typer.Option([], "--model-arg", help="KEY=VALUE for the factory of --model (repeat for more); a value "
+                           "that reads as a Python literal is that literal.")
 BatchOpt = typer.Option(..., "--batch", "-b", min=1, help="Batch size.")
 SizeOpt = typer.Option(224, "--image", "--size", "--seq-len", min=1,
                        help="Image side in pixels (sequence length for transformer models).")
@@ -160,3 +163,12 @@ def host_for(target: Any) -> Any:
     from ..devices.rate import host_calibration
 
     return with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: host_calibration())
+
+
+def model_name(model: str, model_args: list[str]) -> str:
+    """The model's one name: a zoo name, or a factory with its arguments (NOTE [ A model by its factory ])."""
+    from ..models.factory import factory_name, is_factory_name, parse_model_args
+
+    if model_args and not is_factory_name(model):
+        raise EdgetrainError(f"--model-arg is for a factory (package.module:callable); {model!r} is a zoo name")
+    return factory_name(model, parse_model_args(model_args)) if model_args else model

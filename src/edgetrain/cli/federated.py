@@ -61,7 +61,7 @@ def federated_command(
     """Federated training on this machine: a Flower server and --nodes client processes; only weights travel."""
     from ..distributed.federated import FederatedConfig
     from ..distributed.federated_local import run_local
-    from ..distributed.local import free_port
+    from ..distributed.supervisor import free_port
 
     config = FederatedConfig(run_dir=str(run_dir), nodes=nodes, rounds=rounds, local_steps=local_steps, batch=batch,
                              lr=lr, optimizer=optimizer, seed=seed, model=model, samples=samples, image=image,

@@ -21,6 +21,7 @@ from ..units import format_bytes
 from .common import (
     BatchOpt,
     DeviceOpt,
+    ModelArgOpt,
     ModelOpt,
     OptimizerOpt,
     SizeOpt,
@@ -29,6 +30,7 @@ from .common import (
     console,
     finite,
     host_for,
+    model_name,
 )
 
 __all__ = ["devices", "memory", "plan_command"]
@@ -47,13 +49,14 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
 
 
 @clean_errors
-def memory(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
+def memory(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt, model_args: list[str] = ModelArgOpt,
            device: str | None = DeviceOpt, optimizer: str = OptimizerOpt, update: str = UpdateOpt,
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """How much memory one training step needs, and whether it fits a device."""
     from ..devices import get_device
-    from ..profile import estimate_memory
+    from ..profiling import estimate_memory
 
+    model = model_name(model, model_args)
     target = get_device(device) if device else None
     estimate = estimate_memory(model, batch, image, optimizer=optimizer, update=update)
     report = estimate.to_dict(target)
@@ -100,6 +103,7 @@ def _verdict_detail(report: dict[str, Any]) -> str:
 
 @clean_errors
 def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = SizeOpt,
+                 model_args: list[str] = ModelArgOpt,
                  memory: str | None = typer.Option(None, "--memory", help="Budget for the step's tensors, e.g. "
                                                    "2GiB (train's --memory bounds the whole process)."),
                  recompute: float | None = typer.Option(None, "--recompute", callback=finite("--recompute", 1),
@@ -124,10 +128,11 @@ def plan_command(model: str = ModelOpt, batch: int = BatchOpt, image: int = Size
     from ..devices import get_device
     from ..models import get_model_spec
     from ..planners import plan
-    from ..profile import chain_for
+    from ..profiling import chain_for
 
     if objective not in ("time", "energy"):
         raise EdgetrainError(f"--objective must be time or energy, got {objective!r}")
+    model = model_name(model, model_args)
     target = get_device(device) if device else None
     if memory is None and recompute is None:
         if target is None or target.memory_bytes is None:

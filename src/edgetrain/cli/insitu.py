@@ -45,7 +45,7 @@ def world_command(out: Path = typer.Option(Path("out/insitu/world"), "--out", "-
         write_frames(video.frames, video_file, FRAME_RATE_HZ)
     write_video(video, out)
     if sheet:
-        from ..insitu.sheet import contact_sheet
+        from ..insitu.contact_sheet import contact_sheet
 
         contact_sheet(seed, out / "sheet.png")
     console.print(f"{frames} frames, {len(video.truth)} object records, {len({t.track_id for t in video.truth})} "

@@ -17,6 +17,7 @@ from rich.table import Table
 from ..units import format_bytes
 from .common import (
     DeviceOpt,
+    ModelArgOpt,
     OptimizerOpt,
     UpdateOpt,
     clean_errors,
@@ -24,6 +25,7 @@ from .common import (
     err_console,
     finite,
     memory_of,
+    model_name,
     with_progress,
 )
 
@@ -32,7 +34,9 @@ __all__ = ["train_command", "demo"]
 
 @clean_errors
 def train_command(
-        model: str = typer.Option("resnet18", "--model", "-m", help="Model name from the zoo."),
+        model: str = typer.Option("resnet18", "--model", "-m", help="A model of the zoo, or your own as "
+                                  "package.module:factory, a callable that returns it."),
+        model_args: list[str] = ModelArgOpt,
         data: str = typer.Option("synthetic", "--data", help="'synthetic', an image folder or a CIFAR-10 folder."),
         samples: int = typer.Option(1000, "--samples", min=1, help="Size of the synthetic dataset."),
         batch: int = typer.Option(8, "--batch", "-b", min=1, help="Batch size."),
@@ -71,7 +75,8 @@ def train_command(
     """Train a model within a memory budget: plan, train with the plan, evaluate every epoch, save state."""
     from ..train import TrainConfig
 
-    config = TrainConfig(model=model, data=data, samples=samples, batch=batch, image=image, memory=memory,
+    config = TrainConfig(model=model_name(model, model_args), data=data, samples=samples, batch=batch, image=image,
+                         memory=memory,
                          step_memory=step_memory, recompute=recompute, device=device, strategy=strategy,
                          plan_file=plan_file, page_dir=page_dir, epochs=epochs, optimizer=optimizer,
                          lr=lr, lr_schedule=lr_schedule, workers=workers, run_dir=run_dir, resume=resume,

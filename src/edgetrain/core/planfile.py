@@ -19,7 +19,8 @@ from typing import Any
 from ..errors import EdgetrainError
 from ..sysutil.fileio import to_json, write_atomic
 from .chain import Chain
-from .schedule import Schedule, simulate, validate
+from .schedule import Schedule
+from .simulator import simulate, validate
 
 __all__ = ["PlanFile", "PlanFileError", "PLAN_FILE_FORMAT", "PLAN_FILE_VERSION"]
 

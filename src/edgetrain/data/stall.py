@@ -346,7 +346,7 @@ def make_step_fn(model: nn.Module, *, optimizer: str = "sgd", lr: float | None =
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> StepFn:
     """A plain training step (zero_grad, forward, loss, backward, optimizer step) for :func:`analyze_stalls`."""
     from ..core.optim import make_optimizer
-    from ..profile.measure import train_step
+    from ..profiling.measure import train_step
 
     criterion = loss_fn if loss_fn is not None else nn.functional.cross_entropy
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr=lr)

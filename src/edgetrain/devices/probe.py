@@ -393,8 +393,8 @@ def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, re
     import torch
 
     from ..models import get_model_spec
-    from ..profile import chain_for
-    from ..profile.measure import step_times, train_step
+    from ..profiling import chain_for
+    from ..profiling.measure import step_times, train_step
 
     if repeats < 1:
         raise EdgetrainError(f"repeats must be >= 1, got {repeats}")

@@ -4,9 +4,9 @@ See NOTE [ Cluster step ] in :mod:`edgetrain.distributed.node`; torch.distribute
 inside the functions that talk to the cluster.
 """
 
+from .batch_shares import share_weights, split_batch
 from .group import ClusterEnv, ClusterError, config_hash
 from .node import ClusterOptions, NodeSpec, node_speed, train_node
-from .split import share_weights, split_batch
 from .step import StepResult, cluster_step
 
 __all__ = ["ClusterEnv", "ClusterError", "ClusterOptions", "NodeSpec", "StepResult", "cluster_step", "config_hash",

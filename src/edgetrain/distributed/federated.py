@@ -283,7 +283,7 @@ class FederatedNode:
     """
 
     def __init__(self, config: FederatedConfig, node: int, data: NodeData | None = None) -> None:
-        from ..profile.process import configure_allocator, reset_peak, return_freed_memory
+        from ..profiling.process import configure_allocator, reset_peak, return_freed_memory
         from ..runtime import Checkpointed
         from ..train.budget import measure_runtime_baseline, split_process_budget
 
@@ -351,7 +351,7 @@ class FederatedNode:
         """``local_steps`` steps from ``weights`` (NOTE [ Federated rounds ]); the new weights, the node's own
         samples and its metrics (mean training loss, memory)."""
         from ..core.optim import make_optimizer
-        from ..profile.process import read_process_memory
+        from ..profiling.process import read_process_memory
         from ..train.budget import ProcessBudget
 
         self.load(weights)
@@ -416,8 +416,8 @@ def refuse_budgets_below_the_least_step(config: FederatedConfig) -> None:
         InfeasibleBudgetError: the first node refused (as its own refusal reads).
         FederatedError: a node's store has no training or no held-out sample.
     """
-    from ..planners.plan import least_step_bytes
-    from ..profile import profile
+    from ..planners.choose import least_step_bytes
+    from ..profiling import profile
     from ..train.budget import ProcessBudget, estimate_runtime_baseline_bytes
 
     budgets = [config.budget_bytes(node) for node in range(config.nodes)]

@@ -152,7 +152,7 @@ def gather_verdicts(verdict: Any) -> list[Any]:
 
 def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], weight: float, compressor: Any = None) -> None:
     """Replace each ``.grad`` by the weighted sum over nodes ``Σ_r weight_r · grad_r`` (NOTE [ Weighted
-    averaging ] in split.py); by ``compressor``'s approximation of it when given (a
+    averaging ] in batch_shares.py); by ``compressor``'s approximation of it when given (a
     :class:`~edgetrain.distributed.compress.PowerSGD` over the same parameters).
 
     A parameter without a gradient on this node gets a zero one, so every node joins the same

@@ -27,7 +27,7 @@ from ..data import collate_skip_corrupt, first_batch
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
 from ..planners import Plan
-from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
+from ..profiling.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
 from ..sysutil.fileio import write_json
 from ..train.budget import ProcessBudget, measure_runtime_baseline, split_process_budget
@@ -47,6 +47,7 @@ from ..train.rundir import METRICS_FILE, PLAN_FILE, STATE_DIR, SUMMARY_FILE, Run
 from ..train.state import ResumableSampler, StateStore, TrainingState
 from ..units import format_bytes
 from .batch_norm import synchronise_batch_norm
+from .batch_shares import split_batch
 from .compress import PowerSGD
 from .group import (
     ClusterEnv,
@@ -57,9 +58,8 @@ from .group import (
     join,
     leave,
 )
-from .overlap import WIRE_DTYPES, HalfPrecisionAllReduce
+from .half_allreduce import WIRE_DTYPES, HalfPrecisionAllReduce
 from .runlock import InheritedRunDirectory
-from .split import split_batch
 from .step import OuterStep, average_parameters, cluster_step, restart_optimizer, seed_step
 
 __all__ = ["NodeSpec", "ClusterOptions", "train_node", "node_speed", "check_speeds", "cluster_settings", "batch_shares",
@@ -227,7 +227,7 @@ class _Heartbeat:
 
     Once the node has joined, a beat first counts ``heartbeat/<rank>`` up in the master's store over
     its own connection: a node cut off from the master stops beating as a stopped one does
-    (NOTE [ Supervision ] in local.py).
+    (NOTE [ Supervision ] in supervisor.py).
 
     The block's end waits for the thread: a daemon thread still inside a store call (torch releases
     the GIL there) when the interpreter finalizes takes the GIL back on return, and Python 3.11 ends
@@ -345,7 +345,7 @@ def _train_joined(config: TrainConfig, local: TrainConfig, node: NodeSpec, env: 
             return opening.finished
         if run is not None:
             run.claim()
-        return _NodeRun(config, local, env, speeds, opening, run, options).train()
+        return NodeRun(config, local, env, speeds, opening, run, options).train()
     finally:
         if run is not None:
             run.__exit__(None, None, None)
@@ -358,8 +358,12 @@ def _hold_run_directory(config: TrainConfig, options: ClusterOptions) -> RunDire
     return held.__enter__()
 
 
-class _NodeRun:
-    """The state of one node's training: model, data, plan, executor."""
+class NodeRun:
+    """One node's training in a data-parallel cluster: its model, its share of the data, its plan and executor.
+
+    Built once per node process by :func:`train_node`; :meth:`train` runs the epochs, averaging gradients
+    (or parameters, on slow links) with the other nodes at every step and checkpointing as rank 0.
+    """
 
     def __init__(self, config: TrainConfig, local: TrainConfig, env: ClusterEnv, speeds: list[float | None],
                  opening: Opening, run: RunDirectory | None, options: ClusterOptions) -> None:

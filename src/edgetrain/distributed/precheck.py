@@ -13,7 +13,7 @@ from .netns import PRESETS, can_emulate
 from .node import NodeSpec, batch_shares, check_speeds, node_speed
 
 if TYPE_CHECKING:
-    from .local import LocalOptions
+    from .supervisor import LocalOptions
 
 __all__ = ["check_before_work", "generate_data"]
 
@@ -93,7 +93,7 @@ def _refuse_budgets_below_the_least_step(config: TrainConfig, rated: Sequence[No
     if all(budget is None for budget in budgets):
         return
     from ..models import get_model_spec
-    from ..planners.plan import least_step_bytes
+    from ..planners.choose import least_step_bytes
     from ..train.budget import ProcessBudget, estimate_runtime_baseline_bytes
     from ..train.loop import profile_batch
 

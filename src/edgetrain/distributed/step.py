@@ -4,7 +4,7 @@ NOTE [ Cluster step ]
 Every node holds the same weights and walks the same data order (the
 :class:`~edgetrain.train.state.ResumableSampler` of the run's seed). Step ``s`` takes the next
 ``B`` indices of the order (the *global batch*, the one single-process training would take);
-node ``r`` trains on its slice of ``b_r`` of them (:func:`~edgetrain.distributed.split.split_batch`,
+node ``r`` trains on its slice of ``b_r`` of them (:func:`~edgetrain.distributed.batch_shares.split_batch`,
 in proportion to each node's predicted speed) through its own :class:`~edgetrain.runtime.Executor`,
 whose schedule was planned for *its* device and memory budget at *its* share. Then one small
 all-reduce gives the samples and the loss sum of the step, every gradient is scaled by
@@ -79,7 +79,7 @@ from ..runtime import Executor
 from .batch_norm import cross_node_statistics
 from .compress import PowerSGD
 from .group import all_reduce_gradients, all_reduce_sum, all_reduce_tensors
-from .overlap import HalfPrecisionAllReduce
+from .half_allreduce import HalfPrecisionAllReduce
 
 __all__ = ["StepResult", "cluster_step", "seed_step", "average_parameters", "OuterStep", "restart_optimizer"]
 

@@ -1,6 +1,6 @@
 """SIGTERM in the supervisor: an exception that unwinds through every ``finally`` that kills nodes or removes the
 emulated network, also where Python swallowed it or a process was being started (NOTE [ Supervision ] in
-``local.py``)."""
+``supervisor.py``)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ not restart), 3 the cluster broke under this node (a peer died or stopped answer
 
 A native crash (a C++ exception ending in ``std::terminate``: SIGABRT; SIGSEGV, SIGBUS, SIGFPE, SIGILL)
 leaves no Python traceback of its own; :mod:`faulthandler` prints every thread's Python stack into the
-node's log first, and the supervisor's message names that log (``NodeGroup._loss_line`` in ``local.py``).
+node's log first, and the supervisor's message names that log (``NodeGroup._loss_line`` in ``supervisor.py``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _warm_up() -> None:
     """Pay the first calls' costs now: the profiler's first run imports torch's dispatch machinery."""
     import torch
 
-    from ..profile import profile
+    from ..profiling import profile
 
     profile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)), torch.randn(2, 4),
             torch.tensor([0, 1]), repeats=1)

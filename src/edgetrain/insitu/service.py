@@ -78,7 +78,7 @@ import numpy as np
 import torch
 
 from ..errors import InfeasibleBudgetError
-from ..profile.process import read_process_memory, reset_peak
+from ..profiling.process import read_process_memory, reset_peak
 from ..train.budget import CUSHION_BYTES
 from ..train.state import StateStore
 from ..units import format_bytes

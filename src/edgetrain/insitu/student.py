@@ -162,7 +162,7 @@ def _batches(x: np.ndarray, y: np.ndarray, config: StudentConfig, step: int) -> 
 
 def run_student(config: StudentConfig, priority: str) -> int:
     """Train until ``config.steps``; returns the process's exit status (0 done, 3 parent gone)."""
-    from ..profile.process import configure_allocator, read_process_memory
+    from ..profiling.process import configure_allocator, read_process_memory
     from ..runtime import Checkpointed
     from ..train.budget import measure_runtime_baseline, split_process_budget
     from ..train.state import StateStore, TrainingState

@@ -13,7 +13,7 @@ Training Under 256KB Memory", NeurIPS 2022), with a probe per candidate scheme:
   from before the probe to after it (the loss's drop breaks ties), each batch normalised by its own statistics;
   every candidate starts from the same weights and is scored on the same batches, so the gains compare;
 * its step's memory is the least tensor peak any schedule reaches on the chain profiled with that scheme's flags
-  (:func:`edgetrain.planners.plan.least_step_bytes`), so a candidate *fits* a budget when the planner can make its
+  (:func:`edgetrain.planners.choose.least_step_bytes`), so a candidate *fits* a budget when the planner can make its
   step fit; a probe runs its steps by a schedule planned within the budget, so probing holds the memory that
   training will, and a candidate that does not fit is not probed;
 * ``auto`` is the fitting candidate with the largest gain; a tie goes to the smaller step.
@@ -239,8 +239,8 @@ def _step_fn(model: nn.Module, chain: Chain,
 def _probe_one(build: Callable[[], nn.Module], scheme: str, data: ProbeData, budget: StepBudget, steps: int,
                lr: float, optimizer: str, seed: int, before: tuple[float, float]) -> Probe:
     from ..core.optim import make_optimizer
-    from ..planners.plan import least_step_bytes
-    from ..profile import profile
+    from ..planners.choose import least_step_bytes
+    from ..profiling import profile
 
     start = time.perf_counter()
     trial = build()

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetrainError, UnknownNameError
+from .factory import build_factory_model, check_factory_call, default_classes, is_factory_name, load_factory
 from .mobilenet import mobilenet_v2
 from .resnet import resnet18, resnet18_cifar, resnet34, resnet50, resnet101, resnet152
 from .transformer import transformer_encoder, transformer_encoder_small
@@ -104,6 +105,8 @@ def check_input(spec: ModelSpec, batch: int, size: int) -> None:
         raise EdgetrainError(f"{what} for model {spec.name!r} must be at least {spec.min_size}{unit}, got {size}")
     if spec.max_len is not None and size > spec.max_len:
         raise EdgetrainError(f"{what} for model {spec.name!r} must be at most {spec.max_len}, got {size}")
+    if is_factory_name(spec.name):
+        check_factory_call(spec.name, batch, size)
 
 
 def _image(name: str, builder: Callable[[int], nn.Module]) -> ModelSpec:
@@ -133,11 +136,16 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    """The spec registered under ``name``.
+    """The spec registered under ``name``, or of the factory it names (NOTE [ A model by its factory ]).
 
     Raises:
         UnknownNameError: listing the valid names.
+        EdgetrainError: a factory that does not import or does not take its arguments.
     """
+    if is_factory_name(name):
+        load_factory(name)
+        return ModelSpec(name, lambda classes: build_factory_model(name, classes), "image", min_size=1,
+                         default_num_classes=default_classes(name, 10))
     try:
         return MODELS[name]
     except KeyError:

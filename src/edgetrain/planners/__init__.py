@@ -8,10 +8,10 @@ For energy on a device: ``paging_dp`` adds paging to storage to the DP (POFO/POE
 """
 
 from .capuchin import capuchin
+from .choose import STRATEGIES, Candidate, Plan, plan
+from .dp.optimal import OptimalTable, optimal, solve
+from .dp.paging import CostWeights, PagingTable, paging_dp, solve_paging
 from .energy_plan import ENERGY_STRATEGIES, EnergyPlan, plan_energy
-from .optimal import OptimalTable, optimal, solve
-from .paging import CostWeights, PagingTable, paging_dp, solve_paging
-from .plan import STRATEGIES, Candidate, Plan, plan
 from .revolve import revolve, revolve_advances
 from .uniform import uniform
 

@@ -36,8 +36,8 @@ from ..core.chain import Chain, StageCost
 from ..costs.energy import EnergyProfile
 from ..errors import InfeasibleBudgetError
 from ..units import parse_bytes
-from .paging import PagingResult, paging_dp
-from .plan import Plan, least_step_bytes, plan
+from .choose import Plan, least_step_bytes, plan
+from .dp.paging import PagingResult, paging_dp
 
 __all__ = ["BlockPlan", "PagedBlockPlan", "plan_blocks", "page_blocks", "block_variants", "least_block_bytes"]
 
@@ -133,12 +133,12 @@ class PagedBlockPlan:
 
 def page_blocks(whole: Chain, twins: Chain, segmented: Sequence[bool], profile: EnergyProfile, memory: int | str,
                 *, slots: int = 500) -> PagedBlockPlan:
-    """The least-energy two-level plan within ``memory`` with paging: :func:`~edgetrain.planners.paging.paging_dp`
+    """The least-energy two-level plan within ``memory`` with paging: :func:`~edgetrain.planners.dp.paging.paging_dp`
     on each variant :func:`block_variants` gives, the least energy kept (fewer segmented stages on a tie).
 
     A segmented stage's record holds its segments' inputs, which ``torch.utils.checkpoint`` saves through
     autograd's saved-tensor hooks: paging the record (``PageOutRecord``) writes exactly them, and the
-    executor's hooks page them like any stage's internals (NOTE [ Paged records ] in ``runtime/executor.py``).
+    executor's hooks page them like any stage's internals (NOTE [ Paged records ] in ``runtime/step_pager.py``).
 
     Raises:
         InfeasibleBudgetError: no variant fits; ``minimum_bytes`` is the least budget of any variant's paging

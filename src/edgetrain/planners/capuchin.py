@@ -32,7 +32,8 @@ from dataclasses import replace
 from typing import Literal
 
 from ..core.chain import Chain
-from ..core.schedule import Backward, Forward, Keep, Op, PageIn, PageOut, Schedule, simulate
+from ..core.schedule import Backward, Forward, Keep, Op, PageIn, PageOut, Schedule
+from ..core.simulator import simulate
 from ..costs.energy import EnergyProfile, page_time_s
 from ..errors import InfeasibleBudgetError
 from .uniform import advance, record_and_reverse
@@ -95,7 +96,7 @@ def capuchin(chain: Chain, profile: EnergyProfile, memory_bytes: int) -> Schedul
         chain: the cost model, its stage times the device's (:func:`edgetrain.costs.energy.scale_chain`),
             since whether a swap hides compares them with the device's transfer times.
         profile: the device: its paging latency and throughput decide swap or recompute.
-        memory_bytes: the budget, as :func:`~edgetrain.core.schedule.simulate` counts the peak.
+        memory_bytes: the budget, as :func:`~edgetrain.core.simulator.simulate` counts the peak.
 
     Returns:
         A schedule with ``strategy="capuchin"``; ``params`` lists the swapped and recomputed stages.

@@ -2,7 +2,7 @@
 
 The counterpart of :func:`~edgetrain.planners.plan` for the energy objective of POET (Patil et
 al., ICML 2022): the chain's stage times must be the device's (:func:`edgetrain.costs.energy.scale_chain`),
-and every candidate is priced by :func:`~edgetrain.core.schedule.simulate` with the device's
+and every candidate is priced by :func:`~edgetrain.core.simulator.simulate` with the device's
 :class:`~edgetrain.costs.energy.EnergyProfile`, so all strategies are compared on the same oracle.
 """
 
@@ -15,18 +15,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core.chain import Chain
-from ..core.schedule import Schedule, Stats, keep_all, simulate
+from ..core.schedule import Schedule, keep_all
+from ..core.simulator import Stats, simulate
 from ..costs.energy import EnergyProfile, scale_chain
 from ..costs.timemodel import HostCalibration, training_rate
 from ..errors import EdgetrainError, InfeasibleBudgetError, UnknownNameError
 from ..units import parse_bytes
-from .optimal import solve
-from .paging import paging_dp
-from .plan import beside_generator_states, plan, sequential_baseline
+from .choose import beside_generator_states, plan, sequential_baseline
+from .dp.optimal import solve
+from .dp.paging import paging_dp
 
 if TYPE_CHECKING:
     from ..devices import Device
-    from .milp_plan import MilpPlan
+    from .milp.strategy import MilpPlan
 
 __all__ = ["EnergyPlan", "plan_energy", "ENERGY_STRATEGIES", "EnergyReport", "energy_report", "deadline_seconds"]
 
@@ -189,7 +190,7 @@ def energy_report(chain: Chain, device: Device, memory: int | str, *, deadline: 
         memory: the whole peak allowed, bytes or text such as ``"512MiB"``.
         deadline: the longest step, as :func:`deadline_seconds` reads it; None for none.
         strategy: ``"auto"`` (= ``"paging-dp"``), one of :data:`ENERGY_STRATEGIES`, or ``"milp"``
-            (POET's MILP, :func:`~edgetrain.planners.milp_plan.plan_milp`).
+            (POET's MILP, :func:`~edgetrain.planners.milp.strategy.plan_milp`).
         host: this machine's calibration, needed by a device whose training rate is calibrated
             (NOTE [ One time model ]).
 
@@ -206,7 +207,7 @@ def energy_report(chain: Chain, device: Device, memory: int | str, *, deadline: 
     deadline_s = None if deadline is None else deadline_seconds(deadline, device_chain.compute_time_s)
     name = "paging-dp" if strategy == "auto" else strategy
     if name == "milp":
-        from .milp_plan import plan_milp
+        from .milp.strategy import plan_milp
 
         chosen: MilpPlan | EnergyPlan = plan_milp(device_chain, profile, memory, deadline_s=deadline_s)
     else:

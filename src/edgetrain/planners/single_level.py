@@ -10,7 +10,8 @@ is recorded again just before its own backward, never nested.
 from __future__ import annotations
 
 from ..core.chain import Chain
-from ..core.schedule import Backward, Forward, Keep, Op, Schedule, simulate
+from ..core.schedule import Backward, Forward, Keep, Op, Schedule
+from ..core.simulator import simulate
 from ..errors import InfeasibleBudgetError
 from ..units import format_bytes
 from .uniform import record_and_reverse, segment_bounds

@@ -2,7 +2,7 @@
 
 :mod:`.modes` holds the sourced nvpmodel tables and the board readers, :mod:`.control` applies a
 mode with a guaranteed restore, :mod:`.predict` fits a workload's time and power over modes and
-advises one, :mod:`.simulate` is the ground truth the advisor is scored against.
+advises one, :mod:`.ground_truth` is the ground truth the advisor is scored against.
 """
 
 from __future__ import annotations

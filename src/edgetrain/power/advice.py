@@ -27,9 +27,9 @@ from typing import Any
 
 from ..errors import EdgetrainError
 from .control import Board, ModeRequest, applied_mode
+from .ground_truth import POWER_NOISE, TIME_NOISE, SimWorkload, device_grid, noisy, true_power_w, true_time_s
 from .modes import parse_cpu_list
 from .predict import ModePoint, Profile, advise, fit_mode_model, profile_adaptively
-from .simulate import POWER_NOISE, TIME_NOISE, SimWorkload, device_grid, noisy, true_power_w, true_time_s
 
 __all__ = ["MAX_PROFILES", "advise_device", "board_grid", "measure_board", "read_profiles"]
 
@@ -133,7 +133,7 @@ def advise_device(device: str | None, model: str, batch: int, samples: int, *, d
                   power_sensors: Sequence[str] = ()) -> dict[str, Any]:
     """Fit the mode model to the profiles and advise a mode for one epoch of ``samples``.
 
-    The grid is ``device``'s synthetic one (:func:`~edgetrain.power.simulate.device_grid`), or, when
+    The grid is ``device``'s synthetic one (:func:`~edgetrain.power.ground_truth.device_grid`), or, when
     measuring (``measure_size``: the input size of the step), this board's own (:func:`board_grid`).
 
     Raises:

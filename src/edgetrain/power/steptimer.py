@@ -17,7 +17,7 @@ def main(argv: list[str]) -> None:
 
     from ..data.stall import make_step_fn
     from ..models import get_model_spec
-    from ..profile.measure import step_times
+    from ..profiling.measure import step_times
 
     model, batch, size, threads, steps, warmup = argv[0], *(int(x) for x in argv[1:6])
     torch.set_num_threads(threads)

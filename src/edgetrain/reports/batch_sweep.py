@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 
 from ..core.optim import make_optimizer
-from ..core.schedule import keep_all, simulate
+from ..core.schedule import keep_all
+from ..core.simulator import simulate
 from ..core.stages import training_stages
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
 from ..planners import plan
-from ..profile.estimate import chain_for
-from ..profile.measure import step_times, train_step
+from ..profiling.estimate import chain_for
+from ..profiling.measure import step_times, train_step
 from ..runtime import Executor
 
 __all__ = ["BatchPoint", "BatchSweep", "DeviceLargestBatch", "PAPER_LARGEST_BATCH", "largest_batch",

@@ -195,9 +195,10 @@ def squeeze_for(squeeze: float, settings: DemoSettings = DemoSettings()) -> Sque
     The step is profiled on real tensors, as the run will be: its kernels' scratch (NOTE [ A kernel's
     scratch in the plan ]) raises the least step above the meta device's estimate.
     """
-    from ..core.schedule import keep_all, simulate
-    from ..planners.plan import least_step_bytes
-    from ..profile import chain_for
+    from ..core.schedule import keep_all
+    from ..core.simulator import simulate
+    from ..planners.choose import least_step_bytes
+    from ..profiling import chain_for
 
     chain = chain_for(settings.model, settings.batch, settings.image, optimizer=settings.optimizer,
                       num_classes=settings.classes, device="cpu")
@@ -245,7 +246,7 @@ def prepare_run(out: Path, squeeze: Squeeze, settings: DemoSettings = DemoSettin
     keep freed activations resident (a process peak ~20 MiB above the prediction here, for ~10-20% less step time).
     """
     from ..data import generate_synthetic
-    from ..profile.process import configure_allocator
+    from ..profiling.process import configure_allocator
     from ..train import TrainConfig
 
     check_settings(settings)
@@ -282,9 +283,9 @@ def summarise(config: TrainConfig, summary: TrainSummary) -> DemoRun:
 
 
 def _step_memory(chain: Chain, schedule: Schedule) -> list[int]:
-    """The step's simulated RAM at every op of ``schedule`` (:func:`~edgetrain.core.schedule.memory_timeline`), then
-    at the optimizer step, which :func:`~edgetrain.core.schedule.simulate` also counts."""
-    from ..core.schedule import memory_timeline
+    """The step's simulated RAM at every op of ``schedule`` (:func:`~edgetrain.core.simulator.memory_timeline`), then
+    at the optimizer step, which :func:`~edgetrain.core.simulator.simulate` also counts."""
+    from ..core.simulator import memory_timeline
 
     return ([m.transient_bytes for m in memory_timeline(chain, schedule)]
             + [chain.resident_bytes + chain.gradients_bytes + chain.optimizer_workspace_bytes])

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.chain import Chain
-from ..core.schedule import Schedule, keep_all, simulate
+from ..core.schedule import Schedule, keep_all
+from ..core.simulator import simulate
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..planners.optimal import solve
+from ..planners.dp.optimal import solve
 from ..planners.revolve import revolve
-from ..profile.estimate import chain_for
-from ..profile.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet, linear_resnet_from_total
+from ..profiling.estimate import chain_for
+from ..profiling.linear_resnet import LINEAR_RESNET_DEPTHS, linear_resnet, linear_resnet_from_total
 from ..sysutil.fileio import write_atomic
 from ..units import format_bytes
 from .tables import paper_values

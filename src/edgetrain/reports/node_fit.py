@@ -43,7 +43,7 @@ def node_fit_rows(node: Device, progress: Callable[[int, int], None] | None = No
         ``predicted_process_bytes``, or ``{"feasible": False, "minimum_bytes", "minimum_process_bytes"}``.
     """
     from ..planners import plan
-    from ..profile import estimate_memory
+    from ..profiling import estimate_memory
     from ..train.budget import ProcessBudget, device_verdict, estimate_runtime_baseline_bytes
 
     capacity = node.usable_memory_bytes if node.usable_memory_bytes is not None else node.memory_bytes

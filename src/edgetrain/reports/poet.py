@@ -4,14 +4,14 @@ POET (Patil et al., ICML 2022) claims that integrating paging with rematerialisa
 training step's energy within about 1% of the unconstrained step down to roughly half the
 memory, where rematerialisation alone pays far more. For each model and device this sweeps
 memory budgets from plain backprop's simulated peak down to the least budget ``paging-dp``
-fits, and prices every strategy's schedule with :func:`~edgetrain.core.schedule.simulate` on the
+fits, and prices every strategy's schedule with :func:`~edgetrain.core.simulator.simulate` on the
 device's energy profile:
 
-* ``paging-dp``: recompute + paging, least energy (:mod:`edgetrain.planners.paging`);
+* ``paging-dp``: recompute + paging, least energy (:mod:`edgetrain.planners.dp.paging`);
 * ``recompute-only``: the optimal-checkpointing DP, least time (hence least compute energy);
 * ``paging-only``: ``paging-dp`` without recomputation;
 * ``capuchin``: the swap-first greedy (:mod:`edgetrain.planners.capuchin`);
-* ``milp``: POET's MILP (:mod:`edgetrain.planners.milp`), when asked for and importable.
+* ``milp``: POET's MILP (:mod:`edgetrain.planners.milp.solve`), when asked for and importable.
 
 Energies are relative to plain backprop (keep-all) on the same device; budgets are percentages
 of keep-all's peak, the whole step's RAM (weights, optimizer state, gradients included), and
@@ -36,15 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.chain import Chain
-from ..core.schedule import Schedule, keep_all, simulate
+from ..core.schedule import Schedule, keep_all
+from ..core.simulator import simulate
 from ..costs.energy import EnergyProfile, scale_chain
 from ..costs.timemodel import HostCalibration, needs_calibration, training_rate
 from ..devices import get_device
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..planners.capuchin import capuchin
-from ..planners.optimal import OptimalTable, solve
-from ..planners.paging import PagingTable, solve_paging
-from ..profile.estimate import chain_for
+from ..planners.dp.optimal import OptimalTable, solve
+from ..planners.dp.paging import PagingTable, solve_paging
+from ..profiling.estimate import chain_for
 from ..sysutil.fileio import write_atomic
 from .poet_claims import (
     TINY_MODELS,
@@ -81,11 +82,11 @@ ASSUMPTIONS = (
     "Stage times are FLOPs (counted on the meta device) / the device's training rate (NOTE [ One time model ]: "
     "measured on the device, or its LINPACK rate x the training efficiency measured here); every stage runs at "
     "the same achieved rate.",
-    "Budgets and peaks are the whole step's RAM as edgetrain.core.schedule.simulate counts it: weights, optimizer "
+    "Budgets and peaks are the whole step's RAM as edgetrain.core.simulator.simulate counts it: weights, optimizer "
     "state (SGD momentum), input batch, gradients, activations and workspace.",
     "Paging time is charged serially (no overlap with compute); what each planner may page is in its module "
     "(paging-dp: NOTE [ The paging DP ]; capuchin: stage inputs its records keep).",
-    "The milp series prices its schedule with the MILP's own graph accounting (edgetrain.planners.milp), "
+    "The milp series prices its schedule with the MILP's own graph accounting (edgetrain.planners.milp.solve), "
     "not with simulate; its peak is that model's.",
 )
 
@@ -163,12 +164,12 @@ class _Milp:
         self.time_limit_s, self.reason = time_limit_s, None
         self.failures: dict[int, str] = {}
         try:
-            from ..planners.milp import milp
-            from ..planners.milp_graph import chain_training_graph
+            from ..planners.milp.graph import chain_training_graph
+            from ..planners.milp.solve import milp
 
             self.solve, self.graph = milp, chain_training_graph(chain, profile)
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            self.reason = f"edgetrain.planners.milp is unavailable: {type(exc).__name__}: {exc}"
+            self.reason = f"edgetrain.planners.milp.solve is unavailable: {type(exc).__name__}: {exc}"
 
     def point(self, budget: int, base_energy_j: float) -> dict[str, object] | None:
         if self.reason is not None:

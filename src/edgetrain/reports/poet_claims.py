@@ -39,13 +39,14 @@ import torch
 from torch import nn
 
 from ..core.chain import Chain
-from ..core.schedule import keep_all, simulate
+from ..core.schedule import keep_all
+from ..core.simulator import simulate
 from ..costs.energy import EnergyProfile
 from ..errors import InfeasibleBudgetError
 from ..models.registry import MODELS
 from ..planners.energy_plan import plan_energy
-from ..profile.estimate import chain_for
-from ..profile.profiler import profile
+from ..profiling.estimate import chain_for
+from ..profiling.profiler import profile
 
 __all__ = ["TinyModel", "TINY_MODELS", "POET_LINEAR_WIDTHS", "POET_MODELS", "DEADLINE_FACTORS", "SWEEP_STRATEGIES",
            "tiny_chain", "claims_markdown", "sweep_markdown",

@@ -15,7 +15,7 @@ its input's storage; the residual additions and the input batch are not counted
 parameter-sized buffers, plus each output and its gradient; read in FP64, weights, gradients
 and outputs. Either way it is not what a PyTorch training step holds: autograd keeps one
 storage for an in-place ReLU and its input, frees what backward no longer needs and saves only
-what each op's backward reads. "Ours" is that step (:func:`edgetrain.profile.estimate_memory`:
+what each op's backward reads. "Ours" is that step (:func:`edgetrain.profiling.estimate_memory`:
 weights, gradients, SGD momentum, the batch, saved activations, activation gradients and
 workspace at the step's peak), within 1% of live bytes measured on real steps.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.chain import Chain
-from ..profile.estimate import estimate_memory
+from ..profiling.estimate import estimate_memory
 from ..sysutil.fileio import write_atomic
 from ..units import format_bytes
 

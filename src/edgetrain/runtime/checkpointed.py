@@ -53,16 +53,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..autograd.seeded_backward import GradBox
+from ..autograd.handover import GradBox
 from ..core.chain import Chain
-from ..core.schedule import simulate
+from ..core.simulator import simulate
 from ..core.stages import LossFn, compiled_stages, training_stages
 from ..models.segmented import SegmentedStage, segmented_stages
 from ..models.traced import training_mode
 from ..models.update import apply_update
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
-from ..profile import profile
+from ..profiling import profile
 from .executor import Executor, PendingBackward
 from .step_in_backward import OptimizerFactory, StepInBackward, shared_gradient_bytes
 

@@ -36,14 +36,14 @@ import torch
 from torch import nn
 
 from ..core.chain import Chain
-from ..core.schedule import simulate
+from ..core.simulator import simulate
 from ..core.stages import LossFn
 from ..errors import InfeasibleBudgetError
 from ..models import stages_of
 from ..planners.single_level import KEPT, single_level, single_level_plan
-from ..profile import profile
-from ..profile.process import return_freed_memory
-from ..profile.tracker import allocator_window
+from ..profiling import profile
+from ..profiling.process import return_freed_memory
+from ..profiling.tracker import allocator_window
 from ..units import format_bytes, parse_bytes
 from .regions import Regions
 from .verify import three_budgets

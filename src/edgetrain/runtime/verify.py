@@ -17,8 +17,8 @@ from torch import nn
 
 from ..core.chain import Chain
 from ..core.optim import TrainingOptimizer
-from ..profile import LiveBytesTracker
-from ..profile.tracker import full_allocator_window
+from ..profiling import LiveBytesTracker
+from ..profiling.tracker import full_allocator_window
 
 __all__ = ["LOOPS", "StepCheck", "StepPeaks", "check_step", "step_peaks", "three_budgets"]
 
@@ -130,8 +130,9 @@ def step_peaks(model: nn.Module, optimizer: TrainingOptimizer | None, *batch: to
 def three_budgets(chain: Chain) -> list[int]:
     """The least feasible step budget, the middle, and plain training's (keep-all) peak: the
     range a plan must hold over."""
-    from ..core.schedule import keep_all, simulate
-    from ..planners.plan import least_step_bytes
+    from ..core.schedule import keep_all
+    from ..core.simulator import simulate
+    from ..planners.choose import least_step_bytes
 
     least, keep_all_peak = least_step_bytes(chain), simulate(chain, keep_all(chain.length)).peak_bytes
     return [least, (least + keep_all_peak) // 2, keep_all_peak]

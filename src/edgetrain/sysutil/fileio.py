@@ -26,13 +26,13 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl", "read_exactly",
-           "LeftAsItWas"]
+__all__ = ["atomic_file", "write_atomic", "write_json", "to_json", "json_safe", "fsync_dir", "read_jsonl",
+           "read_exactly", "LeftAsItWas"]
 
 
 def json_safe(value: Any) -> Any:
@@ -63,6 +63,26 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A temporary file beside ``path`` that durably replaces it when the block ends without an error.
+
+    On any error the temporary file is removed and ``path`` is left as it was; the error propagates.
+    """
+    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+    fsync_dir(path.parent)
+
+
 def write_atomic(path: str | Path, data: bytes | str) -> Path:
     """Replace ``path`` by ``data`` atomically and durably; on any failure nothing of the write remains.
 
@@ -75,22 +95,10 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a file name", str(path))
     try:
-        fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with atomic_file(path) as file:
+            file.write(payload)
     except OSError as exc:
         raise type(exc)(exc.errno, exc.strerror, str(path)) from None
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(payload)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp_name, path)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        if isinstance(exc, OSError):
-            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
-        raise
-    fsync_dir(path.parent)
     return path
 
 

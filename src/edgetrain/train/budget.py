@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import InfeasibleBudgetError
-from ..profile.process import read_process_memory, return_freed_memory
+from ..profiling.process import read_process_memory, return_freed_memory
 from ..sysutil.processes import dies_with_this_process
 from ..units import format_bytes
 
@@ -110,7 +110,7 @@ def split_process_budget(process_bytes: int, runtime_baseline_bytes: int) -> Pro
 
 
 _BASELINE_PROBE = """
-from edgetrain.profile.process import configure_allocator
+from edgetrain.profiling.process import configure_allocator
 configure_allocator()
 import torch
 from edgetrain.data import open_dataset  # the data pipeline's modules, as a training process has them

@@ -79,7 +79,8 @@ class TrainConfig:
         from ..data.generated import check_split
         from ..devices import get_device
         from ..models import check_input, get_model_spec
-        from ..planners.plan import STRATEGIES
+        from ..models.factory import check_factory_call, is_factory_name
+        from ..planners.choose import STRATEGIES
 
         _at_least("--batch", self.batch, 1)
         _at_least("--samples", self.samples, 1)
@@ -116,6 +117,8 @@ class TrainConfig:
             check_split(self.samples, SYNTHETIC_CLASSES, self.batch, self.seed, VAL_FRACTION)
         spec = get_model_spec(self.model)
         check_input(spec, self.batch, self.image)
+        if self.data == "synthetic" and is_factory_name(self.model):
+            check_factory_call(self.model, self.batch, self.image, SYNTHETIC_CLASSES)
         self._check_update(spec)
         if self.device is not None:
             get_device(self.device)

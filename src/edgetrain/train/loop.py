@@ -30,15 +30,17 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..core.chain import Chain
 from ..core.optim import TrainingOptimizer, make_optimizer, set_learning_rate
-from ..core.schedule import Schedule, keep_all, simulate, validate
+from ..core.schedule import Schedule, keep_all
+from ..core.simulator import simulate, validate
 from ..core.stages import training_stages
 from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
+from ..models.factory import check_factory_call, is_factory_name
 from ..models.update import apply_update
 from ..planners import Candidate, Plan, plan
-from ..profile import LiveBytesTracker, profile
-from ..profile.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
+from ..profiling import LiveBytesTracker, profile
+from ..profiling.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
 from ..runtime.step_in_backward import StepInBackward, shared_gradient_bytes
 from ..sysutil.fileio import LeftAsItWas, to_json, write_atomic, write_json
@@ -235,6 +237,8 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     identity = config.identity()
     spec = get_model_spec(config.model)
     train_set, val_set, num_classes = open_run_data(config, run.path)
+    if is_factory_name(config.model):   # a folder's classes are known once it is open
+        check_factory_call(config.model, config.batch, config.image, num_classes)
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
 

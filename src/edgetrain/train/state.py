@@ -49,7 +49,6 @@ import os
 import random
 import re
 import struct
-import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ from torch.utils.data import Sampler
 from ..core.optim import TrainingOptimizer
 from ..core.schedule import Schedule
 from ..errors import EdgetrainError
-from ..sysutil.fileio import fsync_dir
+from ..sysutil.fileio import atomic_file, fsync_dir
 
 __all__ = [
     "TrainingState", "StateStore", "ResumableSampler", "StateError", "CorruptStateError",
@@ -434,28 +433,19 @@ def save_state(state: TrainingState, path: str | Path) -> Path:
     path = Path(path)
     payload = state.to_payload()
     _check_loadable(payload, "state")
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     writer: _HashingWriter | None = None
     try:
-        with os.fdopen(fd, "wb") as file:
+        with atomic_file(path) as file:
             file.write(bytes(_HEADER_BYTES))
             writer = _HashingWriter(file)
             torch.save(payload, writer)  # type: ignore[arg-type]  # any object with write(); the stub says IO
             file.seek(0)
             file.write(_HEADER.pack(_MAGIC, STATE_FORMAT_VERSION, writer.length, writer.sha256.digest()))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp_name, path)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        if isinstance(exc, (OSError, RuntimeError)):
-            cause = writer.error if writer is not None and writer.error is not None else exc
-            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause).splitlines()[0]
-            raise StateError(f"cannot save the training state to {path}: {reason}; "
-                             "the states saved before are intact") from exc
-        raise
-    fsync_dir(path.parent)
+    except (OSError, RuntimeError) as exc:
+        cause = writer.error if writer is not None and writer.error is not None else exc
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause).splitlines()[0]
+        raise StateError(f"cannot save the training state to {path}: {reason}; "
+                         "the states saved before are intact") from exc
     return path
 
 

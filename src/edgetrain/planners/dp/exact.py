@@ -1,7 +1,7 @@
 """The optimal DP in bytes, without a memory grid: the exact least budget, and a table that loses nothing to rounding.
 
-The recurrence of NOTE [ The optimal DP's sub-problem ] (``dp_grid.py``), its sums formed as
-:func:`~edgetrain.planners.dp_grid.solve_reference` forms them, with each sub-problem's least
+The recurrence of NOTE [ The optimal DP's sub-problem ] (``grid.py``), its sums formed as
+:func:`~edgetrain.planners.dp.grid.solve_reference` forms them, with each sub-problem's least
 time a step function of its memory instead of a row of units. :func:`exact_minimum_bytes` is
 the same recurrence with ``max`` for memory in place of ``+`` for time.
 """
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.chain import Chain
-from ..core.schedule import Backward, Forward, Keep, Op, Schedule
-from ..errors import InfeasibleBudgetError
-from .dp_grid import Costs, SubProblem, check_length, needed_subproblems, step_bytes, sweep_time_s, unfold
+from ...core.chain import Chain
+from ...core.schedule import Backward, Forward, Keep, Op, Schedule
+from ...errors import InfeasibleBudgetError
+from .grid import Costs, SubProblem, check_length, needed_subproblems, step_bytes, sweep_time_s, unfold
 
 __all__ = ["ExactTable", "solve_exact", "exact_minimum_bytes", "least_peak_schedule", "below_minimum_error"]
 

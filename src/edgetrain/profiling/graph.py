@@ -54,8 +54,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..core.stages import LossFn
 from ..errors import EdgetrainError
-from ..profile.tracker import SavedTensors, storage_bytes, storage_key
 from ..sysutil.fileio import write_atomic
+from .tracker import SavedTensors, storage_bytes, storage_key
 
 __all__ = ["GraphNode", "Graph", "capture_graph"]
 

@@ -1,7 +1,7 @@
 """Pick the best schedule for a memory budget or for a recompute factor.
 
 A memory budget means what a device's RAM means: the whole peak of a training step as
-:func:`~edgetrain.core.schedule.simulate` counts it. With ``memory=`` we return the fastest schedule
+:func:`~edgetrain.core.simulator.simulate` counts it. With ``memory=`` we return the fastest schedule
 within it; with ``recompute=ρ`` the schedule of least peak whose time stays within ``ρ`` times
 a step without recomputation (the founding paper's binary search over memory).
 """
@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core.chain import Chain
-from ..core.schedule import Schedule, Stats, keep_all, simulate
+from ..core.schedule import Schedule, keep_all
+from ..core.simulator import Stats, simulate
 from ..errors import InfeasibleBudgetError, UnknownNameError
 from ..units import format_bytes, parse_bytes
-from .dp_grid import Solver
-from .optimal import OptimalTable, solve
-from .optimal_exact import least_peak_schedule, solve_exact
+from .dp.exact import least_peak_schedule, solve_exact
+from .dp.grid import Solver
+from .dp.optimal import OptimalTable, solve
 from .revolve import revolve
 from .uniform import uniform
 

@@ -4,7 +4,7 @@ POFO (Beaumont, Eyraud-Dubois, Shilova, "Optimal GPU-CPU offloading strategies f
 network training", Euro-Par 2020) adds offloading to the heterogeneous-chain DP of
 ``optimal.py``; POET (Patil et al., ICML 2022) prices recomputation and paging in *energy* on
 small devices. This module is the same dynamic programme as ``optimal.py`` (read NOTE [ The
-optimal DP's sub-problem ] in ``dp_grid.py`` first) with two more moves and a weighted cost.
+optimal DP's sub-problem ] in ``grid.py`` first) with two more moves and a weighted cost.
 
 NOTE [ The paging DP ]
 Besides (a) *record s* and (b) *checkpoint x_k*:
@@ -27,7 +27,7 @@ Besides (a) *record s* and (b) *checkpoint x_k*:
 
 The cost of a schedule is ``Σ weight × time`` per kind of work: compute (every forward and
 backward), page-in and page-out (``latency + bytes / throughput`` per transfer). With the
-device's powers as weights it is the step's energy exactly as :func:`~edgetrain.core.schedule.simulate`
+device's powers as weights it is the step's energy exactly as :func:`~edgetrain.core.simulator.simulate`
 reports it (``energy_j``); with weight 1 everywhere it is the step's time. A deadline is met
 by a Lagrangian weight ``λ`` on time added to every power (:func:`paging_dp` searches it): this
 is exact at ``λ = 0`` (the least-energy schedule meets the deadline) and otherwise returns the
@@ -48,11 +48,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..core.chain import Chain
-from ..core.schedule import Schedule, Stats, keep_all, simulate
-from ..costs.energy import EnergyProfile, page_time_s
-from ..errors import InfeasibleBudgetError
-from .dp_grid import (
+from ...core.chain import Chain
+from ...core.schedule import Schedule, keep_all
+from ...core.simulator import Stats, simulate
+from ...costs.energy import EnergyProfile, page_time_s
+from ...errors import InfeasibleBudgetError
+from .grid import (
     BudgetTable,
     Costs,
     MovesGrid,
@@ -281,7 +282,7 @@ def least_paging_peak(chain: Chain, profile: EnergyProfile, *, weights: CostWeig
 def _least_peaks(grid: MovesGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``[e, s, t]``: the least peak of ``P(s, t, e)`` on a grid of 1-byte units, the least cost at it, its move.
 
-    :func:`~edgetrain.planners.dp_grid.solve_reference`'s moves, with ``max`` for memory in place of
+    :func:`~edgetrain.planners.dp.grid.solve_reference`'s moves, with ``max`` for memory in place of
     ``+`` for cost; ties in memory go to the least cost, then to the smallest choice code.
     """
     g, length = grid.base, grid.base.length
@@ -393,7 +394,7 @@ def _schedule_within(chain: Chain, profile: EnergyProfile, budget_bytes: int, we
     test DenseNet's two-level variants, counted without kernels' scratch, and states 380,877 as the
     least). The recurrence on a grid of 1-byte
     units rounds nothing: its least peak (:func:`least_paging_peak`, ``max`` for memory in place of
-    ``+`` for cost, as ``optimal_exact.exact_minimum_bytes`` for the recompute-only DP) is the least
+    ``+`` for cost, as ``exact.exact_minimum_bytes`` for the recompute-only DP) is the least
     budget of any schedule the DP builds, and its schedule of that peak fits every budget from
     there. So where the grid at the budget has nothing, :func:`paging_dp` takes keep-all if it fits
     (no recomputation and no paging: the least cost), else the cheaper of the table solved up to

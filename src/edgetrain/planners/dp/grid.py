@@ -2,10 +2,10 @@
 
 The recurrence is that of Beaumont et al. 2019 (arXiv:1911.13214; the ``rotor`` library),
 re-derived from edgetrain's simulator (NOTE [ The chain memory model ] in ``chain.py``,
-``schedule.SimState``), the oracle for every figure, including its ``input_saved`` /
+``simulator.SimState``), the oracle for every figure, including its ``input_saved`` /
 ``output_saved`` flags, which the paper's model does not have. ``optimal.py`` is the planner
 that solves it for time, ``paging.py`` adds paged moves and weighs time into energy,
-``optimal_exact.py`` solves it in bytes without a grid.
+``exact.py`` solves it in bytes without a grid.
 
 NOTE [ The optimal DP's sub-problem ]
 Notation: ``A(k) = value_bytes[k]``; ``d(k)`` the size of ``δ_k`` (``A(k)`` for ``0 < k < L``,
@@ -58,7 +58,7 @@ One table serves ``optimal`` and ``paging-dp``: ``paging.py`` adds the paged mov
 (b') of NOTE [ The paging DP ] and weighs time into energy; the recompute-only planner switches
 them off and its cost is the time (:func:`without_paging`). The solvers (the pure-Python
 :func:`solve_reference`, the statement of the recurrence, and the numba kernel in
-``_dp_kernel.py``, equal to it bit for bit) and the rebuild live here.
+``kernel.py``, equal to it bit for bit) and the rebuild live here.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
-from ..core.chain import Chain
-from ..core.schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord
-from ..errors import InfeasibleBudgetError
+from ...core.chain import Chain
+from ...core.schedule import Backward, Forward, Keep, Op, PageIn, PageInRecord, PageOut, PageOutRecord
+from ...errors import InfeasibleBudgetError
 
 __all__ = ["Solver", "SubProblem", "Costs", "Grid", "MovesGrid", "BudgetTable", "RECORD_VARIANTS", "ceil_div", "row",
            "needed_subproblems", "sweep_time_s", "common_unit_bytes", "discretise", "without_paging", "solve_reference",
@@ -372,9 +372,9 @@ def solve_reference(grid: MovesGrid) -> tuple[np.ndarray, np.ndarray]:
 
 
 def solve_fast(grid: MovesGrid) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`solve_reference` compiled by numba (``_dp_kernel.py``); the reference where numba is missing."""
+    """:func:`solve_reference` compiled by numba (``kernel.py``); the reference where numba is missing."""
     try:
-        from ._dp_kernel import solve_table
+        from .kernel import solve_table
     except ImportError:
         logger.warning("numba is not installed: solving the checkpointing table in pure Python (slow)")
         return solve_reference(grid)

@@ -4,7 +4,7 @@
 refers to it. Plain backprop frees a stage's output gradient as soon as the stage's last
 operator has consumed it, which on a ResNet block is long before the block's peak. So a
 record gets a :class:`HandOver` node on its output at forward time, and its backward is
-seeded through that node: the node's backward takes ``δ`` out of a box and returns it, and
+run through that node: the node's backward takes ``δ`` out of a box and returns it, and
 from then on only the engine refers to it. The profiler measures a stage's backward workspace
 this way and the executor runs every backward this way, so what the chain says is what runs.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GradBox", "HandOver", "seed_backward"]
+__all__ = ["GradBox", "HandOver", "backward_from_box"]
 
 
 class GradBox:
@@ -42,12 +42,12 @@ class HandOver(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, _: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad, ctx.box.grad = ctx.box.grad, None
-        if grad is None:   # the loss seeds itself with 1
+        if grad is None:   # the loss starts its own backward with 1
             shape, dtype, device = ctx.like
             grad = torch.ones(shape, dtype=dtype, device=device)
         return grad, None
 
 
-def seed_backward(seed: torch.Tensor) -> None:
+def backward_from_box(output: torch.Tensor) -> None:
     """Run the backward behind a :class:`HandOver` output; its box must hold the gradient (or None for ones)."""
-    torch.autograd.backward(seed, seed.new_empty(0))
+    torch.autograd.backward(output, output.new_empty(0))

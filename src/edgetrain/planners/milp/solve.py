@@ -48,9 +48,9 @@ NOTE [ Structure the MILP exploits ]
   bound), so with paging a time limit always returns a schedule.
 
 The replay's memory model, which the memory rows follow, is NOTE [ Memory accounting ] in
-:mod:`edgetrain.planners.milp_replay`; the training graph is :mod:`edgetrain.planners.milp_graph`,
-the heuristics and warm start :mod:`edgetrain.planners.milp_warmstart`. This module re-exports
-their public names, so ``edgetrain.planners.milp`` is the planner's one import.
+:mod:`edgetrain.planners.milp.replay`; the training graph is :mod:`edgetrain.planners.milp.graph`,
+the heuristics and warm start :mod:`edgetrain.planners.milp.warmstart`. This module re-exports
+their public names, so ``edgetrain.planners.milp.solve`` is the planner's one import.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EdgetrainError, InfeasibleBudgetError
-from .milp_graph import TrainingGraph, TrainingNode, chain_training_graph, coarsen, minimum_bytes, training_graph
-from .milp_replay import GraphSchedule, GraphStats, schedule_from_decisions, simulate_graph_schedule
-from .milp_warmstart import keep_all_schedule, paging_schedule, recompute_schedule, warm_start_schedule
+from ...errors import EdgetrainError, InfeasibleBudgetError
+from .graph import TrainingGraph, TrainingNode, chain_training_graph, coarsen, minimum_bytes, training_graph
+from .replay import GraphSchedule, GraphStats, schedule_from_decisions, simulate_graph_schedule
+from .warmstart import keep_all_schedule, paging_schedule, recompute_schedule, warm_start_schedule
 
 if TYPE_CHECKING:
     import highspy

@@ -1,7 +1,7 @@
 """Executor ops from a POET-MILP solution on a chain: :func:`milp_schedule`.
 
-:func:`~edgetrain.planners.milp.milp` decides on the nodes of
-:func:`~edgetrain.planners.milp.chain_training_graph` (``F_0 .. F_{L-1}`` then
+:func:`~edgetrain.planners.milp.solve.milp` decides on the nodes of
+:func:`~edgetrain.planners.milp.solve.chain_training_graph` (``F_0 .. F_{L-1}`` then
 ``B_{L-1} .. B_0``): which nodes each stage computes (``R``), keeps (``S``), reads back
 (``M_in``) and writes (``M_out``). This module replays those decisions stage by stage on the
 simulator's own state (:mod:`edgetrain.core.schedule`) and emits the ops that do the same.
@@ -29,7 +29,7 @@ The MILP writes a value once (``M_out[j, j]``) and its copy stays on flash; ``Pa
 the copy, so each read-back takes its own ``PageOut``, issued when the value is dropped. Energy
 is the MILP's when every value is read back at most once, which is what is emitted (a second
 read-back raises). Memory is never more than the MILP's at any point: the ops hold a subset of
-what the MILP's replay holds, and the result is checked with :func:`~edgetrain.core.schedule.simulate`
+what the MILP's replay holds, and the result is checked with :func:`~edgetrain.core.simulator.simulate`
 against the budget.
 
 What the ops cannot express (each raises :class:`~edgetrain.errors.ScheduleError` naming the
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.chain import Chain
-from ..core.schedule import (
+from ...core.chain import Chain
+from ...core.schedule import (
     Backward,
     Discard,
     Forward,
@@ -60,13 +60,10 @@ from ..core.schedule import (
     PageOut,
     PageOutRecord,
     Schedule,
-    SimState,
-    SimTally,
-    apply_op,
-    simulate,
 )
-from ..errors import ScheduleError
-from .milp import MilpResult
+from ...core.simulator import SimState, SimTally, apply_op, simulate
+from ...errors import ScheduleError
+from .solve import MilpResult
 
 __all__ = ["milp_schedule"]
 
@@ -222,8 +219,8 @@ def milp_schedule(chain: Chain, result: MilpResult) -> Schedule:
     """The executor ops of a MILP solution on ``chain`` (NOTE [ From MILP decisions to ops ]).
 
     Args:
-        chain: the chain whose :func:`~edgetrain.planners.milp.chain_training_graph` was solved.
-        result: the solution, from :func:`~edgetrain.planners.milp.milp`.
+        chain: the chain whose :func:`~edgetrain.planners.milp.solve.chain_training_graph` was solved.
+        result: the solution, from :func:`~edgetrain.planners.milp.solve.milp`.
 
     Returns:
         A :class:`~edgetrain.core.schedule.Schedule` (strategy ``"milp"``) that :func:`simulate` accepts,

@@ -1,6 +1,6 @@
-"""The compiled (numba) solver of the checkpointing DP's table; see ``dp_grid.py`` and ``paging.py``.
+"""The compiled (numba) solver of the checkpointing DP's table; see ``grid.py`` and ``paging.py``.
 
-It fills the same table as ``dp_grid.solve_reference``, bit for bit: the same additions in
+It fills the same table as ``grid.solve_reference``, bit for bit: the same additions in
 the same order and the same tie-breaking (the least ``(cost, choice code)`` pair). The moves
 are ``optimal``'s (a) record and (b) checkpoint, then the paged moves (a') and (b') of NOTE
 [ The paging DP ] (``paging.py``), which the recompute-only planner switches off. Besides
@@ -182,8 +182,8 @@ def solve_table(needed: np.ndarray, turn_cost: np.ndarray, sweep_cost: np.ndarra
                        paged_sweep_bytes: np.ndarray, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``cost[e, row(s, t), m]`` and ``choice[e, row(s, t), m]`` for every needed ``(e, s)``.
 
-    The arguments are the fields of ``dp_grid.MovesGrid`` and of its ``base`` grid (same
-    names). ``choice`` holds the move codes of ``dp_grid.py`` and ``-1`` where nothing fits
+    The arguments are the fields of ``grid.MovesGrid`` and of its ``base`` grid (same
+    names). ``choice`` holds the move codes of ``grid.py`` and ``-1`` where nothing fits
     (or where ``needed[e, s]`` is false: no schedule ever reaches that sub-problem).
     """
     length = turn_cost.shape[0]

@@ -66,12 +66,12 @@ from ..sysutil.fileio import LeftAsItWas
 from ..sysutil.processes import dies_with_this_process, pid_running
 from ..train.config import TrainConfig
 from ..train.rundir import LOCK_FILE, METRICS_FILE, RunDirectory
+from .batch_shares import split_batch
 from .group import ClusterError
 from .netns import NOT_EMULATED, NetworkEmulation, can_emulate
 from .node import ClusterOptions, NodeSpec
 from .precheck import check_before_work, generate_data
 from .spares import WarmSpares
-from .split import split_batch
 from .termination import starting, termination_unwinds, unwind_if_terminated
 from .worker import EXIT_REFUSED, write_spec
 

@@ -2,7 +2,7 @@
 
 Keep-everything, recompute-everything and a paging schedule at the per-step lower bound: each is
 feasible somewhere, the cheapest that fits the budget and deadline starts HiGHS (NOTE [ Structure
-the MILP exploits ] in :mod:`edgetrain.planners.milp`), so with paging a time limit always
+the MILP exploits ] in :mod:`edgetrain.planners.milp.solve`), so with paging a time limit always
 returns a schedule.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ScheduleError
-from .milp_graph import TrainingGraph
-from .milp_replay import GraphSchedule, schedule_from_decisions, simulate_graph_schedule
+from ...errors import ScheduleError
+from .graph import TrainingGraph
+from .replay import GraphSchedule, schedule_from_decisions, simulate_graph_schedule
 
 __all__ = ["keep_all_schedule", "paging_schedule", "recompute_schedule", "warm_start_schedule"]
 
@@ -71,7 +71,7 @@ def warm_start_schedule(tg: TrainingGraph, memory_bytes: int, deadline_s: float 
     """The best built-in schedule that meets the budget and deadline (or the caller's).
 
     With ``write_once`` every page-out moves to the value's own stage (lossless: see ``_paging`` in
-    :mod:`edgetrain.planners.milp`).
+    :mod:`edgetrain.planners.milp.solve`).
     """
     if given is False:
         return None

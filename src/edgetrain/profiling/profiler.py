@@ -3,7 +3,7 @@
 Each stage is run on its own, with the previous stage's output as input, three ways: without
 autograd (output size and forward workspace), recorded (what autograd saves, counted with
 ``saved_tensors_hooks``), and backward (gradient sizes and backward workspace). Live bytes
-come from :class:`~edgetrain.profile.tracker.LiveBytesTracker`, so the same code profiles real
+come from :class:`~edgetrain.profiling.tracker.LiveBytesTracker`, so the same code profiles real
 tensors on the CPU and shape-only tensors on the meta device (no allocation at all).
 Times are medians of repeated real runs, or, on the meta device, FLOPs divided by a rate.
 """
@@ -22,8 +22,8 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..autograd.handover import GradBox, HandOver, backward_from_box
 from ..autograd.rng_state import RandomDraws, RngState
-from ..autograd.seeded_backward import GradBox, HandOver, seed_backward
 from ..core.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from ..core.stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
 from .tracker import (
@@ -104,8 +104,8 @@ def _rng_state_nbytes(device: torch.device) -> int:
 
 
 def _loss_held_bytes(loss: torch.Tensor) -> int:
-    """The loss a step returns and the seed gradient its backward starts from (``torch.ones`` of the
-    loss's shape, as ``Tensor.backward`` and :class:`~edgetrain.autograd.seeded_backward.HandOver` make it):
+    """The loss a step returns and the gradient its backward starts from (``torch.ones`` of the
+    loss's shape, as ``Tensor.backward`` and :class:`~edgetrain.autograd.handover.HandOver` make it):
     both live past the loss stage's own ops (``Chain.loss_held_bytes``)."""
     return loss.untyped_storage().nbytes() + loss.numel() * loss.element_size()
 
@@ -220,7 +220,7 @@ def _recorder(tracker: LiveBytesTracker, x: torch.Tensor) -> Recorder:
 @contextlib.contextmanager
 def _one_intra_op_thread(device: torch.device) -> Iterator[None]:
     """One intra-op thread on the CPU while a chain's bytes are measured, where the allocator's records see every
-    allocation (:func:`~edgetrain.profile.tracker.records_every_allocation`): the kernels' scratch of the profiling
+    allocation (:func:`~edgetrain.profiling.tracker.records_every_allocation`): the kernels' scratch of the profiling
     thread is planned, a further thread's own buffers are not (NOTE [ A kernel's scratch in the plan ])."""
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -305,8 +305,8 @@ def _profile_stage(module: nn.Module, x: torch.Tensor, input_grad: bool, existin
             saved[storage_key(y)] = y.untyped_storage().nbytes()
 
         # 3. Backward: gradient of the input, parameter gradients, workspace. The output gradient
-        #    is handed to the engine as the executor hands it (edgetrain.autograd.seeded_backward): freed once used.
-        backward, grad_in = _seeded_backward(y, x_rec, recorder)
+        #    is handed to the engine as the executor hands it (edgetrain.autograd.handover): freed once used.
+        backward, grad_in = _handed_over_backward(y, x_rec, recorder)
         grad_bytes = storage_bytes(p.grad for p in params if p.grad is not None and id(p) in counted.grads)
         del y
         x_rec.grad = None
@@ -344,23 +344,23 @@ def _stepped_backward(module: nn.Module, x: torch.Tensor, input_grad: bool, para
     y = module(x_rec)
     handles = [p.register_post_accumulate_grad_hook(_drop_grad) for p in params]
     try:
-        backward, _ = _seeded_backward(y, x_rec, recorder)
+        backward, _ = _handed_over_backward(y, x_rec, recorder)
     finally:
         for handle in handles:
             handle.remove()
     return backward
 
 
-def _seeded_backward(y: torch.Tensor, x_rec: torch.Tensor, recorder: Recorder) -> tuple[AllocatorWindow, int]:
+def _handed_over_backward(y: torch.Tensor, x_rec: torch.Tensor, recorder: Recorder) -> tuple[AllocatorWindow, int]:
     """Back-propagate a recorded stage from ``y`` with a ones gradient handed to the engine as the executor hands
-    it (edgetrain.autograd.seeded_backward: freed once used), as a window of ``recorder``; the window, and the bytes
+    it (edgetrain.autograd.handover: freed once used), as a window of ``recorder``; the window, and the bytes
     of the gradient it leaves in ``x_rec``."""
     box = GradBox()
-    seed = HandOver.apply(y, box) if y.requires_grad else None
+    handover = HandOver.apply(y, box) if y.requires_grad else None
     box.grad = None if y.dim() == 0 else torch.ones_like(y)
     with recorder.window() as backward:
-        if seed is not None:
-            seed_backward(seed)
+        if handover is not None:
+            backward_from_box(handover)
     return backward, x_rec.grad.untyped_storage().nbytes() if x_rec.grad is not None else 0
 
 

@@ -12,7 +12,8 @@ from ..errors import EdgetrainError
 
 if TYPE_CHECKING:
     from ..devices import Device
-from ..core.schedule import keep_all, simulate
+from ..core.schedule import keep_all
+from ..core.simulator import simulate
 from ..models import check_input, get_model_spec
 from ..models.update import apply_update, parse_update
 from .profiler import profile

@@ -7,9 +7,9 @@ table of the least time of every sub-chain for every memory budget once, then *r
 schedule of any budget from the recorded choices, so a budget sweep costs one solve.
 
 The recurrence (re-derived from edgetrain's simulator), its rounding to memory units and the
-solvers are in ``dp_grid.py`` (NOTE [ The optimal DP's sub-problem ]), shared with
+solvers are in ``grid.py`` (NOTE [ The optimal DP's sub-problem ]), shared with
 ``paging-dp``; here the paged moves are switched off and the cost is the time.
-``optimal_exact.py`` solves the same recurrence in bytes, without a grid, where a table cannot
+``exact.py`` solves the same recurrence in bytes, without a grid, where a table cannot
 vouch for its answer. The schedules are persistent and in order (NOTE [ The optimal DP's
 sub-problem ]).
 """
@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.chain import Chain
-from ..core.schedule import Schedule
-from ..errors import InfeasibleBudgetError
-from .dp_grid import (
+from ...core.chain import Chain
+from ...core.schedule import Schedule
+from ...errors import InfeasibleBudgetError
+from .exact import below_minimum_error, exact_minimum_bytes
+from .grid import (
     BudgetTable,
     Costs,
     MovesGrid,
@@ -38,7 +39,6 @@ from .dp_grid import (
     solve_grid,
     without_paging,
 )
-from .optimal_exact import below_minimum_error, exact_minimum_bytes
 
 __all__ = ["OptimalTable", "solve", "optimal"]
 
@@ -123,7 +123,7 @@ def solve(chain: Chain, max_memory_bytes: int, *, slots: int = 500, solver: Solv
     Args:
         chain: the cost model.
         max_memory_bytes: the largest budget the table answers for: the whole peak of a step
-            as :func:`~edgetrain.core.schedule.simulate` reports it (weights, optimizer state,
+            as :func:`~edgetrain.core.simulator.simulate` reports it (weights, optimizer state,
             input, activations, gradients, workspaces).
         slots: memory units the activation budget ``max_memory_bytes - chain.resident_bytes``
             is cut into (fewer when a common divisor of all sizes makes the grid exact);

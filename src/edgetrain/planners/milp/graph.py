@@ -1,9 +1,9 @@
 """The training graph the POET MILP decides on: one step's forward and backward nodes, costed for a device.
 
-:func:`training_graph` builds it from a captured operator DAG (:mod:`edgetrain.planners.graph`),
+:func:`training_graph` builds it from a captured operator DAG (:mod:`edgetrain.profiling.graph`),
 :func:`chain_training_graph` from a chain (one node per stage and direction); :func:`coarsen`
 merges cheap nodes and :func:`minimum_bytes` is the per-step lower bound on any schedule's peak.
-The MILP (:mod:`edgetrain.planners.milp`) and the replay (:mod:`edgetrain.planners.milp_replay`)
+The MILP (:mod:`edgetrain.planners.milp.solve`) and the replay (:mod:`edgetrain.planners.milp.replay`)
 both read this model; ``docs/concepts/milp.md`` writes it out.
 """
 
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.chain import Chain, optimizer_memory
-from ..costs.energy import EnergyProfile, page_energy_j, page_time_s
-from ..errors import EdgetrainError
+from ...core.chain import Chain, optimizer_memory
+from ...costs.energy import EnergyProfile, page_energy_j, page_time_s
+from ...errors import EdgetrainError
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from ...profiling.graph import Graph
 
 __all__ = ["TrainingNode", "TrainingGraph", "training_graph", "chain_training_graph", "coarsen", "minimum_bytes"]
 
@@ -172,7 +172,7 @@ def training_graph(graph: Graph, profile: EnergyProfile, *, optimizer: str = "sg
     * Weights, their gradients and the optimizer state (``optimizer``, as for a chain) are resident.
 
     Args:
-        graph: a captured operator graph (:func:`edgetrain.planners.graph.capture_graph`).
+        graph: a captured operator graph (:func:`edgetrain.profiling.graph.capture_graph`).
         profile: the device the costs are for.
         optimizer: ``"sgd"`` (momentum) or ``"adam"``.
         small_saved_bytes: saved extras this small are resident rather than attached to the node.

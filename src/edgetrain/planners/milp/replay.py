@@ -1,7 +1,7 @@
 """Replay of a training-graph schedule: the oracle for its peak RAM, time and energy.
 
 A schedule is four boolean decision matrices ``[stage, node]`` (NOTE [ The POET MILP ] in
-:mod:`edgetrain.planners.milp`). :func:`schedule_from_decisions` completes the compute and paging
+:mod:`edgetrain.planners.milp.solve`). :func:`schedule_from_decisions` completes the compute and paging
 decisions with the least storage that runs them; :func:`simulate_graph_schedule` checks and costs
 any schedule independently of the MILP that produced it.
 
@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import ScheduleError
-from .milp_graph import TrainingGraph
+from ...errors import ScheduleError
+from .graph import TrainingGraph
 
 __all__ = ["GraphStats", "GraphSchedule", "schedule_from_decisions", "simulate_graph_schedule"]
 

@@ -1,8 +1,8 @@
 """``edgetrain plan --strategy milp``: POET's MILP on a chain's training graph, reported like the other plans.
 
-The MILP (:mod:`edgetrain.planners.milp`) decides per node and step on its own graph model
+The MILP (:mod:`edgetrain.planners.milp.solve`) decides per node and step on its own graph model
 (Checkmate's, extended with paging); its schedule is checked by that module's replay and turned
-into executor ops by :func:`~edgetrain.planners.milp_ops.milp_schedule` where the ops can express
+into executor ops by :func:`~edgetrain.planners.milp.ops.milp_schedule` where the ops can express
 it (:attr:`MilpPlan.schedule`; otherwise ``to_dict()["schedule_error"]`` says why). It is solved
 with ``read_back_once`` (a page-in consumes the copy on flash, as the executor pages). The two
 models still differ on general chains: the MILP's lets a backward use a recomputed copy of a saved
@@ -17,14 +17,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..core.chain import Chain
-from ..core.schedule import Schedule, simulate
-from ..costs.energy import EnergyProfile
-from ..errors import EdgetrainError
-from ..units import parse_bytes
-from .milp import MilpResult, milp
-from .milp_graph import chain_training_graph
-from .plan import beside_generator_states
+from ...core.chain import Chain
+from ...core.schedule import Schedule
+from ...core.simulator import simulate
+from ...costs.energy import EnergyProfile
+from ...errors import EdgetrainError
+from ...units import parse_bytes
+from ..choose import beside_generator_states
+from .graph import chain_training_graph
+from .solve import MilpResult, milp
 
 __all__ = ["MilpPlan", "plan_milp"]
 
@@ -43,7 +44,7 @@ class MilpPlan:
     def _converted(self) -> tuple[Schedule | None, str | None]:
         if self.chain is None:
             return None, "no chain to convert the MILP's decisions on"
-        from .milp_ops import milp_schedule
+        from .ops import milp_schedule
 
         try:
             return milp_schedule(self.chain, self.result), None
@@ -52,7 +53,7 @@ class MilpPlan:
 
     @property
     def schedule(self) -> Schedule | None:
-        """The executor ops of the MILP's decisions (:func:`~edgetrain.planners.milp_ops.milp_schedule`),
+        """The executor ops of the MILP's decisions (:func:`~edgetrain.planners.milp.ops.milp_schedule`),
         or None where they cannot express them (the reason is ``to_dict()["schedule_error"]``)."""
         return self._converted[0]
 
