@@ -151,9 +151,9 @@ def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: 
     unfolded columns) that the allocator's records include, and the comparison is on the records.
     """
     from edgetrain.core.optim import make_optimizer
-    from edgetrain.core.stages import compiled_stages, training_stages
     from edgetrain.models import stages_of
     from edgetrain.models.segmented import SegmentedStage, segmented_stages
+    from edgetrain.models.stages import compiled_stages, training_stages
     from edgetrain.planners.blocks import least_block_bytes
     from edgetrain.profiling import profile
     from edgetrain.runtime import Checkpointed, three_budgets

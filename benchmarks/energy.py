@@ -35,8 +35,8 @@ from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.costs.timemodel import HostCalibration, needs_calibration, training_rate
 from edgetrain.devices import Device, get_device
-from edgetrain.devices.rate import calibrate_host
 from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.profiling.host import calibrate_host
 from edgetrain.profiling.linear_resnet import linear_resnet
 from edgetrain.reports.poet import DEFAULT_DEVICES, PoetFigure, reproduce_poet
 

@@ -24,8 +24,8 @@ from torch import nn
 
 from edgetrain.bench.stats import software_setup, spread
 from edgetrain.core.schedule import keep_all
-from edgetrain.core.stages import training_stages
 from edgetrain.models import get_model_spec
+from edgetrain.models.stages import training_stages
 from edgetrain.runtime import Executor
 
 log = logging.getLogger("executor_overhead")

@@ -91,9 +91,7 @@ from torch import nn
 from edgetrain.bench.stats import equivalence, rerun_command
 from edgetrain.core.optim import make_optimizer, set_learning_rate
 from edgetrain.core.schedule import keep_all
-from edgetrain.core.stages import training_stages
 from edgetrain.data import collate_skip_corrupt
-from edgetrain.devices.rate import cpu_model
 from edgetrain.distributed.batch_shares import split_batch
 from edgetrain.distributed.compress import PowerSGD
 from edgetrain.distributed.group import all_reduce_gradients
@@ -101,6 +99,8 @@ from edgetrain.distributed.node import NodeSpec
 from edgetrain.distributed.step import cluster_step, seed_step
 from edgetrain.distributed.supervisor import LocalOptions, run_local
 from edgetrain.models import get_model_spec
+from edgetrain.models.stages import training_stages
+from edgetrain.profiling.host import cpu_model
 from edgetrain.runtime import Executor
 from edgetrain.sysutil.fileio import read_jsonl
 from edgetrain.train import TrainConfig

@@ -33,8 +33,8 @@ from test_paging import SIZES, case, median_step_s, with_paging  # the schedule 
 
 from edgetrain.bench.stats import software_setup, spread
 from edgetrain.core.simulator import simulate
-from edgetrain.core.stages import training_stages
 from edgetrain.costs.energy import EnergyProfile
+from edgetrain.models.stages import training_stages
 from edgetrain.planners import uniform
 from edgetrain.profiling import profile
 from edgetrain.runtime import Executor

@@ -87,9 +87,9 @@ from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
 from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all
 from edgetrain.core.simulator import Stats, simulate
-from edgetrain.core.stages import training_stages
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import get_model_spec, stages_of
+from edgetrain.models.stages import training_stages
 from edgetrain.planners import OptimalTable, plan, revolve, solve
 from edgetrain.planners.uniform import segment_bounds
 from edgetrain.profiling import LiveBytesTracker, profile

@@ -41,12 +41,12 @@ from edgetrain.insitu.model import augment, to_tensor
 from edgetrain.insitu.teacher import crops_with_truth, render_clips
 from edgetrain.insitu.world import CLASSES, EYE_LEVEL, STEEP
 from edgetrain.models import mobilenet_v2
-from edgetrain.models.contribution import Probe, pick, probe_data, probe_schemes
 from edgetrain.models.update import apply_update
 from edgetrain.planners.choose import least_step_bytes
 from edgetrain.profiling import profile
 from edgetrain.runtime import check_step
 from edgetrain.runtime.verify import step_peaks
+from edgetrain.train.contribution import Probe, pick, probe_data, probe_schemes
 from edgetrain.units import format_bytes
 
 log = logging.getLogger("transfer_accuracy")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from calibration import TEST_HOST
 
-from edgetrain.devices.rate import CALIBRATION_ENV
+from edgetrain.profiling.host import CALIBRATION_ENV
 
 
 @pytest.fixture(autouse=True)

@@ -24,12 +24,12 @@ from torch import fx, nn
 from edgetrain.core.chain import Chain
 from edgetrain.core.schedule import PageOut, PageOutRecord, Schedule, keep_all
 from edgetrain.core.simulator import simulate
-from edgetrain.core.stages import training_stages
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import stages_of, transformer_encoder_small
 from edgetrain.models.edge_vision import DenseNet
 from edgetrain.models.segmented import SegmentedStage, _Graph, segmented_stage, segmented_stages
+from edgetrain.models.stages import training_stages
 from edgetrain.planners.blocks import block_variants, least_block_bytes, page_blocks, plan_blocks
 from edgetrain.planners.choose import least_step_bytes
 from edgetrain.planners.dp.paging import least_paging_peak, paging_dp

@@ -34,12 +34,12 @@ from torch import nn
 from edgetrain.bench.stats import equivalence
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
-from edgetrain.core.stages import training_stages
 from edgetrain.distributed import split_batch
 from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.distributed.supervisor import LOG_DIR, Fault, LocalOptions, run_local
 from edgetrain.errors import EdgetrainError
+from edgetrain.models.stages import training_stages
 from edgetrain.planners import uniform
 from edgetrain.runtime import Executor
 from edgetrain.train import TrainConfig

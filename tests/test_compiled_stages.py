@@ -8,7 +8,7 @@ from steps import allocator_step_peaks
 from torch import nn
 
 from edgetrain.core.simulator import rng_replayed_stages
-from edgetrain.core.stages import CompiledStage, compiled_stages, training_stages
+from edgetrain.models.stages import CompiledStage, compiled_stages, training_stages
 from edgetrain.profiling import profile
 from edgetrain.profiling.tracker import LiveBytesTracker
 from edgetrain.runtime import Checkpointed, three_budgets

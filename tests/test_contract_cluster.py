@@ -169,11 +169,18 @@ class RunProcesses:
                 os.kill(pid, signal.SIGSTOP)
 
     def kill_parent(self) -> float:
-        """kill -9 of the parent; the seconds until no process of the run runs (at most ORPHAN_DEADLINE_S)."""
+        """kill -9 of the parent; the seconds until no process of the run runs (at most ORPHAN_DEADLINE_S).
+
+        Processes :meth:`stop` stopped are continued after the kill: one forked just before the stop has not yet
+        run the start of its own code, where a child asks to die with its parent or exits if the parent is gone
+        (NOTE [ Children die with their parent ]). A stopped child that had asked dies stopped."""
         self.look()
         os.kill(self.parent.pid, signal.SIGKILL)
         self.parent.wait()
         killed = time.monotonic()
+        for pid in self.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         while self.running() and time.monotonic() - killed < ORPHAN_DEADLINE_S:
             time.sleep(0.05)
         return time.monotonic() - killed

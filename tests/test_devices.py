@@ -20,8 +20,8 @@ from edgetrain.devices import (
     this_machine,
 )
 from edgetrain.devices.catalog import ENERGY_FIELDS, NUMERIC_FIELDS, _detect_this_machine, proc_kib_fields
-from edgetrain.devices.probe import device_entry, write_device_entry
 from edgetrain.errors import UnknownNameError
+from edgetrain.profiling.device_probe import device_entry, write_device_entry
 
 CLI_NAMES = ["odroid-xu4", "rpi4", "rpi4-8gb", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
              "jetson-agx-xavier", "jetson-agx-orin", "mkr1000", "nrf52840", "this-machine"]

@@ -27,9 +27,9 @@ from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
 from edgetrain.core.schedule import Backward, Forward, Keep, Schedule, keep_all
 from edgetrain.core.simulator import rng_replayed_stages, simulate
-from edgetrain.core.stages import training_stages
 from edgetrain.errors import ScheduleError
 from edgetrain.models import get_model_spec
+from edgetrain.models.stages import training_stages
 from edgetrain.planners import OptimalTable, revolve, solve, uniform
 from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.runtime import Checkpointed, Executor, run_schedule

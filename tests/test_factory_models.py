@@ -120,6 +120,18 @@ def test_train_plan_and_train_from_the_plan_with_a_factory(user_folder: Path) ->
     assert json.loads((user_folder / "shipped" / "run.json").read_text())["identity"]["model"] == identity["model"]
 
 
+def test_a_cluster_of_two_nodes_trains_a_factory_model(user_folder: Path) -> None:
+    # Execute: each node process builds the model from the user's module
+    done = edgetrain(user_folder, "cluster", "local", "--nodes", "2", *RUN[:4], "--samples", "64", "--batch", "16",
+                     "--image", "16", "--run-dir", "cluster")
+
+    # Assert: both nodes trained every step of the run recorded under the model's one name
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((user_folder / "cluster" / "run.json").read_text())["identity"]["model"] == \
+        "nets:make_net(width=12)"
+    assert len(step_losses(user_folder / "cluster")) == 3   # whole global batches of 16 in the training split
+
+
 def test_another_factory_argument_is_another_run(user_folder: Path) -> None:
     # Prepare
     first = edgetrain(user_folder, "train", *RUN, "--epochs", "1", "--run-dir", "run")

@@ -112,13 +112,9 @@ def test_no_module_imports_a_private_name_of_another() -> None:
     assert private == [], "a name two modules share wants a public name (in a shared module if need be)"
 
 
-def test_modules_import_each_other_without_cycles() -> None:
-    """Lower floors never import higher ones, even inside functions: the import graph has no cycle.
-
-    A module's import of its own parent package is left out: ``__init__`` re-exports its
-    submodules, which necessarily import their package first.
-    """
-    # Prepare: the graph, an import of ``a.b.c`` counting as one of ``a.b.c`` and of ``a.b``
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (an import of ``a.b.c`` counting as one of ``a.b.c`` and of
+    ``a.b``), without a module's imports of its own parent packages."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, (path, tree) in modules.items():
@@ -132,6 +128,18 @@ def test_modules_import_each_other_without_cycles() -> None:
                 parts = module.split(".")
                 targets |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
         graph[name] = {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+
+    return graph
+
+
+def test_modules_import_each_other_without_cycles() -> None:
+    """Lower floors never import higher ones, even inside functions: the import graph has no cycle.
+
+    A module's import of its own parent package is left out: ``__init__`` re-exports its
+    submodules, which necessarily import their package first.
+    """
+    # Prepare
+    graph = _import_graph()
 
     # Execute: depth-first search for a back edge
     state: dict[str, int] = {}   # 1 on the stack, 2 done
@@ -155,3 +163,21 @@ def test_modules_import_each_other_without_cycles() -> None:
 
     # Assert
     assert cycles == [], "move the shared constant or function down to the lower floor"
+
+
+def test_no_folder_imports_one_that_imports_it_back() -> None:
+    """The folders stack as floors: where a module of ``a/`` imports one of ``b/``, no module of ``b/`` imports
+    one of ``a/``. The root's ``errors`` and ``units`` are the ground floor, ``__main__`` the top."""
+    # Prepare: the folder of each module
+    def folder(module: str) -> str:
+        parts = module.split(".")
+        if len(parts) == 2 and not (SRC / parts[1]).is_dir():
+            return "__main__" if parts[1] == "__main__" else ""
+        return parts[1] if len(parts) > 1 else ""
+
+    # Execute
+    edges = {(folder(module), folder(target)) for module, targets in _import_graph().items() for target in targets}
+    both_ways = sorted({tuple(sorted(edge)) for edge in edges if edge[0] != edge[1] and edge[::-1] in edges})
+
+    # Assert
+    assert both_ways == [], "a folder's module and another's import each other: move one down a floor"

@@ -14,13 +14,13 @@ from torch import nn
 
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
-from edgetrain.core.stages import training_stages
 from edgetrain.distributed.group import ClusterError
 from edgetrain.distributed.half_allreduce import HalfPrecisionAllReduce
 from edgetrain.distributed.node import ClusterOptions
 from edgetrain.distributed.step import cluster_step
 from edgetrain.distributed.supervisor import LocalOptions
 from edgetrain.errors import EdgetrainError
+from edgetrain.models.stages import training_stages
 from edgetrain.planners import uniform
 from edgetrain.runtime import Executor
 

@@ -57,10 +57,10 @@ from edgetrain.core.schedule import (
     keep_all,
 )
 from edgetrain.core.simulator import memory_timeline, simulate
-from edgetrain.core.stages import training_stages
 from edgetrain.costs.energy import EnergyProfile
 from edgetrain.errors import PagingError, ScheduleError
 from edgetrain.models import get_model_spec
+from edgetrain.models.stages import training_stages
 from edgetrain.planners import uniform
 from edgetrain.planners.dp.paging import solve_paging
 from edgetrain.profiling import LiveBytesTracker, profile
@@ -592,7 +592,7 @@ KILLED_STEP = textwrap.dedent("""
     from torch import nn
     from edgetrain.runtime import Executor
     from edgetrain.core.schedule import Forward, Backward, Keep, PageOut, PageIn, Schedule
-    from edgetrain.core.stages import training_stages
+    from edgetrain.models.stages import training_stages
 
     model = nn.Sequential(nn.Linear(16, 4096), nn.ReLU(), nn.Linear(4096, 4))
     ops = (Forward(0, Keep.ALL), Forward(1, Keep.ALL), Forward(2, Keep.ALL), PageOut(2), Forward(3, Keep.ALL),

@@ -17,11 +17,11 @@ from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile, scale_chain
 from edgetrain.costs.timemodel import training_rate
 from edgetrain.devices import get_device
-from edgetrain.devices.rate import CALIBRATION_ENV
 from edgetrain.planners.capuchin import capuchin
 from edgetrain.planners.dp.paging import solve_paging
 from edgetrain.planners.energy_plan import plan_energy
 from edgetrain.profiling.estimate import chain_for
+from edgetrain.profiling.host import CALIBRATION_ENV
 from edgetrain.reports.poet import STRATEGIES, PoetFigure, reproduce_poet
 from edgetrain.reports.poet_claims import (
     DEADLINE_FACTORS,

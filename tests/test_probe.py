@@ -16,9 +16,12 @@ from typer.testing import CliRunner
 from edgetrain.cli import app
 from edgetrain.costs.energy import EnergyProfile, scale_chain
 from edgetrain.devices import DeviceCatalogError, get_device, load_devices_file
-from edgetrain.devices import probe as probe_module
 from edgetrain.devices.catalog import DEVICES_ENV
-from edgetrain.devices.probe import (
+from edgetrain.errors import EdgetrainError
+from edgetrain.models import get_model_spec
+from edgetrain.profiling import chain_for
+from edgetrain.profiling import device_probe as probe_module
+from edgetrain.profiling.device_probe import (
     ComputeProbe,
     PowerMeter,
     PowerRail,
@@ -32,9 +35,6 @@ from edgetrain.devices.probe import (
     probe_storage,
     write_device_entry,
 )
-from edgetrain.errors import EdgetrainError
-from edgetrain.models import get_model_spec
-from edgetrain.profiling import chain_for
 
 SIZES = (4096, 65536, 1 << 20)
 POWERS = {"compute_power_w": 4.0, "pagein_power_w": 0.3, "pageout_power_w": 0.5}

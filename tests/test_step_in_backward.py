@@ -14,7 +14,7 @@ from edgetrain import Checkpointed
 from edgetrain.core.chain import Chain, StageCost
 from edgetrain.core.schedule import keep_all
 from edgetrain.core.simulator import simulate
-from edgetrain.core.stages import training_stages
+from edgetrain.models.stages import training_stages
 from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.runtime import three_budgets
 from edgetrain.runtime.step_in_backward import shared_gradient_bytes

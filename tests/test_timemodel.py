@@ -13,10 +13,17 @@ from test_cli import run
 
 from edgetrain.core.chain import NOMINAL_FLOPS_PER_S
 from edgetrain.costs.timemodel import HostCalibration, training_rate
-from edgetrain.devices import get_device, rate
-from edgetrain.devices.rate import CACHE_DIR_ENV, CALIBRATION_ENV, calibration_cache_path, host_calibration, probe_gemm
+from edgetrain.devices import get_device
 from edgetrain.errors import EdgetrainError
 from edgetrain.profiling import chain_for
+from edgetrain.profiling import host as rate
+from edgetrain.profiling.host import (
+    CACHE_DIR_ENV,
+    CALIBRATION_ENV,
+    calibration_cache_path,
+    host_calibration,
+    probe_gemm,
+)
 
 
 def plan_json(device: str, *extra: str) -> dict[str, object]:

@@ -41,7 +41,7 @@ CHILD = textwrap.dedent('''
     from edgetrain.profiling import LiveBytesTracker, profile
     from edgetrain.runtime import run_schedule
     from edgetrain.core.schedule import keep_all, simulate
-    from edgetrain.core.stages import training_stages
+    from edgetrain.models.stages import training_stages
 
     def status(field):
         with open("/proc/self/status") as f:

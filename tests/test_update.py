@@ -14,8 +14,8 @@ from torch import nn
 from edgetrain.core.optim import make_optimizer
 from edgetrain.core.schedule import keep_all
 from edgetrain.core.simulator import simulate
-from edgetrain.core.stages import FrozenPrefix, training_stages
 from edgetrain.models import resnet18_cifar, stages_of
+from edgetrain.models.stages import FrozenPrefix, training_stages
 from edgetrain.models.update import UpdateSchemeError, apply_update, parse_update
 from edgetrain.profiling import chain_for, profile
 from edgetrain.runtime import Checkpointed, check_step, three_budgets

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from edgetrain.models import get_model_spec, resnet18_cifar
-from edgetrain.models.contribution import Probe, ProbeData, choose_update, default_candidates, pick, probe_schemes
 from edgetrain.models.update import UpdateSchemeError, apply_update, parse_update
 from edgetrain.planners.choose import least_step_bytes
 from edgetrain.profiling import profile
+from edgetrain.train.contribution import Probe, ProbeData, choose_update, default_candidates, pick, probe_schemes
 from tests.test_cli import run
 
 

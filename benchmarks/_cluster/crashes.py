@@ -47,9 +47,9 @@ def _crash_runs(rank: int, runs: int, steps: int, scratch: str) -> None:
     import torch.distributed as dist
 
     from edgetrain.core.schedule import keep_all
-    from edgetrain.core.stages import training_stages
     from edgetrain.distributed.compress import PowerSGD
     from edgetrain.distributed.step import cluster_step
+    from edgetrain.models.stages import training_stages
     from edgetrain.runtime import Executor
 
     torch.set_num_threads(1)

@@ -46,7 +46,7 @@ def provenance(command: str, root: Path | None = None) -> dict[str, Any]:
     """
     import torch
 
-    from ..devices.rate import cpu_model
+    from ..profiling.host import cpu_model
 
     commit, dirty = _commit(root or Path.cwd())
     return {"command": command, "commit": commit, "dirty": dirty,

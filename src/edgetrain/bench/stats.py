@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..devices.rate import cpu_model
 from ..errors import EdgetrainError
+from ..profiling.host import cpu_model
 
 __all__ = ["Spread", "equivalence", "rerun_command", "software_setup", "spread"]
 

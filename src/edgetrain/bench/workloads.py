@@ -65,14 +65,14 @@ def run_profile(device: str | None = None, runs: int = 5, workloads: tuple[Workl
     """Time every workload ``runs`` times; the report (docs/guide/power.md, "The training profile").
 
     The report also carries the sustained FP64 DGEMM rate (the LINPACK-style probe ``bench device``
-    and the time model share, :func:`~edgetrain.devices.rate.probe_gemm`, run for ``gemm_s``), so
+    and the time model share, :func:`~edgetrain.profiling.host.probe_gemm`, run for ``gemm_s``), so
     a board's training times can be set against its raw rate (Mwase et al., AAAI 2024, compare boards by LINPACK).
 
     Raises:
         EdgetrainError: ``runs < 2`` (a spread needs two runs).
     """
-    from ..devices.rate import probe_gemm
     from ..errors import EdgetrainError
+    from ..profiling.host import probe_gemm
 
     if runs < 2:
         raise EdgetrainError(f"--runs must be >= 2 for a spread, got {runs}")

@@ -175,7 +175,7 @@ def bench_device(
         as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON.")) -> None:
     """Measure this machine's energy-profile figures (paging, compute rate) into a device file."""
     from ..devices.catalog import ENERGY_FIELDS, RATE_FIELDS
-    from ..devices.probe import POWER_FIELDS, measure_device
+    from ..profiling.device_probe import POWER_FIELDS, measure_device
     from ..units import parse_bytes
 
     sizes_bytes = [parse_bytes(part.strip()) for part in sizes.split(",") if part.strip()]

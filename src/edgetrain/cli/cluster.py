@@ -19,7 +19,7 @@ from typing import Any
 import typer
 
 from ..sysutil.fileio import to_json
-from .common import clean_errors, console, error
+from .common import ModelArgOpt, clean_errors, console, error, model_name
 
 __all__ = ["cluster_app"]
 
@@ -28,9 +28,11 @@ cluster_app = typer.Typer(help="Data-parallel training across edge nodes on torc
                           no_args_is_help=True)
 
 # The options `run` and `local` share, in their --help order: parameter -> (annotation, typer option).
-# TrainConfig takes these under the same names...
+# TrainConfig takes these under the same names (the factory's arguments as part of the model's name)...
 TRAINING_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "model": (str, typer.Option("resnet18_cifar", "--model", "-m", help="Model name from the zoo.")),
+    "model": (str, typer.Option("resnet18_cifar", "--model", "-m", help="A model of the zoo, or your own as "
+                                "package.module:factory, a callable that returns it.")),
+    "model_args": (list[str], ModelArgOpt),
     "data": (str, typer.Option("synthetic", "--data", help="'synthetic', an image folder or a CIFAR-10 folder.")),
     "samples": (int, typer.Option(1000, "--samples", min=1, help="Size of the synthetic dataset.")),
     "batch": (int, typer.Option(32, "--batch", "-b", min=1, help="Global batch: the samples of one step of the "
@@ -107,6 +109,7 @@ def with_shared_options(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def wrapper(**values: Any) -> None:
         training = {name: values.pop(name) for name in TRAINING_OPTIONS}
+        training["model"] = model_name(training["model"], training.pop("model_args"))
         links = {LINK_KEYWORDS.get(name, name): values.pop(name) for name in LINK_OPTIONS}
         command(ClusterSettings(training, links), **values)
 

@@ -160,7 +160,7 @@ def host_for(target: Any) -> Any:
 
     if target is None or not needs_calibration(target):
         return None
-    from ..devices.rate import host_calibration
+    from ..profiling.host import host_calibration
 
     return with_progress("calibrating this machine (DGEMM and a ResNet-18 step)", lambda _: host_calibration())
 

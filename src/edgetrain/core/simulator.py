@@ -356,14 +356,11 @@ def _stats(chain: Chain, tally: SimTally, profile: EnergyProfile | None, *, peak
     page_time_s = 0.0
     energies: dict[str, float | None] = {"energy_compute_j": None, "energy_pagein_j": None, "energy_pageout_j": None}
     if profile is not None:
-        from ..costs.energy import page_energy_j
-        from ..costs.energy import page_time_s as transfer_s
-
-        page_time_s = (sum(transfer_s(n, profile, "in") for n in tally.pagein_transfers)
-                       + sum(transfer_s(n, profile, "out") for n in tally.pageout_transfers))
+        page_time_s = (sum(profile.page_time_s(n, "in") for n in tally.pagein_transfers)
+                       + sum(profile.page_time_s(n, "out") for n in tally.pageout_transfers))
         energies = {"energy_compute_j": profile.compute_power_w * tally.compute_time_s,
-                    "energy_pagein_j": sum(page_energy_j(n, profile, "in") for n in tally.pagein_transfers),
-                    "energy_pageout_j": sum(page_energy_j(n, profile, "out") for n in tally.pageout_transfers)}
+                    "energy_pagein_j": sum(profile.page_energy_j(n, "in") for n in tally.pagein_transfers),
+                    "energy_pageout_j": sum(profile.page_energy_j(n, "out") for n in tally.pageout_transfers)}
     time_s = tally.compute_time_s + page_time_s
     baseline = chain.compute_time_s
     return Stats(peak_bytes=peak, time_s=time_s, forward_advances=tally.advances,

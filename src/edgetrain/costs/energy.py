@@ -128,6 +128,15 @@ class EnergyProfile:
         """Page-out energy per byte beyond the per-transfer latency: power x time per byte, J."""
         return self.pageout_power_w / self.pageout_bps
 
+    def page_time_s(self, n_bytes: int, direction: Direction) -> float:
+        """:func:`page_time_s` on this device: the simulator prices paging through the profile it is given, so
+        the core contract does not import the cost models."""
+        return page_time_s(n_bytes, self, direction)
+
+    def page_energy_j(self, n_bytes: int, direction: Direction) -> float:
+        """:func:`page_energy_j` on this device."""
+        return page_energy_j(n_bytes, self, direction)
+
 
 def scale_chain(chain: Chain, profile: EnergyProfile, *, host_flops_per_s: float | None = None) -> Chain:
     """The chain with its stage times moved to the profile's device; sizes are unchanged.

@@ -13,7 +13,7 @@ function of the chain's FLOPs and one *training rate* of the device, :func:`trai
   (``gemm_fp64_flops_per_s``: LINPACK / DGEMM in double precision, e.g. 15.5 GFLOP/s for a
   Raspberry Pi 4, Mwase et al., AAAI 2024) gets ``device_gemm x (training_here / gemm_here)``: this machine's
   achieved training rate scaled by the ratio of the two machines' rates on the *same*
-  microbenchmark (:func:`edgetrain.devices.rate.calibrate_host` runs it here, ``bench device``
+  microbenchmark (:func:`edgetrain.profiling.host.calibrate_host` runs it here, ``bench device``
   on a board). Equivalently, a stage's time here times ``gemm_here / gemm_device``.
 * otherwise **unknown**: time answers are ``None`` (null in JSON) and energy planning refuses
   the device, naming the missing figure; never a nominal rate.
@@ -136,7 +136,7 @@ def training_rate(device: Device, host: HostCalibration | None = None) -> Traini
         return None
     if host is None:
         raise EdgetrainError(f"device {device.name!r} has only a DGEMM/LINPACK rate; its training rate needs this "
-                             "machine's calibration (edgetrain.devices.rate.calibrate_host)")
+                             "machine's calibration (edgetrain.profiling.host.calibrate_host)")
     rate = float(device.gemm_fp64_flops_per_s) * host.efficiency
     return TrainingRate(device.name, rate, (
         f"calibrated: {device.gemm_fp64_flops_per_s / 1e9:.4g} GFLOP/s FP64 LINPACK/DGEMM on the device "

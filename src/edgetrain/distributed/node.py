@@ -22,10 +22,10 @@ from torch import nn
 from .. import __version__
 from ..core.chain import Chain
 from ..core.optim import make_optimizer, set_learning_rate
-from ..core.stages import training_stages
 from ..data import collate_skip_corrupt, first_batch
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
+from ..models.stages import training_stages
 from ..planners import Plan
 from ..profiling.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
@@ -182,7 +182,7 @@ def node_speed(node: NodeSpec) -> float | None:
         return None
     from ..costs.timemodel import needs_calibration, training_rate, unknown_rate_reason
     from ..devices import get_device
-    from ..devices.rate import host_calibration
+    from ..profiling.host import host_calibration
 
     device = get_device(node.device)
     rate = training_rate(device, host_calibration() if needs_calibration(device) else None)

@@ -9,7 +9,7 @@ Training Under 256KB Memory", NeurIPS 2022). A scheme names the parameters that 
 * ``bias``: biases and the affine parameters of normalisation layers;
 * ``last:K``: every parameter of the model's last ``K`` stages (the loss is not a stage here);
 * ``auto``: one of the above, chosen by probes on the training data (NOTE [ Contribution analysis ] in
-  ``models/contribution.py``), resolved before anything is frozen;
+  ``train/contribution.py``), resolved before anything is frozen;
 * a comma-separated list of patterns (``layer4,fc``, ``features.1[0-8].*``): the parameters whose
   name (as ``model.named_parameters()`` gives it) matches one, or lies in a module that matches one;
   ``bias`` among them stands for the ``bias`` set, so ``bias,classifier`` is TinyTL's bias-only update
@@ -19,7 +19,7 @@ The rest get ``requires_grad = False``, and every part of edgetrain reads the fl
 user froze by hand is planned and trained the same way: autograd saves nothing for a gradient no one
 needs (a frozen convolution whose input needs no gradient saves no input), frozen parameters get no
 gradient and no optimizer state, and the stages before the first one that trains fold into it
-(:func:`edgetrain.core.stages.training_stages`), so they run once, record nothing and back-propagate
+(:func:`edgetrain.models.stages.training_stages`), so they run once, record nothing and back-propagate
 nothing. The profiler measures all of this on the model as it is flagged, and the planners plan it
 unchanged.
 """
@@ -36,7 +36,7 @@ from ..errors import EdgetrainError
 __all__ = ["UpdateScheme", "UpdateSchemeError", "parse_update", "apply_update", "NORM_TYPES", "ALL", "AUTO"]
 
 ALL = "all"
-AUTO = "auto"   # chosen from the training data (NOTE [ Contribution analysis ] in ``models/contribution.py``)
+AUTO = "auto"   # chosen from the training data (NOTE [ Contribution analysis ] in ``train/contribution.py``)
 NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 

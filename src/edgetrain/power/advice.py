@@ -10,7 +10,7 @@ a power meter, or ``bench device``'s sensor readings)::
 energy. ``--measure`` profiles the modes on this board itself (:func:`measure_board`): its grid is
 its CPU hot-plug cores x its cpufreq clocks, each chosen mode applied with
 :func:`~edgetrain.power.control.applied_mode` (restored after), the step timed by
-:func:`~edgetrain.devices.probe.probe_compute` on as many threads as cores, the power read by
+:func:`~edgetrain.profiling.device_probe.probe_compute` on as many threads as cores, the power read by
 ``bench device``'s sensors when given. ``--simulate-seed`` profiles a synthetic workload of the
 simulator instead, to show the advisor at work where no board is at hand; its figures are not
 measurements.
@@ -111,7 +111,7 @@ def _step_probe(model: str, batch: int, size: int, sensors: Sequence[str]) -> St
 
     import torch
 
-    from ..devices.probe import PowerMeter, PowerRail, probe_compute
+    from ..profiling.device_probe import PowerMeter, PowerRail, probe_compute
 
     meter = PowerMeter(tuple(PowerRail.parse(s) for s in sensors)) if sensors else None
 

@@ -86,7 +86,7 @@ def _run_nvpmodel(args: list[str]) -> None:
 
 def default_restore_file() -> Path:
     """``power_restore.json`` beside the host calibration (``$EDGETRAIN_CACHE_DIR`` or ``~/.cache/edgetrain``)."""
-    from ..devices.rate import calibration_cache_path
+    from ..profiling.host import calibration_cache_path
 
     return calibration_cache_path().parent / "power_restore.json"
 

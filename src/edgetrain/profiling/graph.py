@@ -52,8 +52,8 @@ from torch import fx, nn
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..core.stages import LossFn
 from ..errors import EdgetrainError
+from ..models.stages import LossFn
 from ..sysutil.fileio import write_atomic
 from .tracker import SavedTensors, storage_bytes, storage_key
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..core.optim import make_optimizer
-from ..core.stages import LossFn
+from ..models.stages import LossFn
 from .tracker import LiveBytesTracker
 
 __all__ = ["MeasuredStep", "measure_training_step", "step_times", "train_step"]

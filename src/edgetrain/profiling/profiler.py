@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..autograd.handover import GradBox, HandOver, backward_from_box
 from ..autograd.rng_state import RandomDraws, RngState
 from ..core.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
-from ..core.stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
+from ..models.stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
 from .tracker import (
     AllocatorRecorder,
     AllocatorWindow,

@@ -20,9 +20,9 @@ import torch
 from ..core.optim import make_optimizer
 from ..core.schedule import keep_all
 from ..core.simulator import simulate
-from ..core.stages import training_stages
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
+from ..models.stages import training_stages
 from ..planners import plan
 from ..profiling.estimate import chain_for
 from ..profiling.measure import step_times, train_step

@@ -56,8 +56,8 @@ from torch import nn
 from ..autograd.handover import GradBox
 from ..core.chain import Chain
 from ..core.simulator import simulate
-from ..core.stages import LossFn, compiled_stages, training_stages
 from ..models.segmented import SegmentedStage, segmented_stages
+from ..models.stages import LossFn, compiled_stages, training_stages
 from ..models.traced import training_mode
 from ..models.update import apply_update
 from ..planners import Plan, plan

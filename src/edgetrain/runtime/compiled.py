@@ -37,9 +37,9 @@ from torch import nn
 
 from ..core.chain import Chain
 from ..core.simulator import simulate
-from ..core.stages import LossFn
 from ..errors import InfeasibleBudgetError
 from ..models import stages_of
+from ..models.stages import LossFn
 from ..planners.single_level import KEPT, single_level, single_level_plan
 from ..profiling import profile
 from ..profiling.process import return_freed_memory

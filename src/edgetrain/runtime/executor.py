@@ -20,8 +20,8 @@ from ..autograd.handover import GradBox
 from ..core.chain import Chain
 from ..core.schedule import Backward, Discard, Forward, Keep, Op, PageIn, PageOut, Schedule, keep_all
 from ..core.simulator import memory_timeline, rng_replayed_stages, simulate, validate
-from ..core.stages import LossStage, parameter_holders
 from ..errors import PagingError, ScheduleError
+from ..models.stages import LossStage, parameter_holders
 from .overlap import OverlapPlan, plan_overlap
 from .pager import PageSession, PageStore, PagingStats, page_key
 from .schedule_run import OpCallback, ScheduleRun
@@ -35,7 +35,7 @@ class Executor:
 
     Args:
         stages: modules whose composition is the training step; the last is the loss (a
-            :class:`~edgetrain.core.stages.LossStage` when a target is passed to :meth:`step`).
+            :class:`~edgetrain.models.stages.LossStage` when a target is passed to :meth:`step`).
         schedule: the ops of one step, for ``len(stages)`` stages.
         chain: the cost model the schedule was planned on; when given, the schedule is
             validated against it (else against a chain of the same length, which checks the
@@ -76,7 +76,7 @@ class Executor:
             raise ScheduleError("no stages to run")
         if schedule.length != len(stages):
             raise ScheduleError(f"the schedule is for {schedule.length} stages but {len(stages)} stages were given "
-                                "(the last stage must be the loss: see edgetrain.core.stages.training_stages)")
+                                "(the last stage must be the loss: see edgetrain.models.stages.training_stages)")
         if chain is not None and chain.length != len(stages):
             raise ScheduleError(f"the chain has {chain.length} stages but {len(stages)} stages were given")
         # Without a chain: one of the same length whose records keep internals, so that paging them validates.
@@ -290,10 +290,10 @@ def run_schedule(stages: Sequence[nn.Module], schedule: Schedule, x: torch.Tenso
     accounting (NOTE [ Executor memory semantics ]).
 
     Args:
-        stages: e.g. :func:`edgetrain.core.stages.training_stages` ``(model, loss_fn)``.
+        stages: e.g. :func:`edgetrain.models.stages.training_stages` ``(model, loss_fn)``.
         schedule: a schedule for ``len(stages)`` stages (a planner's output).
         x: the input batch.
-        target: labels set on the final :class:`~edgetrain.core.stages.LossStage`.
+        target: labels set on the final :class:`~edgetrain.models.stages.LossStage`.
         chain: the chain the schedule was planned on, to validate against.
         on_op: called as ``on_op(op_index, op)`` after every op.
         page_dir: where ``PageOut`` ops write (see :class:`Executor`); None for the temp directory.

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..core.stages import parameter_holders
+from ..models.stages import parameter_holders
 
 __all__ = ["StepInBackward", "OptimizerFactory", "shared_gradient_bytes"]
 

@@ -1,5 +1,5 @@
 """``train --update auto``: the scheme chosen by probes on the run's own training data (NOTE [ Contribution
-analysis ] in ``models/contribution.py``), once per run: a resumed run trains the scheme its start chose."""
+analysis ] in ``train/contribution.py``), once per run: a resumed run trains the scheme its start chose."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from torch.utils.data import default_collate
 
 from ..data import FileDataset, default_data_root
 from ..errors import EdgetrainError, InfeasibleBudgetError
-from ..models.contribution import (
+from ..models.update import AUTO, parse_update
+from ..units import format_bytes
+from .budget import ProcessBudget, measure_runtime_baseline, split_process_budget
+from .config import TrainConfig
+from .contribution import (
     PROBE_HELD_OUT_BATCHES,
     PROBE_STEPS,
     PROBE_TRAIN_BATCHES,
@@ -24,10 +28,6 @@ from ..models.contribution import (
     probe_batch_counts,
     probe_schemes,
 )
-from ..models.update import AUTO, parse_update
-from ..units import format_bytes
-from .budget import ProcessBudget, measure_runtime_baseline, split_process_budget
-from .config import TrainConfig
 from .state import capture_rng, restore_rng
 
 __all__ = ["resolve_update", "dataset_probe_data"]

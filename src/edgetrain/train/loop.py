@@ -32,11 +32,11 @@ from ..core.chain import Chain
 from ..core.optim import TrainingOptimizer, make_optimizer, set_learning_rate
 from ..core.schedule import Schedule, keep_all
 from ..core.simulator import simulate, validate
-from ..core.stages import training_stages
 from ..data import CachingReader, FileDataset, MinIOCache, collate_skip_corrupt, first_batch, open_dataset
 from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
 from ..models.factory import check_factory_call, is_factory_name
+from ..models.stages import training_stages
 from ..models.update import apply_update
 from ..planners import Candidate, Plan, plan
 from ..profiling import LiveBytesTracker, profile
@@ -110,7 +110,7 @@ class TrainSummary:
     # allocator's records see (NOTE [ A kernel's scratch in the plan ] in chain.py); None in summaries from before it
     predicted_tracked_peak_bytes: int | None = None
     update: str | None = None          # the scheme that trained: ``auto``'s pick, or the one given
-    update_choice: str | None = None   # why ``auto`` picked it (``AutoChoice.explain`` in models/contribution.py)
+    update_choice: str | None = None   # why ``auto`` picked it (``AutoChoice.explain`` in train/contribution.py)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TrainSummary:

@@ -40,9 +40,9 @@ import torch
 from torch import nn
 
 from ..errors import EdgetrainError
+from ..models.update import AUTO, UpdateSchemeError, apply_update
 from ..sysutil.fileio import write_json
 from ..units import format_bytes
-from .update import AUTO, UpdateSchemeError, apply_update
 
 if TYPE_CHECKING:
     from ..core.chain import Chain
@@ -165,7 +165,7 @@ class AutoChoice:
 
 def default_candidates(model: nn.Module, stages: list[nn.Module] | None = None) -> list[str]:
     """``all``, ``bias`` and ``last:K`` for K = 1, 2, 4, ... below the model's stage count."""
-    from . import stages_of
+    from ..models import stages_of
 
     count = len(stages if stages is not None else stages_of(model))
     lasts, k = [], 1
@@ -229,7 +229,7 @@ def _step_fn(model: nn.Module, chain: Chain,
     numba's kernel, whose ~100 MiB would stay in the process that trains next, as training plans)."""
     if budget_bytes is None:
         return lambda x, y: nn.functional.cross_entropy(model(x), y).backward()
-    from ..core.stages import training_stages
+    from ..models.stages import training_stages
     from ..planners import plan
     from ..runtime import Executor
 

@@ -16,7 +16,7 @@ and recorded with the source they name, or left unknown.
   large ones. A fitted latency that is not positive (noise on fast storage) is replaced by the
   median time of the smallest transfer, an upper bound, and the source says so.
 * **DGEMM** (``gemm_fp64_flops_per_s``): the sustained FP64 matrix-product rate
-  (:func:`edgetrain.devices.rate.probe_gemm`), the microbenchmark whose ratio to this
+  (:func:`edgetrain.profiling.host.probe_gemm`), the microbenchmark whose ratio to this
   machine's calibrates device times (NOTE [ One time model ]); measured with the compute rate.
 * **Compute** (``compute_flops_per_s``): the achieved training rate, FLOPs of one training step
   (forward, loss and backward, counted as the planner counts them: the meta-device chain of
@@ -62,10 +62,10 @@ import numpy as np
 
 from ..core.chain import NOMINAL_FLOPS_PER_S
 from ..costs.energy import Direction
+from ..devices.catalog import ENERGY_FIELDS, RATE_FIELDS, Device, parse_catalog, this_machine, tomllib
 from ..errors import EdgetrainError
 from ..sysutil.fileio import read_exactly, write_atomic
-from .catalog import ENERGY_FIELDS, RATE_FIELDS, Device, parse_catalog, this_machine, tomllib
-from .rate import GemmProbe, probe_gemm
+from .host import GemmProbe, probe_gemm
 
 __all__ = ["ComputeProbe", "DeviceMeasurement", "PowerMeter", "PowerRail", "StorageProbe", "Transfer", "TransferFit",
            "device_entry", "fit_transfers", "measure_device", "measured_powers", "probe_compute", "probe_storage",
@@ -394,7 +394,7 @@ def probe_compute(model: str = "resnet18", batch: int = 8, size: int = 64, *, re
 
     from ..models import get_model_spec
     from ..profiling import chain_for
-    from ..profiling.measure import step_times, train_step
+    from .measure import step_times, train_step
 
     if repeats < 1:
         raise EdgetrainError(f"repeats must be >= 1, got {repeats}")
@@ -519,7 +519,7 @@ def device_entry(name: str, *, storage: StorageProbe | None, compute: ComputePro
         table["gemm_fp64_flops_per_s"] = gemm.flops_per_s
         sources["gemm_fp64_flops_per_s"] = (
             f"measured by `edgetrain bench device` on {when}: FP64 DGEMM {gemm.n}x{gemm.n}, {gemm.products} products "
-            f"sustained over {gemm.elapsed_s:.3g} s on {gemm.threads} thread(s) (edgetrain.devices.rate.probe_gemm)")
+            f"sustained over {gemm.elapsed_s:.3g} s on {gemm.threads} thread(s) (edgetrain.profiling.host.probe_gemm)")
     for key in POWER_FIELDS:
         if key in powers:
             table[key] = float(powers[key])
@@ -581,7 +581,7 @@ def measure_device(name: str, output: str | os.PathLike[str], *, page_dir: str |
         page_dir: a directory on the storage paging will use; ``sizes`` and ``repeats`` its transfers.
         model, batch, size, steps: the training step that measures the compute rate (median of ``steps``).
         storage, compute: whether to measure paging and the compute rate (with the DGEMM rate).
-        gemm_s: seconds of the sustained DGEMM probe (:func:`edgetrain.devices.rate.probe_gemm`).
+        gemm_s: seconds of the sustained DGEMM probe (:func:`edgetrain.profiling.host.probe_gemm`).
         powers: figures of :data:`POWER_FIELDS` given from a meter, W; ``power_source`` says which.
         power_sensors: sysfs power monitors (:meth:`PowerRail.parse`) to measure the powers with,
             summed; ``idle_s`` seconds of idle sampled first are subtracted unless ``whole_power``.

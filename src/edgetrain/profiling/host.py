@@ -98,7 +98,7 @@ def calibrate_host(rounds: int = 5) -> HostCalibration:
     from ..core.chain import NOMINAL_FLOPS_PER_S
     from ..models import get_model_spec
     from ..profiling import chain_for
-    from ..profiling.measure import step_times, train_step
+    from .measure import step_times, train_step
 
     model, batch, size = CALIBRATION_STEP
     flops = chain_for(model, batch, size).compute_time_s * NOMINAL_FLOPS_PER_S
