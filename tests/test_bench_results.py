@@ -57,3 +57,25 @@ def test_the_committed_results_pages_are_their_files() -> None:
     # Every page under docs/results/ that a registered benchmark makes equals a regeneration from its committed file.
     done = _benchmarks("pages", "--check")
     assert done.returncode == 0, done.stderr
+
+
+def _readme_row(claim: str) -> str:
+    """The README's results row that starts with ``claim``."""
+    [row] = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(f"| {claim}")]
+    return row
+
+
+def test_the_readmes_fine_tuning_figures_are_the_results_files() -> None:
+    # Prepare: the committed results of `python -m benchmarks run update_schemes`, the README's row citing them
+    rows = read_result(ROOT / "benchmarks" / "results" / "update_schemes.json").result["rows"]
+    row = _readme_row("fine-tuning the last stages")
+    by_scheme = {r["scheme"]: r for r in rows if (r["model"], r["batch"], r["image"]) == ("mobilenet_v2", 8, 128)}
+    full = by_scheme["all"]["plain"]["measured_peak_bytes"]
+
+    # Execute: the figures as the results page computes them
+    last = [full / by_scheme[f"last:{k}"]["plain"]["measured_peak_bytes"] for k in (1, 2, 4)]   # the last 1-4
+    bias = full / by_scheme["bias"]["least"]["measured_peak_bytes"]
+
+    # Assert
+    assert f"{min(last):.1f}-{max(last):.1f}x below full fine-tuning's plain step" in row, row
+    assert f"bias-only {bias:.2f}x with a plan" in row, row
