@@ -40,6 +40,7 @@ def time_suite(marker: str) -> dict[str, Any]:
     return {"marker": marker, "exit_code": done.returncode, "wall_s": round(wall_s, 1), "tests": len(tests),
             "passed": outcomes.count("passed"), "failed": outcomes.count("failure") + outcomes.count("error"),
             "skipped": outcomes.count("skipped"), "summed_test_s": round(sum(t for _, t, _ in tests), 1),
+            "failures": [name for name, _, outcome in tests if outcome in ("failure", "error")],
             "slowest": [{"test": name, "s": round(seconds, 1)} for name, seconds, _ in slowest]}
 
 
@@ -59,4 +60,12 @@ def render(result: dict[str, Any]) -> str:
             f"integration tests are marked `slow` and run by `make test-slow`. Here `make test` took "
             f"{default['wall_s'] / 60:.1f} minutes: {verdict} the limit.\n\n"
             "| target | tests | passed | failed | skipped | wall (min) | exit code |\n|---|---|---|---|---|---|---|\n"
-            + "\n".join(rows) + "\n\nThe default suite's slowest tests:\n\n| test | s |\n|---|---|\n" + slowest)
+            + "\n".join(rows) + "\n\nThe default suite's slowest tests:\n\n| test | s |\n|---|---|\n" + slowest
+            + _failures(result))
+
+
+def _failures(result: dict[str, Any]) -> str:
+    """The tests that failed, by suite; nothing when every test passed."""
+    failed = [f"- `{target}`: `{name}`" for target, suite in result["suites"].items()
+              for name in suite.get("failures", [])]
+    return "\n\nFailed:\n\n" + "\n".join(failed) if failed else ""

@@ -40,7 +40,8 @@ CHILD = textwrap.dedent('''
     from edgetrain.planners import solve
     from edgetrain.profiling import LiveBytesTracker, profile
     from edgetrain.runtime import run_schedule
-    from edgetrain.core.schedule import keep_all, simulate
+    from edgetrain.core.schedule import keep_all
+    from edgetrain.core.simulator import simulate
     from edgetrain.models.stages import training_stages
 
     def status(field):

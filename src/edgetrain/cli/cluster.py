@@ -108,6 +108,7 @@ def with_shared_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(**values: Any) -> None:
+        _quiet_c10d()   # before a factory's arguments are read, which imports torch
         training = {name: values.pop(name) for name in TRAINING_OPTIONS}
         training["model"] = model_name(training["model"], training.pop("model_args"))
         links = {LINK_KEYWORDS.get(name, name): values.pop(name) for name in LINK_OPTIONS}

@@ -167,8 +167,10 @@ def host_for(target: Any) -> Any:
 
 def model_name(model: str, model_args: list[str]) -> str:
     """The model's one name: a zoo name, or a factory with its arguments (NOTE [ A model by its factory ])."""
+    if not model_args:
+        return model
     from ..models.factory import factory_name, is_factory_name, parse_model_args
 
-    if model_args and not is_factory_name(model):
+    if not is_factory_name(model):
         raise EdgetrainError(f"--model-arg is for a factory (package.module:callable); {model!r} is a zoo name")
-    return factory_name(model, parse_model_args(model_args)) if model_args else model
+    return factory_name(model, parse_model_args(model_args))

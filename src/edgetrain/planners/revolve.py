@@ -148,7 +148,7 @@ def revolve(chain: Chain, slots: int) -> Schedule:
 
     Example:
         >>> from edgetrain.core.chain import Chain
-        >>> from edgetrain.core.schedule import simulate
+        >>> from edgetrain.core.simulator import simulate
         >>> simulate(Chain.uniform(10), revolve(Chain.uniform(10), 3)).forward_advances
         15
     """

@@ -178,7 +178,7 @@ def optimal(chain: Chain, memory_bytes: int, *, slots: int = 500) -> Schedule:
 
     Example:
         >>> from edgetrain.core.chain import Chain
-        >>> from edgetrain.core.schedule import simulate
+        >>> from edgetrain.core.simulator import simulate
         >>> stats = simulate(Chain.uniform(8), optimal(Chain.uniform(8), 6))
         >>> stats.peak_bytes <= 6, stats.time_s
         (True, 24.0)
