@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgetrain.errors import EdgetrainError
+
 TITLE = "The demo's duration and result"
 IN_QUICK = False   # the demo has one size: a quick run would time something else
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +29,7 @@ def _edgetrain() -> str:
     """The `edgetrain` script of the environment that runs the benchmark."""
     found = shutil.which("edgetrain")
     if found is None:
-        raise SystemExit("the `edgetrain` command is not installed in this environment")
+        raise EdgetrainError("the `edgetrain` command is not installed in this environment")
     return found
 
 

@@ -237,7 +237,7 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     identity = config.identity()
     spec = get_model_spec(config.model)
     train_set, val_set, num_classes = open_run_data(config, run.path)
-    if is_factory_name(config.model):   # a folder's classes are known once it is open
+    if is_factory_name(config.model) and config.data != "synthetic":   # a folder's classes, known once it is open
         check_factory_call(config.model, config.batch, config.image, num_classes)
     if len(train_set) < config.batch:
         raise EdgetrainError(f"the training split has {len(train_set)} samples, fewer than one batch of {config.batch}")
