@@ -4,15 +4,17 @@
     python -m benchmarks run NAME... [--quick]      # or --all
     python -m benchmarks pages [--check]
 
-A benchmark here is a module of this package with a ``TITLE``, a ``run(quick)`` that returns its result as plain
-JSON data, and a ``render(result)`` that turns that result into the body of its results page. Bad input (an
-unknown benchmark, a results file of another format) is one line on stderr and exit code 2.
+A benchmark is a module of this package, not named ``_*``, with a ``TITLE``, a ``run(quick)`` that returns its result
+as plain JSON data, and a ``render(result)`` that turns that result into the body of its results page; the runner
+finds every such module. Bad input (an unknown benchmark, a results file of another format) is one line on stderr
+and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import shlex
 import sys
 from pathlib import Path
@@ -24,7 +26,16 @@ from edgetrain.errors import EdgetrainError
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGES = ROOT / "docs" / "results"
-BENCHMARKS = ("optimal_speed", "suite_time", "demo_time", "update_schemes", "transfer_accuracy")
+
+
+def _registered() -> tuple[str, ...]:
+    """Every module of this package that defines a ``TITLE``, by name; the helpers (``_*``) are not benchmarks."""
+    names = sorted(info.name for info in pkgutil.iter_modules([str(ROOT / "benchmarks")])
+                   if not info.name.startswith("_"))
+    return tuple(name for name in names if "\nTITLE = " in (ROOT / "benchmarks" / f"{name}.py").read_text())
+
+
+BENCHMARKS = _registered()
 
 
 def load(name: str) -> ModuleType:
