@@ -2,6 +2,6 @@
 
 ``python -m benchmarks run NAME`` runs one and writes ``benchmarks/results/NAME.json`` with its provenance;
 ``python -m benchmarks pages`` makes ``docs/results/NAME.md`` from those files (NOTE [ Results files ] in
-``edgetrain/bench/results.py``). The scripts not yet in :data:`benchmarks.__main__.BENCHMARKS` run on their own:
-``python benchmarks/SCRIPT.py --help``.
+``edgetrain/bench/results.py``). The scripts that define no ``TITLE`` are not in
+:data:`benchmarks.__main__.BENCHMARKS` and run on their own: ``python benchmarks/SCRIPT.py --help``.
 """

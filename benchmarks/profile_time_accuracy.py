@@ -1,21 +1,18 @@
-"""Profiled stage times summed against the measured plain training step, per model, as JSON lines.
+"""Profiled stage times summed against the measured plain training step, per model.
 
 The profiler's timed chain is what the planners price recomputation with; its stages' forward +
 backward times should add up to the step they come from. Each round profiles the model (median
-of ``--repeats`` timings per stage) and then times ``--steps`` plain steps (forward, loss,
+of ``REPEATS`` timings per stage) and then times ``STEPS`` plain steps (forward, loss,
 backward; the first dropped), interleaved so that both see the same outside load; the ratio
-profiled / measured is reported per round with its median, IQR and CoV (edgetrain.bench.stats).
-
-Run: .venv/bin/python benchmarks/profile_time_accuracy.py [--threads 1] [--rounds 3] [--out out/profile_time.json]
+profiled / measured is reported per round with its median, IQR and CoV (edgetrain.bench.stats). Torch runs on one
+thread, as on a single-core share of a board.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +21,10 @@ from edgetrain.models import get_model_spec
 from edgetrain.profiling.profiler import profile
 
 CASES = [("mobilenet_v2", 8, 64), ("resnet18", 8, 64), ("transformer_small", 8, 64)]
+REPEATS = 5
+STEPS = 5
+
+TITLE = "The profiler's stage times against a measured step"
 
 
 def plain_step_s(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
@@ -37,31 +38,42 @@ def plain_step_s(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps
     return statistics.median(times[1:])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5, help="timings per stage in each profile")
-    parser.add_argument("--steps", type=int, default=5, help="plain steps timed in each round")
-    parser.add_argument("--out", type=Path, default=Path("out/profile_time.json"))
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    rows = []
-    for name, batch, size in CASES:
-        spec = get_model_spec(name)
-        torch.manual_seed(0)
-        model = spec.build().train()
-        x, y = spec.example_input(batch, size), spec.example_target(batch)
-        ratios = []
-        for _ in range(args.rounds):
-            chain = profile(model, x, y, repeats=args.repeats)
-            ratios.append(chain.compute_time_s / plain_step_s(model, x, y, args.steps))
-        rows.append({"model": name, "batch": batch, "size": size, "threads": args.threads,
-                     "profiled_over_measured": [round(r, 4) for r in ratios], "spread": spread(ratios).to_dict()})
-        print(json.dumps(rows[-1]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
+def run(quick: bool) -> dict[str, Any]:
+    """Per model and round, the profiled chain's forward + backward time over the measured plain step's."""
+    rounds = 2 if quick else 5
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = []
+        for name, batch, size in CASES:
+            spec = get_model_spec(name)
+            torch.manual_seed(0)
+            model = spec.build().train()
+            x, y = spec.example_input(batch, size), spec.example_target(batch)
+            ratios = []
+            for _ in range(rounds):
+                chain = profile(model, x, y, repeats=REPEATS)
+                ratios.append(chain.compute_time_s / plain_step_s(model, x, y, STEPS))
+            rows.append({"model": name, "batch": batch, "size": size, "profiled_over_measured": ratios,
+                         "spread": spread(ratios).to_dict()})
+    finally:
+        torch.set_num_threads(threads)
+    return {"threads": 1, "rounds": rounds, "rows": rows}
 
 
-if __name__ == "__main__":
-    main()
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def render(result: dict[str, Any]) -> str:
+    """One row per model: the ratio's median, quartiles and CoV over the rounds."""
+    rows = [f"| {r['model']} | {r['batch']} | {r['size']} | {r['spread']['median']:.3f} | "
+            f"{r['spread']['q1']:.3f}-{r['spread']['q3']:.3f} | {_percent(r['spread']['cov_pct'])} |"
+            for r in result["rows"]]
+    return ("The planners price recomputation with the profiled chain's stage times, so the stages' forward + "
+            "backward times should add up to the step they come from. Each round profiles the model (the median of "
+            f"{REPEATS} timings per stage) and then times {STEPS} plain steps (forward, cross-entropy, backward; the "
+            "first dropped), interleaved so that both see the same outside load; torch on "
+            f"{result['threads']} thread, {result['rounds']} rounds.\n\n"
+            "| model | batch | input | profiled / measured (median) | quartiles | CoV |\n|---|---|---|---|---|---|\n"
+            + "\n".join(rows))

@@ -6,17 +6,14 @@ with those modules plus edgetrain's allocator setting (``configure_allocator``).
 prints its resident memory less the bytes of its weights, buffers, gradients, momentum and
 batch: the runtime's own share. ``import torch`` is the resident memory right after importing
 PyTorch, for scale.
-
-    python benchmarks/runtime_overhead.py [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import subprocess
 import sys
+from typing import Any
 
 CHILD = """
 import sys, torch
@@ -46,20 +43,32 @@ print(rss - held)
 SETTINGS = ("import torch", "plain", "edgetrain", "edgetrain+allocator")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+TITLE = "What edgetrain adds to a training process's resident memory"
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Each setting's resident memory less its tensors, in alternating child processes, per round."""
+    rounds = 2 if quick else 5
     runs: dict[str, list[int]] = {setting: [] for setting in SETTINGS}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for setting in SETTINGS:
             out = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, check=True)
             runs[setting].append(int(out.stdout.strip()))
+    return {"rounds": rounds, "runtime_bytes": runs}
+
+
+def render(result: dict[str, Any]) -> str:
+    """One row per setting: the median and the range over the rounds, and the difference from plain PyTorch."""
     mib = 2**20
-    print(json.dumps({setting: {"runtime_mib": [round(v / mib, 1) for v in values],
-                                "median_mib": round(statistics.median(values) / mib, 1)}
-                      for setting, values in runs.items()}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    medians = {setting: statistics.median(values) for setting, values in result["runtime_bytes"].items()}
+    rows = [f"| {setting} | {medians[setting] / mib:.1f} | {min(values) / mib:.1f}-{max(values) / mib:.1f} | "
+            + ("" if setting == "import torch" else f"{(medians[setting] - medians['plain']) / mib:+.1f}") + " |"
+            for setting, values in result["runtime_bytes"].items()]
+    return ("The same small CNN's training (SGD with momentum, three steps, batch 8 at 128 px) in a fresh child "
+            "process: as plain PyTorch, with edgetrain's training modules imported, and with those modules plus "
+            "edgetrain's allocator setting (`configure_allocator`). Each child's resident memory (VmRSS) less the "
+            "bytes of its weights, buffers, gradients, momentum and batch is the runtime's own share; `import torch` "
+            f"is a process that only imports PyTorch. Medians over {result['rounds']} rounds, the settings "
+            "alternating.\n\n"
+            "| setting | runtime (MiB) | range (MiB) | beyond plain PyTorch (MiB) |\n|---|---|---|---|\n"
+            + "\n".join(rows))
