@@ -166,7 +166,7 @@ def variants_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         floor = "none" if row["memory_bps"] is None else f"{row['memory_bps'] / 1e9:g} GB/s"
         times = row["solve_time_spread"]
-        cov = "-" if times["cov_pct"] is None else f"{times['cov_pct']:.1f}%"
+        cov = Spread.from_dict(times).cov_text
         statuses = "/".join(sorted(set(row["statuses"])))
         energies = sorted(set(round(e, 3) for e in row["energies_j"]))
         energy = f"{energies[0]:.3f}" if len(energies) == 1 else f"{energies[0]:.3f}-{energies[-1]:.3f}"
@@ -205,7 +205,7 @@ def _solve_seconds(row: dict[str, Any]) -> str:
     times = row["solve_time_spread"]
     if times["n"] == 1:
         return f"{row['solve_time_s']:.1f} s"
-    cov = "-" if times["cov_pct"] is None else f"{times['cov_pct']:.1f}%"
+    cov = Spread.from_dict(times).cov_text
     return (f"median {times['median']:.2f} s (IQR {times['q1']:.2f}-{times['q3']:.2f} s, CoV {cov}, "
             f"{times['n']} solves; statuses {sorted(set(row['statuses']))}, "
             f"energy {min(row['energies_j']):.3f}-{max(row['energies_j']):.3f} J)")

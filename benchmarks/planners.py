@@ -82,7 +82,7 @@ from _allocator import keep_freed_memory
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from edgetrain.bench.stats import software_setup, spread
+from edgetrain.bench.stats import Spread, software_setup, spread
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
 from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all
@@ -622,7 +622,7 @@ def _quartiles(point: dict[str, Any], key: str) -> str:
 def _cov(point: dict[str, Any], key: str) -> str:
     """A point's per-round CoV in %; '-' for one round or runs saved without spreads."""
     item = point.get(key)
-    return "-" if item is None or item["cov_pct"] is None else f"{item['cov_pct']:.1f}%"
+    return "-" if item is None else Spread.from_dict(item).cov_text
 
 
 # --- plot ------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgetrain.bench.stats import software_setup, spread
+from edgetrain.bench.stats import Spread, software_setup, spread
 from edgetrain.power.cgroup_modes import quota_grid, quota_unavailable_reason, time_step_in_mode
 from edgetrain.power.ground_truth import score_all
 from edgetrain.power.modes import catalog_modes
@@ -79,7 +79,7 @@ def markdown(report: dict[str, Any]) -> str:
     for r in real["rows"]:
         m = r["measured_s"]
         error = 100.0 * (r["predicted_s"] - m["median"]) / m["median"]
-        cov = "-" if m["cov_pct"] is None else f"{m['cov_pct']:.1f}%"
+        cov = Spread.from_dict(m).cov_text
         lines.append(f"| {r['mode']} | {'yes' if r['profiled'] else ''} | {m['median']:.3f} | {m['iqr']:.3f} | "
                      f"{cov} | {r['predicted_s']:.3f} | {error:+.1f}% | {r['nr_throttled']} |")
     lines += ["", f"MAPE over the unseen modes: {real['unseen_mape_pct']:.1f}%", ""]

@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 
-from edgetrain.bench.stats import spread
+from edgetrain.bench.stats import Spread, spread
 from edgetrain.models import get_model_spec
 from edgetrain.profiling.profiler import profile
 
 CASES = [("mobilenet_v2", 8, 64), ("resnet18", 8, 64), ("transformer_small", 8, 64)]
 REPEATS = 5
 STEPS = 5
+THREADS = 1
 
 TITLE = "The profiler's stage times against a measured step"
 
@@ -42,7 +43,7 @@ def run(quick: bool) -> dict[str, Any]:
     """Per model and round, the profiled chain's forward + backward time over the measured plain step's."""
     rounds = 2 if quick else 5
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     try:
         rows = []
         for name, batch, size in CASES:
@@ -58,17 +59,13 @@ def run(quick: bool) -> dict[str, Any]:
                          "spread": spread(ratios).to_dict()})
     finally:
         torch.set_num_threads(threads)
-    return {"threads": 1, "rounds": rounds, "rows": rows}
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}%"
+    return {"threads": THREADS, "rounds": rounds, "rows": rows}
 
 
 def render(result: dict[str, Any]) -> str:
     """One row per model: the ratio's median, quartiles and CoV over the rounds."""
     rows = [f"| {r['model']} | {r['batch']} | {r['size']} | {r['spread']['median']:.3f} | "
-            f"{r['spread']['q1']:.3f}-{r['spread']['q3']:.3f} | {_percent(r['spread']['cov_pct'])} |"
+            f"{r['spread']['q1']:.3f}-{r['spread']['q3']:.3f} | {Spread.from_dict(r['spread']).cov_text} |"
             for r in result["rows"]]
     return ("The planners price recomputation with the profiled chain's stage times, so the stages' forward + "
             "backward times should add up to the step they come from. Each round profiles the model (the median of "

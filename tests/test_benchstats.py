@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from edgetrain.bench.stats import rerun_command
+from edgetrain.bench.stats import Spread, rerun_command, spread
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,3 +31,12 @@ def test_the_recorded_command_parses_back_to_the_options_it_was_made_from() -> N
         again = vars(_parser().parse_args(words[2:]))
         assert {**again, "out": args.out} == vars(args)
         assert "--out" not in words and ("--cpus-per-node" in words) == (args.cpus_per_node is not None)
+
+
+def test_a_spread_read_back_from_its_dict_is_the_spread_and_one_value_has_no_cov() -> None:
+    many = spread([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert Spread.from_dict(many.to_dict()) == many
+    assert many.cov_text == "52.7%"
+    one = Spread.from_dict(spread([2.5]).to_dict())
+    assert (one.n, one.median, one.cov_pct, one.cov_text) == (1, 2.5, None, "-")
+    assert one.text() == "2.5 (IQR 0, CoV -, n=1)"

@@ -101,7 +101,7 @@ def spread_text(value: dict[str, Any] | None, fmt: str = "{:.3g}") -> str:
     """'median (IQR x, CoV y%, n=k)' of a :func:`spread_of` dict; '-' for None."""
     if value is None:
         return "-"
-    return Spread(value["n"], value["median"], value["q1"], value["q3"], value["cov_pct"]).text(fmt)
+    return Spread.from_dict(value).text(fmt)
 
 
 def step_medians(steps: list[dict[str, Any]]) -> dict[str, float]:

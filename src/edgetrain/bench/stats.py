@@ -39,14 +39,23 @@ class Spread:
     def iqr(self) -> float:
         return self.q3 - self.q1
 
+    @property
+    def cov_text(self) -> str:
+        """The CoV in % for tables; '-' for a single value."""
+        return "-" if self.cov_pct is None else f"{self.cov_pct:.1f}%"
+
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "median": self.median, "q1": self.q1, "q3": self.q3, "iqr": self.iqr,
                 "cov_pct": self.cov_pct}
 
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> Spread:
+        """The spread that :meth:`to_dict` wrote (its ``iqr`` is derived again)."""
+        return cls(value["n"], value["median"], value["q1"], value["q3"], value["cov_pct"])
+
     def text(self, fmt: str = "{:.4g}") -> str:
         """'median (IQR x, CoV y%, n)' for tables."""
-        cov = "-" if self.cov_pct is None else f"{self.cov_pct:.1f}%"
-        return f"{fmt.format(self.median)} (IQR {fmt.format(self.iqr)}, CoV {cov}, n={self.n})"
+        return f"{fmt.format(self.median)} (IQR {fmt.format(self.iqr)}, CoV {self.cov_text}, n={self.n})"
 
 
 def spread(values: Sequence[float]) -> Spread:
