@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from edgetrain.data import (
     analyze_stalls,
     generate_synthetic_tokens,
     open_dataset,
+    read_token_manifest,
     remove_stale_temporaries,
 )
-from edgetrain.data.generated import LOCK_NAME
+from edgetrain.data.generated import LOCK_NAME, _swap_in
 from edgetrain.data.tokens import KEYWORD_RATE, SyntheticTokenSpec, class_keywords
 
 runner = CliRunner()
@@ -82,6 +84,23 @@ def test_token_dataset_is_deterministic_seeded_and_reused(tmp_path: Path) -> Non
     assert generate_synthetic_tokens(first, samples=30, seq_len=8, seed=2) == first
     assert {p: p.stat().st_mtime_ns for p in first.iterdir()} == before
     assert LOCK_NAME not in _digest(first)
+
+
+def test_a_generator_that_finishes_second_keeps_the_first_ones_copy_under_its_readers(tmp_path: Path) -> None:
+    # Prepare: the copy the first of two nodes made, with a reader's file identities; the second node's own copy
+    root = generate_synthetic_tokens(tmp_path / "data" / "tokens", samples=30, seq_len=8)
+    identities = {p.name: p.stat().st_ino for p in [root, *root.iterdir()]}
+    second = tmp_path / "data" / ".tokens.tmp-second"
+    shutil.copytree(root, second)
+    manifest = read_token_manifest(root)
+    assert manifest is not None
+
+    # Execute: the second node swaps its copy in
+    _swap_in(second, root, manifest)
+
+    # Verify: the first copy stays where its readers opened it, nothing was moved aside
+    assert {p.name: p.stat().st_ino for p in [root, *root.iterdir()]} == identities
+    assert sorted(p.name for p in root.parent.iterdir() if ".old-" in p.name) == []
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [

@@ -6,6 +6,8 @@ a data root. Four rules keep an unattended node from filling up or dying on them
 
 * *Atomic.* The tree is written to a hidden sibling ``.<name>.tmp-<pid>-<hex8>`` and renamed
   into place with its manifest, so a crash never leaves a half-written dataset that looks complete.
+  Of two generators of the same dataset (the nodes of one run share a data root), the one that
+  finishes second keeps the first one's copy, which the first one's readers hold open by path.
 * *Stale temporaries are removed* on every generation or reuse under the same parent folder,
   whichever dataset left them. A generator holds ``fcntl.flock`` on ``.generator.lock`` inside
   its temporary for as long as it writes; the kernel drops that lock when the process dies
@@ -250,7 +252,14 @@ def _refuse_foreign(root: Path, kind: str) -> None:
 
 
 def _swap_in(temporary: Path, root: Path, expected: dict[str, Any]) -> None:
-    """Rename ``temporary`` to ``root``, moving an outdated ``root`` aside first and deleting it after."""
+    """Rename ``temporary`` to ``root``, moving an outdated ``root`` aside first and deleting it after.
+
+    A ``root`` that another process completed with the same data while this one wrote is kept, not moved aside: its
+    readers (the other nodes of a run that share the data root) open its files by path as they go.
+    """
+    if is_complete(root, expected):
+        logger.info("another process wrote %s first; using its copy", root)
+        return
     old = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:8]}"
     if root.exists():
         os.rename(root, old)
