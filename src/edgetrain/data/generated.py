@@ -252,25 +252,25 @@ def _refuse_foreign(root: Path, kind: str) -> None:
 
 
 def _swap_in(temporary: Path, root: Path, expected: dict[str, Any]) -> None:
-    """Rename ``temporary`` to ``root``, moving an outdated ``root`` aside first and deleting it after.
+    """Rename ``temporary`` to ``root``; an outdated ``root`` is moved aside first and deleted after.
 
-    A ``root`` that another process completed with the same data while this one wrote is kept, not moved aside: its
-    readers (the other nodes of a run that share the data root) open its files by path as they go.
+    The rename is tried first because it is atomic and fails on a ``root`` that holds files: a ``root`` that another
+    process completed with the same data meanwhile is then kept, not moved aside, as its readers (the other nodes of a
+    run that share the data root) open its files by path as they go.
     """
-    if is_complete(root, expected):
-        logger.info("another process wrote %s first; using its copy", root)
-        return
-    old = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:8]}"
-    if root.exists():
-        os.rename(root, old)
+    outdated = None
     try:
         os.rename(temporary, root)
     except OSError:
-        if not is_complete(root, expected):  # another process got there first with the same data
-            raise
-        logger.info("another process wrote %s first; using its copy", root)
+        if is_complete(root, expected):
+            logger.info("another process wrote %s first; using its copy", root)
+            return
+        outdated = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(root, outdated)
+        os.rename(temporary, root)
     fsync_dir(root.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    if outdated is not None:
+        shutil.rmtree(outdated, ignore_errors=True)
 
 
 def ensure_generated(root: Path, spec: dict[str, Any], kind: str, manifest: Callable[[], dict[str, Any]],
