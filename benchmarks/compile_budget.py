@@ -60,10 +60,10 @@ level's budget is a tie; at another budget, inductor's graph, not edgetrain's pl
 
     python benchmarks/compile_budget.py [--models resnet18,mobilenet_v2 --steps 4 --rounds 2]
         [--settings eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,...]
-    python benchmarks/compile_budget.py --models all     # resnet18, mobilenet_v2 and benchmarks/any_model.py's set
+    python benchmarks/compile_budget.py --models all     # resnet18, mobilenet_v2 and edgetrain.models.cases' set
 
 ``resnet18`` and ``mobilenet_v2`` take ``--batch`` and ``--image`` (default 8 and 128 px); the other
-names are ``benchmarks/any_model.py``'s models at that script's inputs (its ``--blocks`` inputs,
+names are the cases of ``edgetrain.models.cases`` (its ``block_model_cases`` inputs,
 where activations rather than weights set the least budget, where it has them); ``NAME@channels_last``
 runs that model with its weights and batch in channels-last memory format. Needs a C compiler for
 inductor (gcc here).
@@ -115,7 +115,7 @@ def build_case(name: str, batch: int, image: int) -> tuple[Case, bool]:
         from edgetrain.models import get_model_spec
         model = get_model_spec(name).build(10)
         return (model, torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))), False
-    from any_model import block_model_cases, model_cases
+    from edgetrain.models.cases import block_model_cases, model_cases
     cases = {**model_cases(), **block_model_cases()}
     if name not in cases:
         raise SystemExit(f"unknown model {name!r}; known: {', '.join((*REGISTRY_MODELS, *cases))}")
@@ -123,9 +123,9 @@ def build_case(name: str, batch: int, image: int) -> tuple[Case, bool]:
 
 
 def all_models() -> list[str]:
-    """The registry's two, then any_model.py's set; its weight-bound ``unet`` and ``gpt2`` inputs are left
+    """The registry's two, then edgetrain.models.cases' set; its weight-bound ``unet`` and ``gpt2`` inputs are left
     to their activation-bound twins ``unet_w16`` and ``gpt_4x256`` (no recomputation helps a weight-bound step)."""
-    from any_model import block_model_cases, model_cases
+    from edgetrain.models.cases import block_model_cases, model_cases
     names = dict.fromkeys([*block_model_cases(), *model_cases()])
     return [*REGISTRY_MODELS, *(name for name in names if name not in ("unet", "gpt2"))]
 

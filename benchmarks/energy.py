@@ -4,64 +4,53 @@ Runs :func:`edgetrain.reports.poet.reproduce_poet` on ResNet-18 (batch 8 at 224 
 activations are 3% of the step's RAM, weights, momentum and gradients the rest, so no budget
 sweep is possible; at 224 px they are about half) and the BERT-base-like ``transformer`` encoder
 (batch 8, 256 tokens, activations about two thirds of the step) on the boards that can hold
-them (the microcontrollers get the report's tiny models instead), with POET's MILP on ResNet-18
-when :mod:`edgetrain.planners.milp.solve` imports.
+them (the microcontrollers get the report's tiny models instead), with POET's MILP on ResNet-18's
+chain when :mod:`edgetrain.planners.milp.solve` imports.
 Then times :func:`~edgetrain.planners.dp.paging.solve_paging` (500 slots, the rpi4 profile) on
 152-stage chains: ``Chain.uniform(152)`` and LinearResNet-152 (batch 8, 224 px); target < 1 s.
-
-Usage::
-
-    nice -n 10 python benchmarks/energy.py            # full run (docs/guide/paging-energy.md has its numbers)
-    python benchmarks/energy.py --quick               # small inputs, 4 budgets, no MILP: a smoke check
-    python benchmarks/energy.py --solve-times-only --milp-repeats 3   # the solver timings alone, with spreads
+The MILP on ResNet-18's operator graph is the ``milp_variants`` benchmark.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
+import logging
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from edgetrain.bench.stats import Spread, software_setup, spread
+from edgetrain.bench.stats import Spread, spread
 from edgetrain.core.chain import Chain
 from edgetrain.core.schedule import keep_all
 from edgetrain.core.simulator import simulate
 from edgetrain.costs.energy import EnergyProfile
-from edgetrain.costs.timemodel import HostCalibration, needs_calibration, training_rate
-from edgetrain.devices import Device, get_device
+from edgetrain.costs.timemodel import needs_calibration
+from edgetrain.devices import get_device
 from edgetrain.planners.dp.paging import solve_paging
+from edgetrain.planners.milp.variants import rpi4_profile
 from edgetrain.profiling.host import calibrate_host
 from edgetrain.profiling.linear_resnet import linear_resnet
-from edgetrain.reports.poet import DEFAULT_DEVICES, PoetFigure, reproduce_poet
+from edgetrain.reports.poet import DEFAULT_DEVICES, reproduce_poet
 
-FULL_MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
+log = logging.getLogger("energy")
+
+TITLE = "Energy against the memory budget, and paging-dp's solve time"
+MODELS = (("resnet18", 8, 224), ("transformer", 8, 256))
 QUICK_MODELS = (("resnet18", 2, 128), ("transformer_small", 4, 32))
+BUDGETS, QUICK_BUDGETS = 12, 4          # budgets per panel, keep-all's peak down to paging-dp's least
+MILP_TIME_LIMIT_S = 60.0                # HiGHS seconds per budget of the chain MILP (not in the quick run)
 TIMING_SLOTS = 500
+REPEATS, QUICK_REPEATS = 5, 3           # timed solves per chain
 
 
-
-def _rpi4_profile() -> EnergyProfile:
-    """The Raspberry Pi 4's profile at its training rate (NOTE [ One time model ]: measured on the board)."""
-    rpi4 = get_device("rpi4")
-    return EnergyProfile.from_device(rpi4, training_rate(rpi4, _host_if_needed([rpi4])))
-
-
-def _host_if_needed(devices: Sequence[Device]) -> HostCalibration | None:
-    """This machine's calibration when a device's training rate derives from its LINPACK rate, else None."""
-    return calibrate_host() if any(needs_calibration(d) for d in devices) else None
-
-def _timed(repeats: int, run: Callable[[], object]) -> Spread:
+def _timed(repeats: int, call: Callable[[], object]) -> Spread:
     """Wall-clock seconds of ``repeats`` calls: median, IQR and CoV (the machine's load shows in the spread)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run()
+        call()
         times.append(time.perf_counter() - start)
     return spread(times)
 
@@ -76,10 +65,11 @@ def time_solve_paging(chains: dict[str, Chain], profile: EnergyProfile, repeats:
     return seconds
 
 
-def milp_solve_times(figure: PoetFigure) -> dict[str, object]:
-    """Per device, the MILP's solve seconds (max and median over budgets) and statuses; else why it is missing."""
-    found: dict[str, object] = {}
-    for panel in figure.data["panels"]:  # type: ignore[attr-defined]
+def milp_solve_times(panels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per device, the chain MILP's solve seconds (max and median over budgets) and statuses; else why it is
+    missing."""
+    found: dict[str, Any] = {}
+    for panel in panels:
         if "unavailable" in panel:
             found[panel["device"]] = panel["unavailable"]["milp"]
             continue
@@ -94,187 +84,93 @@ def milp_solve_times(figure: PoetFigure) -> dict[str, object]:
     return found
 
 
-@dataclass(frozen=True)
-class MilpVariant:
-    """One row of the operator-graph MILP's table: a budget, the graph's cost model and the MILP's options."""
-
-    activation_fraction: float
-    label: str = "paging"
-    memory_bps: float | None = None  # a memory-traffic floor per node (J for every op): no recomputation is free
-    options: tuple[tuple[str, Any], ...] = ()  # keyword arguments of ``milp``
-
-
-BASE_VARIANTS = tuple(MilpVariant(f) for f in (1.0, 0.75, 0.6))
-FLOOR_BPS = 2e9
-#: POET's model size with the variants docs/concepts/milp.md compares: paging against none (Checkmate's energy-weighted
-#: MILP), POET's any-stage page-out (``write_once=False``), and an assumed memory-traffic floor.
-ALL_VARIANTS = (
-    *BASE_VARIANTS,
-    MilpVariant(0.6, "no paging", options=(("paging", False),)),
-    MilpVariant(0.6, "POET's any-stage page-out", options=(("write_once", False),)),
-    *(MilpVariant(f, "paging", FLOOR_BPS) for f in (1.0, 0.75, 0.6)),
-    MilpVariant(0.6, "paging, mip_gap 1e-6", FLOOR_BPS, (("mip_gap", 1e-6),)),
-    MilpVariant(0.75, "no paging", FLOOR_BPS, (("paging", False),)),
-    MilpVariant(0.6, "no paging", FLOOR_BPS, (("paging", False),)),
-    MilpVariant(0.6, "POET's any-stage page-out", FLOOR_BPS, (("write_once", False),)),
-)
+def _panel(panel: dict[str, Any]) -> dict[str, Any]:
+    """What the page shows of one panel: its claim verdicts and, per budget, each strategy's energy over keep-all's."""
+    points = [{"budget_pct": p["budget_pct_of_keep_all_peak"], "activation_budget_pct": p["activation_budget_pct"],
+               "energy_rel": {name: None if s is None else s["energy_rel_keep_all"]
+                              for name, s in p["strategies"].items()}} for p in panel["points"]]
+    return {key: panel[key] for key in ("model", "batch", "size", "device", "stages", "fixed_pct_of_keep_all_peak",
+                                        "claim", "claim_activations")} | {"points": points}
 
 
-def operator_milp_times(time_limit_s: float, repeats: int = 1,
-                        variants: Sequence[MilpVariant] = BASE_VARIANTS) -> list[dict[str, Any]]:
-    """POET's own model size: the MILP on ResNet-18's operator graph (batch 8, 224 px, rpi4), ``repeats`` solves each.
-
-    Budgets are the resident part plus a fraction of the activations of keep-all (whole-peak
-    fractions such as 75% are below the graph's least feasible peak). Each budget's solves run
-    one after another; the row keeps the first solve's result and the spread of all solve times
-    (a solve that stops at the time limit reports the limit, so its spread is the limit's).
-    """
-    import torch
-
-    from edgetrain.models import resnet18
-    from edgetrain.planners.milp.solve import keep_all_schedule, milp, simulate_graph_schedule, training_graph
-    from edgetrain.profiling.graph import capture_graph
-
-    with torch.device("meta"):
-        model = resnet18()
-    graph = capture_graph(model, (8, 3, 224, 224), target=torch.zeros(8, dtype=torch.long))
-    graphs = {bps: training_graph(graph, _rpi4_profile(), memory_bps=bps) for bps in {v.memory_bps for v in variants}}
-    rows = []
-    for variant in variants:
-        tg = graphs[variant.memory_bps]
-        keep = simulate_graph_schedule(tg, keep_all_schedule(tg)).peak_bytes
-        budget = int(tg.resident_bytes + variant.activation_fraction * (keep - tg.resident_bytes))
-        results = [milp(tg, budget, time_limit_s=time_limit_s, **dict(variant.options)) for _ in range(repeats)]
-        result = results[0]
-        rows.append({"activation_fraction": variant.activation_fraction, "variant": variant.label,
-                     "memory_bps": variant.memory_bps, "options": dict(variant.options), "budget_bytes": budget,
-                     "nodes": len(tg.nodes), "variables": result.n_variables, "constraints": result.n_constraints,
-                     "status": result.status, "energy_j": result.energy_j,
-                     "one_pass_energy_j": tg.compute_energy_j, "solve_time_s": result.solve_time_s,
-                     "mip_gap": result.mip_gap,
-                     "solve_time_spread": spread([r.solve_time_s for r in results]).to_dict(),
-                     "statuses": [r.status for r in results], "energies_j": [r.energy_j for r in results],
-                     "mip_gaps": [r.mip_gap for r in results]})
-    return rows
-
-
-def variants_table(rows: list[dict[str, Any]]) -> str:
-    """docs/concepts/milp.md's table: per variant, energy over one pass of compute, solve time with its spread."""
-    lines = ["| memory floor | f | variant | status | energy (J) | extra over one pass (J) | mip gap | "
-             "solve s (median, IQR, CoV, n) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        floor = "none" if row["memory_bps"] is None else f"{row['memory_bps'] / 1e9:g} GB/s"
-        times = row["solve_time_spread"]
-        cov = Spread.from_dict(times).cov_text
-        statuses = "/".join(sorted(set(row["statuses"])))
-        energies = sorted(set(round(e, 3) for e in row["energies_j"]))
-        energy = f"{energies[0]:.3f}" if len(energies) == 1 else f"{energies[0]:.3f}-{energies[-1]:.3f}"
-        lines.append(f"| {floor} | {row['activation_fraction']:.2f} | {row['variant']} | {statuses} | {energy} | "
-                     f"{round(row['energy_j'] - row['one_pass_energy_j'], 3) + 0.0:.3f} | {max(row['mip_gaps']):.1e} | "
-                     f"{times['median']:.2f} (IQR {times['q3'] - times['q1']:.2f}, CoV {cov}, n={times['n']}) |")
-    return "\n".join(lines)
-
-
-def summary(figure: PoetFigure, timings: dict[str, Spread], milp: dict[str, object],
-            operator_milp: list[dict[str, Any]]) -> str:
-    lines = [figure.md_path.read_text(), "## Solve times", "", *_solve_paging_lines(timings)]
-    lines += [f"- milp (ResNet-18 chain) on {device}: {info}" for device, info in milp.items()]
-    return "\n".join([*lines, *_operator_milp_lines(operator_milp)])
-
-
-def _solve_paging_lines(timings: dict[str, Spread]) -> list[str]:
-    return [f"- solve_paging, {name}, {TIMING_SLOTS} slots: {seconds.text('{:.3f}')} s"
-            for name, seconds in timings.items()]
-
-
-def _operator_milp_lines(operator_milp: list[dict[str, Any]]) -> list[str]:
-    return [f"- milp (ResNet-18 operator graph, {row['nodes']} nodes, {row['variables']} variables), resident + "
-            f"{row['activation_fraction']:.0%} of activations{_variant_words(row)}: {row['status']}, "
-            f"{row['energy_j']:.3f} J, "
-            f"{_solve_seconds(row)}" for row in operator_milp]
-
-
-def _variant_words(row: dict[str, Any]) -> str:
-    floor = "" if row.get("memory_bps") is None else f", {row['memory_bps'] / 1e9:g} GB/s memory floor"
-    return "" if row.get("variant", "paging") == "paging" and not floor else f" ({row['variant']}{floor})"
-
-
-def _solve_seconds(row: dict[str, Any]) -> str:
-    """One solve's seconds, or the median, IQR and CoV of the repeated solves with their statuses."""
-    times = row["solve_time_spread"]
-    if times["n"] == 1:
-        return f"{row['solve_time_s']:.1f} s"
-    cov = Spread.from_dict(times).cov_text
-    return (f"median {times['median']:.2f} s (IQR {times['q1']:.2f}-{times['q3']:.2f} s, CoV {cov}, "
-            f"{times['n']} solves; statuses {sorted(set(row['statuses']))}, "
-            f"energy {min(row['energies_j']):.3f}-{max(row['energies_j']):.3f} J)")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small inputs, 4 budgets, no MILP: a smoke check")
-    parser.add_argument("--out", type=Path, default=Path("out/energy"), help="directory for poet.* and timings")
-    parser.add_argument("--budgets", type=int, help="budgets per panel (default 12; 4 with --quick)")
-    parser.add_argument("--milp-time-limit", type=float, default=60.0, help="HiGHS seconds per budget")
-    parser.add_argument("--repeats", type=int, default=5, help="timed solves per chain (median, IQR, CoV)")
-    parser.add_argument("--milp-repeats", type=int, default=1,
-                        help="solves per budget of the operator-graph MILP (median, IQR, CoV; default 1)")
-    parser.add_argument("--milp-variants", action="store_true",
-                        help="with --solve-times-only: the operator-graph MILP's variants of docs/concepts/milp.md "
-                        "(no paging, POET's any-stage page-out, a 2 GB/s memory-traffic floor) instead of its three "
-                        "budgets")
-    parser.add_argument("--solve-times-only", action="store_true",
-                        help="skip the energy sweep (and its chain MILP): time solve_paging and the operator-graph "
-                        "MILP only")
-    args = parser.parse_args(argv)
-    if args.solve_times_only:
-        return solve_times_only(args)
-
-    budgets = args.budgets or (4 if args.quick else 12)
-    models = QUICK_MODELS if args.quick else FULL_MODELS
-    host = _host_if_needed([get_device(name) for name in DEFAULT_DEVICES])
-    if host is not None:
-        print(f"  calibration: {host.source}; efficiency {host.efficiency:.3f}", flush=True)
+def run(quick: bool) -> dict[str, Any]:
+    """The budget sweep (with the chain MILP in the full run), then the paging DP's solve times."""
+    devices = [get_device(name) for name in DEFAULT_DEVICES]
+    host = calibrate_host() if any(needs_calibration(d) for d in devices) else None
     start = time.perf_counter()
-    figure = reproduce_poet(args.out, models=models, devices=DEFAULT_DEVICES, budgets=budgets,
-                            include_milp=not args.quick,
-                            milp_time_limit_s=args.milp_time_limit, host=host,
-                            progress=lambda done, total: print(f"  panel {done}/{total}", flush=True))
+    with tempfile.TemporaryDirectory(prefix="edgetrain-energy-") as out:
+        figure = reproduce_poet(out, models=QUICK_MODELS if quick else MODELS, devices=DEFAULT_DEVICES,
+                                budgets=QUICK_BUDGETS if quick else BUDGETS, include_milp=not quick,
+                                milp_time_limit_s=MILP_TIME_LIMIT_S, host=host,
+                                progress=lambda done, total: log.info("panel %d/%d", done, total))
     sweep_s = time.perf_counter() - start
-
-    rpi4 = _rpi4_profile()
+    panels: list[dict[str, Any]] = figure.data["panels"]  # type: ignore[assignment]
     chains = {"Chain.uniform(152)": Chain.uniform(152)}
-    if not args.quick:
+    if not quick:
         chains["LinearResNet-152 b8 224px"] = linear_resnet(152, batch=8, image_size=224)
-    timings = time_solve_paging(chains, rpi4, args.repeats)
-    milp = milp_solve_times(figure) if not args.quick else {}
-    operator_milp = operator_milp_times(args.milp_time_limit, args.milp_repeats) if not args.quick else []
-    (args.out / "timings.json").write_text(json.dumps(
-        {"sweep_s": sweep_s, "solve_paging_s": {name: t.to_dict() for name, t in timings.items()},
-         "slots": TIMING_SLOTS, "milp": milp, "operator_milp": operator_milp}, indent=1))
-    print(summary(figure, timings, milp, operator_milp))
-    print(f"sweep took {sweep_s:.1f} s; files in {args.out}")
-    return 0
+    timings = time_solve_paging(chains, rpi4_profile(), QUICK_REPEATS if quick else REPEATS)
+    return {"budgets": QUICK_BUDGETS if quick else BUDGETS, "milp": not quick, "milp_time_limit_s": MILP_TIME_LIMIT_S,
+            "sweep_s": sweep_s, "panels": [_panel(p) for p in panels],
+            "skipped_devices": figure.data["skipped_devices"], "milp_solve_times": milp_solve_times(panels),
+            "slots": TIMING_SLOTS, "solve_paging_s": {name: t.to_dict() for name, t in timings.items()}}
 
 
-def solve_times_only(args: argparse.Namespace) -> int:
-    """The solver timings without the sweep: solve_paging on both 152-stage chains, then the operator-graph MILP."""
-    chains = {"Chain.uniform(152)": Chain.uniform(152),
-              "LinearResNet-152 b8 224px": linear_resnet(152, batch=8, image_size=224)}
-    timings = time_solve_paging(chains, _rpi4_profile(), args.repeats)
-    variants = ALL_VARIANTS if args.milp_variants else BASE_VARIANTS
-    operator_milp = operator_milp_times(args.milp_time_limit, args.milp_repeats, variants)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "solve_times.json").write_text(json.dumps(
-        {"solve_paging_s": {name: t.to_dict() for name, t in timings.items()}, "slots": TIMING_SLOTS,
-         "operator_milp": operator_milp, "milp_time_limit_s": args.milp_time_limit,
-         "setup": software_setup()}, indent=1))
-    print("\n".join([*_solve_paging_lines(timings), *_operator_milp_lines(operator_milp)]))
-    if args.milp_variants:
-        print(variants_table(operator_milp))
-    return 0
+def _pct(value: float | None) -> str:
+    return "does not fit" if value is None else f"{value:+.2f}%"
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _verdict(value: bool | None) -> str:
+    return {True: "yes", False: "no", None: "untestable"}[value]
+
+
+def render(result: dict[str, Any]) -> str:
+    """The claim per panel, each panel's energies by budget, then the solve times."""
+    lines = ["POET claims that paging combined with recomputation keeps a step's energy within 1% of the "
+             "unconstrained step down to roughly half the memory. Each model x device panel sweeps "
+             f"{result['budgets']} budgets from keep-all's peak down to `paging-dp`'s least; budgets are given as % of "
+             "keep-all's whole peak / of its part above the fixed weights, momentum and gradients (POET's "
+             "accounting).", "",
+             "| model | device | fixed part of peak | least feasible budget | lowest budget within 1% "
+             "| paging-dp extra | recompute-only extra | capuchin extra | holds (whole / POET's) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p in result["panels"]:
+        c, a = p["claim"], p["claim_activations"]
+        low = ("none" if c["lowest_budget_pct"] is None
+               else f"{c['lowest_budget_pct']:.1f}% / {a['lowest_budget_pct']:.1f}%")
+        lines.append(f"| {p['model']} b{p['batch']}x{p['size']} | {p['device']} "
+                     f"| {p['fixed_pct_of_keep_all_peak']:.1f}% "
+                     f"| {c['least_feasible_pct']:.1f}% / {a['least_feasible_pct']:.1f}% | {low} "
+                     f"| {_pct(c.get('paging_dp_extra_pct'))} | {_pct(c.get('recompute_only_extra_pct'))} "
+                     f"| {_pct(c.get('capuchin_extra_pct'))} | {_verdict(c['holds'])} / {_verdict(a['holds'])} |")
+    lines += ["", "Extras are at the lowest budget within 1%; a device without energy figures is skipped:", ""]
+    lines += [f"* {name}: {why}" for name, why in result["skipped_devices"].items()]
+    for p in result["panels"]:
+        strategies = sorted({name for point in p["points"] for name in point["energy_rel"]})
+        lines += ["", f"### {p['model']} b{p['batch']}x{p['size']} on {p['device']}", "",
+                  "Energy over keep-all's, per budget:", "",
+                  "| budget (% whole / POET's) | " + " | ".join(strategies) + " |",
+                  "|---|" + "---|" * len(strategies)]
+        for point in p["points"]:
+            cells = ["-" if point["energy_rel"].get(s) is None else f"{point['energy_rel'][s]:.4f}" for s in strategies]
+            lines.append(f"| {point['budget_pct']:.1f}% / {point['activation_budget_pct']:.1f}% | "
+                         + " | ".join(cells) + " |")
+    lines += ["", "## Solve times", "",
+              f"`solve_paging` up to keep-all's peak, {result['slots']} slots, the rpi4 profile, wall-clock:", "",
+              "| chain | median (s) | IQR (s) | CoV | solves |", "|---|---|---|---|---|"]
+    for name, item in result["solve_paging_s"].items():
+        s = Spread.from_dict(item)
+        lines.append(f"| {name} | {s.median:.3f} | {s.iqr:.3f} | {s.cov_text} | {s.n} |")
+    if result["milp"]:
+        lines += ["", f"POET's MILP on ResNet-18's chain (HiGHS, {result['milp_time_limit_s']:g} s limit per budget):",
+                  ""]
+        for device, info in result["milp_solve_times"].items():
+            if isinstance(info, str):
+                lines.append(f"* {device}: unavailable: {info}")
+            else:
+                median = "-" if info["median_s"] is None else f"{info['median_s']:.2f}"
+                largest = "-" if info["max_s"] is None else f"{info['max_s']:.2f}"
+                lines.append(f"* {device}: median {median} s, largest {largest} s over the budgets; statuses "
+                             f"{', '.join(info['statuses'])}; {info['budgets_without_schedule']} budgets without a "
+                             "schedule")
+    lines += ["", f"The sweep took {result['sweep_s']:.0f} s."]
+    return "\n".join(lines)

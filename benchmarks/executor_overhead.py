@@ -1,28 +1,25 @@
 """Step time of plain PyTorch against the executor running the keep-all schedule (no recomputation).
 
-The executor runs keep-all as plain autograd (``ratio``); run op by op, as every other schedule
-is, it adds two custom autograd functions and one backward call per stage (``op_by_op_ratio``).
-Prints one JSON object: per model the median step times (forward, loss, backward; gradients
-reset to ``None`` between steps), their spread over the repeats (``spread_s``: median, IQR, CoV)
-and their ratios to plain PyTorch, whose target is <= 1.03, with the software setup.
-
-Usage: ``python benchmarks/executor_overhead.py [--repeats N] [--threads T] [--models name:batch:size,...]``.
+The executor runs keep-all as plain autograd (``executor``); run op by op, as every other schedule
+is, it adds two custom autograd functions and one backward call per stage (``op_by_op``). Each step
+is forward, loss and backward, gradients reset to ``None`` between steps. Steps alternate in
+triples whose order reverses from one to the next, so drifts in machine load hit all three alike;
+the ratio to plain PyTorch is the median of the per-triple ratios (target: at most 1.03 for the
+keep-all executor), given with its spread over the triples.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from _allocator import keep_freed_memory
 from torch import nn
 
-from edgetrain.bench.stats import software_setup, spread
+from benchmarks._allocator import keep_freed_memory
+from edgetrain.bench.stats import Spread, spread
 from edgetrain.core.schedule import keep_all
 from edgetrain.models import get_model_spec
 from edgetrain.models.stages import training_stages
@@ -30,8 +27,16 @@ from edgetrain.runtime import Executor
 
 log = logging.getLogger("executor_overhead")
 
-# (model, batch, size): ResNet-18 on 224 px images, the small encoder on 128-token sequences.
-CASES = (("resnet18", 8, 224), ("transformer_small", 64, 128))
+TITLE = "The executor's overhead over plain PyTorch"
+# (model, batch, size): the ResNets on 224 px images, the small encoder on 128-token sequences.
+CASES = (("resnet18", 8, 224), ("resnet50", 8, 224), ("transformer_small", 64, 128))
+QUICK_CASES = (("resnet18", 4, 96), ("transformer_small", 16, 64))
+REPEATS, QUICK_REPEATS = 11, 7
+# One intra-op thread: on a shared 2-core machine two threads stall whenever one is descheduled (see
+# NOTE [ Time ratios on a shared CPU ] in benchmarks/planners.py), and the planner benchmark runs on one.
+THREADS = 1
+TARGET_RATIO = 1.03
+RUNS = ("plain", "executor", "op_by_op")
 
 
 def _time_s(step: Callable[[], None]) -> float:
@@ -45,13 +50,8 @@ def _zero(model: nn.Module) -> None:
         p.grad = None
 
 
-def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, object]:
-    """Median step seconds of plain autograd and of the keep-all executor, in alternating pairs.
-
-    Pairs alternate which runs first, so drifts in machine load (other processes, CPU
-    frequency) hit both alike; ``pair_ratio`` is the median of the per-pair ratios, the
-    figure least sensitive to such drift.
-    """
+def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, Any]:
+    """Step seconds of plain autograd, of the keep-all executor and of keep-all op by op, ``repeats`` triples."""
     spec = get_model_spec(name)
     torch.manual_seed(0)
     model = spec.build()
@@ -74,42 +74,51 @@ def bench(name: str, batch: int, size: int, repeats: int) -> dict[str, object]:
 
     runs = {"plain": plain, "executor": scheduled, "op_by_op": stepped}
     for _ in range(2):  # warm-up: allocator, kernels, lazy initialisation
-        for run in runs.values():
-            run()
+        for step in runs.values():
+            step()
     times: dict[str, list[float]] = {key: [] for key in runs}
     for i in range(repeats):
-        order = list(runs) if i % 2 == 0 else list(reversed(runs))   # alternate who runs first
-        for key in order:
+        for key in RUNS if i % 2 == 0 else reversed(RUNS):   # alternate who runs first
             times[key].append(_time_s(runs[key]))
-    medians = {key: statistics.median(values) for key, values in times.items()}
-    log.info("%s: %s", name, ", ".join(f"{key} {value:.4f} s" for key, value in medians.items()))
-    return {"model": name, "batch": batch, "size": size, "repeats": repeats, "plain_s": medians["plain"],
-            "executor_s": medians["executor"], "op_by_op_s": medians["op_by_op"],
-            "ratio": medians["executor"] / medians["plain"], "op_by_op_ratio": medians["op_by_op"] / medians["plain"],
-            "pair_ratio": statistics.median(e / p for e, p in zip(times["executor"], times["plain"], strict=True)),
-            "op_by_op_pair_ratio": statistics.median(
-                e / p for e, p in zip(times["op_by_op"], times["plain"], strict=True)),
-            "spread_s": {key: spread(values).to_dict() for key, values in times.items()}}
+    log.info("%s: %s", name, ", ".join(f"{key} {spread(v).median:.4f} s" for key, v in times.items()))
+    return {"model": name, "batch": batch, "size": size, "repeats": repeats,
+            "step_s": {key: spread(values).to_dict() for key, values in times.items()},
+            "ratio": {key: spread([t / p for t, p in zip(times[key], times["plain"], strict=True)]).to_dict()
+                      for key in ("executor", "op_by_op")}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--models", help="comma-separated name:batch:size (default: "
-                        + ",".join(f"{n}:{b}:{s}" for n, b, s in CASES) + ")")
-    args = parser.parse_args()
-    cases = CASES if not args.models else [(n, int(b), int(s)) for n, b, s in
-                                           (item.split(":") for item in args.models.split(","))]
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    keep_freed_memory()   # else a step pays page faults for the smaller step before it
-    results = [bench(name, batch, size, args.repeats) for name, batch, size in cases]
-    report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "target_ratio": 1.03,
-              "setup": software_setup(), "results": results}
-    print(json.dumps(report, indent=1))  # the benchmark's output is this JSON on stdout
+def run(quick: bool) -> dict[str, Any]:
+    """Every case on ``THREADS`` torch threads, with glibc keeping freed memory."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    kept = keep_freed_memory()   # else a step pays page faults for the smaller step before it
+    try:
+        rows = [bench(name, batch, size, QUICK_REPEATS if quick else REPEATS)
+                for name, batch, size in (QUICK_CASES if quick else CASES)]
+    finally:
+        torch.set_num_threads(threads)
+    return {"threads": THREADS, "target_ratio": TARGET_RATIO, "malloc_keeps_freed_memory": kept, "rows": rows}
 
 
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    main()
+def render(result: dict[str, Any]) -> str:
+    """Per model: the three step times and the two ratios to plain PyTorch, each with its spread."""
+    def ratio(item: dict[str, Any]) -> str:
+        s = Spread.from_dict(item)
+        return f"{s.median:.3f} ({s.q1:.3f}-{s.q3:.3f}, CoV {s.cov_text})"
+
+    rows = []
+    for r in result["rows"]:
+        step = {key: Spread.from_dict(r["step_s"][key]) for key in RUNS}
+        rows.append(f"| {r['model']} | {r['batch']} | {r['size']} | {r['repeats']} | "
+                    + " | ".join(f"{step[key].median:.4f}" for key in RUNS)
+                    + f" | {ratio(r['ratio']['executor'])} | {ratio(r['ratio']['op_by_op'])} |")
+    return ("The `Executor` runs the keep-all schedule as plain autograd: one graph, one backward. Run op by op "
+            "(`plain_keep_all=False`), as every other schedule is, it adds two custom autograd functions and one "
+            "backward call per stage. Each step is forward, loss and backward with gradients reset to `None`; the "
+            "three configurations run in alternating triples whose order reverses each time, on "
+            f"{result['threads']} torch thread{'s' if result['threads'] > 1 else ''}. A ratio is the median over "
+            "triples of the configuration's time "
+            "over plain PyTorch's in the same triple, with its quartiles and CoV; the target for the keep-all "
+            f"executor is at most {result['target_ratio']}.\n\n"
+            "| model | batch | size | triples | plain (s) | executor (s) | op by op (s) | executor / plain | "
+            "op by op / plain |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))

@@ -1,27 +1,20 @@
 """Pseudo-label precision and coverage over a grid of labelling rules, on one seed's node stream.
 
-Usage::
-
-    python benchmarks/insitu_gate.py --seed 0 [--node-camera steep|pole] [--rule gate|posterior|size]
-
-Trains the seed's teacher as ``insitu simulate`` does, runs the stand-in detector, the tracker and
-the teacher over the node's stream once, then applies every rule of the grid and scores the
-pseudo-labels with the truth: ``--rule gate`` (the default) the first increment's competence gate
-(calibration, trusted frames, track vote, propagation backward and forward), ``--rule posterior``
-the track posterior (NOTE [ Track posteriors: the steep camera's labelling rule ] in insitu/posterior.py) over
-its elevation weights and alignment bands, ``--rule size`` the size rule (NOTE [ Object size from the mount: the
-size rule ])
-against the posterior rule: precision at full coverage and, keeping the tracks with the largest
-margin between their best two classes' scores first, at 0.8, 0.5 and 0.3 of the detections.
-Prints one JSON line per rule, for the gate the best coverage at precision >= 0.95 last. Choose
-on one seed and score the others with ``insitu simulate``: the grid reads ground truth.
+Trains seed 0's teacher as ``insitu simulate`` does, runs the stand-in detector, the tracker and the teacher over the
+steep camera's node stream once, then applies every rule of three grids and scores the pseudo-labels with the truth:
+the competence gate (calibration, trusted frames, track vote, propagation backward and forward) over its thresholds,
+with the best coverage at precision >= 0.95; the track posterior (NOTE [ Track posteriors: the steep camera's
+labelling rule ] in insitu/posterior.py) over its elevation weights and alignment bands; and the size rule (NOTE [
+Object size from the mount: the size rule ]) against the posterior rule: precision at full coverage and, keeping the
+tracks with the largest margin between their best two classes' scores first, at 0.8, 0.5 and 0.3 of the detections.
+With the teacher's accuracy on the stream by the mount's elevation estimate, and its confusion. Choose on one seed
+and score the others with ``insitu simulate``: the grid reads ground truth.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,58 +25,103 @@ from edgetrain.insitu.geometry import box_size_m, elevation_deg
 from edgetrain.insitu.labels import fit_stream, label_detections
 from edgetrain.insitu.model import predict
 from edgetrain.insitu.posterior import competence_weights, fit_alignment
+from edgetrain.insitu.simulate import QUICK
 from edgetrain.insitu.sizes import track_evidence
 from edgetrain.insitu.teacher import TeacherConfig, crops_with_truth, render_clips, train_teacher
 from edgetrain.insitu.tracker import TrackerConfig, track
 from edgetrain.insitu.world import CLASSES, EYE_LEVEL, NODE_CAMERAS, Camera
 
+SEED = 0
+NODE_CAMERA = "steep"
+GATE_GRID = {"min_confidence": (0.85, 0.9, 0.95, 0.98), "quantile": (0.5, 0.7, 0.9),
+             "aspect_quantiles": ((0.2, 0.8), (0.1, 0.9), (0.3, 0.7)), "min_votes": (3, 5), "min_agreement": (0.8, 0.9)}
+POSTERIOR_GRID = {"elevation_bands": (1, 3, 5), "weights_deg": ((40, 60), (45, 75), (50, 70), (90, 91))}
+GOAL_PRECISION = 0.95
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--node-camera", choices=list(NODE_CAMERAS), default="steep")
-    parser.add_argument("--rule", choices=("gate", "posterior", "size"), default="gate")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    config = TeacherConfig(seed=args.seed)
+TITLE = "Labelling rules' precision and coverage on one node stream"
+
+
+def node_stream(quick: bool) -> tuple[Any, Calibration, Any, Any, Any, list[Any]]:
+    """The teacher, its calibration inputs and the scored clips of the node's stream (quick: a small teacher and
+    two short clips)."""
+    config = TeacherConfig(seed=SEED) if not quick else TeacherConfig(
+        seed=SEED, videos=QUICK["teacher_videos"], frames=QUICK["teacher_frames"], epochs=QUICK["teacher_epochs"],
+        replay_crops=QUICK["replay_crops"])
     teacher, train = train_teacher(config, lambda message: None)
-    eye = render_clips(EYE_LEVEL, config.videos, config.frames, args.seed * 1000 + 100, rate=0.25)
+    eye = render_clips(EYE_LEVEL, config.videos, config.frames, SEED * 1000 + 100, rate=0.25)
     held = predict(teacher.model, crops_with_truth(eye[-4:]).crops)
     train_out = predict(teacher.model, train.crops)
-    stream = render_clips((NODE_CAMERAS[args.node_camera],), 6, 200, args.seed * 1000 + 300, rate=0.08)
+    count, frames = (2, 100) if quick else (6, 200)
+    stream = render_clips((NODE_CAMERAS[NODE_CAMERA],), count, frames, SEED * 1000 + 300, rate=0.08)
     clips = []
     for k, video in enumerate(stream):
-        detections, sources = detect(video, args.seed * 7919 + k)
-        ids = track(detections, TrackerConfig(seed=args.seed + k))
+        detections, sources = detect(video, SEED * 7919 + k)
+        ids = track(detections, TrackerConfig(seed=SEED + k))
         out = predict(teacher.model, np.array([crop(video.frames[d.frame], d.box) for d in detections]))
         truth = {t.track_id: t.label for t in video.truth}
         clips.append((ids, out, np.array([d.box for d in detections]), [truth.get(s) for s in sources]))
-    camera = NODE_CAMERAS[args.node_camera]
-    print(json.dumps(_teacher_by_view(clips, camera)))
-    if args.rule == "size":
-        for rule in ("posterior", "size"):
-            print(json.dumps({"rule": rule, **_curve(clips, teacher.calibration, camera, GateConfig(rule=rule))}))
-        return
-    if args.rule == "posterior":
-        for bands, (full_deg, none_deg) in itertools.product((1, 3, 5), ((40, 60), (45, 75), (50, 70), (90, 91))):
-            gate = GateConfig(elevation_bands=bands, full_weight_below_deg=full_deg, no_weight_above_deg=none_deg)
-            calibration = calibrate(train_out, train.labels, train.boxes, held, gate)
-            print(json.dumps({"elevation_bands": bands, "full_weight_below_deg": full_deg,
-                              "no_weight_above_deg": none_deg, **_score(clips, calibration, camera, gate)}))
-        return
-    best = None
-    grid = itertools.product((0.85, 0.9, 0.95, 0.98), (0.5, 0.7, 0.9), ((0.2, 0.8), (0.1, 0.9), (0.3, 0.7)),
-                             (3, 5), (0.8, 0.9))
-    for confidence, quantile, aspects, votes, agreement in grid:
+    return teacher, teacher.calibration, train, train_out, held, clips
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """The three grids on seed 0's steep stream (quick: a small teacher, two short clips, a corner of each grid)."""
+    torch.set_num_threads(1)
+    _, shipped, train, train_out, held, clips = node_stream(quick)
+    camera = NODE_CAMERAS[NODE_CAMERA]
+    grid = {key: values[:2] if quick else values for key, values in GATE_GRID.items()}
+    gate_rows = []
+    for confidence, quantile, aspects, votes, agreement in itertools.product(*grid.values()):
         gate = GateConfig("gate", min_confidence=confidence, quantile=quantile, aspect_quantiles=aspects,
                           min_votes=votes, min_agreement=agreement)
         calibration = calibrate(train_out, train.labels, train.boxes, held, gate)
-        row = {"min_confidence": confidence, "quantile": quantile, "aspect_quantiles": aspects, "min_votes": votes,
-               "min_agreement": agreement, **_score(clips, calibration, camera, gate)}
-        print(json.dumps(row))
-        if row["precision"] >= 0.95 and (best is None or row["coverage"] > best["coverage"]):
-            best = row
-    print(json.dumps({"best": best}))
+        gate_rows.append({"min_confidence": confidence, "quantile": quantile, "aspect_quantiles": list(aspects),
+                          "min_votes": votes, "min_agreement": agreement,
+                          **_score(clips, calibration, camera, gate)})
+    passing = [row for row in gate_rows if row["precision"] >= GOAL_PRECISION]
+    posterior_rows = []
+    bands_grid = POSTERIOR_GRID["elevation_bands"][:1] if quick else POSTERIOR_GRID["elevation_bands"]
+    for bands, (full_deg, none_deg) in itertools.product(bands_grid, POSTERIOR_GRID["weights_deg"]):
+        gate = GateConfig(elevation_bands=bands, full_weight_below_deg=full_deg, no_weight_above_deg=none_deg)
+        calibration = calibrate(train_out, train.labels, train.boxes, held, gate)
+        posterior_rows.append({"elevation_bands": bands, "full_weight_below_deg": full_deg,
+                               "no_weight_above_deg": none_deg, **_score(clips, calibration, camera, gate)})
+    curves = [{"rule": rule, **_curve(clips, shipped, camera, GateConfig(rule=rule))} for rule in ("posterior", "size")]
+    return {"seed": SEED, "camera": NODE_CAMERA, "clips": len(clips), "small_world": quick,
+            "goal_precision": GOAL_PRECISION, **_teacher_by_view(clips, camera), "gate": gate_rows,
+            "gate_best": max(passing, key=lambda row: row["coverage"]) if passing else None,
+            "posterior": posterior_rows, "ranked": curves}
+
+
+def render(result: dict[str, Any]) -> str:
+    """The teacher by view, the size and posterior rules' ranked precision, the posterior grid, the gate's best."""
+    bands = result["teacher_accuracy_by_estimated_elevation"]
+    ranked = [f"| {r['rule']} | {r['tracks']} | " + " | ".join(f"{r[f'precision_at_{c}']:.3f}"
+                                                              for c in ("1", "0.8", "0.5", "0.3")) + " |"
+              for r in result["ranked"]]
+    posterior = [f"| {r['elevation_bands']} | {r['full_weight_below_deg']} | {r['no_weight_above_deg']} | "
+                 f"{r['precision']:.3f} | {r['coverage']:.3f} |" for r in result["posterior"]]
+    best = result["gate_best"]
+    top = max(result["gate"], key=lambda row: row["precision"])
+    gate = (f"The best of the competence gate's {len(result['gate'])} settings at precision ≥ "
+            f"{result['goal_precision']:g} covers {best['coverage']:.3f} of the objects' detections (precision "
+            f"{best['precision']:.3f}; min confidence {best['min_confidence']}, quantile {best['quantile']}, aspect "
+            f"quantiles {best['aspect_quantiles']}, {best['min_votes']} votes at {best['min_agreement']})."
+            if best else f"No setting of the competence gate's {len(result['gate'])} reaches precision ≥ "
+            f"{result['goal_precision']:g}: its most precise labels {top['precision']:.3f} at coverage "
+            f"{top['coverage']:.3f}.")
+    small = ("**A quick run**: a small teacher and two short clips; its figures mean little.\n\n"
+             if result["small_world"] else "")
+    return (f"{small}Seed {result['seed']}'s teacher and its {result['camera']} camera's node stream "
+            f"({result['clips']} clips, the stand-in detector and the tracker), every rule scored against the "
+            "truth.\n\n## The teacher on the stream\n\n| elevation (estimated) | "
+            + " | ".join(f"{band}°" for band in bands) + " |\n|---|" + "---|" * len(bands) + "\n| accuracy | "
+            + " | ".join(f"{v:.3f}" for v in bands.values()) + " |\n\n"
+            "## Size rule against posterior rule\n\nLabel precision on the surest tracks (largest margin between "
+            "their two best classes' scores first) holding this share of the detections:\n\n"
+            "| rule | tracks | 1.0 | 0.8 | 0.5 | 0.3 |\n|---|---|---|---|---|---|\n" + "\n".join(ranked) + "\n\n"
+            "## Posterior rule over its elevation weights and alignment bands\n\n"
+            "| alignment bands | full weight below (°) | no weight above (°) | precision | coverage |\n"
+            "|---|---|---|---|---|\n" + "\n".join(posterior) + "\n\n## The competence gate\n\n" + gate)
 
 
 def _teacher_by_view(clips: list, camera: Camera) -> dict[str, object]:
@@ -149,7 +187,3 @@ def _score(clips: list, calibration: Calibration, camera: Camera, gate: GateConf
         labelled_objects += sum(p is not None and label is not None for p, label in zip(pseudo, labels, strict=True))
         right += sum(p is not None and p == label for p, label in zip(pseudo, labels, strict=True))
     return {"precision": round(right / max(labelled, 1), 4), "coverage": round(labelled_objects / max(objects, 1), 4)}
-
-
-if __name__ == "__main__":
-    main()

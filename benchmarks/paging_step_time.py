@@ -1,52 +1,42 @@
-"""docs/guide/paging-energy.md's step-time table rebuilt with its spread: a paged step next to the unpaged one and the
-simulator's.
+"""A paged step's time next to the unpaged one and the simulator's: the step-time figures of the paging guide.
 
-For each model of ``tests/test_paging.py`` (resnet18 batch 8 at 96 px, transformer_small batch 16
-at 64 tokens; one thread), the schedule is ``uniform(chain, 3)`` with every inner value paged out
-over each gap where it is not needed (the test's ``with_paging``, imported from there so the
-schedule is the one the tests check). Each round times ``--steps`` steps of the paged and of the
-unpaged schedule, interleaved so both see the same outside load, and keeps each one's median;
-the table gives the median over ``--rounds`` rounds with its IQR and CoV
-(:func:`edgetrain.bench.stats.spread`). The simulated time prices paging serially at this host's
-own measured write/read throughput (the step's ``write_s``/``read_s``), as
-``test_step_time_against_the_simulator`` does. Prints JSON with the software setup. Needs the
-``test`` extra (it imports ``tests/test_paging.py``, hence pytest).
-
-Usage::
-
-    python benchmarks/paging_step_time.py [--rounds 5] [--steps 3] [--models resnet18,transformer_small]
+For each model of :data:`edgetrain.runtime.paging_cases.SIZES` (resnet18 batch 8 at 96 px,
+transformer_small batch 16 at 64 tokens; one thread), the schedule is ``uniform(chain, 3)`` with
+every inner value paged out over each gap where it is not needed
+(:func:`~edgetrain.runtime.paging_cases.with_paging`, the schedule ``tests/test_paging.py`` checks).
+Each round times ``STEPS`` steps of the paged and of the unpaged schedule, interleaved so both see
+the same outside load, and keeps each one's median; the table gives the median over the rounds with
+its IQR and CoV. The simulated time prices paging serially at this host's own measured write/read
+throughput (the step's ``write_s``/``read_s``), as ``test_step_time_against_the_simulator`` does.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_paging import SIZES, case, median_step_s, with_paging  # the schedule and timing the tests use
-
-from edgetrain.bench.stats import software_setup, spread
+from edgetrain.bench.stats import Spread, spread
 from edgetrain.core.simulator import simulate
-from edgetrain.costs.energy import EnergyProfile
 from edgetrain.models.stages import training_stages
 from edgetrain.planners import uniform
 from edgetrain.profiling import profile
 from edgetrain.runtime import Executor
+from edgetrain.runtime.paging_cases import SIZES, case, host_paging_profile, median_step_s, with_paging
 
+log = logging.getLogger("paging_step_time")
 
-def host_profile(write_bytes: int, write_s: float, read_bytes: int, read_s: float) -> EnergyProfile:
-    """An energy profile whose page-out/page-in rates are this host's measured ones (the rest is irrelevant here)."""
-    return EnergyProfile("host", 1e9, 1.0, 1e-6, read_bytes / max(read_s, 1e-9), 1.0,
-                         1e-6, write_bytes / max(write_s, 1e-9), 1.0)
+TITLE = "Paged step time"
+ROUNDS, QUICK_ROUNDS = 7, 3   # interleaved rounds: the spread is over these
+STEPS = 3                     # steps per schedule per round: their median is the round's figure
+QUICK_MODELS = ("transformer_small",)
 
 
 def measure(name: str, rounds: int, steps: int) -> dict[str, Any]:
+    """``rounds`` interleaved rounds of the paged and the unpaged ``uniform3`` step of model ``name``."""
     c = case(name)
     model = c.fresh_model()
     timed = profile(model, c.x, c.y, measure_time=True)
@@ -58,36 +48,53 @@ def measure(name: str, rounds: int, steps: int) -> dict[str, Any]:
         unpaged_executor = Executor(training_stages(model), unpaged, timed)
         median_step_s(paged_executor, c, model, 1)   # warm-up: thread pools, first allocations
         median_step_s(unpaged_executor, c, model, 1)
-        for _ in range(rounds):
-            paged_s.append(median_step_s(paged_executor, c, model, steps))
-            unpaged_s.append(median_step_s(unpaged_executor, c, model, steps))
+        for index in range(rounds):
+            first, second = (paged_s, unpaged_s) if index % 2 == 0 else (unpaged_s, paged_s)
+            for times in (first, second):   # who runs first alternates
+                executor = paged_executor if times is paged_s else unpaged_executor
+                times.append(median_step_s(executor, c, model, steps))
             stats = paged_executor.last_paging
             assert stats is not None
             wait_s.append(stats.wait_s)
-            host = host_profile(stats.bytes_written, stats.write_s, stats.bytes_read, stats.read_s)
-            page_s.append(simulate(timed, paged, host).page_time_s)
+            page_s.append(simulate(timed, paged, host_paging_profile(stats)).page_time_s)
     simulated = simulate(timed, paged)
     ratios = [p / u for p, u in zip(paged_s, unpaged_s, strict=True)]
-    return {"model": name, "batch_size": SIZES[name], "pageouts": simulated.pageout_count,
+    log.info("%s: paged / unpaged %.3f", name, spread(ratios).median)
+    return {"model": name, "batch": SIZES[name][0], "size": SIZES[name][1], "pageouts": simulated.pageout_count,
             "pageout_bytes": simulated.pageout_bytes, "paged_step_s": spread(paged_s).to_dict(),
             "unpaged_step_s": spread(unpaged_s).to_dict(), "paged_over_unpaged": spread(ratios).to_dict(),
             "simulated_compute_s": simulated.compute_time_s, "simulated_serial_paging_s": spread(page_s).to_dict(),
             "paging_wait_s": spread(wait_s).to_dict()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds (the spread is over these).")
-    parser.add_argument("--steps", type=int, default=3, help="Steps per schedule per round (their median is kept).")
-    parser.add_argument("--models", default=",".join(SIZES), help=f"Comma-separated, from {', '.join(SIZES)}.")
-    args = parser.parse_args()
-    names = [n for n in args.models.split(",") if n]
-    if args.rounds < 1 or args.steps < 1 or not set(names) <= set(SIZES):
-        parser.error(f"--rounds and --steps must be >= 1, --models from {', '.join(SIZES)}")
+def run(quick: bool) -> dict[str, Any]:
+    """Every model (the quick run: the small encoder alone) on one torch thread."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    rows = [measure(name, args.rounds, args.steps) for name in names]
-    print(json.dumps({"rounds": args.rounds, "steps": args.steps, "rows": rows, "setup": software_setup()}, indent=1))
+    rounds = QUICK_ROUNDS if quick else ROUNDS
+    try:
+        rows = [measure(name, rounds, STEPS) for name in (QUICK_MODELS if quick else tuple(SIZES))]
+    finally:
+        torch.set_num_threads(threads)
+    return {"rounds": rounds, "steps": STEPS, "threads": 1, "rows": rows}
 
 
-if __name__ == "__main__":
-    main()
+def render(result: dict[str, Any]) -> str:
+    """One row per model: page-outs, the two step times, their ratio, and the serial paging the simulator prices."""
+    rows = []
+    for r in result["rows"]:
+        paged, unpaged = Spread.from_dict(r["paged_step_s"]), Spread.from_dict(r["unpaged_step_s"])
+        ratio, serial = Spread.from_dict(r["paged_over_unpaged"]), Spread.from_dict(r["simulated_serial_paging_s"])
+        wait = Spread.from_dict(r["paging_wait_s"])
+        rows.append(f"| {r['model']} | {r['batch']} | {r['size']} | {r['pageouts']} | {r['pageout_bytes'] / 1e6:.2f} | "
+                    f"{unpaged.median:.4f} | {paged.median:.4f} | {ratio.median:.3f} ({ratio.q1:.3f}-{ratio.q3:.3f}, "
+                    f"CoV {ratio.cov_text}) | {serial.median / r['simulated_compute_s']:+.1%} | {wait.median:.4f} |")
+    return ("`uniform(chain, 3)` with every inner value paged out over each gap where it is not needed, against the "
+            f"same schedule without paging, on {result['threads']} torch thread. Each of {result['rounds']} rounds "
+            f"times {result['steps']} steps of each, interleaved (who runs first alternates), and keeps each one's "
+            "median; a ratio is paged over unpaged in the same round, given as the median over rounds with its "
+            "quartiles and CoV. *Serial paging* is what the simulator prices for the page transfers at this "
+            "host's own measured write and read throughput, as a share of the simulated compute; *waited* is what "
+            "the paged step stood still for its I/O.\n\n"
+            "| model | batch | size | page-outs | paged MB | unpaged step (s) | paged step (s) | paged / unpaged | "
+            "serial paging / compute | waited (s) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))

@@ -1,109 +1,74 @@
 """What is alive at a training step's tensor peak, by the c10 allocator's records: where a peak comes from.
 
-For one model and one setting of ``benchmarks/compile_budget.py`` (``eager``, ``inductor:B``,
-``edgetrain:least``, ``edgetrain+compile:least``, ``edgetrain:R`` ...), this runs three steps, then
-records one more under ``torch.profiler`` with ``profile_memory`` and prints the step's tensor peak
-(the most bytes held above the step's start, as ``compile_budget.py`` reports it), the ops running at
-that moment, and the allocations still alive then, largest first, each with the ops that made it
-(its innermost enclosing op events). With ``--timeline N`` it also prints every allocation or free of
-at least N bytes in order, with the running total, the peak marked ``*``.
-
-    python benchmarks/step_peak_live.py --model mobilenet_v3_small --setting inductor:1.0 [--top 15]
-        [--timeline 1000000]
-
-A free is matched to the latest live allocation of the same size (the records carry no address that
-outlives a profiler session reliably), so with many equal sizes an allocation's op may be another's
-of that size; sizes and the totals are exact.
+MobileNetV3-Small (4 x 64 px) is the one model whose least edgetrain step with the optimizer after the backward does
+not go below inductor's least: its gradients alone are about its floor. For inductor's graph at
+``activation_memory_budget = 1.0`` and edgetrain's least-budget plan (settings of
+:mod:`edgetrain.runtime.step_settings`), each in its own child process (one torch thread), this runs three steps, then
+records one more under ``torch.profiler`` with ``profile_memory``
+(:func:`edgetrain.profiling.peak_live.peak_live`): the step's tensor peak above its start, the ops running at that
+moment, and the allocations still alive then, largest first, each with the ops that made it (its innermost enclosing
+op events). The allocations are deterministic for a setting, so one recorded step says it.
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-KiB = 1024
+TITLE = "What is alive at a step's tensor peak"
+
+MODEL = "mobilenet_v3_small"
+SETTINGS = ("inductor:1.0", "edgetrain:least")
+QUICK_SETTINGS = ("eager", "edgetrain:least")   # no compilation: the same records in seconds
+TOP = 12   # how many live allocations a setting lists
+WARM_STEPS = 3
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = "import sys; from benchmarks.step_peak_live import child; child(sys.argv[1])"
 
 
-@dataclass
-class Event:
-    """One allocation (``nbytes`` > 0) or free (< 0) of the step, with the ops enclosing it."""
-
-    at_ns: int
-    nbytes: int
-    ops: str
-
-
-def recorded_events(step: Any) -> list[Event]:
-    """The step's allocations and frees in time order, each with its enclosing ops (innermost last)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+def child(setting: str) -> None:
+    """One setting of ``MODEL`` in this process: print its recorded peak as one JSON line."""
+    from edgetrain.profiling.peak_live import peak_live
+    from edgetrain.runtime.step_settings import setting_step
+    step, _ = setting_step(setting, MODEL, 8, 128, None)   # batch and image are the zoo models'; MODEL has its own
+    for _ in range(WARM_STEPS):
         step()
-    events = sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns())
-    ops = [e for e in events if e.name() != "[memory]" and e.end_ns() > e.start_ns()]
-
-    def enclosing(at_ns: int) -> str:
-        inside = sorted((o for o in ops if o.start_ns() <= at_ns <= o.end_ns()), key=lambda o: o.start_ns())
-        return " > ".join(o.name() for o in inside[-4:]) or "(no op: made outside the dispatcher)"
-    return [Event(e.start_ns(), e.nbytes(), enclosing(e.start_ns())) for e in events if e.name() == "[memory]"]
+    found = peak_live(step)
+    print(json.dumps({"setting": setting, "peak_bytes": found.peak_bytes, "ops_at_peak": found.ops_at_peak,
+                      "events": found.events, "live_bytes": sum(e.nbytes for e in found.live),
+                      "live_count": len(found.live),
+                      "top": [{"nbytes": e.nbytes, "ops": e.ops} for e in found.live[:TOP]]}))
 
 
-def peak_index(events: list[Event]) -> int:
-    """The index of the event at which the running total is highest (the first such)."""
-    held = most = 0
-    at = 0
-    for index, event in enumerate(events):
-        held += event.nbytes
-        if held > most:
-            most, at = held, index
-    return at
+def run(quick: bool) -> dict[str, Any]:
+    """Each setting's recorded step, each in its own child process."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    settings = []
+    for setting in QUICK_SETTINGS if quick else SETTINGS:
+        done = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, cwd=ROOT,
+                              env=env, check=True)
+        settings.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {"model": MODEL, "warm_steps": WARM_STEPS, "settings": settings}
 
 
-def live_at(events: list[Event], index: int) -> list[Event]:
-    """The allocations made up to ``index`` and not freed by then (a free matched to the latest live one of its
-    size)."""
-    live: list[Event] = []
-    for event in events[:index + 1]:
-        if event.nbytes > 0:
-            live.append(event)
-            continue
-        for j in range(len(live) - 1, -1, -1):
-            if live[j].nbytes == -event.nbytes:
-                del live[j]
-                break
-    return sorted(live, key=lambda e: -e.nbytes)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a compile_budget.py model name")
-    parser.add_argument("--setting", required=True, help="a compile_budget.py setting (not a matched one)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--image", type=int, default=128)
-    parser.add_argument("--top", type=int, default=15, help="how many live allocations to list")
-    parser.add_argument("--timeline", type=int, default=0, help="also list every event of at least this many bytes")
-    args = parser.parse_args()
-    from compile_budget import setting_step
-    step, _ = setting_step(args.setting, args.model, args.batch, args.image, None)
-    for _ in range(3):
-        step()
-    events = recorded_events(step)
-    at = peak_index(events)
-    peak = sum(event.nbytes for event in events[:at + 1])
-    print(f"{args.model} {args.setting}: step tensor peak {peak / 2**20:.3f} MiB ({peak} bytes)")
-    print(f"at the peak: {events[at].ops}")
-    print(f"alive at the peak, largest {args.top}:")
-    for event in live_at(events, at)[:args.top]:
-        print(f"  {event.nbytes / KiB:10.1f} KiB  {event.ops}")
-    if args.timeline:
-        print(f"events of at least {args.timeline} bytes (KiB, running MiB):")
-        held = 0
-        for index, event in enumerate(events):
-            held += event.nbytes
-            if abs(event.nbytes) >= args.timeline:
-                print(f"{'*' if index == at else ' '} {event.nbytes / KiB:+10.1f} {held / 2**20:8.3f}  {event.ops}")
-
-
-if __name__ == "__main__":
-    main()
+def render(result: dict[str, Any]) -> str:
+    """Per setting: its peak, the ops at it, and the largest allocations alive there."""
+    kib = 1024
+    lines = [f"{result['model']} (the inputs of `edgetrain.models.cases`), one torch thread: after "
+             f"{result['warm_steps']} steps, one step recorded by the c10 allocator's records. The tensor peak is the "
+             "most bytes the step held above its start; the live allocations are those made before the peak and not "
+             "freed by then (a free matched to the latest live allocation of its size, so with equal sizes an op may "
+             "be another's of that size; sizes and totals are exact). Each is named by its innermost enclosing ops.",
+             "", "| setting | tensor step peak MiB | ops at the peak | alive at the peak MiB (allocations) |",
+             "|---|---|---|---|"]
+    for s in result["settings"]:
+        lines.append(f"| {s['setting']} | {s['peak_bytes'] / 2**20:.3f} | `{s['ops_at_peak']}` | "
+                     f"{s['live_bytes'] / 2**20:.3f} ({s['live_count']}) |")
+    for s in result["settings"]:
+        lines += ["", f"## {s['setting']}: the largest allocations alive at the peak", "", "| KiB | made by |",
+                  "|---|---|", *(f"| {e['nbytes'] / kib:.1f} | `{e['ops']}` |" for e in s["top"])]
+    return "\n".join(lines)

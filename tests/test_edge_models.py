@@ -6,7 +6,7 @@ MobileNetV3-Small, EfficientNet-B0 and DenseNet-121; Ultralytics' summary line i
 hand below). Training runs the same classes at test sizes (fewer blocks, narrower), four of the six here, each under
 ``Checkpointed(memory=...)`` at the least feasible budget, the middle and keep-all's peak:
 gradients equal plain autograd's and the measured peak is what the plan predicts.
-``benchmarks/any_model.py`` trains the full-size models the same way.
+The ``any_model`` benchmark (``python -m benchmarks run any_model``) trains the full-size models the same way.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def small(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 
 # MobileNetV3-Small (its blocks are EfficientNet's MobileBlock) and YOLOv8n (the slowest to profile:
-# ~250 small ops) train at full size in benchmarks/any_model.py, to keep this file within its time.
+# ~250 small ops) train at full size in the any_model benchmark, to keep this file within its time.
 @pytest.mark.parametrize("name", ["efficientnet_b0", "densenet121", "unet", "gpt2"])
 def test_trains_at_three_budgets_as_plain_autograd(name: str) -> None:
     assert_trains_at_three_budgets(*small(name))

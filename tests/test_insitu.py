@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from benchmark_scripts import load_benchmark
 
 from edgetrain.insitu.crossfit import (
     SIZE_OUTLIER_LOG_DENSITY,
@@ -1123,9 +1122,9 @@ def _goal_report(teacher: float, student: float, oracle: float, *, precision: fl
             "oracle_student_accuracy_by_elevation": {band: o for band, (_, o) in bands.items()}}
 
 
-def test_the_goals_table_judges_the_mean_of_the_offsets_and_bounds_the_student_by_its_oracle(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    table = load_benchmark("insitu_table", monkeypatch)
+def test_the_goals_table_judges_the_mean_of_the_offsets_and_bounds_the_student_by_its_oracle() -> None:
+    from edgetrain.insitu import goals as table
+
     # A seed whose oracle is 24 points above the teacher: no student equal to it would meet +25.
     first = _goal_report(0.6, 0.83, 0.84, eye=(0.90, 0.915), bands={"0-40": (0.8, 0.9), "60-90": (0.7, 0.75)})
     second = _goal_report(0.3, 0.55, 0.56, precision=0.95, coverage=0.80, eye=(0.90, 0.87),
@@ -1177,3 +1176,21 @@ def test_the_simulate_commands_defaults_are_the_simulation_configs() -> None:
     given["quota"] = parse_bytes(given["quota"])
     assert len(compared) >= 18
     assert {name: given[name] for name in compared} == compared
+
+
+def test_the_guides_results_table_is_the_stored_reports_table() -> None:
+    """docs/guide/insitu.md's seed table is what the insitu_table benchmark renders from the stored reports."""
+    from benchmarks.insitu_table import OFFSETS, SEEDS, render
+
+    root = Path(__file__).resolve().parents[1]
+    runs = [{"seed": s, "offset": k, "wall_s": 0.0,
+             "report": json.loads((root / f"benchmarks/results/insitu/seed{s}_offset{k}.json").read_text())}
+            for s in SEEDS for k in OFFSETS]
+    page = render({"camera": "steep", "detector": "standin", "small_world": False, "seeds": list(SEEDS),
+                   "offsets": list(OFFSETS), "runs": runs})
+    guide = (root / "docs/guide/insitu.md").read_text().replace("\u2212", "-")
+    seed_table = page.split("## Every run")[0].splitlines()
+    rows = [line for line in seed_table if line.startswith(("| 0 |", "| 1 |", "| 2 |", "| mean |"))]
+    assert len(rows) == 4
+    for row in rows:
+        assert row in guide

@@ -20,25 +20,10 @@ from packaging.utils import canonicalize_name
 from steps import between_least_and_keep_all_mib
 
 from edgetrain.devices.catalog import tomllib
+from edgetrain.sysutil.imports import BLOCKER
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = {"numba", "llvmlite", "highspy", "matplotlib"}
-BLOCKER = """\
-import sys
-from importlib.abc import MetaPathFinder
-
-BLOCKED = {blocked!r}
-
-
-class _Block(MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _Block())
-"""
 
 
 def _closure(extras: set[str]) -> set[str]:

@@ -22,10 +22,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -58,8 +56,7 @@ from edgetrain.core.schedule import (
 )
 from edgetrain.core.simulator import memory_timeline, simulate
 from edgetrain.costs.energy import EnergyProfile
-from edgetrain.errors import PagingError, ScheduleError
-from edgetrain.models import get_model_spec
+from edgetrain.errors import PagingError
 from edgetrain.models.stages import training_stages
 from edgetrain.planners import uniform
 from edgetrain.planners.dp.paging import solve_paging
@@ -67,12 +64,11 @@ from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.runtime import Executor, PageStore, run_schedule
 from edgetrain.runtime import pager as paging
 from edgetrain.runtime.overlap import plan_overlap
+from edgetrain.runtime.paging_cases import SIZES, PagingCase, case, host_paging_profile, median_step_s, with_paging
 
 log = logging.getLogger(__name__)
 
 SEED = 1234
-# (batch, image side or sequence length): activations large enough to matter next to the weights.
-SIZES = {"resnet18": (8, 96), "transformer_small": (16, 64)}
 
 
 @pytest.fixture(autouse=True)
@@ -80,70 +76,7 @@ def _one_thread(one_thread: None) -> None:
     """Bitwise comparisons and timings on one thread (the machine is shared)."""
 
 
-@dataclass
-class Case:
-    model: nn.Module
-    x: torch.Tensor
-    y: torch.Tensor
-    chain: Chain
-
-    def fresh_model(self) -> nn.Module:
-        return copy.deepcopy(self.model)
-
-
-@functools.cache
-def case(name: str) -> Case:
-    spec = get_model_spec(name)
-    batch, size = SIZES[name]
-    torch.manual_seed(0)
-    model = spec.build(num_classes=10)
-    x, y = spec.example_input(batch, size), spec.example_target(batch, num_classes=10)
-    return Case(model, x, y, profile(model, x, y, measure_time=False))
-
-
 # --- building paging schedules by hand ---------------------------------------------------------------
-
-def _needs_in_ram(op: Op, k: int, chain: Chain) -> bool:
-    """Whether ``op`` reads ``x_k`` from RAM (a forward of stage k, or a backward whose record kept it)."""
-    if isinstance(op, Forward):
-        return op.stage == k
-    if isinstance(op, Backward):
-        return ((op.stage == k and chain.stages[k].input_saved)
-                or (op.stage == k - 1 and chain.stages[k - 1].output_saved))
-    return False
-
-
-def _touches_value(op: Op, k: int) -> bool:
-    return isinstance(op, (Forward, Backward)) and op.stage in (k - 1, k)
-
-
-def with_paging(schedule: Schedule, chain: Chain, values: Sequence[int]) -> Schedule:
-    """``schedule`` with each of ``values`` paged out over every gap between the ops that use it.
-
-    A gap starts after an op on stage ``k - 1`` or ``k`` and ends at the next op that needs
-    ``x_k`` in RAM; a gap where the value is dead is left alone (the simulator says so).
-    """
-    ops = list(schedule.ops)
-    for k in values:
-        at = 0
-        while at < len(ops):
-            if not _touches_value(ops[at], k):
-                at += 1
-                continue
-            later = [b for b in range(at + 1, len(ops)) if _touches_value(ops[b], k)]
-            if (not later or not _needs_in_ram(ops[later[0]], k, chain)
-                    or not any(isinstance(op, (Forward, Backward)) for op in ops[at + 1:later[0]])):
-                at += 1
-                continue
-            trial = [*ops[:at + 1], PageOut(k), *ops[at + 1:later[0]], PageIn(k), *ops[later[0]:]]
-            try:
-                simulate(chain, Schedule(tuple(trial), schedule.length))
-            except ScheduleError:
-                at += 1
-                continue
-            ops, at = trial, later[0] + 2
-    return Schedule(tuple(ops), schedule.length, strategy=f"{schedule.strategy}+paging")
-
 
 def tensors_chain(name: str) -> Chain:
     """The case's chain without its kernels' scratch: where paging moves the peak. On ResNet-18 at 96 px a
@@ -300,7 +233,7 @@ def test_record_page_round_trip_is_bitwise(tmp_path: Path) -> None:
 
 # --- memory against the simulator ---------------------------------------------------------------------
 
-def measured_step_peak(c: Case, schedule: Schedule, page_dir: Path) -> tuple[StepPeaks, Executor]:
+def measured_step_peak(c: PagingCase, schedule: Schedule, page_dir: Path) -> tuple[StepPeaks, Executor]:
     """The peaks of a steady-state SGD step by both instruments (as in test_executor.measured_step_peak)."""
     model = c.fresh_model()
     opt = make_optimizer("sgd", model.parameters())
@@ -413,16 +346,6 @@ def test_overlap_stays_under_the_simulated_peak() -> None:
                 assert any(end > j + 1 for j, end in plan.release_before.items()), kind   # it does overlap somewhere
 
 
-def median_step_s(executor: Executor, c: Case, model: nn.Module, repeats: int = 3) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        executor.step(c.x, c.y)
-        samples.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
-    return sorted(samples)[len(samples) // 2]
-
-
 @pytest.mark.parametrize("name", list(SIZES))
 def test_step_time_against_the_simulator(name: str, tmp_path: Path, record_property: pytest.RecordProperty) -> None:
     """Reported, not asserted: a paged step's wall time next to the unpaged one and the simulator's
@@ -444,8 +367,7 @@ def test_step_time_against_the_simulator(name: str, tmp_path: Path, record_prope
     assert stats is not None and stats.pageouts == stats.pageins == counted.pageout_count > 0
     assert stats.bytes_written == stats.bytes_read == counted.pageout_bytes
     assert stats.write_s > 0 and stats.read_s > 0
-    host = EnergyProfile("host", 1e9, 1.0, 1e-6, stats.bytes_read / max(stats.read_s, 1e-9), 1.0,
-                         1e-6, stats.bytes_written / max(stats.write_s, 1e-9), 1.0)
+    host = host_paging_profile(stats)
     simulated = simulate(timed, paged, host)
     for key, value in {"paged_step_s": paged_s, "unpaged_step_s": unpaged_s, "simulated_time_s": simulated.time_s,
                        "simulated_compute_s": simulated.compute_time_s, "paging_wait_s": stats.wait_s}.items():

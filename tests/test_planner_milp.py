@@ -17,7 +17,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from benchmark_scripts import load_benchmark
 from calibration import TEST_HOST
 from torch import nn
 
@@ -40,6 +39,7 @@ from edgetrain.planners.milp.solve import (
     simulate_graph_schedule,
     training_graph,
 )
+from edgetrain.planners.milp.variants import variants_table
 from edgetrain.profiling.graph import capture_graph
 
 RPI4 = EnergyProfile.from_device(get_device("rpi4"), training_rate(get_device("rpi4"), TEST_HOST))
@@ -451,7 +451,8 @@ def test_coarsen_merges_cheap_forward_runs_and_stays_safe() -> None:
 
 @pytest.mark.slow
 def test_resnet18_operator_graph_solves_to_a_checked_schedule() -> None:
-    """The POET-size model: a schedule the replay accepts within the budget (solve time: benchmarks/energy.py)."""
+    """The POET-size model: a schedule the replay accepts within the budget (solve times: the milp_variants
+    benchmark)."""
     with torch.device("meta"):
         from edgetrain.models import resnet18
         model = resnet18()
@@ -466,10 +467,8 @@ def test_resnet18_operator_graph_solves_to_a_checked_schedule() -> None:
         assert math.isfinite(result.mip_gap)
 
 
-def test_the_energy_benchmark_tables_each_milp_variant_with_the_spread_of_its_solves(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_variants_table_gives_each_milp_variant_with_the_spread_of_its_solves() -> None:
     # Prepare: two variants' rows as operator_milp_times writes them, three solves and one.
-    bench = load_benchmark("energy", monkeypatch)
     rows = [{"activation_fraction": 0.6, "variant": "no paging", "memory_bps": 2e9, "status": "time_limit",
              "energy_j": 18.0650001, "one_pass_energy_j": 17.567, "mip_gaps": [5e-4, 5.6e-4, 1e-4],
              "statuses": ["time_limit", "optimal", "time_limit"], "energies_j": [18.0650001, 18.065, 18.06],
@@ -479,7 +478,7 @@ def test_the_energy_benchmark_tables_each_milp_variant_with_the_spread_of_its_so
              "statuses": ["optimal"], "energies_j": [16.377],
              "solve_time_spread": {"n": 1, "median": 0.12, "q1": 0.12, "q3": 0.12, "iqr": 0.0, "cov_pct": None}}]
     # Execute
-    table = bench.variants_table(rows).splitlines()
+    table = variants_table(rows).splitlines()
     # Assert: every status seen, the energies' range, the largest gap, no negative zero, the spread by hand.
     assert table[2] == ("| 2 GB/s | 0.60 | no paging | optimal/time_limit | 18.060-18.065 | 0.498 | 5.6e-04 | "
                         "60.00 (IQR 2.00, CoV 2.5%, n=3) |")

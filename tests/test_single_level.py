@@ -7,12 +7,12 @@ import random
 from dataclasses import replace
 
 import pytest
-from benchmark_scripts import load_benchmark
 from chains import keep_all_peak, random_chain
 
 from edgetrain import Chain
 from edgetrain.core.simulator import simulate
 from edgetrain.planners import single_level as planner
+from edgetrain.planners.search_timing import timed_search
 from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan, stage_groups
 from edgetrain.runtime.compiled import text_kinds
 
@@ -44,8 +44,7 @@ def _regions_from(firsts: list[int], opens: list[bool], length: int) -> list[int
 
 
 @pytest.mark.slow
-def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats_every_start(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats_every_start() -> None:
     # Prepare: 50 stages, all but two saving their input (where regions may open: many starts for the search), a
     # budget a third of the way from regions of three groups each up to keep-all's peak
     drawn = random_chain(random.Random(5), 50)
@@ -55,9 +54,10 @@ def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats
     firsts = stage_groups(opens)
     low = simulate(chain, single_level(_regions_from(firsts[::3], opens, chain.length))).peak_bytes
     budget = low + (keep_all_peak(chain) - low) // 3
-    # Execute: the search benchmark's counted search at the planner's own grouping
-    searched = load_benchmark("single_level_search", monkeypatch)._search(chain, budget, planner.MAX_GROUPS, 600.0)
-    kinds = text_kinds(searched["plan"])
+    # Execute: the counted search at the planner's own grouping
+    searched = timed_search(chain, budget, planner.MAX_GROUPS, 600.0)
+    assert searched.plan is not None
+    kinds = text_kinds(searched.plan)
     # Assert: regions begin and end only at groups' first stages, and open where the input is saved
     edges = {i for i in range(1, chain.length) if (kinds[i] == KEPT) != (kinds[i - 1] == KEPT) or kinds[i] == STARTS}
     assert STARTS in kinds and edges <= {*firsts, chain.length - 1}
@@ -69,18 +69,16 @@ def test_on_a_long_chain_the_plan_moves_whole_groups_fits_as_simulated_and_beats
         other = simulate(chain, single_level(_regions_from(firsts[::k], opens, chain.length)))
         assert other.peak_bytes > budget or other.time_s >= stats.time_s
     # and the search is a few thousand simulations (stage by stage it is about 40,000 on this chain)
-    assert searched["simulations"] < 5_000
+    assert searched.simulations < 5_000
 
 
-def test_the_search_benchmark_stops_a_search_past_its_limit_and_puts_the_planner_back(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = load_benchmark("single_level_search", monkeypatch)
+def test_a_timed_search_stops_past_its_limit_and_puts_the_planner_back(monkeypatch: pytest.MonkeyPatch) -> None:
     chain = random_chain(random.Random(2), 30)
     budget = keep_all_peak(chain) - 1
-    stopped = bench._search(chain, budget, chain.length, limit_s=0.0)
-    searched = bench._search(chain, budget, 8, limit_s=600.0)
-    assert not stopped["finished"] and stopped["simulations"] == 1
-    assert searched["finished"] and searched["peak_bytes"] <= budget
+    stopped = timed_search(chain, budget, chain.length, limit_s=0.0)
+    searched = timed_search(chain, budget, 8, limit_s=600.0)
+    assert not stopped.finished and stopped.simulations == 1 and stopped.plan is None
+    assert searched.finished and searched.peak_bytes is not None and searched.peak_bytes <= budget
     assert planner.MAX_GROUPS == 24 and planner.simulate is simulate
     monkeypatch.setattr(planner, "MAX_GROUPS", 8)
-    assert searched["plan"] == "".join(".SR"[k] for k in single_level_plan(chain, budget))
+    assert searched.plan == "".join(".SR"[k] for k in single_level_plan(chain, budget))

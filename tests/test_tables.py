@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 
+from edgetrain.bench import read_result
 from edgetrain.core.chain import Chain
 from edgetrain.profiling import estimate_memory
 from edgetrain.reports import tables
@@ -42,12 +42,14 @@ def test_weights_and_activations_is_weights_input_and_saved() -> None:
     assert weights_and_activations_bytes(estimate.chain) < estimate.total_bytes  # gradients and momentum on top
 
 
-DOCS_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "paper_tables" / "tables.csv"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "paper_tables.json"
 
 
-def _docs_rows() -> dict[tuple[str, str, str, str], dict[str, str]]:
-    with DOCS_CSV.open() as handle:
-        return {(r["table"], r["batch"], r["image"], r["model"]): r for r in csv.DictReader(handle)}
+def _docs_rows() -> dict[tuple[str, int, int, str], TableCell]:
+    """The cells of the committed results file of `python -m benchmarks run paper_tables`."""
+    result = read_result(RESULTS).result
+    cells = [TableCell.from_dict(cell, result["budget_bytes"]) for cell in result["cells"]]
+    return {(c.paper.table, c.paper.batch, c.paper.image, c.paper.model): c for c in cells}
 
 
 def test_the_papers_accounting_reproduces_all_80_cells_within_5_percent() -> None:
@@ -59,8 +61,7 @@ def test_the_papers_accounting_reproduces_all_80_cells_within_5_percent() -> Non
         recomputed = paper_accounting_bytes(value.model, value.batch, value.image)
         assert 1.0 <= recomputed / value.bytes <= 1.05, (value, recomputed / value.bytes)
         # the docs' copy is what the command writes
-        assert int(docs[(value.table, str(value.batch), str(value.image), value.model)]["paper_accounting_bytes"]) \
-            == recomputed
+        assert docs[(value.table, value.batch, value.image, value.model)].paper_accounting_bytes == recomputed
 
 
 def test_the_papers_accounting_is_16_bytes_per_parameter_and_8_per_output_element() -> None:
@@ -109,13 +110,10 @@ def test_reproduce_writes_markdown_and_csv(tmp_path: Path, monkeypatch: pytest.M
     assert "Table I" in text and "Table III" in text and "MiB/image" in text and "paper's accounting" in text
     rows = (tmp_path / "tables.csv").read_text().splitlines()
     assert len(rows) == 17 and rows[0].startswith("table,batch,image,model,paper_value")
-    # The docs' copy holds what the command writes, the real training step's peak included.
+    # The committed results hold what the command computes, the real training step's peak included.
     docs = _docs_rows()
     for cell in cells:
-        row = docs[(cell.paper.table, str(cell.paper.batch), str(cell.paper.image), cell.paper.model)]
-        assert (int(row["paper_accounting_bytes"]), int(row["ours_training_peak_bytes"])) == \
-            (cell.paper_accounting_bytes, cell.training_peak_bytes)
-        assert row["ours_fits"] == str(cell.fits) and row["paper_fits"] == str(cell.paper_fits)
+        assert docs[(cell.paper.table, cell.paper.batch, cell.paper.image, cell.paper.model)] == cell
     big = next(c for c in cells if c.paper.table == "I" and c.paper.batch == 50)
     small = next(c for c in cells if c.paper.table == "I" and c.paper.batch == 1)
     # The paper's Table I, ResNet-18: 230.05 MB at batch 1, MB read as MiB (docs/concepts/memory.md).

@@ -1,7 +1,7 @@
 """The inference path's per-frame latency beside a training student, against the same with the student paused.
 
 The service reports it per chunk (``inference_p95_ratio``, NOTE [ The in-situ service ]); ``insitu simulate``'s
-probe and ``benchmarks/insitu_latency.py`` measure it over whole clips with :func:`latency_beside_student`.
+probe and ``python -m benchmarks run insitu_latency`` measure it over whole clips with :func:`latency_beside_student`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ to the class prior.
 
 NOTE [ Track posteriors: the steep camera's labelling rule ]
 On the steep camera (8 m, 60° down) none of the gate's cues (NOTE [ Estimating the teacher's competence ]) tells
-the teacher's confident mistakes from its right answers (``benchmarks/insitu_gate.py`` finds no setting of them
-at high precision and useful coverage: docs/guide/insitu.md): from above, the shared grey roofs make the teacher
-call most crates and barrels "dome", with confidence. Two cues a node *can* compute help, and the rule
+the teacher's confident mistakes from its right answers (``python -m benchmarks run insitu_gate`` finds no setting
+of them at high precision and useful coverage: docs/results/insitu_gate.md): from above, the shared grey roofs make
+the teacher call most crates and barrels "dome", with confidence. Two cues a node *can* compute help, and the rule
 ``GateConfig.rule = "posterior"`` (GateConfig's default: the service's rule) uses them instead of a gate:
 
 1. *the view from the node's own mount*: the camera's elevation above a box's ground contact

@@ -2,7 +2,7 @@
 
 They are what ``stages_of`` must take as they are: a skip connection that concatenates two
 tensors, a ``TransformerEncoder`` inside an ``nn.Sequential``, and a plain ``nn.Sequential`` CNN.
-Tests train them small; ``benchmarks/any_model.py`` trains them larger.
+Tests train them small; the ``any_model`` benchmark trains them larger (:mod:`edgetrain.models.cases`).
 """
 
 from __future__ import annotations

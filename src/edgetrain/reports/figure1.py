@@ -28,6 +28,7 @@ import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core.chain import Chain
 from ..core.schedule import Schedule, keep_all
@@ -41,8 +42,8 @@ from ..sysutil.fileio import write_atomic
 from ..units import format_bytes
 from .tables import paper_values
 
-__all__ = ["CurvePoint", "Curve", "PANELS", "CLAIM_RHO", "FAMILIES", "linear_curve", "paper_curve", "resnet_curve",
-           "reproduce_figure1"]
+__all__ = ["CurvePoint", "Curve", "Figure1", "PANELS", "CLAIM_RHO", "FAMILIES", "linear_curve", "paper_curve",
+           "resnet_curve", "figure1_curves", "figure1_markdown", "reproduce_figure1"]
 
 PANELS = ((224, 1), (224, 8), (500, 1), (500, 8))  # the paper's panels (a)-(d): image, batch
 CLAIM_RHO = 1.6
@@ -144,15 +145,30 @@ class Figure1:
         return {c.depth: c.points[0].peak_bytes for c in self.curves
                 if c.family == family and (c.image, c.batch) == (500, 8)}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The figure as plain data: the budget and every curve's Pareto points."""
+        return {"budget_bytes": self.budget_bytes,
+                "curves": [{"family": c.family, "depth": c.depth, "batch": c.batch, "image": c.image,
+                            "points": [[p.recompute_factor, p.peak_bytes, p.strategy] for p in c.points]}
+                           for c in self.curves]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Figure1:
+        """The figure :meth:`to_dict` wrote."""
+        curves = tuple(Curve(c["family"], c["depth"], c["batch"], c["image"],
+                             tuple(CurvePoint(factor, peak, strategy) for factor, peak, strategy in c["points"]))
+                       for c in data["curves"])
+        return cls(curves, data["budget_bytes"])
+
     def resnet18_misses_at_rho_one(self, family: str) -> bool | None:
         """The paper's other half: at ρ = 1, batch 8 and 500 px, even ResNet-18 does not fit; None without it."""
         peak = self.plain_peak_bytes(family).get(18)
         return None if peak is None else peak > self.budget_bytes
 
 
-def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int, ...] = LINEAR_RESNET_DEPTHS,
-                      progress: Callable[[int, int], None] | None = None) -> Figure1:
-    """Compute every curve, write ``figure1.csv``, ``figure1.md`` and the two PNG figures."""
+def figure1_curves(budget_bytes: int, depths: tuple[int, ...] = LINEAR_RESNET_DEPTHS,
+                   progress: Callable[[int, int], None] | None = None) -> Figure1:
+    """Every curve of every family and panel for ``depths``, judged against ``budget_bytes``."""
     jobs = [(family, depth, image, batch) for family in FAMILIES for image, batch in PANELS for depth in depths]
     curves = []
     for index, (family, depth, image, batch) in enumerate(jobs):
@@ -160,11 +176,18 @@ def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int,
         curves.append(build(depth, batch, image))
         if progress is not None:
             progress(index + 1, len(jobs))
-    figure = Figure1(tuple(curves), budget_bytes)
+    return Figure1(tuple(curves), budget_bytes)
+
+
+def reproduce_figure1(out_dir: str | Path, budget_bytes: int, depths: tuple[int, ...] = LINEAR_RESNET_DEPTHS,
+                      progress: Callable[[int, int], None] | None = None) -> Figure1:
+    """Compute every curve, write ``figure1.csv``, ``figure1.md`` and the two PNG figures."""
+    figure = figure1_curves(budget_bytes, depths, progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "figure1.csv", _to_csv(figure))
-    write_atomic(out / "figure1.md", _to_markdown(figure))
+    write_atomic(out / "figure1.md", "# Figure 1, regenerated: peak memory vs recompute factor\n\n"
+                 + figure1_markdown(figure) + "\nThe points are in figure1.csv.\n")
     for family, name in zip(FAMILIES, PNG_NAMES, strict=True):
         _plot(figure, family, out / name)
     return figure
@@ -196,18 +219,18 @@ def _verdict_lines(figure: Figure1, family: str) -> list[str]:
     return [*lines, ""]
 
 
-def _to_markdown(figure: Figure1) -> str:
-    lines = ["# Figure 1, regenerated: peak memory vs recompute factor", "",
-             "ρ = simulated step time with recomputation / without. LinearResNet: unit forward and backward per",
+def figure1_markdown(figure: Figure1) -> str:
+    """How ρ and memory are counted, then each family's least ρ per depth and the claims' verdicts (no title)."""
+    lines = ["ρ = simulated step time with recomputation / without. LinearResNet: unit forward and backward per",
              "layer, weights + activations, Revolve; on the paper's Tables the total of each panel is the",
              "paper's figure (fixed part: FP32 weights and BatchNorm buffers), otherwise our activation sizes.",
              "ResNet: FLOP-weighted",
              "stage times, the whole training step (weights, gradients, SGD momentum, activations), the optimal",
              "planner.",
-             "Regenerate with `edgetrain reproduce figure1`; points are in figure1.csv.", ""]
+             "Regenerate with `edgetrain reproduce figure1`, which also plots every curve.", ""]
     for family in FAMILIES:
         lines += _verdict_lines(figure, family)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def _plot(figure: Figure1, family: str, path: Path) -> None:

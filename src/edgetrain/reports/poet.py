@@ -58,7 +58,7 @@ from .poet_claims import (
 )
 
 __all__ = ["PoetFigure", "DEFAULT_MODELS", "DEFAULT_DEVICES", "STRATEGIES", "CLAIM_TOLERANCE", "CLAIM_BUDGET_PCT",
-           "reproduce_poet"]
+           "poet_markdown", "reproduce_poet"]
 
 # ResNet-18 at 224 px (POET's ImageNet-size input): activations are about half of the step's peak,
 # so a sweep to "half the memory" is possible at all; at 32 px they are 3% (weights, momentum and
@@ -312,10 +312,11 @@ def _fmt(value: object) -> str:
     return "does not fit" if value is None else f"{value:+.2f}%"
 
 
-def _summary(data: dict[str, object]) -> str:
+def poet_markdown(data: dict[str, object]) -> str:
+    """The report's tables from its data (``poet.json``): the claim per panel, POET's results point by point, the
+    runtime sweep and the assumptions, without a title."""
     panels: list[dict[str, object]] = data["panels"]  # type: ignore[assignment]
-    lines = ["# POET's claim, re-run", "",
-             f"Claim: with paging + recomputation a step's energy stays within {100 * CLAIM_TOLERANCE:.0f}% of the "
+    lines = [f"Claim: with paging + recomputation a step's energy stays within {100 * CLAIM_TOLERANCE:.0f}% of the "
              f"unconstrained step down to roughly half the memory (here: {CLAIM_BUDGET_PCT:.0f}% of keep-all's "
              "peak or lower), where recompute-only pays more than that.", "",
              "Budgets as % of keep-all's whole peak / of its part above the fixed state (POET's accounting: "
@@ -423,5 +424,5 @@ def reproduce_poet(out_dir: str | Path, *, models: Sequence[tuple[str, int, int]
     figure = PoetFigure(out / "poet.json", out / "poet.png", out / "poet.md", data)
     write_atomic(figure.json_path, json.dumps(data, indent=1))
     _plot(data, figure.png_path)
-    write_atomic(figure.md_path, _summary(data))
+    write_atomic(figure.md_path, "# POET's claim, re-run\n\n" + poet_markdown(data))
     return figure

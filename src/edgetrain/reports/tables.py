@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.chain import Chain
 from ..profiling.estimate import estimate_memory
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["PaperValue", "TableCell", "Claim", "CLAIMS", "claim_verdicts", "paper_values", "paper_accounting_bytes",
-           "weights_and_activations_bytes", "reproduce_tables", "TABLE_TITLES"]
+           "weights_and_activations_bytes", "table_cells", "reproduce_tables", "tables_markdown", "TABLE_TITLES"]
 
 PAPER_BYTES_PER_PARAMETER = 16
 PAPER_BYTES_PER_OUTPUT_ELEMENT = 8
@@ -107,6 +107,22 @@ class TableCell:
     @property
     def paper_fits(self) -> bool:
         return self.paper.bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, str | int | float]:
+        """The cell as plain data (its budget apart: every cell of a run shares it)."""
+        paper = self.paper
+        return {"table": paper.table, "batch": paper.batch, "image": paper.image, "model": paper.model,
+                "value": paper.value, "unit": paper.unit, "paper_accounting_bytes": self.paper_accounting_bytes,
+                "training_peak_bytes": self.training_peak_bytes,
+                "weights_activations_bytes": self.weights_activations_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], budget_bytes: int) -> TableCell:
+        """The cell :meth:`to_dict` wrote, judged against ``budget_bytes``."""
+        paper = PaperValue(data["table"], data["batch"], data["image"], data["model"], data["value"], data["unit"])
+        return cls(paper=paper, paper_accounting_bytes=data["paper_accounting_bytes"],
+                   training_peak_bytes=data["training_peak_bytes"],
+                   weights_activations_bytes=data["weights_activations_bytes"], budget_bytes=budget_bytes)
 
 
 Verdicts = Callable[[str, int, int], bool]   # (model, batch, image) -> fits the budget
@@ -199,10 +215,10 @@ def _meta_model(model: str) -> torch.nn.Module:
     return net.eval()  # same output shapes; BatchNorm's meta kernel is twice as fast without running statistics
 
 
-def reproduce_tables(out_dir: str | Path, budget_bytes: int,
-                     progress: Callable[[int, int], None] | None = None) -> list[TableCell]:
-    """Every cell of Tables I-III three ways; write ``tables.md`` and ``tables.csv`` under ``out_dir``."""
-    values = paper_values()
+def table_cells(budget_bytes: int, values: list[PaperValue] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[TableCell]:
+    """Every cell of ``values`` (default: all 80 of Tables I-III) three ways, fit verdicts against ``budget_bytes``."""
+    values = paper_values() if values is None else values
     cache: dict[tuple[str, int, int], tuple[int, int, int]] = {}
     cells = []
     for index, value in enumerate(values):
@@ -216,10 +232,17 @@ def reproduce_tables(out_dir: str | Path, budget_bytes: int,
                                weights_activations_bytes=weights_activations, budget_bytes=budget_bytes))
         if progress is not None:
             progress(index + 1, len(values))
+    return cells
+
+
+def reproduce_tables(out_dir: str | Path, budget_bytes: int,
+                     progress: Callable[[int, int], None] | None = None) -> list[TableCell]:
+    """Every cell of Tables I-III three ways; write ``tables.md`` and ``tables.csv`` under ``out_dir``."""
+    cells = table_cells(budget_bytes, progress=progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "tables.csv", _to_csv(cells))
-    write_atomic(out / "tables.md", _to_markdown(cells, budget_bytes))
+    write_atomic(out / "tables.md", "# Founding-paper memory tables, regenerated\n\n" + tables_markdown(cells))
     return cells
 
 
@@ -282,10 +305,10 @@ def _mark(fits: bool) -> str:
     return "" if fits else " ✗"
 
 
-def _to_markdown(cells: list[TableCell], budget_bytes: int) -> str:
+def tables_markdown(cells: list[TableCell]) -> str:
+    """The tables, their ratios, the paper's claims judged three ways and the line fit, as markdown (no title)."""
+    budget_bytes = cells[0].budget_bytes
     lines = [
-        "# Founding-paper memory tables, regenerated",
-        "",
         "Each cell: **paper** (the published value) / **paper's accounting** recomputed from layer shapes",
         "(16 B per parameter + 8 B per element of every layer's output, in-place outputs counted again;",
         "NOTE [ The paper's accounting ] in `edgetrain/reports/tables.py`) / **ours**, the peak of a real PyTorch",
@@ -296,6 +319,8 @@ def _to_markdown(cells: list[TableCell], budget_bytes: int) -> str:
     ]
     for table, title in TABLE_TITLES.items():
         rows = [c for c in cells if c.paper.table == table]
+        if not rows:
+            continue
         models = list(dict.fromkeys(c.paper.model for c in rows))
         keys = list(dict.fromkeys(c.paper.row for c in rows))
         unit = _UNIT_BYTES[rows[0].paper.unit]

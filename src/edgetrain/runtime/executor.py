@@ -51,8 +51,8 @@ class Executor:
         disk_budget_bytes: the most a step may keep on storage; a page-out beyond it raises
             :class:`PagingError` before writing.
         plain_keep_all: run the keep-all schedule as plain autograd (one graph, one backward);
-            False runs it op by op like any other schedule (what ``benchmarks/executor_overhead.py``
-            times to price the per-stage machinery).
+            False runs it op by op like any other schedule (what the ``executor_overhead``
+            benchmark times to price the per-stage machinery).
 
     Raises:
         ScheduleError: a schedule that does not match the stages or cannot run.
