@@ -79,47 +79,17 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+from edgetrain.runtime.step_settings import IN_BACKWARD, REGISTRY_MODELS, in_backward, setting_step
 
 DEFAULT_SETTINGS = ("eager,inductor:1.0,inductor:0.5,inductor:0.0,edgetrain:least,edgetrain=inductor:1.0,"
                     "edgetrain=inductor:0.5,edgetrain=inductor:0.0,edgetrain+compile=inductor:1.0,"
                     "edgetrain+compile=inductor:0.5,edgetrain+compile=inductor:0.0")
-REGISTRY_MODELS = ("resnet18", "mobilenet_v2")
 MATCH = "=inductor:"
-IN_BACKWARD = "+step_in_backward"   # a setting's kind with it: the optimizer stepped in the backward
 FLOOR_TIE = 0.005   # a least peak this close to inductor's floor (either way) is the same working set: a tie
 MiB = 2**20
-
-Case = tuple[nn.Module, torch.Tensor, torch.Tensor]
-
-
-def build_case(name: str, batch: int, image: int) -> tuple[Case, bool]:
-    """The model, input and target named ``name``, and whether edgetrain should plan inside its stages.
-
-    ``MODEL@channels_last`` is that model with its weights and input batch in channels-last memory format
-    (oneDNN's convolutions then work in their own layout, without the conversions that an NCHW
-    convolution's backward allocates: scratch that the allocator's records count and a plan does not).
-    """
-    base, _, layout = name.partition("@")
-    if layout:
-        if layout != "channels_last":
-            raise SystemExit(f"unknown memory format {layout!r} in {name!r}; known: channels_last")
-        (model, x, y), blocks = build_case(base, batch, image)
-        return (model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last), y), blocks
-    if name in REGISTRY_MODELS:
-        from edgetrain.models import get_model_spec
-        model = get_model_spec(name).build(10)
-        return (model, torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))), False
-    from edgetrain.models.cases import block_model_cases, model_cases
-    cases = {**model_cases(), **block_model_cases()}
-    if name not in cases:
-        raise SystemExit(f"unknown model {name!r}; known: {', '.join((*REGISTRY_MODELS, *cases))}")
-    return cases[name](), True
 
 
 def all_models() -> list[str]:
@@ -128,136 +98,6 @@ def all_models() -> list[str]:
     from edgetrain.models.cases import block_model_cases, model_cases
     names = dict.fromkeys([*block_model_cases(), *model_cases()])
     return [*REGISTRY_MODELS, *(name for name in names if name not in ("unet", "gpt2"))]
-
-
-def full_step(loss_step: Callable[[], Any], optimizer: torch.optim.Optimizer) -> Callable[[], None]:
-    """``Checkpointed``'s training step as the other settings run theirs (the library's
-    :func:`~edgetrain.runtime.compiled.training_step`): its loss and backward, the optimizer, gradients freed."""
-    def step() -> None:
-        loss_step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
-
-
-def edgetrain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, setting: str, blocks: bool,
-                   optimizer: torch.optim.Optimizer, match_step_bytes: int | None,
-                   ) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The training step of ``Checkpointed`` for ``setting``, and what its plan predicts.
-
-    A matched setting (``=inductor:B``) first plans at the chain's resident bytes plus inductor's
-    measured step peak, then lowers the budget by what the measured step overshoots, up to four
-    times: edgetrain's tensor accounting leaves out scratch memory inside a kernel (a convolution's
-    unfolded columns) that the allocator's records include, and the comparison is on the records.
-    """
-    from edgetrain.core.optim import make_optimizer
-    from edgetrain.models import stages_of
-    from edgetrain.models.segmented import SegmentedStage, segmented_stages
-    from edgetrain.models.stages import compiled_stages, training_stages
-    from edgetrain.planners.blocks import least_block_bytes
-    from edgetrain.profiling import profile
-    from edgetrain.runtime import Checkpointed, three_budgets
-    from edgetrain.runtime.compiled import measured_step_peak_bytes
-    from edgetrain.runtime.step_in_backward import shared_gradient_bytes
-    value = setting.partition(":")[2]
-    compiled = setting.startswith("edgetrain+compile")
-    blocks = blocks and not compiled   # a compiled stage is not traced: nothing to segment
-    # the compiled stages profiled as Checkpointed(compile_stages=True) will run them; else the model itself
-    stepping = in_backward(setting)
-    chain = profile(nn.Sequential(*compiled_stages(training_stages(model))[:-1]) if compiled else model, x, y,
-                    step_in_backward=stepping)
-
-    def stepped(plain: Any, stages: list[nn.Module]) -> Any:   # the chain as the step runs (Checkpointed plans it
-        # so from the plain one)
-        return plain.with_step_in_backward(shared_gradient_bytes(stages)) if stepping else plain
-
-    least, twins = three_budgets(stepped(chain, training_stages(model)))[0], None
-    if blocks:
-        stages = segmented_stages(stages_of(model), x)
-        twins = profile(nn.Sequential(*stages), x, y, step_in_backward=stepping)
-        least = least_block_bytes(stepped(chain, training_stages(model)), stepped(twins, training_stages(
-            nn.Sequential(*stages))), [isinstance(stage, SegmentedStage) for stage in stages] + [False])
-
-    def planned(**request: Any) -> tuple[Checkpointed, Callable[[], None]]:
-        wrapped = Checkpointed(model, sample=x, target=y, chain=chain, blocks=blocks, twins=twins,
-                               compile_stages=compiled, **request,
-                               step_in_backward=(lambda ps: make_optimizer("sgd", ps)) if stepping else None)
-        if stepping:
-            return wrapped, lambda: wrapped.step_loss(x, y)
-        return wrapped, full_step(lambda: wrapped.step_loss(x, y), optimizer)
-
-    fits: list[int] = []
-    budget: int | None = None   # the memory request planned at, where the setting asks for memory
-    if match_step_bytes is not None:
-        budget = max(least, chain.between_steps_bytes + match_step_bytes)
-        for _ in range(4):
-            wrapped, step = planned(memory=budget)
-            step()
-            fits.append(measured_step_peak_bytes(step))
-            if fits[-1] <= match_step_bytes or budget == least:
-                break
-            budget = max(least, budget - (fits[-1] - match_step_bytes))
-    elif value == "least":
-        budget = least
-        wrapped, step = planned(memory=budget)
-    else:
-        wrapped, step = planned(recompute=float(value))
-    return step, {"between_steps_bytes": wrapped.chain.between_steps_bytes, "least_bytes": least,
-                  "budget_bytes": budget, "gradients_bytes": chain.gradients_bytes,   # a whole step's floor
-                  "predicted_step_peak_bytes": wrapped.plan.predicted_peak_bytes - wrapped.chain.between_steps_bytes,
-                  "recompute_factor": (wrapped.block_plan or wrapped.plan).recompute_factor,  # inner recomputation too
-                  "fit_step_peaks_bytes": fits}
-
-
-def regions_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
-                 match_step_bytes: int, partitioner_budget: float) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The whole model compiled once at ``activation_memory_budget = partitioner_budget``, with edgetrain's
-    single-level plan as checkpoint regions inside it: inductor's min-cut decides what to save outside the
-    regions, edgetrain's regions recompute whole stages (NOTE [ Checkpoint regions in one compiled graph ]).
-
-    The candidates are :func:`edgetrain.runtime.compiled.compiled_candidates`' at this one budget (inductor's own
-    graph at it, then up to three regions plans fitted to the measured step; NOTE [ A byte budget for
-    torch.compile ]). Kept: the fastest within ``match_step_bytes``, else the one with the least peak.
-    """
-    from edgetrain.profiling import profile
-    from edgetrain.runtime.compiled import compiled_candidates
-    chain = profile(model, x, y)
-    tried = compiled_candidates(model, x, y, match_step_bytes, optimizer, chain=chain,
-                                partitioner_budgets=(partitioner_budget,), regions_budget=partitioner_budget)
-    fitted = [c for c in tried if c.step_peak_bytes <= match_step_bytes]
-    chosen = (min(fitted, key=lambda c: c.step_cpu_s) if fitted else min(tried, key=lambda c: c.step_peak_bytes))
-    return whole_graph_step(model, x, y, optimizer, chain, chosen, tried)
-
-
-def compiled_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
-                  match_step_bytes: int) -> tuple[Callable[[], None], dict[str, Any]]:
-    """``edgetrain.runtime.compiled.fit_compiled`` at the matched budget: the fastest of inductor's own graphs at
-    1.0, 0.5 and 0.0 and edgetrain's regions fitted at 1.0 whose step fits (NOTE [ A byte budget for
-    torch.compile ])."""
-    from edgetrain.profiling import profile
-    from edgetrain.runtime.compiled import fit_compiled
-    chain = profile(model, x, y)
-    fit = fit_compiled(model, x, y, chain.between_steps_bytes + match_step_bytes, optimizer, chain=chain)
-    return whole_graph_step(model, x, y, optimizer, chain, fit.chosen, fit.candidates)
-
-
-def whole_graph_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
-                     chain: Any, chosen: Any, tried: list[Any]) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The chosen whole-model candidate's step, and what the row records of it and of every candidate."""
-    from edgetrain.core.simulator import simulate
-    from edgetrain.planners.single_level import single_level
-    from edgetrain.runtime import three_budgets
-    from edgetrain.runtime.compiled import build_compiled, text_kinds, training_step
-    kinds = chosen.regions or "." * chain.length
-    stats = simulate(chain, single_level(text_kinds(kinds)))
-    step = training_step(build_compiled(model, chosen), x, y, optimizer, nn.functional.cross_entropy)
-    return step, {
-        "between_steps_bytes": chain.between_steps_bytes, "least_bytes": three_budgets(chain)[0],
-        "predicted_step_peak_bytes": stats.peak_bytes - chain.between_steps_bytes,
-        "recompute_factor": stats.recompute_factor, "partitioner_budget": chosen.partitioner_budget,
-        "single_level_kinds": kinds,
-        "candidates": [{"kinds": c.regions or "." * chain.length, "partitioner_budget": c.partitioner_budget,
-                        "step_tensor_peak_bytes": c.step_peak_bytes, "step_cpu_s": c.step_cpu_s} for c in tried]}
 
 
 def thread_counts(usage: Any = None) -> tuple[int, int]:
@@ -273,47 +113,6 @@ def dynamo_event_count() -> int:
     the timed steps when no step traced or compiled anything again."""
     from torch._dynamo.utils import counters
     return sum(sum(counter.values()) for counter in counters.values())
-
-
-def setting_step(setting: str, name: str, batch: int, image: int,
-                 match_step_bytes: int | None) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The training step of ``setting`` on model ``name`` (one torch thread, seed 0, SGD), and what its plan
-    predicts (empty for eager and inductor)."""
-    from edgetrain.core.optim import make_optimizer
-    from edgetrain.runtime.compiled import training_step
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    (model, x, y), blocks = build_case(name, batch, image)
-    optimizer = make_optimizer("sgd", model.parameters())
-    kind, _, value = setting.partition(":")
-    if kind in ("inductor", "inductor" + IN_BACKWARD):
-        import torch._functorch.config as functorch_config
-        functorch_config.activation_memory_budget = float(value)
-        if kind == "inductor":
-            return training_step(torch.compile(model), x, y, optimizer, nn.functional.cross_entropy), {}
-        return in_backward_step(model, torch.compile(model), x, y), {}
-    if kind.startswith("edgetrain+compiled"):
-        assert match_step_bytes is not None, "edgetrain+compiled is matched to an inductor setting"
-        return compiled_step(model, x, y, optimizer, match_step_bytes)
-    if kind.startswith("edgetrain+regions"):
-        assert match_step_bytes is not None, "edgetrain+regions is matched to an inductor setting"
-        partitioner_budget = float(kind.partition("@")[2].partition("=")[0] or 1.0)
-        return regions_step(model, x, y, optimizer, match_step_bytes, partitioner_budget)
-    if kind.startswith("edgetrain"):
-        return edgetrain_step(model, x, y, setting, blocks, optimizer, match_step_bytes)
-    return training_step(model, x, y, optimizer, nn.functional.cross_entropy), {}
-
-
-def in_backward_step(model: nn.Module, run: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
-    """Loss and backward of ``run`` (``model``, compiled or not) with one SGD per parameter of ``model`` stepped as
-    its gradient is accumulated: the whole step."""
-    from edgetrain.core.optim import make_optimizer
-    from edgetrain.runtime.step_in_backward import StepInBackward
-    StepInBackward([model], lambda ps: make_optimizer("sgd", ps), "sgd")   # the parameters' hooks keep it
-
-    def step() -> None:
-        nn.functional.cross_entropy(run(x), y).backward()
-    return step
 
 
 def child(setting: str, name: str, batch: int, image: int, steps: int, match_step_bytes: int | None) -> None:
@@ -449,11 +248,6 @@ def configuration(row: dict[str, Any]) -> str:
         f"b={b}, " + (f"regions {kinds}" if "S" in kinds else f"no regions (inductor:{b}'s graph)")
         for kinds, b in zip(plans, budgets, strict=True)))
     return named[0] if len(named) == 1 else "by round: " + "; ".join(named)
-
-
-def in_backward(setting: str) -> bool:
-    """Whether ``setting`` steps its optimizer in the backward (another contract than a whole step's)."""
-    return IN_BACKWARD in setting.partition(":")[0]
 
 
 def inductor_graph(row: dict[str, Any]) -> bool:
