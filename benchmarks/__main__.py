@@ -78,21 +78,56 @@ def run(names: list[str], quick: bool) -> None:
         write_result(results_path(name), benchmark)
         page_path(name).parent.mkdir(parents=True, exist_ok=True)
         page_path(name).write_text(page(module, benchmark))
+        INDEX.write_text(index_page())
         print(f"{results_path(name).relative_to(ROOT)}, {page_path(name).relative_to(ROOT)}", flush=True)
 
 
-def pages(check: bool) -> int:
-    """Make every registered benchmark's page from its results file; with ``check``, 1 if a committed page differs."""
-    stale = []
+INDEX = PAGES / "index.md"
+# What sits under benchmarks/results/ beside the results files and no benchmark writes: a benchmark's own records are
+# its module's ``KEPT_FILES`` (path under benchmarks/results/ -> what it holds), listed under its entry.
+COMMAND_RECORDS = {
+    "insitu/": "in-situ simulation reports that `edgetrain insitu simulate --json` wrote, with their commands in "
+               "`insitu/README.md`",
+}
+
+
+def records(module: ModuleType) -> dict[str, str]:
+    """The benchmark's files under benchmarks/results/ beside its results file (its ``KEPT_FILES``)."""
+    return dict(getattr(module, "KEPT_FILES", {}))
+
+
+def index_page() -> str:
+    """The results index: every benchmark with a results file, its command and run, then the other records."""
+    rows, kept = [], []
     for name in BENCHMARKS:
         if not results_path(name).exists():
             continue
-        text = page(load(name), read_result(results_path(name)))
+        module = load(name)
+        run = "quick" if read_result(results_path(name)).provenance.get("quick") else "full"
+        rows.append(f"| [{module.TITLE}]({name}.md) | `python -m benchmarks run {name}` | {run} |")
+        kept += [f"| `{path}` | [{name}]({name}.md) | {what} |" for path, what in records(module).items()]
+    kept += [f"| `{path}` | `edgetrain` | {what} |" for path, what in COMMAND_RECORDS.items()]
+    return ("# Results\n\nEvery figure in this documentation comes with the command that reproduces it. Each page "
+            "below is made by `python -m benchmarks pages` from its benchmark's results file, "
+            "`benchmarks/results/NAME.json`, which records the command, commit, date, machine, software and load of "
+            "its run. A quick run (`--quick`) measures smaller sizes with fewer rounds; its page says so.\n\n"
+            "| page | command | committed run |\n|---|---|---|\n" + "\n".join(rows)
+            + "\n\n## Other records under `benchmarks/results/`\n\n| path | made by | what it holds |\n|---|---|---|\n"
+            + "\n".join(kept) + "\n")
+
+
+def pages(check: bool) -> int:
+    """Make every registered benchmark's page from its results file, and the index; with ``check``, 1 if a committed
+    page differs."""
+    stale = []
+    made = [(page_path(name), page(load(name), read_result(results_path(name))))
+            for name in BENCHMARKS if results_path(name).exists()]
+    for path, text in [*made, (INDEX, index_page())]:
         if check:
-            if not page_path(name).exists() or page_path(name).read_text() != text:
-                stale.append(str(page_path(name).relative_to(ROOT)))
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path.relative_to(ROOT)))
         else:
-            page_path(name).write_text(text)
+            path.write_text(text)
     if stale:
         print(f"results pages differ from their results files: {', '.join(stale)}; run `python -m benchmarks pages`",
               file=sys.stderr)

@@ -49,7 +49,10 @@ QUICK_BLOCK_MODELS = ("unet_w16",)
 def _check(check: StepCheck) -> dict[str, Any]:
     return {"budget_bytes": check.budget_bytes, "predicted_peak_bytes": check.predicted_peak_bytes,
             "measured_peak_bytes": check.measured_peak_bytes, "recompute_factor": check.recompute_factor,
-            "forward_advances": check.forward_advances, "worst_grad_error": check.worst_grad_error}
+            "forward_advances": check.forward_advances, "worst_grad_error": check.worst_grad_error,
+            "tracked_peak_bytes": check.tracked_peak_bytes,
+            "predicted_tracked_peak_bytes": check.predicted_tracked_peak_bytes,
+            "memtracker_peak_bytes": check.memtracker_peak_bytes}
 
 
 def _three_budgets(name: str, build: Callable[[], Case]) -> dict[str, Any]:
@@ -59,7 +62,8 @@ def _three_budgets(name: str, build: Callable[[], Case]) -> dict[str, Any]:
     chain = profile(model, x, y, measure_time=False)
     budgets = three_budgets(chain)
     return {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
-            "stages": len(stages_of(model)), "input_shape": list(x.shape),
+            "stages": len(stages_of(model)), "input_shape": list(x.shape), "rng_state_bytes": chain.rng_state_bytes,
+            "frozen_parameters": sum(not p.requires_grad for p in model.parameters()),
             "steps": {loop: [_check(check_step(model, x, y, budget, chain, loop=loop)) for budget in budgets]
                       for loop in LOOPS}}
 
@@ -115,6 +119,35 @@ def _below(steps: list[dict[str, Any]]) -> str:
     return text if not above else f"{text}; {above} above it"
 
 
+def _memtracker(result: dict[str, Any]) -> str:
+    """How PyTorch's MemTracker counts the user loop's steps against edgetrain's tracker."""
+    counted = [(model, s) for model in result["models"] for s in model["steps"]["user"]
+               if s.get("memtracker_peak_bytes") is not None]
+    if not counted:
+        return "PyTorch's MemTracker did not run"
+    gaps = [s["tracked_peak_bytes"] - s["memtracker_peak_bytes"] for _, s in counted]
+    text = f"PyTorch's MemTracker agrees to the byte on {gaps.count(0)} of {len(counted)} steps"
+    under = [(gap, model) for gap, (model, _) in zip(gaps, counted, strict=True) if gap]
+    if under:
+        states = all(gap > 0 and gap % model["rng_state_bytes"] == 0 for gap, model in under)
+        text += (f" and reads {min(g for g, _ in under):,d}-{max(g for g, _ in under):,d} bytes "
+                 f"{'less' if all(g > 0 for g, _ in under) else 'apart'} on {len(under)}")
+        if states:
+            text += " (the generator states kept to recompute dropout, which it does not see)"
+    return text
+
+
+def _not_counted(result: dict[str, Any]) -> list[str]:
+    """The models MemTracker did not run on, and why, as a paragraph (none: nothing)."""
+    missed = [m for m in result["models"] if any(s.get("memtracker_peak_bytes") is None for s in m["steps"]["user"])]
+    if not missed:
+        return []
+    why = [f"{m['model']} ({m['frozen_parameters']} frozen parameter{'s' * (m['frozen_parameters'] != 1)})"
+           if m["frozen_parameters"] else m["model"] for m in missed]
+    return [f"MemTracker did not run on {', '.join(why)}: it hooks the gradient of every parameter, and refuses a "
+            "root module called twice in a step.", ""]
+
+
 def _error(value: float) -> str:
     return "0.0" if value == 0 else f"{value:.1e}"
 
@@ -123,7 +156,8 @@ def headline(result: dict[str, Any]) -> str:
     """The one-line figure of the step loop: steps, models, worst gradient error, measured against predicted."""
     steps = _steps(result, "step")
     error = _error(max(s["worst_grad_error"] for s in steps))
-    return f"{len(steps)} steps of {len(result['models'])} models: error {error}, {_below(steps)}"
+    return (f"{len(steps)} steps of {len(result['models'])} models: error {error}, {_below(steps)}; "
+            f"{_memtracker(result)}")
 
 
 def render(result: dict[str, Any]) -> str:
@@ -145,9 +179,13 @@ def render(result: dict[str, Any]) -> str:
             "`max |g - g_ref| / max |g_ref|` over the parameters, and a second step's peak (momentum buffers exist by "
             "then) by the c10 allocator's records (kernels' scratch included) against the plan's prediction. "
             "`step` runs `Checkpointed.step_loss`; `user` runs `cross_entropy(wrapped(x), y).backward()` as a "
-            "user's loop does.", "",
+            "user's loop does. In the user loop a third step runs under PyTorch's own `MemTracker` "
+            "(`torch.distributed._tools.mem_tracker`), which counts tensor storages at the dispatcher as edgetrain's "
+            "tracker does, with hooks of its own on every module; its peak is compared with edgetrain's tracker and "
+            "with the plan's peak without kernels' scratch.", "",
             f"**By `step_loss`: {headline(result)}. In a user loop: {len(_steps(result, 'user'))} steps, "
             f"{_below(_steps(result, 'user'))}.**", "",
+            *_not_counted(result),
             "| model | input | parameters | stages | least / keep-all budget MB | planned ρ | predicted - measured, "
             "bytes (step) | the same (user loop) | worst gradient error |", "|---|---|---|---|---|---|---|---|---|",
             *rows]

@@ -1,21 +1,17 @@
 """Federated mode: loss, bytes and every node's peak memory against its budget, per round.
 
-Runs ``edgetrain cluster federated``'s library call (:func:`edgetrain.distributed.federated.run_local`: a
+Runs ``edgetrain cluster federated``'s library call (:func:`edgetrain.distributed.federated_local.run_local`: a
 Flower server and one process per node on this machine, plain localhost processes, no shaping, no
 cgroup) and tabulates each round's record from ``metrics.jsonl``: the held-out loss and accuracy of
 the averaged model (weighted by the nodes' held-out samples), the nodes' mean training loss, the
 bytes of serialised weights sent down (to every node, for training and for evaluation) and up, and
-each node's peak resident memory (VmHWM from its planning on) against its ``--memory`` budget.
-
-Usage: ``python benchmarks/federated.py [--nodes 2] [--rounds 5] [--local-steps 10] [--batch 32]
-[--model resnet18_cifar] [--samples 1000] [--image 32] [--memory 1GiB] [--stores DIR,DIR]
-[--optimizer sgd|adam] [--run-dir out/bench_federated] [--out PATH.json] [--md PATH.md]``.
+each node's peak resident memory (VmHWM from its planning on) against its ``MEMORY`` budget.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +20,33 @@ from edgetrain.distributed.federated import METRICS, FederatedConfig
 from edgetrain.distributed.federated_local import run_local
 from edgetrain.distributed.supervisor import free_port
 from edgetrain.units import format_bytes
+
+NODES, MODEL, IMAGE, BATCH, OPTIMIZER, MEMORY = 2, "resnet18_cifar", 32, 32, "sgd", "1GiB"
+ROUNDS, LOCAL_STEPS, SAMPLES = 5, 10, 1000
+QUICK_ROUNDS, QUICK_LOCAL_STEPS, QUICK_SAMPLES = 1, 2, 400
+# In-situ node folders (``edgetrain insitu run``'s ``teacher.pt`` and ``frames/``), one per node, for the in-situ task
+# instead of MODEL on synthetic samples; empty: the synthetic task.
+STORES: tuple[str, ...] = ()
+
+TITLE = "Federated training: loss, bytes and node memory per round"
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """One federated run on this machine into a temporary run directory; its summary and every round's record."""
+    rounds, local_steps, samples = (QUICK_ROUNDS, QUICK_LOCAL_STEPS, QUICK_SAMPLES) if quick \
+        else (ROUNDS, LOCAL_STEPS, SAMPLES)
+    with tempfile.TemporaryDirectory(prefix="federated-") as run_dir:
+        config = FederatedConfig(run_dir=run_dir, nodes=NODES, rounds=rounds, local_steps=local_steps, batch=BATCH,
+                                 model=MODEL, samples=samples, image=IMAGE, stores=STORES, memory=(MEMORY,),
+                                 optimizer=OPTIMIZER,
+                                 address=f"127.0.0.1:{free_port()}", overwrite=True)
+        started = time.perf_counter()
+        summary = run_local(config)
+        wall_s = time.perf_counter() - started
+        records = [json.loads(line) for line in (Path(run_dir) / METRICS).read_text().splitlines()]
+    return {"nodes": NODES, "stores": list(STORES), "model": MODEL, "image": IMAGE, "batch": BATCH,
+            "optimizer": OPTIMIZER, "memory": MEMORY, "rounds": rounds, "local_steps": local_steps,
+            "samples": samples, "wall_s": wall_s, "summary": summary, "records": records}
 
 
 def table(records: list[dict[str, Any]]) -> str:
@@ -40,40 +63,23 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--local-steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--model", default="resnet18_cifar")
-    parser.add_argument("--samples", type=int, default=1000)
-    parser.add_argument("--image", type=int, default=32)
-    parser.add_argument("--memory", default=None, help="every node's process budget")
-    parser.add_argument("--stores", default="", help="in-situ node folders, comma-separated, one per node")
-    parser.add_argument("--optimizer", default="sgd")
-    parser.add_argument("--run-dir", type=Path, default=Path("out/bench_federated"))
-    parser.add_argument("--out", type=Path, default=Path("out/bench_federated.json"))
-    parser.add_argument("--md", type=Path, default=Path("out/bench_federated.md"))
-    args = parser.parse_args()
-    stores = tuple(s for s in args.stores.split(",") if s)
-    config = FederatedConfig(run_dir=str(args.run_dir), nodes=args.nodes, rounds=args.rounds,
-                             local_steps=args.local_steps, batch=args.batch, model=args.model, samples=args.samples,
-                             image=args.image, stores=stores, memory=(args.memory,) if args.memory else (),
-                             optimizer=args.optimizer, address=f"127.0.0.1:{free_port()}", overwrite=True)
-    started = time.perf_counter()
-    summary = run_local(config, lambda record: print(f"round {record['round']} done", flush=True))
-    records = [json.loads(line) for line in (args.run_dir / METRICS).read_text().splitlines()]
-    task = "in-situ stores " + ", ".join(stores) if stores else f"{args.model} on {args.samples} synthetic samples"
-    md = (f"{args.nodes} nodes, {task}, {args.local_steps} local steps of {args.batch} per round, "
-          f"{args.optimizer}; wall {time.perf_counter() - started:.0f} s\n\n{table(records)}\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": vars(args) | {"run_dir": str(args.run_dir), "out": str(args.out),
-                                                             "md": str(args.md)},
-                                    "summary": summary, "rounds": records}, indent=2, default=str))
-    args.md.write_text(md)
-    print(md)
+def render(result: dict[str, Any]) -> str:
+    """The run's settings, then one row per round."""
+    task = (f"the in-situ stores {', '.join(result['stores'])}" if result["stores"] else
+            f"{result['model']} at {result['image']} px on {result['samples']} synthetic samples")
+    return (f"`edgetrain cluster federated` on this machine: {result['nodes']} nodes, {task}, "
+            f"{result['local_steps']} local steps of {result['batch']} per round, {result['optimizer']}, every node "
+            f"under `--memory {result['memory']}`; {result['rounds']} rounds in {result['wall_s']:.0f} s. Held-out "
+            "loss and accuracy are the averaged model's (weighted by the nodes' held-out samples); bytes are "
+            "serialised weights, down to every node (training and evaluation) and up; a node's peak is its VmHWM "
+            "from its planning on, beside the peak its plan predicted.\n\n" + table(result["records"]))
 
 
-if __name__ == "__main__":
-    main()
+def headline(result: dict[str, Any]) -> str:
+    """The nodes' peaks against their budget and prediction over every round, and the last round's accuracy."""
+    nodes = [n for r in result["records"] for n in r["nodes"]]
+    peaks = [n["peak_rss_bytes"] for n in nodes]
+    return (f"{result['nodes']} nodes, {result['rounds']} rounds under {result['memory']}: peaks "
+            f"{format_bytes(min(peaks))}-{format_bytes(max(peaks))} (predicted "
+            f"{format_bytes(max(n['predicted_peak_bytes'] for n in nodes))}); accuracy "
+            f"{result['records'][-1]['accuracy']:.2f} after round {result['records'][-1]['round']}")

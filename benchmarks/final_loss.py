@@ -1,402 +1,172 @@
 """Final loss against single-node training, the cluster simulated in one process: enough seeds for the 0.5% goal.
 
-NOTE [ The compressed cluster in one process ]
-The held-out loss of one run is a draw from a wide distribution (float rounding alone moves it by about 3% per seed:
-docs/guide/cluster.md, "Final loss against single-node training"), so "within 0.5% of single-node training" takes a
-hundred seeds or more per row: days of ``cluster local`` runs on this machine. A data-parallel step that sums its
-gradients (whole or compressed) needs no processes to be computed, only the sum:
+Each table trains one configuration once per seed in every mode and compares each mode's final loss with the single
+node's, seed by seed (NOTE [ The compressed cluster in one process ] and NOTE [ Two readings of the final loss ] in
+``edgetrain/distributed/simulation.py``): per reading, the relative difference's mean, standard error, 90% confidence
+interval (Student's t), and the equivalence verdict (TOST at 5% each side: within ±0.5% when the whole interval lies
+inside, outside when it lies wholly beyond, else undecided, with the seeds a decision would need).
 
-* **BatchNorm over the global batch** (NOTE [ Cross-node BatchNorm ]): the nodes' weighted gradients sum to the single
-  node's gradient ``S`` of the global batch. PowerSGD is linear in what the nodes send (NOTE [ PowerSGD on plain
-  all-reduces ]): ``P = Σ_r M_r Q = (Σ_r M_r) Q``, ``Q' = (Σ_r M_r)^T basis``, and the nodes' error buffers enter
-  only as their sum, which follows ``Σ_r e_r = S + Σ_r e_r - P Q^T``: one error buffer on the summed gradient. So
-  N-node PowerSGD is :class:`~edgetrain.distributed.compress.PowerSGD` itself at world size 1 on the global batch,
-  and a run costs a single-node run.
-* **BatchNorm over each node's slice** (``--local-batch-norm``): the nodes' slices go through the same weights one
-  after another, each through its own forward and backward (BatchNorm over that slice), their gradients weighted by
-  share and summed as the all-reduce sums them; then the compressor on the sum. Rank 0 evaluates with its own
-  running statistics, so the step keeps those of slice 0.
+Modes: ``single`` (the reference), ``reordered`` (the noise floor: the same maths in another float order), ``exact``
+(whole gradients, BatchNorm over each node's slice), ``powersgd:RANK`` (simulated in one process), ``cluster:WIRE``
+(a real ``cluster local`` of plain local processes summing whole gradients in WIRE: NOTE [ A real cluster beside the
+simulation ]).
 
-Everything else is the node's: the run's data, split, order, initial weights, optimizer, rate schedule
-(``TrainConfig.learning_rate_at``), the executor's step (every activation kept, as an unbudgeted node plans it), the
-step's random seed per rank (``seed_step``) and rank 0's held-out evaluation after every epoch; the library's
-collectives run in a gloo group of one process over an in-memory store. What differs from a real cluster: no
-network and no processes (so no time is measured, and no crash can happen), and the float order of the sums.
-``tests/test_cluster.py`` holds the simulation's losses to a real ``cluster local`` run's.
-
-The noise floor is ``reordered``: the single node with every global batch reversed, the same maths in another float
-order (the mean loss and BatchNorm's statistics do not depend on the samples' order; their rounding does); ``rolled``
-(every batch rolled by half its length) is a third such order, to tell which of two orders is the odd one.
-
-Modes: ``single`` (the reference), ``reordered`` (the noise floor), ``rolled``, ``exact`` (whole gradients; with
-``--local-batch-norm`` only: with BatchNorm over the global batch it is the single node's step),
-``powersgd:RANK[:AFTER]`` (rank RANK after AFTER exact steps), ``cluster:WIRE`` (a real cluster: NOTE [ A real
-cluster beside the simulation ]). Runs go seed by seed, every mode of a seed, and
-each run is appended to ``--runs`` (JSON lines) as it ends: runs already there with the same settings are not run
-again, so a run cut off keeps what it did and a later one adds seeds (``--seeds 40-79``). The table is over every
-run in ``--runs`` (and in the files of ``--read``, whose runs are not run again) with these settings: per mode and
-per reading of the final loss, the seed-by-seed relative difference from the single node's, its mean, standard
-error, 90% confidence interval (Student's t), and the equivalence verdict (TOST at 5% each side: within
-±``--margin`` when the whole interval lies inside it, outside when it lies wholly beyond it, else undecided, with
-the seeds a decision would need).
-
-NOTE [ A real cluster beside the simulation ]
-A node that sends its gradient in float16 (``--wire float16``) rounds its own slice's sum before the all-reduce adds
-the nodes' in float16: that rounding is not linear, so the one-process trick above does not give it, and with
-BatchNorm over the global batch a node's gradient needs every node's statistics layer by layer. Mode
-``cluster:WIRE`` (``float32``, ``float16``, ``bfloat16``) therefore trains the run on a real ``cluster local`` of
-``--nodes`` plain local processes (one thread each unless ``OMP_NUM_THREADS`` says otherwise; no network shaping,
-no CPU quota, spares off, no restart allowed): the system itself, about the single run's CPU time spread over the
-processes. Its readings are the simulation's but the training split evaluated after the last epoch, which a
-cluster does not log. ``cluster:float32`` is the whole-gradient cluster in its own float order: the real system's
-noise floor beside ``reordered``.
-
-NOTE [ Two readings of the final loss ]
-The goal "final loss within 0.5% of single-node training" names no data set, so the table reads it three ways:
-the **held-out** loss (rank 0's evaluation of the held-out split after the last epoch: what the model does on
-images it never trained on); the **training** loss, the mean of the last epoch's logged step losses (one pass
-over the training data as the run trains on it, BatchNorm in training mode, as the time-to-target tables read the
-loss; its weights move little, the rate falling to 0 over that epoch with ``--lr-schedule cosine``); and the
-**training split evaluated** after the last epoch as the held-out split is (eval mode, BatchNorm's running
-statistics; older result files lack it). The held-out and training readings can disagree: a compressed
-run that fits its training data less can still generalise as well. With ``--local-batch-norm`` the logged
-training loss normalises over each node's slice, against the single node's whole batch: BatchNorm over fewer
-samples is noisier, so that reading is not the same quantity in both runs; the evaluated one is.
-
-Usage: ``python benchmarks/final_loss.py [--modes single,reordered,powersgd:8:16] [--seeds 0-39] [--model resnet18]
-[--image 32] [--batch 32] [--nodes 4] [--steps 40] [--epochs 4] [--lr-schedule cosine] [--local-batch-norm]
-[--runs out/final_loss_runs.jsonl] [--read a.jsonl,b.jsonl] [--margin 0.005] [--window 5]``.
+A full table's runs take hours (a batch-256 single-node run about 7 minutes of this machine, a PowerSGD run at batch
+128 over an hour), so they are recorded: each run is one JSON line of its table's runs record under
+``benchmarks/results/final_loss/`` (its settings, mode, seed, CPU, torch, load and finish time with its readings).
+The full run reads every recorded run whose settings are the table's, runs only the (mode, seed) pairs missing,
+appending each to the record as it ends, and builds the tables from them all; deleting a record reruns its table.
+The quick run trains a small configuration from scratch into a temporary record.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
-import math
-import os
-import resource
-import statistics
+import logging
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from edgetrain.bench.stats import equivalence, rerun_command
-from edgetrain.core.optim import make_optimizer, set_learning_rate
-from edgetrain.core.schedule import keep_all
-from edgetrain.data import collate_skip_corrupt
-from edgetrain.distributed.batch_shares import split_batch
-from edgetrain.distributed.compress import PowerSGD
-from edgetrain.distributed.group import all_reduce_gradients
-from edgetrain.distributed.node import NodeSpec
-from edgetrain.distributed.step import cluster_step, seed_step
-from edgetrain.distributed.supervisor import LocalOptions, run_local
-from edgetrain.models import get_model_spec
-from edgetrain.models.stages import training_stages
+from edgetrain.distributed.simulation import (
+    READINGS,
+    cluster_of_one,
+    cluster_run,
+    exact_steps_config,
+    one_process_run,
+    read_runs,
+    sim_mode,
+    summarise_final_losses,
+)
+from edgetrain.errors import EdgetrainError
 from edgetrain.profiling.host import cpu_model
-from edgetrain.runtime import Executor
-from edgetrain.sysutil.fileio import read_jsonl
-from edgetrain.train import TrainConfig
-from edgetrain.train.loop import evaluate, open_run_data
-from edgetrain.train.state import ResumableSampler
 
-MODE_NAMES = "single, reordered, rolled, exact (with --local-batch-norm), powersgd:RANK[:AFTER], cluster:WIRE"
-WIRES = ("float32", "float16", "bfloat16")   # cluster:WIRE, a real cluster summing whole gradients in this type
-ORDERS = {"single": "as-is", "reordered": "reversed", "rolled": "rolled"}   # the single node's batch orders
-# A loss run allows no restart, and finding a hung node fast is not what it measures: the supervisor's 5 s default
-# takes a live node for a hung one when two such runs share 2 cores (8 nodes and a simulated run).
-LOSS_RUN_HEARTBEAT_TIMEOUT_S = 120.0
+log = logging.getLogger("final_loss")
+
+TITLE = "Cluster: final loss against single-node training"
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "benchmarks" / "results" / "final_loss"
+# the runs records beside the results file (the results index lists them)
+KEPT_FILES = {
+    "final_loss/b256_float16_runs.jsonl": "every final-loss run at batch 256, float16 on the wire, one line each, "
+                                          "read back by the full run",
+    "final_loss/b128_runs.jsonl": "the same at batch 128 with PowerSGD",
+}
+MARGIN = 0.005   # the equivalence margin: ±0.5%
 
 
-class SimMode(NamedTuple):
-    """One row's step: its name, the slices a global batch goes through (the nodes with BatchNorm per node, else 1),
-    PowerSGD's rank (0: whole gradients) and the exact steps before it, and the order of the batch's samples
-    (``as-is``; ``reversed``; ``rolled`` by half the batch); ``wire``: not simulated, a real cluster's run summing
-    whole gradients in this type (NOTE [ A real cluster beside the simulation ])."""
+class Table(NamedTuple):
+    """One table: its name, the runs' settings (model, image, global batch, nodes, steps per epoch, epochs, rate
+    schedule, BatchNorm per node), each mode's seeds (``single`` first: the reference), the training reading's window
+    (the last epoch's last ``window`` steps; 0: all of them), and its runs record's file name."""
 
     name: str
-    slices: int
-    rank: int = 0
-    after: int = 0
-    order: str = "as-is"
-    wire: str | None = None
+    settings: dict[str, Any]
+    seeds: dict[str, tuple[int, ...]]
+    window: int
+    record: str
 
 
-def sim_mode(name: str, nodes: int, local_batch_norm: bool) -> SimMode:
-    """The step a mode's name stands for (NOTE [ The compressed cluster in one process ])."""
-    slices = nodes if local_batch_norm else 1
-    if name in ORDERS:
-        return SimMode(name, 1, order=ORDERS[name])
-    if name == "exact" and local_batch_norm:
-        return SimMode(name, slices)
-    kind, *numbers = name.split(":")
-    if kind == "cluster" and len(numbers) == 1 and numbers[0] in WIRES:
-        return SimMode(name, nodes, wire=numbers[0])
-    if kind == "powersgd" and 1 <= len(numbers) <= 2 and all(n.isdigit() for n in numbers) and int(numbers[0]) >= 1:
-        return SimMode(name, slices, int(numbers[0]), int(numbers[-1]) if len(numbers) == 2 else 0)
-    raise SystemExit(f"unknown mode {name!r}: one of {MODE_NAMES}")
+def _settings(model: str, image: int, batch: int, nodes: int, steps: int, epochs: int, lr_schedule: str,
+              local_batch_norm: bool) -> dict[str, Any]:
+    return {"model": model, "image": image, "batch": batch, "nodes": nodes, "steps": steps, "epochs": epochs,
+            "lr_schedule": lr_schedule, "local_batch_norm": local_batch_norm}
 
 
-@contextlib.contextmanager
-def cluster_of_one() -> Iterator[None]:
-    """A gloo group of this process alone over an in-memory store: the library's collectives run at world size 1
-    (PowerSGD's sums of one node are its own numbers), with no network."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+FLOAT16_SEEDS = (0, *range(5, 18))   # the seeds recorded: 14
+B128_GLOBAL = _settings("resnet18", 32, 128, 4, 40, 4, "cosine", False)
+TABLES = (
+    # the time-to-target runs' configuration (benchmarks/cluster_ttt.py), float16 on the wire; window 5 as there
+    Table("float16 on the wire, batch 256", _settings("resnet18_cifar", 32, 256, 4, 30, 1, "constant", False),
+          {"single": FLOAT16_SEEDS, "cluster:float16": FLOAT16_SEEDS}, 5, "b256_float16_runs.jsonl"),
+    Table("PowerSGD, batch 128", B128_GLOBAL,
+          {"single": tuple(range(6)), "powersgd:8": tuple(range(4)), "powersgd:32": tuple(range(6))}, 0,
+          "b128_runs.jsonl"),
+    Table("PowerSGD, batch 128, BatchNorm over each node's slice", {**B128_GLOBAL, "local_batch_norm": True},
+          {"single": tuple(range(4)), "exact": tuple(range(4)), "powersgd:8": tuple(range(4))}, 0,
+          "b128_runs.jsonl"),
+)
+QUICK_TABLES = (
+    Table("quick", _settings("resnet18_cifar", 32, 8, 2, 3, 2, "cosine", False),
+          {"single": (0, 1), "reordered": (0, 1), "powersgd:2": (0, 1), "cluster:float16": (0, 1)}, 2,
+          "quick_runs.jsonl"),
+)
+HEADLINE = (0, "cluster:float16", "training")   # the table, mode and reading the README quotes
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Every table: its recorded runs read, the missing ones run (appended to the record as each ends), then the
+    summary; the quick tables into a temporary record. One torch thread (the cluster's nodes one each)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        yield
+        if quick:
+            with tempfile.TemporaryDirectory(prefix="final-loss-record-") as folder:
+                return {"tables": [build_table(t, Path(folder)) for t in QUICK_TABLES]}
+        return {"tables": [build_table(t, RECORDS) for t in TABLES]}
     finally:
-        dist.destroy_process_group()
+        torch.set_num_threads(threads)
 
 
-def one_process_run(config: TrainConfig, mode: SimMode) -> dict[str, Any]:
-    """One run of ``config`` (the global run: its batch is the global batch) as ``mode``'s cluster would train it
-    (NOTE [ The compressed cluster in one process ]): every step's logged loss and rank 0's held-out loss after every
-    epoch. Needs :func:`cluster_of_one` (or any group of one process)."""
-    train_set, val_set, classes = open_run_data(config, config.run_dir)
-    torch.manual_seed(config.seed)
-    model = get_model_spec(config.model).build(classes)
-    stages = training_stages(model)
-    executor = Executor(stages, keep_all(len(stages)), None)
-    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
-    compressor = PowerSGD(model.parameters(), mode.rank, seed=config.seed) if mode.rank else None
-    shares = split_batch(config.batch, [1.0] * mode.slices, least=2 if mode.slices > 1 else 1)
-    sampler = ResumableSampler(len(train_set), config.seed)
-    total_steps = config.total_steps(len(train_set))
-    losses: list[float] = []
-    curve: list[float] = []
-    started, cpu_started = time.perf_counter(), time.process_time()
-    for epoch in range(config.epochs):
-        sampler.set_epoch(epoch)
-        order = sampler.order().tolist()
-        for start in range(0, len(order) - config.batch + 1, config.batch):
-            step = len(losses)
-            set_learning_rate(optimizer, config.learning_rate_at(step, total_steps))
-            slices = [_collate(train_set, order[start + offset:start + offset + share])
-                      for offset, share in zip(_offsets(shares), shares, strict=True)]
-            step_compressor = compressor if step >= mode.after else None
-            if mode.slices == 1:
-                seed_step(config.seed, step, 0)
-                x, y = slices[0]
-                batch = _ordered(x, mode.order), _ordered(y, mode.order)
-                losses.append(cluster_step(executor, model, optimizer, batch, compressor=step_compressor).loss)
+def build_table(table: Table, folder: Path) -> dict[str, Any]:
+    """One table's summary over its runs: those of its record in ``folder`` with its settings, and the missing ones,
+    run now seed by seed and appended to the record as each ends."""
+    settings, record = table.settings, folder / table.record
+    modes = list(table.seeds)
+    if modes[0] != "single" or settings["batch"] % settings["nodes"]:
+        raise EdgetrainError(f"{table.name}: modes 'single' first (the reference), the batch a multiple of the nodes")
+    read = {(r["mode"], r["seed"]) for r in read_runs([record], settings)}
+    wanted = [(m, s) for m, seeds in table.seeds.items() for s in seeds]
+    missing = [pair for pair in wanted if pair not in read]
+    for seed in sorted({s for _, s in missing}):
+        _run_seed(table, seed, [m for m, s in missing if s == seed], record)
+    runs = [r for r in read_runs([record], settings) if r["seed"] in table.seeds.get(r["mode"], ())]
+    loads = [float(r["load_before"].split()[0]) for r in runs]
+    shown = str(record.relative_to(ROOT)) if record.is_relative_to(ROOT) else record.name
+    return {"name": table.name, "settings": settings, "margin": MARGIN, "window": table.window, "record": shown,
+            "read": len(wanted) - len(missing), "ran": len(missing),
+            "loads": [min(loads), max(loads)], "cpus": sorted({r.get("cpu", "") for r in runs}),
+            "rows": summarise_final_losses(runs, modes, MARGIN, settings["steps"], table.window)}
+
+
+def _run_seed(table: Table, seed: int, modes: list[str], record: Path) -> None:
+    """The seed's runs in ``modes`` on one copy of its data, each appended to ``record`` as it ends."""
+    from benchmarks._cluster.common import load_average
+
+    s = table.settings
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="final-loss-") as scratch, cluster_of_one():
+        config = replace(exact_steps_config(Path(scratch), s["model"], s["batch"], s["steps"], s["image"],
+                                            s["epochs"]), seed=seed, lr_schedule=s["lr_schedule"])
+        for name in modes:
+            mode = sim_mode(name, s["nodes"], s["local_batch_norm"])
+            load = load_average()
+            if mode.wire is None:
+                run = one_process_run(config, mode)
             else:
-                losses.append(sliced_step(executor, model, optimizer, slices, step_compressor, config.seed, step))
-        _, val_loss = evaluate(model, val_set, config.batch)
-        assert val_loss is not None
-        curve.append(val_loss)
-    _, train_eval_loss = evaluate(model, train_set, config.batch)  # after training: nothing above depends on it
-    return {"losses": losses, "val_curve": curve, "val_loss": curve[-1], "train_eval_loss": train_eval_loss,
-            "wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu_started}
+                run = cluster_run(replace(config, run_dir=config.run_dir / name.replace(":", "-")), mode,
+                                  s["local_batch_norm"])
+            line = {"settings": s, "mode": name, "seed": seed, "cpu": cpu_model(), "torch": torch.__version__,
+                    "load_before": load, "load_after": load_average(),
+                    "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), **run}
+            with record.open("a") as runs_file:
+                runs_file.write(json.dumps(line) + "\n")
+            log.info("%s: %s seed %d: held-out %.4f (%.0f s)", table.name, name, seed, run["val_loss"], run["wall_s"])
 
 
-def cluster_run(config: TrainConfig, mode: SimMode, local_batch_norm: bool) -> dict[str, Any]:
-    """``config`` trained by a real ``cluster local`` of ``mode.slices`` plain local processes (no emulation, spares
-    off, no restart) summing whole gradients in ``mode.wire`` (NOTE [ A real cluster beside the simulation ]): the
-    same readings as :func:`one_process_run`'s but the training split's evaluation, which a cluster does not log; CPU
-    seconds are the nodes' and the supervisor's."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread
-    started, cpu_started = time.perf_counter(), _cpu_with_children_s()
-    run_local(config, [NodeSpec()] * mode.slices, LocalOptions(spares=False, max_restarts=0, wire_dtype=mode.wire,
-                                                               local_batch_norm=local_batch_norm,
-                                                               heartbeat_timeout_s=LOSS_RUN_HEARTBEAT_TIMEOUT_S))
-    records = read_jsonl(config.run_dir / "metrics.jsonl")
-    curve = [r["val_loss"] for r in records if "val_loss" in r]
-    return {"losses": [r["loss"] for r in records if "loss" in r], "val_curve": curve, "val_loss": curve[-1],
-            "train_eval_loss": None, "wall_s": time.perf_counter() - started,
-            "cpu_s": _cpu_with_children_s() - cpu_started}
+def _versus(table: dict[str, Any], mode: str, reading: str) -> dict[str, Any]:
+    row = next(r for r in table["rows"] if r["mode"] == mode)
+    return dict(row[reading]["vs_single"])
 
 
-def _cpu_with_children_s() -> float:
-    """CPU seconds of this process and of its children that ended and were waited for."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
-
-def _ordered(batch: torch.Tensor, order: str) -> torch.Tensor:
-    """The batch's samples reversed, rolled by half the batch, or as they are: the same maths in another float order."""
-    if order == "reversed":
-        return batch.flip(0)
-    if order == "rolled":
-        return batch.roll(len(batch) // 2, 0)
-    return batch
-
-
-def _offsets(shares: tuple[int, ...]) -> list[int]:
-    return [sum(shares[:rank]) for rank in range(len(shares))]
-
-
-def _collate(dataset: Any, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = collate_skip_corrupt([dataset[i] for i in indices])
-    if batch is None or len(batch[1]) < len(indices):
-        raise SystemExit("the simulation needs every sample readable (a node's unreadable slice is not simulated)")
-    return batch
-
-
-def sliced_step(executor: Executor, model: nn.Module, optimizer: torch.optim.Optimizer,
-                slices: list[tuple[torch.Tensor, torch.Tensor]], compressor: PowerSGD | None, seed: int,
-                step: int) -> float:
-    """One step of nodes with BatchNorm over their own slices: each slice's forward and backward through the same
-    weights (rank ``r``'s random seed), the gradients weighted by share and summed as the all-reduce does, rank 0's
-    running statistics kept, then ``compressor`` (None: whole gradients) on the sum and the optimizer step; the
-    global batch's mean loss."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = sum(len(y) for _, y in slices)
-    summed = [torch.zeros_like(p) for p in params]
-    loss_sum = 0.0
-    rank0_buffers: list[torch.Tensor] = []
-    for rank, (x, y) in enumerate(slices):
-        seed_step(seed, step, rank)
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum += float(executor.step(x, y)) * len(y)
-        for into, p in zip(summed, params, strict=True):
-            if p.grad is not None:
-                into.add_(p.grad.mul_(len(y) / total))
-        if rank == 0:
-            rank0_buffers = [b.clone() for b in model.buffers()]
-    with torch.no_grad():
-        for buffer, kept in zip(model.buffers(), rank0_buffers, strict=True):
-            buffer.copy_(kept)
-    for p, gradient in zip(params, summed, strict=True):
-        p.grad = gradient
-    all_reduce_gradients(params, 1.0, compressor)
-    optimizer.step()
-    return loss_sum / total
-
-
-READINGS = {"held_out": "held-out loss after the last epoch",
-            "training": "the last epoch's training loss (mean of its steps' losses, or of its last --window steps')",
-            "training_eval": "the training split after the last epoch, evaluated as the held-out split is (BatchNorm's "
-                             "running statistics)"}
-
-
-def epoch_losses(run: dict[str, Any], steps_per_epoch: int, window: int = 0) -> list[dict[str, float]]:
-    """A run's loss after each epoch in the readings it has (NOTE [ Two readings of the final loss ]); the last is
-    its final loss. The training loss is the mean of the epoch's last ``window`` steps' (0: all of them).
-    ``training_eval`` is read after the last epoch only, where the run recorded it."""
-    last = window or steps_per_epoch
-    curve = [{"held_out": held_out, "training": statistics.mean(run["losses"][(e + 1) * steps_per_epoch - last:
-                                                                             (e + 1) * steps_per_epoch])}
-             for e, held_out in enumerate(run["val_curve"])]
-    if run.get("train_eval_loss") is not None:   # a real cluster's run records None (it does not log one)
-        curve[-1]["training_eval"] = run["train_eval_loss"]
-    return curve
-
-
-def _run_seconds(run: dict[str, Any]) -> float:
-    """A run's CPU time (one thread: its compute, not the time it was stopped, SIGSTOP, for another job), or its wall
-    time where it recorded none (older result files)."""
-    return run.get("cpu_s", run["wall_s"])
-
-
-def summarise(runs: list[dict[str, Any]], modes: list[str], margin: float, steps_per_epoch: int,
-              window: int = 0) -> list[dict[str, Any]]:
-    """Per mode: its seeds, median seconds a run (:func:`_run_seconds`), and per reading of the final loss
-    (:data:`READINGS`) the mean over the seeds that have it and (but for the single node) the seed-by-seed relative
-    difference from the single node's, with its :func:`equivalence` after the last epoch and its mean and standard
-    error after every epoch read."""
-    by_mode: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in modes}
-    for run in runs:
-        if run["mode"] in by_mode:
-            by_mode[run["mode"]][run["seed"]] = run
-    curves = {m: {s: epoch_losses(r, steps_per_epoch, window) for s, r in seeds.items()}
-              for m, seeds in by_mode.items()}
-    single = curves.get("single", {})
-    rows = []
-    for name, seeds in curves.items():
-        row: dict[str, Any] = {"mode": name, "seeds": sorted(seeds), "run_s": statistics.median(
-            _run_seconds(r) for r in by_mode[name].values()) if seeds else None}
-        for reading in READINGS:
-            have = [s for s in sorted(seeds) if reading in seeds[s][-1]]
-            row[reading] = {"seeds": len(have),
-                            "loss": statistics.mean(seeds[s][-1][reading] for s in have) if have else None}
-            paired = [s for s in have if s in single and reading in single[s][-1]]
-            if name != "single" and paired:
-                by_epoch = [[seeds[s][e][reading] / single[s][e][reading] - 1 for s in paired] if all(
-                    reading in seeds[s][e] and reading in single[s][e] for s in paired) else None
-                    for e in range(len(single[paired[0]]))]
-                final = by_epoch[-1]
-                assert final is not None
-                row[reading]["vs_single"] = {**equivalence(final, margin), "differences": final, "paired": paired}
-                row[reading]["by_epoch"] = [None if d is None else {
-                    "mean": statistics.mean(d), "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None}
-                    for d in by_epoch]
-        rows.append(row)
-    return rows
-
-
-def _seeds(text: str) -> list[int]:
-    """``0-39`` or ``0,1,5``."""
-    first, dash, last = text.partition("-")
-    return list(range(int(first), int(last) + 1)) if dash else [int(v) for v in text.split(",")]
-
-
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("model", "image", "batch", "nodes", "steps", "epochs", "lr_schedule",
-                                          "local_batch_norm")}
-
-
-def _read_runs(paths: list[Path], settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The runs in ``paths`` (JSON lines) with these settings, each mode and seed once (the first read: a file
-    given twice, or a run copied into two files, counts once). The single node's runs in any batch order have no
-    per-node BatchNorm to set (:func:`sim_mode`: one slice), so they count whatever ``--local-batch-norm`` was."""
-    runs: dict[tuple[str, int], dict[str, Any]] = {}
-    for path in paths:
-        for run in read_jsonl(path):
-            if _same_run(run, settings):
-                runs.setdefault((run["mode"], run["seed"]), run)
-    return list(runs.values())
-
-
-def _same_run(run: dict[str, Any], settings: dict[str, Any]) -> bool:
-    if run["mode"] in ORDERS:
-        return {**run["settings"], "local_batch_norm": None} == {**settings, "local_batch_norm": None}
-    return run["settings"] == settings
-
-
-def _config(args: argparse.Namespace, seed: int, root: Path) -> TrainConfig:
-    """The compression table's run (``benchmarks/cluster.py``'s configuration: ``--epochs`` of ``--steps`` global
-    batches), this seed."""
-    from _cluster.common import run_config as cluster_config  # benchmarks/ is the script's own folder
-    return replace(cluster_config(root, args.model, args.batch, args.steps, args.image, args.epochs), seed=seed,
-                   lr_schedule=args.lr_schedule)
-
-
-def markdown(result: dict[str, Any]) -> str:
-    s, window = result["settings"], result.get("window", 0)
-    out = [f"`{result['command']}`", "",
-           f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} nodes "
-           f"(simulated; cluster:* rows a real cluster of local processes; BatchNorm "
-           f"{'over each node' if s['local_batch_norm'] else 'over the global batch'}), {s['epochs']} epochs of "
-           f"{s['steps']} steps, {s['lr_schedule']} rate; each mode's final loss against the single node's, seed by "
-           f"seed; 90% interval (Student's t); within ±{result['margin']:.1%}: the whole interval inside (TOST). "
-           f"Load average (1 min) at the runs' starts: {result['loads'][0]:.2f} to {result['loads'][1]:.2f}."]
-    for reading, title in READINGS.items():
-        if reading == "training" and window:
-            title = f"the last epoch's last {window} steps' training loss (mean of their logged losses)"
-        out += ["", f"Final loss: {title}.", "",
-                "| mode | seeds | loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
-                "seeds a decision needs (at this mean) | seeds were the true difference 0 | "
-                "s per run (median; CPU time, wall where none) |",
-                "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
-        out += [_markdown_row(row, reading) for row in result["rows"]]
-    compared = [row for row in result["rows"] if "by_epoch" in row["held_out"]]
-    if compared:
-        epochs = len(compared[0]["held_out"]["by_epoch"])
-        out += ["", "Each mode against the single node after every epoch, in each reading (mean ± SE over the paired "
-                "seeds; - where the reading was not taken):", "",
-                "| mode | reading | " + " | ".join(f"epoch {e + 1}" for e in range(epochs)) + " |",
-                "| --- | --- |" + " ---: |" * epochs]
-        out += [f"| {row['mode']} | {reading.replace('_', ' ')} | " + " | ".join(
-            "-" if d is None else _mean_se(d) for d in row[reading]["by_epoch"]) + " |"
-            for row in compared for reading in READINGS if "by_epoch" in row[reading]]
-    return "\n".join(out) + "\n"
+def headline(result: dict[str, Any]) -> str:
+    """The README's figure: the float16 cluster's final training loss against the single node's over its seeds."""
+    index, mode, reading = HEADLINE
+    versus = _versus(result["tables"][index], mode, reading)
+    return f"final loss {versus['mean']:+.2%} ± {versus['se']:.2%} ({versus['n']} seeds)"
 
 
 def _mean_se(difference: dict[str, Any]) -> str:
@@ -404,7 +174,7 @@ def _mean_se(difference: dict[str, Any]) -> str:
     return f"{difference['mean']:+.2%}" + ("" if difference["se"] is None else f" ± {difference['se']:.2%}")
 
 
-def _markdown_row(row: dict[str, Any], reading: str) -> str:
+def _row(row: dict[str, Any], reading: str) -> str:
     v = row[reading].get("vs_single")
     versus = "-" if v is None else _mean_se(v)
     interval = "-" if v is None or v["ci"] is None else f"{v['ci'][0]:+.2%} .. {v['ci'][1]:+.2%}"
@@ -416,63 +186,47 @@ def _markdown_row(row: dict[str, Any], reading: str) -> str:
             f"{'-' if v is None or v['seeds_if_equal'] is None else v['seeds_if_equal']} | {row['run_s']:.0f} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--modes", type=lambda s: s.split(","), default=["single", "reordered", "powersgd:8:16"])
-    parser.add_argument("--seeds", type=_seeds, default=_seeds("0-1"), help="0-39 or 0,3,5")
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--image", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=32, help="the global batch")
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--lr-schedule", default="cosine")
-    parser.add_argument("--local-batch-norm", action="store_true", help="BatchNorm over each node's slice")
-    parser.add_argument("--margin", type=float, default=0.005, help="the equivalence margin (0.005: ±0.5%%)")
-    parser.add_argument("--runs", type=Path, default=Path("out/final_loss_runs.jsonl"),
-                        help="JSON lines, one per run, appended as each ends")
-    parser.add_argument("--read", type=lambda s: [Path(p) for p in s.split(",")], default=[],
-                        help="more runs files: their runs are not run again and join the table (another "
-                        "process's --runs)")
-    parser.add_argument("--window", type=int, default=0, help="the training reading: the mean of the last epoch's "
-                        "last WINDOW steps' losses (0: all; 5: benchmarks/cluster.py's time-to-target final loss)")
-    parser.add_argument("--out", type=Path, default=Path("out/bench_final_loss.json"))
-    parser.add_argument("--md", type=Path, default=Path("out/bench_final_loss.md"))
-    args = parser.parse_args()
-    modes = [sim_mode(name, args.nodes, args.local_batch_norm) for name in args.modes]
-    if args.modes[0] != "single" or args.batch % args.nodes:
-        raise SystemExit("--modes: 'single' first (the reference); --batch a multiple of --nodes")
-    if not 0 <= args.window <= args.steps:
-        raise SystemExit(f"--window {args.window}: 0 (the whole epoch) to --steps ({args.steps})")
-    from _cluster.common import load_average, write_result  # benchmarks/ is the script's own folder
-    torch.set_num_threads(1)
-    settings = _settings(args)
-    command = rerun_command("benchmarks/final_loss.py", vars(args), leave_out=("out", "md", "read", "seeds"))
-    done = {(r["mode"], r["seed"]) for r in _read_runs([args.runs, *args.read], settings)}
-    args.runs.parent.mkdir(parents=True, exist_ok=True)
-    with cluster_of_one():
-        for seed in args.seeds:
-            with tempfile.TemporaryDirectory(prefix="final-loss-") as scratch:  # the seed's data, made once
-                for mode in (m for m in modes if (m.name, seed) not in done):
-                    load = load_average()
-                    config = _config(args, seed, Path(scratch))
-                    run = one_process_run(config, mode) if mode.wire is None else \
-                        cluster_run(replace(config, run_dir=config.run_dir / mode.name.replace(":", "-")), mode,
-                                    args.local_batch_norm)
-                    line = {"settings": settings, "mode": mode.name, "seed": seed, "cpu": cpu_model(),
-                            "torch": torch.__version__, "load_before": load,
-                            "load_after": load_average(), "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S",
-                                                                                        time.gmtime()), **run}
-                    with args.runs.open("a") as runs_file:
-                        runs_file.write(json.dumps(line) + "\n")
-                    print(f"{mode.name} seed {seed}: held-out {run['val_loss']:.4f} ({run['wall_s']:.0f} s, load "
-                          f"{load})", flush=True)
-    runs = _read_runs([args.runs, *args.read], settings)
-    result = {"command": command, "settings": settings, "margin": args.margin, "window": args.window,
-              "loads": [f(float(r["load_before"].split()[0]) for r in runs) for f in (min, max)],
-              "rows": summarise(runs, args.modes, args.margin, args.steps, args.window), "runs": runs}
-    write_result(result, args.out, args.md, markdown)
+def table_markdown(table: dict[str, Any]) -> list[str]:
+    """One table's lines: its configuration, a table per reading of the final loss, and each mode against the single
+    node after every epoch."""
+    s, window = table["settings"], table["window"]
+    out = [f"## {table['name']}", "",
+           f"{s['model']} at {s['image']} px, global batch {s['batch']} over {s['nodes']} nodes "
+           f"(simulated; cluster:* rows a real cluster of local processes; BatchNorm "
+           f"{'over each node' if s['local_batch_norm'] else 'over the global batch'}), {s['epochs']} epochs of "
+           f"{s['steps']} steps, {s['lr_schedule']} rate; each mode's final loss against the single node's, seed by "
+           f"seed; 90% interval (Student's t); within ±{table['margin']:.1%}: the whole interval inside (TOST). "
+           f"{table['read']} runs read from `{table['record']}`, {table['ran']} run now. Load average (1 min) at the "
+           f"runs' starts: {table['loads'][0]:.2f} to {table['loads'][1]:.2f}."]
+    for reading, title in READINGS.items():
+        if reading == "training" and window:
+            title = f"the last epoch's last {window} steps' training loss (mean of their logged losses)"
+        out += ["", f"Final loss: {title}.", "",
+                "| mode | seeds | loss (mean) | vs single: mean ± SE | sd per seed | 90% interval | verdict | "
+                "seeds a decision needs (at this mean) | seeds were the true difference 0 | "
+                "s per run (median; CPU time, wall where none) |",
+                "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+        out += [_row(row, reading) for row in table["rows"]]
+    compared = [row for row in table["rows"] if "by_epoch" in row["held_out"]]
+    if compared:
+        epochs = len(compared[0]["held_out"]["by_epoch"])
+        out += ["", "Each mode against the single node after every epoch, in each reading (mean ± SE over the paired "
+                "seeds; - where the reading was not taken):", "",
+                "| mode | reading | " + " | ".join(f"epoch {e + 1}" for e in range(epochs)) + " |",
+                "| --- | --- |" + " ---: |" * epochs]
+        out += [f"| {row['mode']} | {reading.replace('_', ' ')} | " + " | ".join(
+            "-" if d is None else _mean_se(d) for d in row[reading]["by_epoch"]) + " |"
+            for row in compared for reading in READINGS if "by_epoch" in row[reading]]
+    return out
 
 
-if __name__ == "__main__":
-    main()
+def render(result: dict[str, Any]) -> str:
+    """The headline, then every table."""
+    index, mode, _ = HEADLINE
+    table = result["tables"][index]
+    shown = any(r["mode"] == mode for r in table["rows"])
+    out = [f"**{table['name']}, {mode} against the single node, training loss of the last epoch's last "
+           f"{table['window']} steps: {headline(result)}.**" if shown else ""]
+    for table in result["tables"]:
+        out += ["", *table_markdown(table)]
+    return "\n".join(out) + "\n"

@@ -38,8 +38,7 @@ process was descheduled by other jobs.
 torch runs on one thread by default here. On a 2-core machine that other jobs share, two
 intra-op threads stall whenever one of them is descheduled: plain ResNet-18 steps measured
 0.03 s typically and up to 2.5 s (a third of the steps 10x slower or worse), while with one
-thread every step after the first stayed within 1.3x of the median. ``--threads 0`` restores
-torch's default.
+thread every step after the first stayed within 1.3x of the median (``THREADS``).
 
 glibc's malloc is told to keep freed memory (:func:`keep_freed_memory`): otherwise a step
 that follows a smaller-footprint step pays page faults, up to 35% of a plain BERT-base step.
@@ -48,46 +47,30 @@ The noise figure of a run is the largest distance from 1 of the ratios of the tw
 configurations that run exactly the plain step (``pytorch`` itself and
 ``checkpoint_sequential`` with one segment).
 
-Usage::
-
-    .venv/bin/python benchmarks/planners.py                      # full run, 26 min on a quiet day, over an hour loaded
-    .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 3   # a subset: one model, 3 rounds
-    .venv/bin/python benchmarks/planners.py --quick              # smoke check, < 1 min
-    .venv/bin/python benchmarks/planners.py --models resnet18:8:224 --reps 5 --budgets 6
-    .venv/bin/python benchmarks/planners.py --rescore out/bench_planners.json   # tables of a run
-
-Writes ``out/bench_planners.json`` and ``out/bench_planners.png`` (``--out``, ``--plot``), logs
-progress to stderr and prints the target summary to stdout. Every point keeps its per-round ratios
-and their spread (median, quartiles, CoV: :func:`edgetrain.bench.stats.spread`), which the tables show.
+Every point keeps its per-round ratios and their spread (median, quartiles, CoV:
+:func:`edgetrain.bench.stats.spread`), which the tables show.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import logging
-import math
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from _allocator import keep_freed_memory
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from edgetrain.bench.stats import Spread, software_setup, spread
+from benchmarks._allocator import keep_freed_memory
+from edgetrain.bench.stats import Spread, spread
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
 from edgetrain.core.schedule import Backward, Forward, Keep, Op, Schedule, keep_all
 from edgetrain.core.simulator import Stats, simulate
-from edgetrain.errors import InfeasibleBudgetError
 from edgetrain.models import get_model_spec, stages_of
 from edgetrain.models.stages import training_stages
 from edgetrain.planners import OptimalTable, plan, revolve, solve
@@ -96,13 +79,21 @@ from edgetrain.profiling import LiveBytesTracker, profile
 from edgetrain.profiling.tracker import storage_bytes, storage_key
 from edgetrain.runtime import Executor
 
-log = logging.getLogger("bench_planners")
+log = logging.getLogger(__name__)
+
+TITLE = "Planners against checkpoint_sequential: measured step time and peak"
 
 MiB = 2**20
 # (model, batch, image side or sequence length). The encoder is BERT-base-shaped (12 layers,
 # d_model 768, 110 M parameters): batch 4 of 128 tokens takes about 3.5 s a step here (one thread).
 FULL_CASES = (("resnet18", 8, 224), ("resnet50", 8, 224), ("transformer", 4, 128))
 QUICK_CASES = (("resnet18", 2, 64), ("transformer_small", 4, 32))
+REPS, QUICK_REPS = 5, 3   # timed rounds per configuration
+BUDGETS, QUICK_BUDGETS = 8, 3   # budgets from the least feasible to keep-all
+SLOTS = 4000              # memory units of the optimal table
+THREADS = 1               # torch's intra-op threads: see NOTE [ Time ratios on a shared CPU ]
+LABELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "transformer": "BERT-base encoder",
+          "transformer_small": "small encoder"}
 BLOCK = 3                 # configurations between two plain PyTorch reference steps
 RHO_LIMIT = 2.0           # target (2): least memory with a time ratio at most this
 PEAK_TOLERANCE = 1.05     # target (3): measured / simulated peak of our executor
@@ -444,21 +435,13 @@ def bench_model(name: str, batch: int, size: int, reps: int, n_budgets: int, slo
         "measured_floor_bytes": floor, "budgets_bytes": budgets, "optimal_unit_bytes": table.unit_bytes,
         "plain_time_s": plain.wall_s, "plain_cpu_time_s": plain.cpu_s, "plain_opt_time_s": plain.opt_s,
         "plain_times_s": [t.wall_s for t in plain_times], "plain_cpu_times_s": [t.cpu_s for t in plain_times],
-        "plain_time_spread": _spread([t.wall_s for t in plain_times]),
-        "plain_cpu_time_spread": _spread([t.cpu_s for t in plain_times]),
+        "plain_time_spread": spread([t.wall_s for t in plain_times]).to_dict(),
+        "plain_cpu_time_spread": spread([t.cpu_s for t in plain_times]).to_dict(),
         "points": points, "wall_s": None,
     }
     record["targets"] = evaluate(record)
     record["wall_s"] = time.perf_counter() - started
     return record
-
-
-def _spread(times: Sequence[float]) -> float:
-    """Interquartile range over the median: how noisy repeated identical steps were."""
-    if len(times) < 4:
-        return math.nan
-    q1, _, q3 = statistics.quantiles(times, n=4)
-    return (q3 - q1) / statistics.median(times)
 
 
 # --- targets ---------------------------------------------------------------------------------
@@ -498,7 +481,8 @@ def _target1(points: list[dict[str, Any]], key: str) -> dict[str, Any]:
         fitting = [q for q in sequential if q["measured_peak_bytes"] <= p["budget_bytes"]]
         best = min(fitting, key=lambda q: q[key], default=None)
         per_budget.append({
-            "budget_bytes": p["budget_bytes"], "optimal_time_ratio": p[key],
+            "budget_bytes": p["budget_bytes"], "keep_all": bool(p["params"].get("keep_all")),
+            "optimal_time_ratio": p[key],
             "optimal_measured_peak_bytes": p["measured_peak_bytes"],
             "best_sequential_segments": None if best is None else best["params"]["segments"],
             "best_sequential_time_ratio": None if best is None else best[key],
@@ -531,13 +515,19 @@ def _target2(points: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return target
 
 
+def _iqr_over_median(record: dict[str, Any], clock: str) -> str:
+    """How noisy a model's repeated plain reference steps were: their IQR over their median."""
+    item = Spread.from_dict(record["plain_time_spread" if clock == "wall" else "plain_cpu_time_spread"])
+    return f"{item.iqr / item.median:.3f}" if item.median else "-"
+
+
 def summary(record: dict[str, Any]) -> str:
     """Human-readable verdicts of one model."""
     targets = record["targets"]
     verdict = {True: "PASS", False: "FAIL"}
     lines = [f"== {record['model']} (batch {record['batch']}, size {record['size']}, {record['stages']} stages): "
-             f"plain step {record['plain_time_s']:.3f} s wall (IQR/median {record['plain_time_spread']:.3f}), "
-             f"{record['plain_cpu_time_s']:.3f} s CPU (IQR/median {record['plain_cpu_time_spread']:.3f})"]
+             f"plain step {record['plain_time_s']:.3f} s wall (IQR/median {_iqr_over_median(record, 'wall')}), "
+             f"{record['plain_cpu_time_s']:.3f} s CPU (IQR/median {_iqr_over_median(record, 'cpu')})"]
     for clock in RATIO_KEYS:
         t1 = targets["1_optimal_time_vs_sequential"][clock]
         worst = t1["worst_ratio"]
@@ -587,8 +577,8 @@ def tables(records: Sequence[dict[str, Any]]) -> str:
                    f"{record['stages']} stages)\n")
         out.append(f"Plain step {record['plain_time_s']:.3f} s wall, {record['plain_cpu_time_s']:.3f} s CPU "
                    f"(medians of {len(record['plain_times_s'])} reference steps, IQR/median "
-                   f"{record['plain_time_spread']:.3f} wall, "
-                   f"{record['plain_cpu_time_spread']:.3f} CPU); floor (weights, buffers, momentum, batch, all "
+                   f"{_iqr_over_median(record, 'wall')} wall, "
+                   f"{_iqr_over_median(record, 'cpu')} CPU); floor (weights, buffers, momentum, batch, all "
                    f"gradients) {record['measured_floor_bytes'] / MiB:.1f} MiB measured, "
                    f"{record['chain']['step_floor_bytes'] / MiB:.1f} MiB simulated.\n")
         out.append("| strategy | params | budget | simulated peak | measured peak | measured / simulated | "
@@ -625,131 +615,215 @@ def _cov(point: dict[str, Any], key: str) -> str:
     return "-" if item is None else Spread.from_dict(item).cov_text
 
 
-# --- plot ------------------------------------------------------------------------------------
+# --- the runner's interface ---------------------------------------------------------------------
 
-STYLES = {"pytorch": ("k", "*"), "checkpoint_sequential": ("tab:orange", "s"), "revolve": ("tab:blue", "^"),
-          "optimal": ("tab:green", "o")}
-
-
-def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
-    """Measured time ratio against measured peak, one panel per model; wall clock above, CPU time below."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(RATIO_KEYS), len(records), figsize=(5.5 * len(records), 4.2 * len(RATIO_KEYS)),
-                             squeeze=False)
-    for row, (clock, key) in enumerate(RATIO_KEYS.items()):
-        for ax, record in zip(axes[row], records, strict=True):
-            points = [p for p in record["points"] if p["feasible"]]
-            for strategy, (color, marker) in STYLES.items():
-                mine = sorted((p for p in points if p["strategy"] == strategy),
-                              key=lambda p: p["measured_peak_bytes"])
-                if not mine:
-                    continue
-                xs = [p["measured_peak_bytes"] / MiB for p in mine]
-                ys = [p[key] for p in mine]
-                ax.plot(xs, ys, color=color, marker=marker,
-                        linestyle="-" if len(mine) > 1 and strategy != "checkpoint_sequential" else "",
-                        markersize=9 if strategy == "pytorch" else 5, alpha=0.8, label=strategy)
-                if strategy == "checkpoint_sequential":
-                    for p, x, y in zip(mine, xs, ys, strict=True):
-                        ax.annotate(str(p["params"]["segments"]), (x, y), fontsize=6, color=color,
-                                    xytext=(2, 2), textcoords="offset points")
-            ax.axvline(record["measured_floor_bytes"] / MiB, color="grey", linestyle=":", linewidth=1,
-                       label="floor (weights, momentum, all grads)")
-            ax.axhline(RHO_LIMIT, color="grey", linestyle="--", linewidth=0.8)
-            ax.set_title(f"{record['model']} (batch {record['batch']}, size {record['size']}): {clock} time",
-                         fontsize=10)
-            ax.set_xlabel("measured peak of the step (MiB)")
-            ax.set_ylabel(f"{clock} time / plain PyTorch")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def run(quick: bool) -> dict[str, Any]:
+    """Every case of the full or quick list, measured one after the other, on ``THREADS`` torch threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        pinned = keep_freed_memory()
+        reps, n_budgets = (QUICK_REPS, QUICK_BUDGETS) if quick else (REPS, BUDGETS)
+        models = [bench_model(name, batch, size, reps, n_budgets, SLOTS)
+                  for name, batch, size in (QUICK_CASES if quick else FULL_CASES)]
+    finally:
+        torch.set_num_threads(threads)
+    return {"reps": reps, "budgets": n_budgets, "slots": SLOTS, "block": BLOCK, "threads": THREADS,
+            "malloc_keeps_freed_memory": pinned, "models": models}
 
 
-# --- command line ----------------------------------------------------------------------------
-
-def parse_cases(text: str | None, quick: bool) -> list[tuple[str, int, int]]:
-    """``name[:batch:size]`` items, comma-separated; defaults from the full or quick case list."""
-    defaults = {name: (batch, size) for name, batch, size in (QUICK_CASES if quick else FULL_CASES)}
-    if not text:
-        return [(name, *defaults[name]) for name in defaults]
-    cases = []
-    for item in text.split(","):
-        name, *rest = item.strip().split(":")
-        if rest:
-            batch, size = int(rest[0]), int(rest[1])
-        elif name in defaults:
-            batch, size = defaults[name]
-        else:
-            batch, size = (2, 64) if quick else (8, 224)
-            if get_model_spec(name).input_kind == "tokens":
-                batch, size = (4, 32) if quick else (4, 128)
-        cases.append((name, batch, size))
-    return cases
+def _label(record: dict[str, Any]) -> str:
+    return f"{LABELS.get(record['model'], record['model'])} (b{record['batch']} x {record['size']})"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help="comma-separated name[:batch:size] (default: resnet18:8:224, "
-                        "resnet50:8:224, transformer:4:128; with --quick resnet18:2:64, transformer_small:4:32)")
-    parser.add_argument("--reps", type=int, help="timed rounds per configuration (default 5; 1 with --quick)")
-    parser.add_argument("--budgets", type=int, help="budgets from the minimum to keep-all (default 8; 3 with --quick)")
-    parser.add_argument("--slots", type=int, default=4000, help="memory units of the optimal table")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: see NOTE [ Time ratios on a shared CPU ]; 0: torch's default)")
-    parser.add_argument("--out", type=Path, default=Path("out/bench_planners.json"))
-    parser.add_argument("--plot", type=Path, help="default: --out with .png")
-    parser.add_argument("--quick", action="store_true", help="small inputs, 1 round, 3 budgets: a smoke check")
-    parser.add_argument("--rescore", type=Path, metavar="JSON",
-                        help="re-evaluate the targets of an earlier run's JSON (rewritten in place), redraw its plot, "
-                        "print its Markdown tables and summary, and exit")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    if args.rescore is not None:
-        report = json.loads(args.rescore.read_text())
-        records = report["models"]
-        for record in records:
-            record["targets"] = evaluate(record)
-        args.rescore.write_text(json.dumps(report, indent=1))
-        plot(records, args.plot if args.plot is not None else args.rescore.with_suffix(".png"))
-        print(tables(records))
-        print("\n\n".join(summary(record) for record in records))
-        return 0
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("numba").setLevel(logging.WARNING)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    pinned = keep_freed_memory()
-    reps = args.reps if args.reps is not None else (1 if args.quick else 5)
-    n_budgets = args.budgets if args.budgets is not None else (3 if args.quick else 8)
-    cases = parse_cases(args.models, args.quick)
-    plot_path = args.plot if args.plot is not None else args.out.with_suffix(".png")
-    report: dict[str, object] = {
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-        "machine": platform.machine(), "reps": reps, "budgets": n_budgets, "slots": args.slots,
-        "quick": args.quick, "command": " ".join(sys.argv), "block": BLOCK, "malloc_keeps_freed_memory": pinned,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "setup": software_setup(), "models": [],
-    }
-    records: list[dict[str, Any]] = report["models"]  # type: ignore[assignment]
-    for name, batch, size in cases:
-        try:
-            records.append(bench_model(name, batch, size, reps, n_budgets, args.slots))
-        except InfeasibleBudgetError as exc:
-            log.error("%s: %s", name, exc)
-            return 1
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))  # after each model: a long run keeps what it has
-        print(summary(records[-1]), flush=True)
-    plot(records, plot_path)
-    log.info("wrote %s and %s", args.out, plot_path)
-    return 0
+def _below_keep_all(record: dict[str, Any], clock: str = "cpu") -> list[float]:
+    """Target (1)'s ratios at the budgets below keep-all where some ``checkpoint_sequential`` fits."""
+    return [b["optimal_over_sequential"] for b in record["targets"]["1_optimal_time_vs_sequential"][clock]["per_budget"]
+            if not b["keep_all"] and b["optimal_over_sequential"] is not None]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _range(values: Sequence[float], fmt: str = "{:.3f}") -> str:
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.1f}"
+
+
+def _summary_table(records: Sequence[dict[str, Any]]) -> str:
+    """The figures of the three targets, one column per model (CPU-time ratios)."""
+    rows: dict[str, list[str]] = {}
+    for record in records:
+        points = [p for p in record["points"] if p["feasible"]]
+        plain = next(p for p in points if p["strategy"] == "pytorch")
+        t1 = record["targets"]["1_optimal_time_vs_sequential"]["cpu"]
+        t2 = record["targets"]["2_memory_at_rho_2"]["cpu"]
+        t3 = record["targets"]["3_peak_vs_simulated"]
+        budgets = record["budgets_bytes"]
+        per_budget = [b for b in t1["per_budget"] if not b["keep_all"]]
+        missing = sum(b["optimal_over_sequential"] is None for b in per_budget)
+        ratios = " ".join(f"{b['optimal_over_sequential']:.3f}" for b in per_budget
+                          if b["optimal_over_sequential"] is not None)
+        at_keep_all = [b for b in t1["per_budget"] if b["keep_all"]]
+        cells = {
+            "plain step, CPU s (IQR/median)": f"{record['plain_cpu_time_s']:.3f} ({_iqr_over_median(record, 'cpu')})",
+            "noise, CPU": f"{t1['noise']:.3f}",
+            "plain peak, MiB (simulated)":
+                f"{_mib(plain['measured_peak_bytes'])} ({_mib(plain['predicted_peak_bytes'])})",
+            "floor (weights, momentum, all gradients, batch), MiB": _mib(record["measured_floor_bytes"]),
+            "budgets, MiB": f"{_mib(budgets[0])} .. {_mib(budgets[-1])} ({len(budgets)})",
+            "(1) optimal / fastest fitting checkpoint_sequential, CPU, per budget below keep-all":
+                (f"(none fits x{missing}) " if missing else "") + ratios,
+            "(1) the same at keep-all": " ".join(f"{b['optimal_over_sequential']:.3f}" for b in at_keep_all
+                                                 if b["optimal_over_sequential"] is not None) or "-",
+        }
+        for label, name in (("peak", "whole peak"), ("activation", "activation peak"),
+                            ("above_floor", "peak above the floor")):
+            item = t2[label]
+            cells[f"(2) least {name} at ρ ≤ {RHO_LIMIT:g}: optimal vs checkpoint_sequential, MiB"] = (
+                "-" if item is None else
+                f"{_mib(item['optimal_bytes'])} vs {_mib(item['sequential_bytes'])} ({item['ratio']:.3f})")
+        cells["(3) measured / simulated peak, our executor"] = f"{t3['best_ratio']:.4f} .. {t3['worst_ratio']:.4f}"
+        for key, value in cells.items():
+            rows.setdefault(key, []).append(value)
+    header = "| | " + " | ".join(_label(r) for r in records) + " |"
+    lines = [header, "|---|" + "---:|" * len(records)]
+    lines += [f"| {key} | " + " | ".join(values) + " |" for key, values in rows.items()]
+    return "\n".join(lines)
+
+
+def _verdicts(records: Sequence[dict[str, Any]]) -> str:
+    """The three targets' verdicts, each with the figures it rests on."""
+    t1_lines, below_torch = [], []
+    for record in records:
+        ratios = _below_keep_all(record)
+        t1 = record["targets"]["1_optimal_time_vs_sequential"]["cpu"]
+        verdict = "holds" if all(r <= 1.0 for r in ratios) else (
+            f"holds within the run's noise ({t1['noise']:.3f})" if all(r <= 1.0 + t1["noise"] for r in ratios)
+            else "fails")
+        t1_lines.append(f"{_label(record)}: {_range(ratios)}x, {verdict}" if ratios else
+                        f"{_label(record)}: no budget below keep-all where a segmentation fits")
+        points = [p for p in record["points"] if p["feasible"]]
+        least_ours = min(p["measured_peak_bytes"] for p in points if p["strategy"] == "optimal")
+        least_torch = min(p["measured_peak_bytes"] for p in points if p["strategy"] == "checkpoint_sequential")
+        if _mib(least_ours) != _mib(least_torch) and least_ours < least_torch:
+            below_torch.append(f"{_label(record)} down to {_mib(least_ours)} MiB (torch's least: {_mib(least_torch)})")
+    t2_lines = []
+    for record in records:
+        t2 = record["targets"]["2_memory_at_rho_2"]["cpu"]
+        parts = [f"{name} {t2[label]['ratio']:.3f}" for label, name in
+                 (("peak", "whole peak"), ("activation", "activation peak"), ("above_floor", "above the floor"))
+                 if t2[label] is not None]
+        floor_share = record["measured_floor_bytes"] / max(t2["peak"]["sequential_bytes"], 1) if t2["peak"] else None
+        t2_lines.append(f"{_label(record)}: {', '.join(parts) or 'not measured'}"
+                        + ("" if floor_share is None else f" (the floor alone is {floor_share:.1%} of torch's least "
+                                                          "whole peak)"))
+    t2_pass = all(r["targets"]["2_memory_at_rho_2"]["cpu"]["activation"] is not None
+                  and r["targets"]["2_memory_at_rho_2"]["cpu"]["activation"]["pass"] for r in records)
+    t3 = [r["targets"]["3_peak_vs_simulated"] for r in records]
+    t3_points = sum(t["points"] for t in t3)
+    t3_range = f"{min(t['best_ratio'] for t in t3):.4f}-{max(t['worst_ratio'] for t in t3):.4f}"
+    return "\n".join([
+        "1. **`optimal`'s CPU time ≤ the fastest `checkpoint_sequential` whose measured peak fits**, at the budgets "
+        "below keep-all where a segmentation fits (ratio of the two time ratios, each against plain PyTorch in the "
+        "same round): " + "; ".join(t1_lines) + "."
+        + (" Below `checkpoint_sequential`'s least peak no segmentation fits, and `optimal` trains: "
+           + "; ".join(below_torch) + "." if below_torch else ""),
+        f"2. **`optimal`'s least memory at ρ ≤ {RHO_LIMIT:g} is ≤ {MEMORY_TARGET}x `checkpoint_sequential`'s** "
+        f"{'holds' if t2_pass else 'does not hold on every model'}: " + "; ".join(t2_lines) + ". Whole-step memory "
+        "cannot halve where weights, momentum and gradients (the floor) are most of torch's least peak.",
+        f"3. **The executor's measured peak ≤ simulated x {PEAK_TOLERANCE}** "
+        f"{'holds' if all(t['pass'] for t in t3) else 'fails'}: {t3_range} over {t3_points} revolve and optimal "
+        "points.",
+    ])
+
+
+def render(result: dict[str, Any]) -> str:
+    """What is measured, the targets' figures per model, their verdicts, the caveats, then every point."""
+    records = result["models"]
+    cases = "; ".join(f"{LABELS.get(r['model'], r['model'])} at batch {r['batch']}, size {r['size']} ({r['stages']} "
+                      "stages with the loss)" for r in records)
+    intro = f"""\
+edgetrain's schedules and PyTorch's `torch.utils.checkpoint.checkpoint_sequential` run for real on the same models and
+budgets, and their measured step time and peak memory are compared. Three questions: is `optimal` faster than torch's
+function wherever both fit (target 1), does it need at most half the memory at ρ ≤ {RHO_LIMIT:g} (target 2), and does
+the executor's measured peak stay within {PEAK_TOLERANCE - 1:.0%} of the simulated one (target 3)? For how to plan, see
+[Plan a step](../guide/plan.md).
+
+## What is measured
+
+{cases}. The chain is profiled on the real model with measured stage times. Budgets: {result['budgets']}, evenly
+spaced from the optimal table's least feasible peak ({result['slots']} slots) to keep-all's simulated peak.
+Configurations, each run for real:
+
+* `pytorch`: `cross_entropy(model(x), y).backward()`;
+* `checkpoint_sequential`: torch's function with `s = 1..L` segments (`use_reentrant=False`), then the loss and
+  backward;
+* `revolve`: per budget, the slot count with the least simulated time whose simulated peak fits, run by the `Executor`;
+* `optimal`: one table, `table.schedule(budget)` per budget (keep-all where it fits, as `plan()` does), run by the
+  `Executor`; plus `plan(chain, recompute={RHO_LIMIT:g})` and the same on the chain without gradients and optimizer
+  state (`objective=activations`).
+
+Every step is `zero_grad(set_to_none)`, forward, loss, backward, then an SGD-momentum step with `lr=0` (identical
+weights for every configuration). **The optimizer step is in every measured step**, so measured peaks compare with the
+simulator's, which counts it; step *time* is forward, loss and backward (the simulator's ρ).
+
+* **Peak**: live tensor bytes of one steady-state step, in a run apart from the timing: the *measured peak* (what a
+  device must hold); *above floor*, the peak minus weights, buffers, momentum, batch and **all** gradients, which every
+  schedule holds at the optimizer step; the *activation peak*, live bytes less the resident state and the gradients that
+  exist at that moment.
+* **Time**: {result['reps']} rounds; in each, every configuration runs once, in blocks of {result['block']} bracketed by
+  plain steps; its ratio is its time over the mean of the two plain steps around its block; the reported ratio is the
+  median over rounds, with quartiles and CoV. Baseline and subject thus run in the same round, so load drifting between
+  rounds cancels in the ratio. Wall-clock and process CPU time are both recorded; the verdicts on time are in CPU time,
+  which does not count the time the process was descheduled. *Noise* is the largest distance from 1 of the two
+  configurations that run exactly the plain step (`pytorch`, `checkpoint_sequential(1)`).
+* **Predicted**: the simulator's peak, time and ρ of every configuration, torch's function as the same segmentation.
+
+{result['threads']} torch thread(s); glibc's malloc keeps freed memory: {result['malloc_keeps_freed_memory']}.
+
+## Results
+
+"""
+    caveats = """\
+## Caveats
+
+* **Shared, noisy CPU.** Absolute times are single-threaded; ratios are what matter, and under load the wall-clock
+  ratios are noise (their CoV is in the tables).
+* **The allocator.** glibc is told to keep freed memory (`mallopt`), else a step after a smaller-footprint step
+  page-faults its memory back (up to 35% of a BERT-base step).
+* **Stage times are measured in isolation**, while recomputation runs under `no_grad` and a whole step has other cache
+  behaviour: measured and simulated ρ differ by a few percent.
+* **Stage granularity limits the least memory.** The ResNet stem is four stages (conv1 | bn1 | relu | max-pool), so a
+  schedule may drop bn1's input while relu back-propagates and recompute it from the batch afterwards.
+* **Whole-step budgets hide activations under gradients**, hence the separate `objective=activations` schedule for
+  target (2).
+* **Revolve** assumes uniform stages and counts slots, not bytes.
+* **torch's checkpoint updates BatchNorm running statistics twice** for recomputed segments; edgetrain runs a
+  recomputation's norm layers at momentum 0, so they are updated once. It changes neither time nor memory here.
+
+## Tables
+
+Sizes in MiB; ratios against plain PyTorch in the same round; the rows of `revolve` and `optimal` are one per budget
+(several budgets can select the same schedule, measured once). Each ratio has its spread over the rounds: the
+wall-clock ratio's quartiles (q1-q3) and CoV, the CPU-time ratio's CoV, and the CoV of the configuration's own wall
+step times. Under each table, the targets on both clocks.
+"""
+    body = [intro + _summary_table(records), "## Verdicts", _verdicts(records), caveats]
+    for record in records:
+        body.append(tables([record]).rstrip())
+        body.append(f"```text\n{summary(record)}\n```")
+    return "\n\n".join(body)
+
+
+def headline(result: dict[str, Any]) -> str:
+    """The README's figure: target (1)'s CPU-time ratios per model, and the model where ``optimal``'s least whole peak
+    at ρ <= 2 is furthest below torch's least."""
+    records = result["models"]
+    times = [f"{_range(_below_keep_all(r), '{:.2f}')}x ({LABELS.get(r['model'], r['model'])})" for r in records
+             if _below_keep_all(r)]
+    best = min(records, key=lambda r: r["targets"]["2_memory_at_rho_2"]["cpu"]["peak"]["ratio"])
+    least = best["targets"]["2_memory_at_rho_2"]["cpu"]["peak"]
+    return (f"step time {', '.join(times)}; trains {LABELS.get(best['model'], best['model'])} in "
+            f"{_mib(least['optimal_bytes'])} MiB where torch's least is {_mib(least['sequential_bytes'])}")

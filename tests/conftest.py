@@ -9,6 +9,7 @@ import pytest
 import torch
 from calibration import TEST_HOST
 
+from edgetrain.profiling.cache import PROFILE_CACHE_ENV
 from edgetrain.profiling.host import CALIBRATION_ENV
 
 
@@ -16,6 +17,10 @@ from edgetrain.profiling.host import CALIBRATION_ENV
 def fixed_host_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command that calibrates this machine, in this process or a child, gets :data:`TEST_HOST`."""
     monkeypatch.setenv(CALIBRATION_ENV, f"{TEST_HOST.gemm_fp64_flops_per_s},{TEST_HOST.training_flops_per_s}")
+
+# a profile kept by one test must not stand in for another test's measurement, here or in the commands the tests
+# start; the tests of the cache give it a folder of their own
+os.environ[PROFILE_CACHE_ENV] = "off"
 
 # `make test` runs two workers on two cores: one thread each; and one thread in a single process too, where the
 # allocator's records see every allocation (records_every_allocation) and plans count kernels' scratch

@@ -74,8 +74,7 @@ def _readme_results_rows() -> list[list[str]]:
 
 
 # Scripts that still run on their own (`python benchmarks/NAME.py`), without a results file the runner writes.
-STANDALONE = frozenset({"cluster", "compile_budget", "federated", "final_loss", "heap_slack", "local_sgd",
-                        "mmap_threshold", "planners", "process_memory"})
+STANDALONE: frozenset[str] = frozenset()
 # Rows whose figure comes from reports kept under benchmarks/results/ (test_insitu checks the guide's table of them).
 KEPT_REPORTS = frozenset({"`edgetrain insitu simulate --json`"})
 
@@ -106,3 +105,25 @@ def test_every_module_of_benchmarks_is_a_benchmark() -> None:
         module = importlib.import_module(f"benchmarks.{name}")
         assert callable(module.run) and callable(module.render) and module.TITLE, name
         assert (ROOT / "benchmarks" / "results" / f"{name}.json").exists(), f"{name} has no committed results file"
+
+
+def test_every_file_under_results_is_a_results_file_or_a_named_record() -> None:
+    # A file no benchmark names is a run dump no page explains; a named record that is missing is a broken page.
+    from benchmarks.__main__ import COMMAND_RECORDS, load, records
+
+    named = dict(COMMAND_RECORDS)
+    for name in BENCHMARKS:
+        named.update(records(load(name)))
+    results = ROOT / "benchmarks" / "results"
+    for path in named:
+        assert (results / path).exists(), f"benchmarks/results/{path} is named but missing"
+    for file in sorted(p for p in results.rglob("*") if p.is_file()):
+        relative = file.relative_to(results).as_posix()
+        owned = relative in named or any(path.endswith("/") and relative.startswith(path) for path in named)
+        assert owned or (file.parent == results and file.stem in BENCHMARKS and file.suffix == ".json"), relative
+
+
+def test_every_results_page_is_in_the_site_navigation() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    missing = [name for name in BENCHMARKS if f": results/{name}.md\n" not in nav]
+    assert not missing, f"mkdocs.yml's nav lacks the results pages of {', '.join(missing)}"

@@ -133,7 +133,8 @@ def test_two_level_plan_is_pure_and_lowers_the_least_budget(dense: Dense) -> Non
 
 def test_a_plan_that_only_adds_recomputation_is_never_planned_faster_than_the_plain_step() -> None:
     """NOTE [ A segmented stage is never faster than its whole stage ]: a twin profiled in another pass
-    can be timed faster than its whole stage (the 0.83 and 0.71 "planned rho" of compile_budget.py under load)."""
+    can be timed faster than its whole stage (the 0.83 and 0.71 "planned rho" of the compile_budget benchmark under
+    load)."""
     plain = Chain.uniform(4, fwd_time_s=1.0, bwd_time_s=2.0, act_bytes=100, saved_bytes=100)
     whole = replace(plain, stages=(plain.stages[0], replace(plain.stages[1], saved_bytes=5000), *plain.stages[2:]))
     noisy = replace(whole.stages[1], saved_bytes=200, fwd_time_s=0.6, bwd_time_s=1.5)   # measured < 1 + 2 + 1

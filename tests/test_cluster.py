@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import itertools
 import json
 import logging
@@ -28,13 +29,12 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from benchmark_scripts import load_benchmark
 from torch import nn
 
 from edgetrain.bench.stats import equivalence
 from edgetrain.core.chain import Chain
 from edgetrain.core.optim import make_optimizer
-from edgetrain.distributed import split_batch
+from edgetrain.distributed import local_sgd, split_batch
 from edgetrain.distributed.group import SMALL_TENSOR_NUMBERS, ClusterError
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.distributed.supervisor import LOG_DIR, Fault, LocalOptions, run_local
@@ -543,24 +543,28 @@ def test_a_node_reads_a_profile_it_measured_before_at_the_same_share(tmp_path: P
         node.profile_share(model, x[:2], y[:2], replace(config, batch=2), tmp_path)
 
 
-def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs() -> None:
     # Prepare: three runs of one scaling point (the warm-up step is left out of each run's median), and three
     # failure runs of which one never had its fault injected (no detection, no stall).
-    bench = load_benchmark("cluster", monkeypatch)
+    from benchmarks import cluster_failures
+    from benchmarks._cluster import common, failures, scaling
+
     steps = [{"time_s": 9.0, "sync_s": 9.0}, {"time_s": 2.0, "sync_s": 1.0}, {"time_s": 4.0, "sync_s": 1.0},
              {"time_s": 3.0, "sync_s": 3.0}]
     runs = [{"step_s": s, "sync_share": share, "restarts": 0, "steps_timed": 3, "emulation": "e"}
             for s, share in ((3.0, 0.5), (1.0, 0.25), (2.0, 1.0))]
     failed = [{"injected": d is not None, "detection_s": d, "stall_s": s, "heartbeat_max_gap_s": 1.0,
                "after_step": 4, "restarts": 1, "steps_lost": 0, "steps_repeated": 0, "samples_repeated": 0,
-               "finished_steps": 31, "contiguous": True, "emulation": "e"}
+               "finished_steps": 31, "contiguous": True, "emulation": "e", "wall_s": 10.0}
               for d, s in ((0.5, 4.0), (None, None), (1.5, 2.0))]
     # Execute
-    medians = bench.common.step_medians(steps)
-    row = bench.scaling._scaling_row("gigabit", 8, 2, runs)
-    failure = bench.failures._failure_row("stop", failed)
-    table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
-                            "scaling": [{**row, "speedup": 1.0, "efficiency": 0.5}], "failures": [failure]})
+    medians = common.step_medians(steps)
+    row = scaling.scaling_row("gigabit", 8, 2, runs)
+    failure = failures.failure_row("stop", failed)
+    table = "\n".join(scaling.render({"scaling": [{**row, "speedup": 1.0, "efficiency": 0.5}]}))
+    result = {"failures": [{**failure, "fault": "stop", "preset": None, "samples": 240}], "save": [], "repeats": 3,
+              "cpus_per_node": 1.0, "cores": 2, "load_before": "1", "load_after": "1"}
+    page = cluster_failures.render(result)
     # Assert: by hand, inclusive quartiles of (1, 2, 3) are 1.5 and 2.5; CoV = stdev 1 / mean 2.
     assert medians == {"step_s": 3.0, "mean_step_s": 3.0, "sync_s": 1.0, "sync_share": 0.5}
     assert (row["step_s"], row["samples_per_s"], row["repeats"]) == (2.0, 4.0, 3)
@@ -569,15 +573,19 @@ def test_the_cluster_benchmark_gives_each_time_as_the_spread_of_its_runs(monkeyp
     assert failure["detection_s"]["n"] == 2 and failure["detection_s"]["median"] == 1.0
     assert failure["stall_s"]["median"] == 3.0 and failure["injected"] == 2 and failure["restarts"] == [1, 1, 1]
     assert "| 2 (IQR 1, CoV 50.0%, n=3) |" in table
-    assert "| stop | 2 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in table
-    assert bench.common.spread_of([None, None]) is None
+    assert "| stop | 2 / 3 | 4 | 1 (IQR 0.5, CoV 70.7%, n=2) | 1 |" in page
+    # the README's figure: the slowest median detection and stall, the steps lost over the runs that had a fault
+    assert cluster_failures.headline(result) == "detected in at most 1.00 s, at most 3.00 s of stall (medians), no " \
+        "step lost in 2 runs"
+    assert common.spread_of([None, None]) is None
 
 
 def test_the_node_crash_table_counts_signals_exceptions_and_parted_weights(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: four whole-node runs of 4 nodes (run_local stood in for): seed 0 ends well, seed 1's node 1 ends with
     # other weights, seed 2's supervisor raises (a node died by a signal), seed 3's node 3 logs no final weights.
-    bench = load_benchmark("cluster", monkeypatch)
+    from benchmarks._cluster import crashes
+
     seen: list[LocalOptions] = []
 
     def fake_run_local(config: TrainConfig, nodes: list[NodeSpec], options: LocalOptions) -> None:
@@ -591,12 +599,12 @@ def test_the_node_crash_table_counts_signals_exceptions_and_parted_weights(tmp_p
         if config.seed == 2:
             raise ClusterError("more than 0 restarts; last: node 2 killed by SIGABRT; every thread's stack is in x")
 
-    monkeypatch.setattr(bench.crashes, "run_local", fake_run_local)
+    monkeypatch.setattr(crashes, "run_local", fake_run_local)
     args = argparse.Namespace(node_crash_runs=4, node_crash_after=[2], node_crash_model="resnet18", node_crash_nodes=4,
                               node_crash_batch=32, node_crash_steps=4, image=32, compress_rank=2,
                               out=tmp_path / "out" / "b.json")
     # Execute
-    (row,) = bench.crashes.node_crashes(args, tmp_path / "scratch", 1.0)
+    (row,) = crashes.node_crashes(args, tmp_path / "scratch", 1.0)
     # Assert: three crashes, each said; their logs kept; no restart allowed, PowerSGD rank 2 after 2 exact steps
     assert row["crashed_runs"] == 3
     assert row["crashes"] == [
@@ -609,8 +617,7 @@ def test_the_node_crash_table_counts_signals_exceptions_and_parted_weights(tmp_p
     assert not any((tmp_path / "scratch").iterdir())  # every run's folder removed
 
 
-def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Path) -> None:
     # 2 nodes, 5 steps of a small token model; PowerSGD rank 1 from step 3 on against whole gradients throughout.
     def losses(name: str, **compression: int) -> list[float]:
         config = TrainConfig(model="transformer_small", samples=25, batch=4, image=8, epochs=1, save_every=100,
@@ -626,7 +633,9 @@ def test_powersgd_after_exact_steps_sums_whole_gradients_until_then(tmp_path: Pa
     assert warmed[:3] == exact[:3]
     assert warmed[3] != exact[3]
     # and both nodes logged the same final weights, as the node-crash table reads them
-    assert load_benchmark("cluster", monkeypatch).crashes._weights_parted(tmp_path / "warmed", 2) is None
+    from benchmarks._cluster.crashes import weights_parted
+
+    assert weights_parted(tmp_path / "warmed", 2) is None
 
 
 def test_a_cluster_node_steps_at_the_cosine_rate_of_its_global_step(tmp_path: Path) -> None:
@@ -829,20 +838,22 @@ def test_a_run_with_dropout_stopped_at_an_epoch_end_resumes_exactly(tmp_path: Pa
     assert final[0] == final[1]
 
 
-def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps_after_an_averaging(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = load_benchmark("cluster", monkeypatch)
+def test_the_time_to_target_table_takes_the_averaged_weights_loss_from_the_steps_after_an_averaging() -> None:
+    from benchmarks._cluster.ttt import averaged_loss
+
     losses = [float(step) for step in range(1, 14)]  # step s logged loss s; averagings after steps 4, 8, 12
-    assert bench.ttt._averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
-    assert bench.ttt._averaged_loss(losses, 4, 2) == 11.0
-    assert bench.ttt._averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
+    assert averaged_loss(losses, 4, 5) == 9.0  # steps 5, 9, 13 began on averaged weights
+    assert averaged_loss(losses, 4, 2) == 11.0
+    assert averaged_loss(losses, 1, 5) is None  # exact steps: every step's weights are the same everywhere
 
 
-def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_nodes_and_reads_earlier_runs(
+def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_nodes_and_reads_its_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: run_local stood in for. Every run logs 4 steps of losses 4, 3, 2, 1 times a factor per mode and seed:
     # the single node 1 (4 s a step), whole gradients 1.002, 1.006, 1.002 (seeds 0-2), float16 1 (both 1 s a step).
-    bench = load_benchmark("cluster", monkeypatch)
+    from benchmarks import cluster_ttt
+    from benchmarks._cluster import common
+
     factors = {("float32", 1): (1.0,) * 3, ("float32", 4): (1.002, 1.006, 1.002), ("float16", 4): (1.0,) * 3}
     folders: list[Path] = []
 
@@ -857,14 +868,13 @@ def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_no
         (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return {"restarts": 0, "emulation": "plain"}
 
-    monkeypatch.setattr(bench.common, "run_local", fake_run_local)
-    args = argparse.Namespace(ttt_modes=["single", "exact", "fp16"], ttt_nodes=4, ttt_batch=8, ttt_steps=4,
-                              ttt_window=2, ttt_target_at=0.5, ttt_weak=False, ttt_seed=0, repeats=2,
-                              ttt_preset="none", model="resnet18", image=32, local_batch_norm=False, margin=0.005,
-                              ttt_read=[], average_every=4, outer_lr=0.7, outer_momentum=0.9, compress_rank=2,
-                              compress_after=0)
+    monkeypatch.setattr(common, "run_local", fake_run_local)
+    monkeypatch.setattr(cluster_ttt, "TARGET_AT", 0.5)
+    table = cluster_ttt.Table("t", ("single", "exact", "fp16"), 8, 4, (0, 1), "runs.jsonl", window=2)
+    records = tmp_path / "records"
     # Execute
-    single, exact, half = bench.ttt.time_to_target(args, tmp_path / "scratch", 1.0)
+    result = cluster_ttt.build_table(table, records, tmp_path / "scratch")
+    single, exact, half = result["ttt"]
     # Assert: the target is the single node's mean of steps 1-2 (3.5), reached at step 2 in 8 s; whole gradients
     # reach it at step 3 (3 s): efficiency 8 / (4 x 3). Final loss (mean of the last 2 steps) against the single
     # node's: +0.2% and +0.6%, mean 0.4%, SE 0.2% (sd 0.283%), t(0.95, 1 df) = 6.313752: undecided.
@@ -879,30 +889,29 @@ def test_the_time_to_target_table_pairs_each_seeds_final_loss_with_the_single_no
     assert half["final_vs_single"]["differences"] == [0.0, 0.0] and half["final_vs_single"]["verdict"] == "within"
     assert "final_vs_single" not in single
     assert len(set(folders)) == 6  # whole gradients and float16 in folders of their own
-    table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "", "margin": 0.005,
-                            "ttt": [single, exact, half]})
-    assert "| +0.40% ± 0.20% (+0.20%, +0.60%), -0.86% .. +1.66%: undecided |" in table
-    assert "within ±0.5%?" in table
+    assert (result["read"], result["ran"]) == (0, 6)
+    page = cluster_ttt.render({"tables": [result], "margin": 0.005})
+    assert "| +0.40% ± 0.20% (+0.20%, +0.60%), -0.86% .. +1.66%: undecided |" in page
+    assert "within ±0.5%?" in page and "0 runs read from `runs.jsonl`, 6 run now." in page
+    assert cluster_ttt.headline({"tables": [result]}) == "time-to-target efficiency 1.00 (1.00-1.00, 2 seeds)"
 
-    # Prepare: the result as an older result file has it (no start time), and a call for seeds 0-2
-    for row in (single, exact, half):
-        for run in row["runs"]:
-            del run["started_at"]
-    earlier = tmp_path / "earlier.json"
-    earlier.write_text(json.dumps({"command": "python benchmarks/cluster.py --model resnet18 --image 32",
-                                   "local_batch_norm": False, "ttt": [single, exact, half]}))
+    # Prepare: the same table for seeds 0-2, its record holding seeds 0 and 1
     folders.clear()
-    args.ttt_read, args.repeats = [earlier], 3
+    table = table._replace(seeds=(0, 1, 2))
     # Execute
-    again = bench.ttt.time_to_target(args, tmp_path / "scratch-2", 1.0)
-    # Assert: seeds 0 and 1 read (their times kept), only seed 2 run
+    again = cluster_ttt.build_table(table, records, tmp_path / "scratch-2")
+    # Assert: seeds 0 and 1 read (their times kept), only seed 2 run, and appended to the record
     assert [f.name.rsplit("-", 1)[1] for f in folders] == ["2", "2", "2"]
-    assert again[1]["steps_to_target"] == [3, 3, 3] and again[1]["time_to_target_s"]["median"] == 3.0
-    assert again[1]["final_vs_single"]["differences"] == pytest.approx([0.002, 0.006, 0.002])
-    # Another image size is another experiment: nothing read
-    earlier.write_text(earlier.read_text().replace("--image 32", "--image 64"))
+    assert (again["read"], again["ran"]) == (6, 3)
+    assert again["ttt"][1]["steps_to_target"] == [3, 3, 3] and again["ttt"][1]["time_to_target_s"]["median"] == 3.0
+    assert again["ttt"][1]["final_vs_single"]["differences"] == pytest.approx([0.002, 0.006, 0.002])
+    lines = [json.loads(line) for line in (records / "runs.jsonl").read_text().splitlines()]
+    assert [(line["mode"], line["seed"]) for line in lines[-3:]] == [("single", 2), ("exact", 2), ("fp16", 2)]
+    assert lines[0]["label"] == "single node" and len(lines[0]["losses"]) == 4
+    # Other settings (here the image size) are another experiment: nothing read
+    (records / "runs.jsonl").write_text((records / "runs.jsonl").read_text().replace('"image": 32', '"image": 64'))
     folders.clear()
-    bench.ttt.time_to_target(args, tmp_path / "scratch-3", 1.0)
+    cluster_ttt.build_table(table, records, tmp_path / "scratch-3")
     assert len(folders) == 9
 
 
@@ -910,7 +919,8 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: run_local stood in for; every run logs 2 steps and a held-out loss after each of 2 epochs. The last
     # one: seed s + 1 times a factor per row (seed by seed below); DiLoCo's seed 1 crashes.
-    bench = load_benchmark("cluster", monkeypatch)
+    from benchmarks._cluster import common, compression
+
     seen: list[tuple[int, LocalOptions]] = []
     final = {(1, 0): (1.0, 1.0), (4, 0): (1.01, 1.0), (4, 2): (1.2, 1.1), (4, 0, "diloco"): (1.0, None)}
 
@@ -926,7 +936,7 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
         (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return {"restarts": 0, "emulation": "plain"}
 
-    monkeypatch.setattr(bench.common, "run_local", fake_run_local)
+    monkeypatch.setattr(common, "run_local", fake_run_local)
     args = argparse.Namespace(nodes=[1, 4], presets=["none"], batches=[32], model="resnet18", image=32,
                               compress_steps=2, compress_epochs=2, lr_schedule="cosine", repeats=2, compress_seed=0,
                               ttt_window=5,
@@ -934,9 +944,8 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
                               average_every=4, outer_lr=0.7, outer_momentum=0.9, local_batch_norm=False,
                               out=tmp_path / "out" / "b.json")
     # Execute
-    single, exact, powersgd, diloco = bench.compression.compression(args, tmp_path / "scratch", 1.0)
-    table = bench.markdown({"load_before": "1", "load_after": "1", "command": "c", "cpu_note": "",
-                            "compression": [single, exact, powersgd, diloco]})
+    single, exact, powersgd, diloco = compression.compression(args, tmp_path / "scratch", 1.0)
+    table = "\n".join(compression.render({"compression": [single, exact, powersgd, diloco]}))
     # Assert: seed by seed against the single node: exact +1%, 0% (mean 0.5%, standard error stdev/sqrt 2 = 0.5%);
     # PowerSGD +20%, +10% (15% ± 5%); against the exact run: 1.2/1.01 - 1 and +10%.
     assert exact["val_losses"] == [1.01, 2.0] and exact["val_curve"] == [2.0, 1.505]
@@ -956,24 +965,45 @@ def test_the_compression_table_compares_each_seeds_held_out_loss_with_the_single
                                              (4, 2, 3, 1, 1.0, 0.0, 0, False), (4, 0, 0, 4, 0.7, 0.9, 0, False)}
     assert not (tmp_path / "out" / "crash-logs").exists()  # the crashed run had started no node: no logs
     with pytest.raises(SystemExit, match="unknown mode 'powersgd:0'"):
-        bench.common.mode("powersgd:0", args, 4)
-    assert bench.common.mode("powersgd", args, 4).label == "PowerSGD rank 8"
+        common.mode("powersgd:0", args, 4)
+    assert common.mode("powersgd", args, 4).label == "PowerSGD rank 8"
 
 
-def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = load_benchmark("local_sgd", monkeypatch)
+def test_the_local_sgd_simulation_gives_every_node_the_average_and_its_windows() -> None:
     torch.manual_seed(0)
     models = [nn.Linear(3, 2) for _ in range(3)]
     want = [torch.stack(group).mean(0) for group in zip(*[[p.detach() for p in m.parameters()] for m in models],
                                                          strict=True)]
-    bench._average(models, None, restart=False, optimizers=[])
+    local_sgd.average_nodes(models)
     for model in models:
         for got, expected in zip(model.parameters(), want, strict=True):
             assert torch.equal(got, expected)
     run = {"mode": "average", "seed": 0, "losses": [float(s) for s in range(1, 11)],
            "averaged_losses": [float(s) / 2 for s in range(1, 11)], "wall_s": 1.0}
-    row = bench.summarise(run, 5, 7)
+    row = local_sgd.summarise(run, 5, 7)
     assert (row["final_loss"], row["averaged_loss"], row["loss_at_target_step"]) == (8.0, 4.0, 5.0)
+
+
+def test_exact_local_sgd_steps_every_node_as_one_model_on_the_mean_gradient() -> None:
+    # Two nodes of a BatchNorm-free model: the exact step leaves both on the weights of one model stepped on the
+    # mean of the two slices' gradients, which, the slices equal in size, is the whole batch's gradient.
+    torch.manual_seed(0)
+    base = nn.Linear(4, 3)
+    models = [copy.deepcopy(base) for _ in range(2)]
+    whole = copy.deepcopy(base)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    loss = local_sgd.node_step(models, optimizers, x, y, exact=True)
+    nn.functional.cross_entropy(whole(x), y).backward()
+    torch.optim.SGD(whole.parameters(), lr=0.1).step()
+    with torch.no_grad():
+        halves = [float(nn.functional.cross_entropy(base(x[i:i + 3]), y[i:i + 3])) for i in (0, 3)]
+    assert loss == pytest.approx(sum(halves) / 2, rel=1e-6)
+    for model in models:
+        for got, expected in zip(model.parameters(), whole.parameters(), strict=True):
+            assert torch.allclose(got, expected, atol=1e-6)
+    with pytest.raises(EdgetrainError, match="unknown mode 'sync'"):
+        local_sgd.simulate("sync", local_sgd.steps_config(Path("unused"), "resnet18_cifar", 8, 2, 32), 2, 4, 0.7, 0.9)
 
 
 @pytest.mark.slow
@@ -982,7 +1012,8 @@ def test_the_one_process_simulation_trains_as_a_real_cluster_with_powersgd_and_p
     # Prepare: 2 nodes of ResNet-18 (BatchNorm over each node's 4 samples) at 32 px, 2 epochs of 2 global batches of
     # 8, cosine rate, PowerSGD rank 2 after 1 exact step: a real cluster of plain local processes, and the simulation
     # of the same run (NOTE [ The compressed cluster in one process ]).
-    bench = load_benchmark("final_loss", monkeypatch)
+    from edgetrain.distributed import simulation as bench
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")   # the nodes at the simulation's one thread (conftest): one float order
     config = TrainConfig(model="resnet18", samples=25, batch=8, image=32, epochs=2, save_every=100,
                          lr_schedule="cosine", run_dir=tmp_path / "real")
@@ -1016,7 +1047,8 @@ def test_the_final_loss_tables_real_cluster_mode_trains_on_local_processes_in_fl
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: the run of the simulation test above (2 nodes, ResNet-18 at 32 px, 2 epochs of 2 batches of 8, cosine
     # rate), BatchNorm over the global batch, as the single node simulated and as a real cluster summing in float16
-    bench = load_benchmark("final_loss", monkeypatch)
+    from edgetrain.distributed import simulation as bench
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     config = TrainConfig(model="resnet18", samples=25, batch=8, image=32, epochs=2, save_every=100,
                          lr_schedule="cosine", run_dir=tmp_path / "sim")
@@ -1037,7 +1069,7 @@ def test_the_final_loss_tables_real_cluster_mode_trains_on_local_processes_in_fl
     assert half["losses"][1] == pytest.approx(single["losses"][1], rel=COMPRESSED_REL_TOL)
     assert half["losses"][1] != whole["losses"][1]
     assert half["train_eval_loss"] is None and half["cpu_s"] > half["wall_s"] / 4
-    with pytest.raises(SystemExit, match="unknown mode 'cluster:int8'"):
+    with pytest.raises(EdgetrainError, match="unknown mode 'cluster:int8'"):
         bench.sim_mode("cluster:int8", 2, False)
 
 
@@ -1108,8 +1140,10 @@ def test_powersgd_of_n_nodes_is_one_powersgd_on_the_summed_gradient(monkeypatch:
 
 
 def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equivalence_by_its_90_percent_interval(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = load_benchmark("final_loss", monkeypatch)
+        ) -> None:
+    from benchmarks.final_loss import table_markdown
+    from edgetrain.distributed import simulation as bench
+
     # 4 differences: mean 0.001, sd sqrt(16e-6 / 3) = 0.0023094, SE 0.0011547 (by hand), t(0.95, 3 df) = 2.353363
     near = equivalence([0.003, -0.001, 0.003, -0.001], 0.005)
     assert (near["n"], near["mean"], near["sd"], near["se"]) == pytest.approx((4, 0.001, 0.0023094, 0.0011547),
@@ -1135,7 +1169,7 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
             run["train_eval_loss"] = evaluated
     for run in runs[2:4]:   # CPU time where a run records it (a stopped run's wall time counts the stop), else wall
         run["cpu_s"] = 7.0
-    single, powersgd, reordered = bench.summarise(runs, ["single", "powersgd:8", "reordered"], 0.005, 2)
+    single, powersgd, reordered = bench.summarise_final_losses(runs, ["single", "powersgd:8", "reordered"], 0.005, 2)
     assert "vs_single" not in single["held_out"] and "vs_single" not in single["training"]
     assert single["seeds"] == [0, 1] and single["training"]["loss"] == pytest.approx(3.0)  # (2 + 4) / 2
     assert (single["run_s"], powersgd["run_s"]) == (1.0, 7.0)   # median of 7, 7 and 1 (no CPU time recorded)
@@ -1156,26 +1190,26 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     assert "vs_single" not in reordered["training_eval"] and reordered["training_eval"]["seeds"] == 0
     assert reordered["held_out"]["vs_single"]["differences"] == [0.0]
     assert reordered["held_out"]["vs_single"]["ci"] is None
-    table = bench.markdown({"command": "c", "settings": {"model": "m", "image": 32, "batch": 32, "nodes": 4,
-                                                         "steps": 2, "epochs": 2, "lr_schedule": "cosine",
-                                                         "local_batch_norm": False},
-                            "margin": 0.005, "loads": [0.5, 1.5], "rows": [single, powersgd, reordered]})
+    settings = {"model": "m", "image": 32, "batch": 32, "nodes": 4, "steps": 2, "epochs": 2, "lr_schedule": "cosine",
+                "local_batch_norm": False}
+    shown = {"name": "t", "settings": settings, "margin": 0.005, "window": 0, "record": "r.jsonl", "read": 4, "ran": 2,
+             "loads": [0.5, 1.5]}
+    table = "\n".join(table_markdown({**shown, "rows": [single, powersgd, reordered]}))
     assert "| powersgd:8 | 3 | 2.6333 | +0.00% ± 10.00% |" in table   # held-out: mean of +10% and -10%
     assert "| powersgd:8 | 3 | 2.8333 | +12.50% ± 12.50% |" in table  # training: (2.5 + 4 + 2) / 3; +25% and 0%
     assert "| powersgd:8 | training | +0.00% ± 0.00% | +12.50% ± 12.50% |" in table
     assert "| powersgd:8 | training eval | - | +20.00% |" in table
     assert "| reordered | 0 | - | - |" in table
+    assert "4 runs read from `r.jsonl`, 2 run now." in table
     # --window 1: the training reading is each epoch's last step alone (seed 0: 3.5 against 3; seed 1: 5 against 5;
     # the first epoch's 9 against 9); the held-out loss is unchanged.
-    windowed = bench.summarise(runs, ["single", "powersgd:8"], 0.005, 2, window=1)[1]
+    windowed = bench.summarise_final_losses(runs, ["single", "powersgd:8"], 0.005, 2, window=1)[1]
     assert windowed["training"]["vs_single"]["differences"] == pytest.approx([3.5 / 3 - 1, 0.0])
     assert [d["mean"] for d in windowed["training"]["by_epoch"]] == pytest.approx([0.0, 0.5 / 6])
     assert windowed["held_out"]["vs_single"]["differences"] == pytest.approx([0.1, -0.1])
-    assert "last epoch's last 1 steps' training loss" in bench.markdown(
-        {"command": "c", "settings": {"model": "m", "image": 32, "batch": 32, "nodes": 4, "steps": 2, "epochs": 2,
-                                      "lr_schedule": "cosine", "local_batch_norm": False},
-         "margin": 0.005, "window": 1, "loads": [0.5, 1.5], "rows": [windowed]})
-    with pytest.raises(SystemExit, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
+    assert "last epoch's last 1 steps' training loss" in "\n".join(
+        table_markdown({**shown, "window": 1, "rows": [windowed]}))
+    with pytest.raises(EdgetrainError, match="unknown mode 'exact'"):  # BatchNorm over the global batch: single's step
         bench.sim_mode("exact", 4, False)
     assert bench.sim_mode("exact", 4, True) == bench.SimMode("exact", 4)
     assert bench.sim_mode("powersgd:8:16", 4, False) == bench.SimMode("powersgd:8:16", 1, 8, 16)
@@ -1183,26 +1217,64 @@ def test_the_final_loss_table_pairs_seeds_with_the_single_node_and_decides_equiv
     assert bench.sim_mode("rolled", 4, False) == bench.SimMode("rolled", 1, order="rolled")
     assert bench.sim_mode("single", 4, True) == bench.SimMode("single", 1)
     batch = torch.arange(6)
-    assert [bench._ordered(batch, order).tolist() for order in ("as-is", "reversed", "rolled")] == [
+    assert [bench.ordered_batch(batch, order).tolist() for order in ("as-is", "reversed", "rolled")] == [
         [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [3, 4, 5, 0, 1, 2]]
 
 
-def test_the_final_loss_runs_file_shares_the_single_node_across_batch_norm_settings(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_final_loss_runs_file_shares_the_single_node_across_batch_norm_settings(tmp_path: Path) -> None:
     # The single node's step has one slice whatever --local-batch-norm says (sim_mode), so its runs serve both
     # settings; a compressed mode's run serves only its own, and other settings (here the batch) none.
-    bench = load_benchmark("final_loss", monkeypatch)
+    from edgetrain.distributed import simulation as bench
+
     local = {"model": "resnet18", "image": 32, "batch": 128, "nodes": 4, "steps": 40, "epochs": 4,
              "lr_schedule": "cosine", "local_batch_norm": True}
     runs_file = tmp_path / "runs.jsonl"
     runs_file.write_text("".join(json.dumps({"settings": s, "mode": m, "seed": 0}) + "\n" for s, m in [
         (local, "single"), (local, "reordered"), (local, "powersgd:8"), ({**local, "batch": 32}, "single")]))
-    read = bench._read_runs([runs_file, tmp_path / "absent.jsonl"], {**local, "local_batch_norm": False})
+    read = bench.read_runs([runs_file, tmp_path / "absent.jsonl"], {**local, "local_batch_norm": False})
     assert [(r["mode"], r["settings"]["batch"]) for r in read] == [("single", 128), ("reordered", 128)]
-    assert [r["mode"] for r in bench._read_runs([runs_file], local)] == ["single", "reordered", "powersgd:8"]
+    assert [r["mode"] for r in bench.read_runs([runs_file], local)] == ["single", "reordered", "powersgd:8"]
     copy = tmp_path / "copy.jsonl"  # a run in two files (or one file given twice) counts once, as first read
     copy.write_text(json.dumps({"settings": local, "mode": "single", "seed": 0, "copied": True}) + "\n"
                     + json.dumps({"settings": local, "mode": "single", "seed": 1}) + "\n")
-    read = bench._read_runs([runs_file, copy, runs_file], local)
+    read = bench.read_runs([runs_file, copy, runs_file], local)
     assert [(r["mode"], r["seed"], "copied" in r) for r in read] == [
         ("single", 0, False), ("reordered", 0, False), ("powersgd:8", 0, False), ("single", 1, False)]
+
+
+def test_the_final_loss_benchmark_runs_only_the_runs_its_record_lacks(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a table of two modes and seeds 0-1 whose record holds the single node's seed 0 (and a run of other
+    # settings); the simulated run stood in for: its held-out loss 1 + seed / 10, its last step's loss 1 + seed.
+    from benchmarks import final_loss
+
+    ran: list[tuple[str, int]] = []
+
+    def fake_run(config: TrainConfig, mode: Any) -> dict[str, Any]:
+        ran.append((mode.name, config.seed))
+        factor = 1.1 if mode.name == "powersgd:2" else 1.0
+        return {"losses": [3.0, (1.0 + config.seed) * factor], "val_curve": [(1.0 + config.seed / 10) * factor],
+                "val_loss": (1.0 + config.seed / 10) * factor, "train_eval_loss": None, "wall_s": 2.0, "cpu_s": 1.0}
+
+    monkeypatch.setattr(final_loss, "one_process_run", fake_run)
+    settings = {"model": "resnet18_cifar", "image": 32, "batch": 8, "nodes": 2, "steps": 2, "epochs": 1,
+                "lr_schedule": "constant", "local_batch_norm": False}
+    table = final_loss.Table("t", settings, {"single": (0, 1), "powersgd:2": (0, 1)}, 1, "runs.jsonl")
+    recorded = {"mode": "single", "seed": 0, "load_before": "0.5 0.5 0.5", "losses": [3.0, 1.0], "val_curve": [1.0],
+                "val_loss": 1.0, "wall_s": 2.0}
+    (tmp_path / "runs.jsonl").write_text(json.dumps({"settings": settings, **recorded}) + "\n" + json.dumps(
+        {"settings": {**settings, "batch": 16}, **recorded, "seed": 1}) + "\n")
+    # Execute
+    result = final_loss.build_table(table, tmp_path)
+    # Assert: only the three missing runs ran, seed by seed, each appended with its settings; every pair of the
+    # table is in the summary: PowerSGD 10% above the single node on both seeds, in both readings.
+    assert ran == [("powersgd:2", 0), ("single", 1), ("powersgd:2", 1)]
+    assert (result["read"], result["ran"]) == (1, 3)
+    lines = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(line["mode"], line["seed"], line["settings"]["batch"]) for line in lines[2:]] == [
+        ("powersgd:2", 0, 8), ("single", 1, 8), ("powersgd:2", 1, 8)]
+    single, powersgd = result["rows"]
+    assert single["seeds"] == powersgd["seeds"] == [0, 1]
+    assert powersgd["held_out"]["vs_single"]["differences"] == pytest.approx([0.1, 0.1])
+    assert powersgd["training"]["vs_single"]["differences"] == pytest.approx([0.1, 0.1])
+    assert final_loss.build_table(table, tmp_path)["ran"] == 0 and len(ran) == 3   # read back: nothing runs again

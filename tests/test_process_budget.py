@@ -9,69 +9,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edgetrain.profiling.process import read_process_memory
-
-V1_ROOT, V2_ROOT = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
-
-
-def _new_cgroup() -> tuple[Path, str]:
-    """A fresh memory cgroup directory and the name of its limit file."""
-    name = f"edgetrain-test-{uuid.uuid4().hex[:12]}"
-    if V1_ROOT.is_dir():
-        path = V1_ROOT / name
-        path.mkdir()
-        return path, "memory.limit_in_bytes"
-    if "memory" in (V2_ROOT / "cgroup.controllers").read_text().split():
-        path = V2_ROOT / name
-        path.mkdir()
-        with contextlib.suppress(OSError):
-            (path / "memory.swap.max").write_text("0")
-        return path, "memory.max"
-    raise OSError("no memory controller mounted")
+from edgetrain.sysutil.memory_cgroups import MemoryCgroup, memory_cgroup_unavailable
+from edgetrain.sysutil.memory_cgroups import memory_cgroup as library_memory_cgroup
 
 
 @contextlib.contextmanager
-def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
-    try:
-        path, limit_file = _new_cgroup()
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup here: {exc}")
-    try:
-        (path / limit_file).write_text(str(limit_bytes))
-        with contextlib.suppress(OSError):
-            (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))  # v1: no swapping around it
-        yield path
-    finally:
-        for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), 9)
-        for _ in range(100):
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                import time
-
-                time.sleep(0.05)
+def memory_cgroup(limit_bytes: int) -> Iterator[MemoryCgroup]:
+    """A fresh memory cgroup limited to ``limit_bytes``, removed afterwards; the test skips where none can be made."""
+    reason = memory_cgroup_unavailable()
+    if reason is not None:
+        pytest.skip(f"cannot create a memory cgroup here: {reason}")
+    with library_memory_cgroup(limit_bytes, prefix="edgetrain-test") as group:
+        yield group
 
 
-def run_in(cgroup: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
-    def enter() -> None:
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
+def run_in(cgroup: MemoryCgroup | None, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "edgetrain", *args], capture_output=True, text=True, timeout=600,
-                          preexec_fn=enter, stdin=subprocess.DEVNULL)
+                          preexec_fn=None if cgroup is None else cgroup.enter, stdin=subprocess.DEVNULL)
 
 
 def step_losses(run_dir: Path) -> list[tuple[int, float]]:
@@ -115,7 +78,7 @@ def test_a_run_at_budget_m_completes_in_a_cgroup_of_m_with_the_unconstrained_los
     with memory_cgroup(tight) as cgroup:
         refused = run_in(cgroup, *common, "--memory", str(budget), "--run-dir", str(tmp_path / "refused"))
         hog = subprocess.run([sys.executable, "-c", f"b = bytearray({budget}); b[::4096] = b'x' * len(b[::4096])"],
-                             preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())),
+                             preexec_fn=cgroup.enter,
                              capture_output=True, timeout=120)
     assert refused.returncode == 2 and "cgroup allows" in refused.stderr, refused.stderr
     assert len(refused.stderr.splitlines()) == 1

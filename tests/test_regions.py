@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from benchmark_scripts import load_benchmark
 from torch import nn
 
+from benchmarks import compile_budget as bench
 from edgetrain.core.simulator import simulate
 from edgetrain.models import stages_of
 from edgetrain.planners.single_level import GOES_ON, KEPT, STARTS, single_level, single_level_plan
@@ -111,11 +111,9 @@ def _row(setting: str, mib: float, cpu_ratio: float, **extra: Any) -> dict[str, 
     return {"model": "m", "setting": setting, "step_tensor_peak_mib": mib, "step_cpu_time_ratio": cpu_ratio, **extra}
 
 
-def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_graph_not_a_win(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_graph_not_a_win() -> None:
     # Prepare: inductor at 1.0 and 0.5; regions at b=0.5 that keep every stage (inductor 0.5's own graph, timed a
     # hair faster), and regions at b=1.0 that recompute two stages, under 1.0's peak.
-    bench = load_benchmark("compile_budget", monkeypatch)
     rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8),
             _row("edgetrain:least", 50.0, 1.5),
             _row("edgetrain+regions@0.5=inductor:0.5", 70.0, 0.79, partitioner_budget=0.5,
@@ -141,18 +139,15 @@ def test_a_regions_row_that_keeps_every_stage_at_the_levels_budget_is_the_same_g
 @pytest.mark.parametrize(("least_mib", "below", "at"), [(69.0, True, False), (69.9, False, True), (70.3, False, True),
                                                           (70.4, False, False)])
 def test_a_least_peak_within_half_a_percent_of_inductors_floor_is_a_tie_not_a_win(
-        monkeypatch: pytest.MonkeyPatch, least_mib: float, below: bool, at: bool) -> None:
-    bench = load_benchmark("compile_budget", monkeypatch)
+        least_mib: float, below: bool, at: bool) -> None:
     rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8), _row("edgetrain:least", least_mib, 1.5)]
     floor = {v["inductor"]: v for v in bench.verdicts(rows)}["floor"]
     assert (floor["below_floor"], floor["at_floor"]) == (below, at)
 
 
-def test_rows_with_the_optimizer_in_the_backward_are_judged_against_inductors_rows_of_that_contract_only(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_with_the_optimizer_in_the_backward_are_judged_against_inductors_rows_of_that_contract_only() -> None:
     # Prepare: a whole-step pair (edgetrain's least 10.8 against inductor's 9.7) and an in-backward pair (edgetrain
     # 6.0 against inductor's 9.7: inductor's compiled backward makes every gradient before any hook runs)
-    bench = load_benchmark("compile_budget", monkeypatch)
     rows = [_row("inductor:1.0", 9.7, 0.8), _row("edgetrain:least", 10.8, 1.3),
             _row("inductor+step_in_backward:1.0", 9.7, 0.8), _row("edgetrain+step_in_backward:least", 6.0, 1.3)]
     # Execute
@@ -167,30 +162,27 @@ def test_rows_with_the_optimizer_in_the_backward_are_judged_against_inductors_ro
     assert "| least of any budget (step_in_backward) | 9.7 |" in table
 
 
-def test_merging_runs_replaces_an_edgetrain_row_per_setting_and_keeps_each_runs_yardsticks(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare: an old run with edgetrain:least and regions at 1.0, a new one that reruns the regions and inductor
-    bench = load_benchmark("compile_budget", monkeypatch)
-    old = {"date": "old", "rows": [_row("inductor:1.0", 9.0, 1.0), _row("edgetrain:least", 5.0, 1.5),
-                                   _row("edgetrain+regions=inductor:1.0", 8.0, 1.2, single_level_kinds="S..")]}
-    new = {"date": "new", "rows": [_row("inductor:1.0", 9.0, 0.9),
-                                   _row("edgetrain+regions=inductor:1.0", 9.0, 0.9, single_level_kinds="...")]}
+def test_the_claims_count_the_models_no_slower_at_every_level_and_below_the_floor() -> None:
+    # Prepare: model a, no slower at both levels and below the floor; model b slower at 1.0 and at its floor within
+    # half a percent; b's in-backward pair below inductor's floor of that contract.
+    rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8), _row("edgetrain:least", 50.0, 0.7),
+            *({**row, "model": "b"} for row in (
+                _row("inductor:1.0", 10.0, 0.9), _row("edgetrain:least", 9.97, 1.5),
+                _row("inductor+step_in_backward:1.0", 10.0, 0.9), _row("edgetrain+step_in_backward:least", 6.0, 1.6)))]
     # Execute
-    merged = bench.merge([old, new])
-    # Assert: the old inductor row stays as edgetrain:least's yardstick; each verdict compares rows of one run
-    assert [(row["setting"], merged["runs"][row["run"]]["date"]) for row in merged["rows"]] == [
-        ("inductor:1.0", "old"), ("edgetrain:least", "old"), ("inductor:1.0", "new"),
-        ("edgetrain+regions=inductor:1.0", "new")]
-    levels = [(v["run"], v["edgetrain"], v["same_graph"]) for v in bench.verdicts(merged["rows"])
-              if v["inductor"] == "inductor:1.0"]
-    assert levels == [(0, "edgetrain:least", False), (1, "b=1.0, no regions (inductor:1.0's graph)", True)]
+    claims = bench.claims(rows)
+    # Assert
+    assert claims == [
+        "* At every level inductor reached, edgetrain is no slower on **1 of 2** model(s) (0 of the 3 levels a tie: "
+        "`fit_compiled` took inductor's own graph at that level).",
+        "* Below inductor's floor (the least any of its budgets reached) edgetrain trains with a whole step on "
+        "**1 of 2**; at it (a tie) on 1.",
+        "* With the optimizer stepped in the backward, below inductor's floor of that contract on **1 of 1**."]
 
 
-def test_a_compiled_row_names_inductors_graph_at_another_budget_and_its_regions_win_as_regions(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compiled_row_names_inductors_graph_at_another_budget_and_its_regions_win_as_regions() -> None:
     # Prepare: edgetrain+compiled at inductor 0.5's level took inductor's own graph at 0.0 (lower and faster
     # here); at 1.0's level it took regions.
-    bench = load_benchmark("compile_budget", monkeypatch)
     rows = [_row("inductor:1.0", 100.0, 0.9), _row("inductor:0.5", 70.0, 0.8),
             _row("edgetrain+compiled=inductor:0.5", 65.0, 0.78, partitioner_budget=0.0, single_level_kinds="....."),
             _row("edgetrain+compiled=inductor:1.0", 90.0, 0.75, partitioner_budget=1.0, single_level_kinds="SR...")]
@@ -206,9 +198,7 @@ def test_a_compiled_row_names_inductors_graph_at_another_budget_and_its_regions_
     assert [bench.whole_graph(row) for row in rows] == [False, False, True, True]
 
 
-def test_a_row_whose_rounds_took_inductors_graphs_at_different_budgets_is_named_round_by_round(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = load_benchmark("compile_budget", monkeypatch)
+def test_a_row_whose_rounds_took_inductors_graphs_at_different_budgets_is_named_round_by_round() -> None:
     rows = [_row("inductor:0.5", 70.0, 0.8),
             _row("edgetrain+compiled=inductor:0.5", 70.0, 0.8, partitioner_budget=0.5, single_level_kinds=".....",
                  single_level_kinds_by_round=[".....", "....."], partitioner_budget_by_round=[0.0, 0.5])]

@@ -4,12 +4,11 @@ readings, the rows a mode name stands for, and the figures' text."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -178,12 +177,3 @@ def per_run(values: list[Any]) -> str:
 def load_average() -> str:
     """The 1-, 5- and 15-minute load averages, as ``uptime`` shows them."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
-def write_result(result: dict[str, Any], out: Path, md: Path, render: Callable[[dict[str, Any]], str]) -> None:
-    """The run's JSON to ``out`` and its markdown (``render(result)``) to ``md``, which is also printed."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    table = render(result)
-    md.write_text(table)
-    print(table)

@@ -120,7 +120,7 @@ def node_crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[d
                                    spares=False)
             try:
                 run_local(config, [NodeSpec()] * args.node_crash_nodes, options)
-                problem = _weights_parted(config.run_dir, args.node_crash_nodes)
+                problem = weights_parted(config.run_dir, args.node_crash_nodes)
             except Exception as exc:  # noqa: BLE001 -- a crash of any kind is what is counted here
                 problem = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             if problem:
@@ -137,7 +137,7 @@ def node_crashes(args: argparse.Namespace, scratch: Path, cpus: float) -> list[d
     return rows
 
 
-def _weights_parted(run_dir: Path, nodes: int) -> str | None:
+def weights_parted(run_dir: Path, nodes: int) -> str | None:
     """Why a finished run's nodes do not end with the same weights (from the digests they log); None when they do."""
     digests: dict[int, str] = {}
     for node in range(nodes):

@@ -1,11 +1,11 @@
-"""The **failures** and **save** tables: what a failed node costs the cluster, and the saves that keep it small.
+"""The **failures** and **save** rows: what a failed node costs the cluster, and the saves that keep it small.
 
-* **failures**: a node killed (SIGKILL), stopped (SIGSTOP) and, as root, cut off (its link taken down,
-  ``--failure-preset``) on 3 nodes at step 4 or later, once the warm spares are ready (NOTE [ Warm spares ]):
-  detection time, restarts, steps lost and repeated, stall, and the longest heartbeat gap of a healthy node (the
-  margin of the heartbeat timeout against a false alarm).
-* **save**: ``--saves`` durable saves of the model's training state (what rank 0 pays every ``--save-every`` steps,
-  so that a restart loses no step).
+* :func:`failure_run`: one run of 3 nodes with a node killed (SIGKILL), stopped (SIGSTOP) or cut off (its link
+  taken down) at step 4 or later, once the warm spares are ready (NOTE [ Warm spares ]); :func:`failure_row`: a
+  failure over its runs (detection, restarts, steps lost and repeated, stall, and the longest heartbeat gap of a
+  healthy node: the margin of the heartbeat timeout against a false alarm).
+* :func:`state_save_row`: durable saves of a model's training state (what rank 0 pays every ``save_every`` steps, so
+  that a restart loses no step).
 """
 
 from __future__ import annotations
@@ -15,48 +15,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgetrain.distributed.netns import can_emulate
 from edgetrain.distributed.node import NodeSpec
 from edgetrain.distributed.supervisor import Fault, LocalOptions, run_local
 from edgetrain.train import TrainConfig
 
-from .common import load_average, log, name_list, per_run, spread_of, spread_text, step_medians, step_records
+from .common import load_average, per_run, spread_of, spread_text, step_medians, step_records
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """The failure and save tables' own options."""
-    parser.add_argument("--failures", type=name_list, default=["kill", "stop", "cut"])
-    parser.add_argument("--failure-samples", type=int, default=240,
-                        help="samples of every failure run (batch 6, 80%% for training: 240 gives 31 steps); more "
-                        "give a loaded machine's idle-priority spares time to get ready before the fault")
-    parser.add_argument("--failure-preset", default="gigabit",
-                        help="the links of the cut failure: gigabit (veth) or wifi20 (through the delaying switch)")
-    parser.add_argument("--saves", type=int, default=10, help="state saves timed by the save table")
+    """None: each failure run is given its fault, samples and link (``benchmarks/cluster_failures.py``)."""
 
 
-def failures(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """3 nodes of the small token model (seconds per run), one failure each, ``--repeats`` rounds over the kinds;
-    plain processes except for a cut (``--failure-preset``: gigabit veth links, or wifi20 through the switch)."""
-    skipped = {kind: f"needs the network emulation: {can_emulate()}" for kind in args.failures
-               if kind == "cut" and can_emulate() is not None}
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in args.failures if kind not in skipped}
-    for repeat in range(args.repeats):
-        for kind in runs:
-            runs[kind].append(_failure_run(args, scratch / f"failure-{kind}-{repeat}", kind, cpus))
-            log.info("failure %s round %d: %s", kind, repeat, runs[kind][-1])
-    return [{"kind": kind, "skipped": reason} if (reason := skipped.get(kind)) else _failure_row(kind, runs[kind])
-            for kind in args.failures]
-
-
-def _failure_run(args: argparse.Namespace, run_dir: Path, kind: str, cpus: float) -> dict[str, Any]:
-    """One run of 3 nodes with a fault on node 1 at step 4 or later, once the warm spares are ready (NOTE [ Warm
-    spares ]); on a saturated machine the idle-priority spares may not be ready before the run ends: then no fault
-    is injected and the run says so (``injected``)."""
-    config = TrainConfig(model="transformer_small", samples=args.failure_samples, batch=6, image=16, epochs=1,
+def failure_run(run_dir: Path, kind: str, cpus: float, samples: int, preset: str | None) -> dict[str, Any]:
+    """One run of 3 nodes of the small token model (``samples`` samples, batch 6, 80% for training) with a ``kind``
+    fault on node 1 at step 4 or later, once the warm spares are ready (NOTE [ Warm spares ]); the nodes in network
+    namespaces with ``preset``'s links where one is given (a cut needs one), else plain processes. On a saturated
+    machine the idle-priority spares may not be ready before the run ends: then no fault is injected and the run says
+    so (``injected``)."""
+    config = TrainConfig(model="transformer_small", samples=samples, batch=6, image=16, epochs=1,
                          save_every=1, run_dir=run_dir)
     started, load = time.time(), load_average()
-    options = LocalOptions(faults=(Fault(1, 4, kind),), preset=args.failure_preset if kind == "cut" else None,
-                           cpus_per_node=cpus)
+    options = LocalOptions(faults=(Fault(1, 4, kind),), preset=preset, cpus_per_node=cpus)
     report = run_local(config, [NodeSpec()] * 3, options)
     steps = step_records(config.run_dir)
     (failure,) = report["failures"] or [dict.fromkeys(("detection_s", "last_step_before", "steps_lost",
@@ -71,7 +50,7 @@ def _failure_run(args: argparse.Namespace, run_dir: Path, kind: str, cpus: float
             "load": load, "emulation": report["emulation"]}
 
 
-def _failure_row(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def failure_row(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One failure kind over its runs: detection, stall and the healthy nodes' heartbeat gap with their spread;
     restarts, steps lost and repeated per run (each should be the same every time)."""
     return {"kind": kind, "repeats": len(runs), "injected": sum(r["injected"] for r in runs),
@@ -87,31 +66,33 @@ def _failure_row(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "runs": runs, "emulation": runs[0]["emulation"]}
 
 
-def state_saves(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """What rank 0 pays every ``--save-every`` steps: ``--saves`` durable saves of the model's training state with
-    SGD momentum (``StateStore.save(TrainingState.capture(...))``, as a node saves), one torch thread."""
+def state_save_row(model_name: str, saves: int, folder: Path) -> dict[str, Any]:
+    """What rank 0 pays every ``save_every`` steps: ``saves`` durable saves into ``folder`` of the model's training
+    state with SGD momentum (``StateStore.save(TrainingState.capture(...))``, as a node saves), one torch thread."""
     import torch
 
     from edgetrain.core.optim import make_optimizer
     from edgetrain.models.registry import get_model_spec
     from edgetrain.train.state import StateStore, TrainingState
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    spec = get_model_spec(args.model)
-    model = spec.builder(spec.default_num_classes)
-    optimizer = make_optimizer("sgd", model.parameters())
-    for parameter in model.parameters():  # one step, so the momentum buffers exist
-        parameter.grad = torch.zeros_like(parameter)
-    optimizer.step()
-    store, times_s = StateStore(scratch / "saves"), []
-    for step in range(1, args.saves + 1):
-        started = time.perf_counter()
-        path = store.save(TrainingState.capture(step=step, epoch=0, model=model, optimizer=optimizer))
-        times_s.append(time.perf_counter() - started)
-    rows = [{"model": args.model, "saves": args.saves, "state_bytes": path.stat().st_size,
-             "save_s": spread_of(times_s), "times_s": times_s}]
-    log.info("state saves %s", rows[-1])
-    return rows
+    try:
+        spec = get_model_spec(model_name)
+        model = spec.builder(spec.default_num_classes)
+        optimizer = make_optimizer("sgd", model.parameters())
+        for parameter in model.parameters():  # one step, so the momentum buffers exist
+            parameter.grad = torch.zeros_like(parameter)
+        optimizer.step()
+        store, times_s = StateStore(folder), []
+        for step in range(1, saves + 1):
+            started = time.perf_counter()
+            path = store.save(TrainingState.capture(step=step, epoch=0, model=model, optimizer=optimizer))
+            times_s.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    return {"model": model_name, "saves": saves, "state_bytes": path.stat().st_size, "save_s": spread_of(times_s),
+            "times_s": times_s}
 
 
 def render(result: dict[str, Any]) -> list[str]:

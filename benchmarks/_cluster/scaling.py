@@ -40,7 +40,7 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
                                                  "steps_timed": len(steps) - WARM_UP_STEPS, "load": load_average(),
                                                  "emulation": report["emulation"]})
             log.info("scaling %s %s %s round %d: %s", preset, batch, nodes, repeat, runs[(preset, batch, nodes)][-1])
-    rows = [_scaling_row(preset, batch, nodes, runs[(preset, batch, nodes)]) for preset, batch, nodes in points]
+    rows = [scaling_row(preset, batch, nodes, runs[(preset, batch, nodes)]) for preset, batch, nodes in points]
     for row in rows:
         single = next((r for r in rows if r["nodes"] == 1 and r["preset"] == row["preset"]
                        and r["batch"] == row["batch"]), None)
@@ -49,7 +49,7 @@ def scaling(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[s
     return rows
 
 
-def _scaling_row(preset: str, batch: int, nodes: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def scaling_row(preset: str, batch: int, nodes: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One scaling point from its runs: throughput from the median over the runs of their median step."""
     step = spread_of([r["step_s"] for r in runs])
     assert step is not None

@@ -1,14 +1,14 @@
 """The **ttt** table: time to a target training loss, one node against N.
 
 Exact, PowerSGD, periodic averaging, DiLoCo's outer step on it (NOTE [ Outer step ]), once per seed, each seed's
-target from its own single-node run (``--ttt-modes`` picks the rows); every node, the single one too, at the same
-CPU quota. Its final loss is held to the single node's within ``--margin``. Spares are off (no failure is expected).
+target from its own single-node run (``benchmarks/cluster_ttt.py`` picks the rows); every node, the single one too,
+at the same CPU quota. Its final loss is held to the single node's within a margin. Spares are off (no failure is
+expected).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from dataclasses import replace
@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from edgetrain.bench.stats import equivalence
+from edgetrain.errors import EdgetrainError
 
 from .common import (
-    MODE_NAMES,
     Mode,
     cell,
     load_average,
     log,
-    mode,
     name_list,
     per_run,
     run_config,
@@ -49,9 +48,6 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttt-seed", type=int, default=0)
     parser.add_argument("--ttt-weak", action="store_true", help="N nodes train N x --ttt-batch per step at N x the "
                         "learning rate (each node the single node's batch); default: the same global batch")
-    parser.add_argument("--ttt-read", type=lambda s: [Path(p) for p in s.split(",")], default=[],
-                        help="earlier results (--out JSON) whose time-to-target runs of these settings are read, not "
-                        "run again (seeds added to a table)")
     parser.add_argument("--margin", type=float, default=0.005,
                         help="the final loss's equivalence margin against the single node (0.005: ±0.5%%)")
     parser.add_argument("--ttt-target-at", type=float, default=0.75,
@@ -72,18 +68,18 @@ def _time_to(run: dict[str, Any], target: float, window: int) -> tuple[float | N
     return None, None
 
 
-def _started_at(run: dict[str, Any]) -> float:
+def started_at(run: dict[str, Any]) -> float:
     """The wall time step 1 of a time-to-target run started at. An older result file does not record it; a run
     of its that reached its target gives it back from its time and step to that target."""
     if "started_at" in run:
         return float(run["started_at"])
     if run.get("steps_to_target") is None:
-        raise SystemExit(f"--ttt-read: {run['mode']}, seed {run['seed']}: no start time (an older result's run that "
-                         "never reached its target)")
+        raise EdgetrainError(f"{run['mode']}, seed {run['seed']}: no start time (a recorded run that never reached "
+                             "its target)")
     return float(run["wall_times"][run["steps_to_target"] - 1] - run["time_to_target_s"])
 
 
-def _averaged_loss(losses: list[float], every: int, window: int) -> float | None:
+def averaged_loss(losses: list[float], every: int, window: int) -> float | None:
     """With periodic averaging, the mean loss of the last ``window`` steps that began on just-averaged weights
     (steps ``k·every + 1``): the averaged model's loss on a fresh batch, where the other steps' losses are the
     nodes' drifted local models'. None for exact steps."""
@@ -91,72 +87,24 @@ def _averaged_loss(losses: list[float], every: int, window: int) -> float | None
     return statistics.mean(after[-window:]) if every > 1 and after else None
 
 
-def time_to_target(args: argparse.Namespace, scratch: Path, cpus: float) -> list[dict[str, Any]]:
-    """Time to a target training loss (the module's docstring): one node, then ``--ttt-nodes`` nodes summing
-    whole gradients, PowerSGD and periodic averaging, every node (the single one too) at the same CPU quota; once
-    per seed ``--ttt-seed .. + --repeats - 1``, each seed's target taken from its own single-node run. A run of the
-    same settings in a ``--ttt-read`` result is taken from there, not run again."""
-    if args.ttt_modes[0] != "single":
-        raise SystemExit(f"--ttt-modes: 'single' first (it sets the targets), then any of {MODE_NAMES}")
-    modes = [mode(name, args, args.ttt_nodes) for name in args.ttt_modes]
-    done = _read_ttt_runs(args)
-    seeds = [_ttt_seed_runs(args, scratch, modes, args.ttt_seed + repeat, done) for repeat in range(args.repeats)]
-    rows = [_ttt_row(args, [runs[i] for runs in seeds]) for i in range(len(modes))]
-    for row in rows[1:]:
-        row["final_vs_single"] = _final_versus_single(row["runs"], rows[0]["runs"], args.margin)
-    return rows
-
-
-def _final_versus_single(runs: list[dict[str, Any]], single: list[dict[str, Any]], margin: float) -> dict[str, Any]:
+def final_versus_single(runs: list[dict[str, Any]], single: list[dict[str, Any]], margin: float) -> dict[str, Any]:
     """Seed by seed, a mode's final loss (the last ``--ttt-window`` steps' mean) over the single node's minus 1,
     and whether they are within ±``margin`` (:func:`~edgetrain.bench.stats.equivalence`)."""
     differences = [run["final_loss"] / reference["final_loss"] - 1 for run, reference in zip(runs, single, strict=True)]
     return {**equivalence(differences, margin), "differences": differences}
 
 
-def _read_ttt_runs(args: argparse.Namespace) -> dict[tuple[str, int], dict[str, Any]]:
-    """The time-to-target runs of the ``--ttt-read`` results whose model, image, BatchNorm and row settings are
-    this call's, by mode and seed."""
-    wanted = {"preset": args.ttt_preset, "weak": args.ttt_weak, "cpus_per_node": _ttt_quota(args),
-              "window": args.ttt_window, "target_at": args.ttt_target_at, "steps": args.ttt_steps}
-    runs: dict[tuple[str, int], dict[str, Any]] = {}
-    for path in args.ttt_read:
-        result = json.loads(path.read_text())
-        given = _command_options(result["command"])
-        if (given.get("model"), given.get("image"), result.get("local_batch_norm")) != (
-                args.model, str(args.image), args.local_batch_norm):
-            continue
-        for row in result.get("ttt", []):
-            scale = row["nodes"] if args.ttt_weak else 1
-            if all(row[key] == value for key, value in wanted.items()) and row["batch"] == args.ttt_batch * scale:
-                runs.update({(run["mode"], run["seed"]): run for run in row["runs"]})
-    return runs
-
-
-def _command_options(command: str) -> dict[str, str | None]:
-    """``--name value`` and bare ``--flag`` of a recorded command line, by name."""
-    words = command.split()
-    return {word[2:]: (words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None)
-            for i, word in enumerate(words) if word.startswith("--")}
-
-
-def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[Mode], seed: int,
-                   done: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every mode's run with one seed (from ``done`` when there), with its time and steps to the seed's target and
-    its efficiency."""
-    steps, window = args.ttt_steps, args.ttt_window
-    runs: list[dict[str, Any]] = []
-    target_step = max(1, round(steps * args.ttt_target_at))  # the others get the rest of the steps as slack
-    for row in modes:
-        if (row.label, seed) in done:
-            log.info("time to target: %s, seed %d: read from --ttt-read", row.label, seed)
-            runs.append(dict(done[row.label, seed]))
-        else:
-            runs.append(_ttt_run(args, scratch, row, seed))
-        target = _smoothed(runs[0]["losses"], window)[target_step - 1]  # the single node's run comes first
-        runs[-1]["started_at"] = _started_at(runs[-1])
-        runs[-1]["target_loss"] = target
-        runs[-1]["time_to_target_s"], runs[-1]["steps_to_target"] = _time_to(runs[-1], target, window)
+def seed_targets(runs: list[dict[str, Any]], steps: int, window: int, target_at: float) -> list[dict[str, Any]]:
+    """One seed's runs (the single node's first) with the seed's target (the single node's ``window``-step mean
+    loss at ``target_at`` of its ``steps``), each run's time and steps to it and its efficiency T(1 node) / (nodes x
+    T(nodes)); the runs are copied, not changed."""
+    runs = [dict(run) for run in runs]
+    target_step = max(1, round(steps * target_at))  # the others get the rest of the steps as slack
+    target = _smoothed(runs[0]["losses"], window)[target_step - 1]
+    for run in runs:
+        run["started_at"] = started_at(run)
+        run["target_loss"] = target
+        run["time_to_target_s"], run["steps_to_target"] = _time_to(run, target, window)
     reference = runs[0]["time_to_target_s"]
     for run in runs:
         t = run["time_to_target_s"]
@@ -164,7 +112,7 @@ def _ttt_seed_runs(args: argparse.Namespace, scratch: Path, modes: list[Mode], s
     return runs
 
 
-def _ttt_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: int) -> dict[str, Any]:
+def ttt_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: int) -> dict[str, Any]:
     """One time-to-target run and what the table reads of it."""
     batch, window = args.ttt_batch, args.ttt_window
     # weak scaling: each node keeps the single node's batch (and BatchNorm groups), the rate grows with the
@@ -173,25 +121,25 @@ def _ttt_run(args: argparse.Namespace, scratch: Path, row: Mode, seed: int) -> d
     config = run_config(scratch / run_name("ttt", row, seed), args.model, batch * scale, args.ttt_steps, args.image)
     config = replace(config, seed=seed, lr=config.learning_rate() * scale)
     load = load_average()
-    options = row.options(preset=args.ttt_preset, cpus_per_node=_ttt_quota(args),
+    options = row.options(preset=args.ttt_preset, cpus_per_node=ttt_quota(args),
                           local_batch_norm=args.local_batch_norm)
     trained, report = run_nodes(config, row.nodes, options)
     log.info("time to target: %s, seed %d, %d steps, restarts %d", row.label, seed, len(trained), report["restarts"])
     return {"mode": row.label, "nodes": row.nodes, "seed": seed, "batch": batch * scale,
-            "cpus_per_node": _ttt_quota(args), "steps": len(trained),
+            "cpus_per_node": ttt_quota(args), "steps": len(trained),
             "final_loss": _smoothed([r["loss"] for r in trained], window)[-1],
-            "averaged_loss": _averaged_loss([r["loss"] for r in trained], row.every, window),
+            "averaged_loss": averaged_loss([r["loss"] for r in trained], row.every, window),
             **step_medians(trained), "restarts": report["restarts"], "load_before": load,
             "losses": [r["loss"] for r in trained], "wall_times": [r["wall_time"] for r in trained],
             "started_at": trained[0]["wall_time"] - trained[0]["time_s"], "emulation": report["emulation"]}
 
 
-def _ttt_quota(args: argparse.Namespace) -> float:
+def ttt_quota(args: argparse.Namespace) -> float:
     """Every time-to-target node's CPU quota, the single one's too: the machine's cores shared by ``--ttt-nodes``."""
     return (os.cpu_count() or 1) / args.ttt_nodes
 
 
-def _ttt_row(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def ttt_row(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One mode over the seeds: time to target and efficiency over the seeds that reached it, step and sync time
     (each run's median) over all seeds."""
     first = runs[0]

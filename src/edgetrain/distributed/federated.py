@@ -69,8 +69,9 @@ SYNTHETIC_CLASSES = 10  # open_dataset's synthetic default: the server builds th
 # What a node's budget sets aside beside its measured runtime baseline (NOTE [ Federated rounds ]): gRPC's and
 # Flower's runtime, which start after the node planned, and a round's messages, which hold the weights several
 # times over (Flower's received bytes and arrays, the reply's copy, its serialised bytes and message). Set from
-# two runs of benchmarks/federated.py (5 rounds each): in-situ nodes (0.1 MB of weights) peaked 60-64 MiB
-# above the runtime baseline + planned step prediction without them, ResNet-18 nodes (44.7 MB) 206-333 MiB.
+# runs of the federated benchmark (``python -m benchmarks run federated``, 5 rounds; in-situ nodes with its
+# ``STORES`` set): in-situ nodes (0.1 MB of weights) peaked 60-64 MiB above the runtime baseline + planned step
+# prediction without them, ResNet-18 nodes (44.7 MB) 206-333 MiB.
 FLOWER_RUNTIME_BYTES = 96 * 2**20
 MESSAGE_COPIES = 6
 Progress = Callable[[dict[str, Any]], None]

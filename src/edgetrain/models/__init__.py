@@ -20,6 +20,7 @@ the encoder ``num_layers + 2``.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .edge_dense import gpt_decoder, unet, yolov8
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 
-def stages_of(model: nn.Module) -> list[nn.Module]:
+def stages_of(model: nn.Module, sample: torch.Tensor | None = None) -> list[nn.Module]:
     """The chain of stages of ``model``, for planners and the executor.
 
     Args:
@@ -46,6 +47,8 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
             override), an ``nn.Sequential`` (its children are the stages, nested ``nn.Sequential``
             and ``nn.TransformerEncoder`` children opened), or any other model that torch.fx can
             trace: it is cut where one tensor passes (NOTE [ Traced stages ] in ``models/traced.py``).
+        sample: an input batch: with it, a model torch.fx cannot trace is captured by ``torch.export`` on
+            that batch's shapes (NOTE [ Exported stages ] in ``models/traced.py``).
 
     Returns:
         Modules whose sequential composition equals ``model(x)``, sharing its parameters.
@@ -67,7 +70,7 @@ def stages_of(model: nn.Module) -> list[nn.Module]:
         return result
     if isinstance(model, nn.Sequential) and len(model):
         return [stage for child in model for stage in _sequential_child_stages(child)]
-    return traced_stages(model)
+    return traced_stages(model, sample)
 
 
 def _sequential_child_stages(child: nn.Module) -> list[nn.Module]:

@@ -45,10 +45,12 @@ class LossStage(nn.Module):
         return self.loss_fn(output, self.target)
 
 
-def training_stages(model: nn.Module, loss_fn: LossFn | None = None) -> list[nn.Module]:
-    """The model's chain of stages followed by a :class:`LossStage`; the stages before the first one with a
-    parameter that trains fold into it (:func:`fold_frozen_prefix`)."""
-    return fold_frozen_prefix([*stages_of(model), LossStage(loss_fn)])
+def training_stages(model: nn.Module, loss_fn: LossFn | None = None,
+                    sample: torch.Tensor | None = None) -> list[nn.Module]:
+    """The model's chain of stages (given ``sample``, exported where torch.fx cannot trace it: :func:`stages_of`)
+    followed by a :class:`LossStage`; the stages before the first one with a parameter that trains fold into it
+    (:func:`fold_frozen_prefix`)."""
+    return fold_frozen_prefix([*stages_of(model, sample), LossStage(loss_fn)])
 
 
 class FrozenPrefix(nn.Sequential):
@@ -78,7 +80,7 @@ def fold_frozen_prefix(stages: list[nn.Module]) -> list[nn.Module]:
 # NOTE [ Compiled stages ]
 # torch.compile's inductor fuses the elementwise work around convolutions and matmuls (BatchNorm,
 # activations, residual adds) that eager runs as separate kernels, each writing a full tensor:
-# on CPU it trains MobileNetV2 at half of eager's time (benchmarks/compile_budget.py). Planning
+# on CPU it trains MobileNetV2 at half of eager's time (the compile_budget benchmark). Planning
 # and fusion are independent: a compiled stage is still a stage, whose saved tensors (AOTAutograd
 # saves through ``ctx.save_for_backward``, which ``saved_tensors_hooks`` see), output and times the
 # profiler measures, its bytes by the allocator's records rather than the tracker (NOTE [ Compiled

@@ -28,7 +28,8 @@ attention fast path off, which training never takes; a Python value that does no
 the input (``self.training``) is fixed in the graph as it was then. Extra arguments of
 ``forward`` keep their defaults. A model whose own forward cannot be traced, that takes
 more than one tensor, or that returns anything but one tensor is refused in one line naming
-the construct.
+the construct, unless a sample batch is given and ``torch.export`` can capture it (NOTE
+[ Exported stages ]).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["traced_stages", "traced_module", "training_mode", "NotTraceableError"]
+__all__ = ["traced_stages", "traced_module", "exported_for", "exported_stages", "training_mode", "NotTraceableError"]
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,14 @@ class _StageTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
-def traced_stages(model: nn.Module) -> list[nn.Module]:
+def traced_stages(model: nn.Module, sample: torch.Tensor | None = None) -> list[nn.Module]:
     """The chain of stages of ``model`` cut at its graph's articulation values (NOTE [ Traced stages ]).
 
     Args:
         model: any module whose forward takes one tensor (other arguments keep their defaults)
             and returns one tensor.
+        sample: an input batch. With it, a model torch.fx cannot trace whole, or whose stages would pass
+            something other than a tensor, is captured by ``torch.export`` instead (NOTE [ Exported stages ]).
 
     Returns:
         Modules whose composition in order computes ``model(x)`` with the same ops in the same
@@ -141,7 +144,12 @@ def traced_stages(model: nn.Module) -> list[nn.Module]:
         >>> [type(s).__name__ for s in traced_stages(Skip())]
         ['Linear', 'Stage_relu', 'Stage_b_cat', 'Linear']
     """
-    graph, tracer = _trace(model)
+    try:
+        graph, tracer = _trace(model)
+    except NotTraceableError as exc:
+        if sample is None:
+            raise
+        return _exported_or_refused(model, sample, exc)
     if tracer.kept_whole:
         log.info("%s: kept whole (not traceable inside): %s", type(model).__name__, "; ".join(tracer.kept_whole))
     nodes = [node for node in graph.nodes if node.op not in ("get_attr", "output")]
@@ -149,7 +157,88 @@ def traced_stages(model: nn.Module) -> list[nn.Module]:
     cuts = _cuts(model, nodes, result)
     stages = [_stage(model, nodes, start, end) for start, end in itertools.pairwise(cuts)]
     log.debug("%s traced into %d stages", type(model).__name__, len(stages))
+    if sample is not None and tracer.kept_whole and not _passes_tensors(stages, sample):
+        return _exported_or_refused(model, sample, NotTraceableError(
+            f"{type(model).__name__}: a stage kept whole returns no tensor ({'; '.join(tracer.kept_whole)})"))
     return stages
+
+
+# NOTE [ Exported stages ]
+# torch.fx traces symbolically, so a forward that branches on a shape, a dtype or a flag computed from the
+# input (a Hugging Face model's masks and dtype checks) stops it; a submodule kept whole for that reason
+# may return a structured value (a ``ModelOutput``), which no stage can pass on. Given a sample batch,
+# such a model is captured by ``torch.export`` (non-strict: Python runs for real and the branches take
+# the sample's values), whose graph of ATen operators is cut at its articulation values like fx's. The
+# graph reads the model's own parameters, so the optimizer, ``state_dict`` and the executor see them. The
+# capture is specialised to the sample's shapes: each stage records them (``exported_for``) and a batch of
+# another shape is captured again. Views and in-place operators are told by their ATen schema. BatchNorm in
+# training updates its running statistics inside the graph, where a recomputation would update them
+# again (NOTE [ Recomputation is invisible ] in ``runtime/schedule_run.py``): such a model is refused.
+
+def exported_stages(model: nn.Module, sample: torch.Tensor) -> list[nn.Module]:
+    """``model``'s stages from its ``torch.export`` graph on ``sample`` (NOTE [ Exported stages ]).
+
+    Raises:
+        NotTraceableError: the export fails, the graph updates norm statistics, or it returns no tensor.
+    """
+    name = type(model).__name__
+    with training_mode(model), _mha_fastpath_off():
+        try:
+            exported = torch.export.export(model, (sample.detach(),), strict=False)
+        except Exception as exc:  # whatever stopped the capture is what the user must see
+            raise NotTraceableError(f"{name} cannot be exported into stages: {_construct(exc)}") from exc
+    module = exported.module()
+    graph = module.graph
+    if any(node.op == "call_function" and "batch_norm" in str(node.target) for node in graph.nodes):
+        raise NotTraceableError(f"{name}: BatchNorm inside a forward only torch.export can capture: a "
+                                "recomputation would update its running statistics twice")
+    (output,) = [node for node in graph.nodes if node.op == "output"]
+    flat = output.args[0]
+    results = list(flat) if isinstance(flat, (list, tuple)) else [flat]
+    if len(results) != 1 or not isinstance(results[0], fx.Node):
+        raise NotTraceableError(f"{name}.forward returns {len(results)} values; a chain ends in one tensor")
+    nodes = [node for node in graph.nodes if node.op not in ("get_attr", "output")]
+    cuts = _cuts(module, nodes, results[0])
+    stages = [_stage(module, nodes, start, end) for start, end in itertools.pairwise(cuts)]
+    for stage in stages:
+        stage.exported_for = tuple(sample.shape)  # type: ignore[assignment]
+    log.info("%s: exported into %d stages for input %s", name, len(stages), tuple(sample.shape))
+    return stages
+
+
+def exported_for(stages: list[nn.Module]) -> tuple[int, ...] | None:
+    """The input shape ``stages`` were captured for by ``torch.export`` (they hold for it alone), or None."""
+    for stage in stages:
+        for module in stage.modules():
+            shape = getattr(module, "exported_for", None)
+            if shape is not None:
+                return tuple(shape)
+    return None
+
+
+def _exported_or_refused(model: nn.Module, sample: torch.Tensor, traced: NotTraceableError) -> list[nn.Module]:
+    try:
+        return exported_stages(model, sample)
+    except NotTraceableError as exported:
+        raise NotTraceableError(f"{traced}; and {exported}") from exported
+
+
+def _passes_tensors(stages: list[nn.Module], sample: torch.Tensor) -> bool:
+    """Whether every stage, run once on ``sample`` without autograd, returns a tensor; the generators and the
+    buffers (norm statistics) are left as they were."""
+    buffers = [(buffer, buffer.clone()) for stage in stages for buffer in stage.buffers()]
+    value: object = sample
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for stage in stages:
+                value = stage(value)
+                if not isinstance(value, torch.Tensor):
+                    return False
+        return True
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
 
 
 def traced_module(module: nn.Module) -> fx.GraphModule:
@@ -296,6 +385,9 @@ def _is_view(model: nn.Module, node: fx.Node) -> bool:
     """Whether ``node``'s result may share its input's storage."""
     if node.op == "call_method":
         return node.target in _VIEW_METHODS
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        returns = node.target._schema.returns
+        return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
     if node.op == "call_function":
         return node.target in _VIEW_FUNCTIONS
     if node.op == "call_module":
@@ -321,6 +413,9 @@ def mutates(model: nn.Module, node: fx.Node) -> bool:
     ``ReLU(inplace=True)``)."""
     if node.op == "call_method":
         return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        arguments = node.target._schema.arguments
+        return bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
     if node.op == "call_function":
         name = getattr(node.target, "__name__", "")
         return (node.target in _INPLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))

@@ -18,7 +18,7 @@ forward again and the same backward: it costs at least the whole stage's forward
 backward at least the whole stage's backward plus one more forward. The two chains' times come
 from two profiles (two passes, minutes apart in a benchmark on a shared machine), so a twin can be
 *measured* faster than its whole stage, and a plan that only adds recomputation would then be
-planned below the plain step (ρ 0.83 and 0.71 in ``benchmarks/compile_budget.py`` under load).
+planned below the plain step (ρ 0.83 and 0.71 in the ``compile_budget`` benchmark under load).
 Counted in FLOPs (``measure_time=False``) the twin's backward would miss its extra forward altogether: torch's
 ``FlopCounterMode`` does not see the recomputation ``torch.utils.checkpoint`` runs inside the
 backward (a checkpointed ``nn.Linear`` counts the same backward FLOPs as a plain one). So each

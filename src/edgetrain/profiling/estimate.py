@@ -9,6 +9,7 @@ import torch
 
 from ..core.chain import Chain
 from ..errors import EdgetrainError
+from .cache import default_profile_cache
 
 if TYPE_CHECKING:
     from ..devices import Device
@@ -81,7 +82,8 @@ def chain_for(model: str, batch: int, size: int, *, optimizer: str = "sgd", num_
                 net = spec.build(num_classes)
             net.train()
             apply_update(net, scheme)
-            chain = profile(net, sample, target, optimizer=optimizer, measure_time=False)
+            chain = profile(net, sample, target, optimizer=optimizer, measure_time=False,
+                            cache=default_profile_cache())
     except ValueError as exc:
         if "more than 1 value per channel" not in str(exc):
             raise

@@ -25,18 +25,20 @@ heap after start-up work such as profiling.
 The threshold is 256 KiB. At 1 MiB the tensors between 256 KiB and 1 MiB (a MobileNetV2's
 deep activations, most weights' gradients and momentum) share the heap with long-lived small
 objects; under recomputation they are freed and re-made in a new order every step and the free
-holes between live blocks grow step after step. ``python benchmarks/heap_slack.py`` (MobileNetV2,
-batch 16, 128 px, ``--memory 511MiB``, its least process budget; 15 steps): at 1 MiB the heap's
-free part at each step's peak went 23 → 35 → 49 → 57 MiB and the process peaked at 558.5 MiB,
-over the budget; at 256 KiB it stayed at 1-7 MiB and the peak at 509.3 MiB.
+holes between live blocks grow step after step. ``python -m benchmarks run heap_slack``
+(docs/results/heap_slack.md; MobileNetV2, batch 16, 128 px, 15 steps, each threshold under its least
+process budget): at 1 MiB the heap's free part at each step's peak grew from 28 to 91 MiB and the
+process peaked at 602.0 MiB, over its 557 MiB budget; at 256 KiB it stayed at 7-11 MiB and the
+peak at 527.2 MiB, within its 550 MiB.
 
 Every mapping costs page faults (and zeroed pages) each time a tensor is made, where glibc's
 default reuses freed heap. PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` aligns tensors of at least 2 MiB
-to 2 MiB and asks for transparent huge pages (``madvise``): one fault per 2 MiB. ``python
-benchmarks/mmap_threshold.py --model mobilenet_v2 --batch 16 --image 128 --steps 4 --rounds 2``
-(plain training, one thread, this machine otherwise idle): step time relative to glibc's
-default 2.67x at 256 KiB, 1.92x at 256 KiB with huge pages, 2.09x at the former 1 MiB, 0.77x for
-the default with huge pages; peak RSS 731-743 MiB pinned against 876-878 MiB by default. So the
+to 2 MiB and asks for transparent huge pages (``madvise``): one fault per 2 MiB. ``python -m
+benchmarks run mmap_threshold`` (docs/results/mmap_threshold.md; MobileNetV2, batch 16, 128 px, plain
+training, one thread, 5 rounds): step time relative to glibc's default in the same round 2.18x at
+256 KiB, 2.32x at 256 KiB with huge pages, 2.27x at 1 MiB, 1.00x for the default with huge pages
+(medians over the rounds, on a machine shared with other work: the quartiles of the last span
+0.67-1.15); peak RSS 733-745 MiB pinned against 867-871 MiB by default. So the
 threshold is pinned only where a process budget must hold (``edgetrain train --memory`` or
 ``--device``), a trade of step time for a bounded process, and huge pages are always asked for.
 PyTorch reads the variable once, at its first allocation, so ``edgetrain``'s command line sets

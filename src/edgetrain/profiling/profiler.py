@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -26,6 +27,8 @@ from ..autograd.handover import GradBox, HandOver, backward_from_box
 from ..autograd.rng_state import RandomDraws, RngState
 from ..core.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
 from ..models.stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
+from .cache import cached_profile, profile_key, store_profile
+from .signature import module_signature
 from .tracker import (
     AllocatorRecorder,
     AllocatorWindow,
@@ -51,7 +54,8 @@ class _StageMeasure:
 def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torch.Tensor | None = None, *,
             loss_fn: LossFn | None = None, optimizer: str = "sgd", measure_time: bool = True,
             repeats: int = 5, flops_per_s: float = NOMINAL_FLOPS_PER_S,
-            progress: Callable[[int, int], None] | None = None, step_in_backward: bool = False) -> Chain:
+            progress: Callable[[int, int], None] | None = None, step_in_backward: bool = False,
+            cache: Path | None = None) -> Chain:
     """Profile one training step of ``model`` into a chain of stages (the loss is the last stage).
 
     Args:
@@ -66,6 +70,9 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
         step_in_backward: also measure each stage's backward with every parameter's gradient dropped as
             soon as it is accumulated (``StageCost.bwd_stepped_workspace_bytes``), for
             :meth:`Chain.with_step_in_backward`: one more recorded forward and backward per stage.
+        cache: a folder of kept profiles (:func:`~edgetrain.profiling.cache.default_profile_cache`): a profile
+            of the same model, input and options on this machine is read from there instead of measured, and a
+            new one is kept there (NOTE [ What a cached profile is keyed by ] in ``profiling/cache.py``).
 
     Returns:
         A :class:`Chain` whose simulated keep-everything schedule predicts the step's peak.
@@ -73,10 +80,29 @@ def profile(model: nn.Module, sample: torch.Tensor | Sequence[int], target: torc
     Example:
         >>> chain = profile(resnet18(), (8, 3, 224, 224), measure_time=False)
     """
-    stages = training_stages(model, loss_fn)
     device = _model_device(model)
     x = sample if isinstance(sample, torch.Tensor) else torch.randn(*sample, device=device)
     timed = measure_time and x.device.type != "meta"
+    key = None
+    if cache is not None:
+        options = {"optimizer": optimizer, "timed": timed, "repeats": repeats, "flops_per_s": flops_per_s,
+                   "step_in_backward": step_in_backward}
+        key = profile_key(model, x, target, options, loss_fn)
+        kept = cached_profile(cache, key)
+        if kept is not None:
+            log.info("%s: profile read from %s", type(model).__name__, cache)
+            return kept
+    chain = _measured_chain(model, x, target, loss_fn, optimizer, timed, repeats, flops_per_s, progress,
+                            step_in_backward)
+    if cache is not None and key is not None:
+        store_profile(cache, key, chain)
+    return chain
+
+
+def _measured_chain(model: nn.Module, x: torch.Tensor, target: torch.Tensor | None, loss_fn: LossFn | None,
+                    optimizer: str, timed: bool, repeats: int, flops_per_s: float,
+                    progress: Callable[[int, int], None] | None, step_in_backward: bool) -> Chain:
+    stages = training_stages(model, loss_fn, sample=x)
     with _preserved_buffers(model):
         measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress, step_in_backward)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -115,6 +141,7 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
                  progress: Callable[[int, int], None] | None,
                  stepped: bool) -> tuple[list[_StageMeasure], torch.Tensor]:
     measures: list[_StageMeasure] = []
+    repeats_of: dict[int, int] = {}   # a stage measured as the earlier one it repeats
     with LiveBytesTracker() as tracker, _one_intra_op_thread(x.device):
         for module in stages:
             tracker.register(module.parameters())
@@ -122,6 +149,7 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
         tracker.register([x])
         current = x.detach()
         holders = parameter_holders(stages)
+        first_of: dict[tuple[object, ...], int] = {}
         for index, module in enumerate(stages):
             if isinstance(module, LossStage):
                 if target is None:
@@ -130,23 +158,54 @@ def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor 
                 tracker.register([target])
             counted = _Counted(weights={id(p) for p, holding in holders.items() if holding[0] == index},
                                grads={id(p) for p, holding in holders.items() if holding[-1] == index})
-            if is_compiled(module):
+            key = _repeat_key(module, current, index, counted)
+            if key is not None and key in first_of:
+                measure = _repeated(measures[first_of[key]], module, current, index)
+                repeats_of[index] = first_of[key]
+            elif is_compiled(module):
                 measure = _profile_compiled_stage(module, current, index > 0, tracker, flops_per_s,
                                                   name=_stage_name(module, index), counted=counted, stepped=stepped)
             else:
                 measure = _profile_stage(module, current, index > 0, tracker.live_keys(), _recorder(tracker, current),
                                          flops_per_s, name=_stage_name(module, index), counted=counted,
                                          stepped=stepped)
+            if key is not None:
+                first_of.setdefault(key, index)
             measures.append(measure)
             current = measure.output
             if progress is not None:
                 progress(index + 1, len(stages))
     if timed:
-        measures = _timed(stages, x, measures, repeats)
+        measures = _timed(stages, x, measures, repeats, repeats_of)
     if isinstance(stages[-1], LossStage):
         stages[-1].target = None
     assert target is not None or not isinstance(stages[-1], LossStage)
     return measures, target if target is not None else torch.empty(0)
+
+
+# NOTE [ Repeated stages measured once ]
+# A stage with the signature of an earlier one (NOTE [ A module's signature ] in ``signature.py``), the same
+# input shape and dtype, and the same share of weights and gradients to count (NOTE [ Shared parameters ]) runs
+# the same ops on tensors of the same sizes, so its costs are the earlier stage's: it is run once without autograd,
+# for the next stage's input, and takes the earlier measurement and times. A transformer's identical layers are
+# measured once. Off (``REUSE_REPEATED_STAGES = False``), every stage is measured, which the tests compare with.
+REUSE_REPEATED_STAGES = True
+
+
+def _repeat_key(module: nn.Module, x: torch.Tensor, index: int, counted: _Counted) -> tuple[object, ...] | None:
+    """What makes two stages' costs equal, or None for a stage always measured (the loss, a compiled stage)."""
+    if not REUSE_REPEATED_STAGES or isinstance(module, LossStage) or is_compiled(module):
+        return None
+    params = list(module.parameters())
+    return (module_signature(module), tuple(x.shape), x.dtype, index > 0,
+            tuple(id(p) in counted.weights for p in params), tuple(id(p) in counted.grads for p in params))
+
+
+def _repeated(first: _StageMeasure, module: nn.Module, x: torch.Tensor, index: int) -> _StageMeasure:
+    """Stage ``index``'s measure as the earlier stage it repeats: that one's costs, its own output."""
+    with torch.no_grad():
+        output = module(x)
+    return replace(first, cost=replace(first.cost, name=_stage_name(module, index)), output=output)
 
 
 @dataclass(frozen=True)
@@ -165,7 +224,7 @@ class _Counted:
 
 
 def _timed(stages: list[nn.Module], x: torch.Tensor, measures: list[_StageMeasure],
-           repeats: int) -> list[_StageMeasure]:
+           repeats: int, repeats_of: dict[int, int]) -> list[_StageMeasure]:
     """The measures with each stage's forward and backward timed on its profiled input.
 
     Timed after the byte tracker has exited: under its Python dispatch every op pays a fixed
@@ -173,9 +232,13 @@ def _timed(stages: list[nn.Module], x: torch.Tensor, measures: list[_StageMeasur
     batch 8, 64 px: the stages summed to 1.38x the plain step).
     """
     inputs = [x.detach(), *(m.output for m in measures[:-1])]
-    timed = []
+    timed: list[_StageMeasure] = []
     for index, (module, stage_input, measure) in enumerate(zip(stages, inputs, measures, strict=True)):
-        fwd_s, bwd_s = _time_stage(module, stage_input, index > 0, repeats)
+        if index in repeats_of:   # NOTE [ Repeated stages measured once ]
+            first = timed[repeats_of[index]].cost
+            fwd_s, bwd_s = first.fwd_time_s, first.bwd_time_s
+        else:
+            fwd_s, bwd_s = _time_stage(module, stage_input, index > 0, repeats)
         timed.append(replace(measure, cost=replace(measure.cost, fwd_time_s=fwd_s, bwd_time_s=bwd_s)))
     return timed
 

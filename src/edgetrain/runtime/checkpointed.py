@@ -48,6 +48,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,11 +59,12 @@ from ..core.chain import Chain
 from ..core.simulator import simulate
 from ..models.segmented import SegmentedStage, segmented_stages
 from ..models.stages import LossFn, compiled_stages, training_stages
-from ..models.traced import training_mode
+from ..models.traced import exported_for, training_mode
 from ..models.update import apply_update
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profiling import profile
+from ..profiling.cache import profile_cache_folder
 from .executor import Executor, PendingBackward
 from .step_in_backward import OptimizerFactory, StepInBackward, shared_gradient_bytes
 
@@ -151,6 +153,10 @@ class Checkpointed(nn.Module):
             ``"last:K"``, parameter patterns such as ``"layer4,fc"``; the rest of ``model`` is frozen
             (``requires_grad=False``) here, before profiling. None (the default) trains what the model's
             own flags say, all of it unless the user froze some; a frozen start runs once, records nothing.
+        profile_cache: where profiles are kept between runs (NOTE [ What a cached profile is keyed by ] in
+            ``profiling/cache.py``): True for ``$EDGETRAIN_PROFILE_CACHE`` or ``~/.cache/edgetrain/profiles``,
+            a folder, or False to profile every time. A second ``Checkpointed`` of the same model, input and
+            options on this machine reads its profile instead of measuring it.
 
     Attributes:
         plan: the :class:`~edgetrain.planners.Plan` in use (``.schedule``, ``.predicted_peak_bytes``).
@@ -169,7 +175,7 @@ class Checkpointed(nn.Module):
                  optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
                  chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None,
                  compile_stages: bool = False, step_in_backward: OptimizerFactory | None = None,
-                 update: str | None = None) -> None:
+                 update: str | None = None, profile_cache: bool | str | Path = True) -> None:
         super().__init__()
         if (memory is None) == (recompute is None):
             raise ValueError("give exactly one of memory= (a budget) or recompute= (a factor >= 1)")
@@ -177,7 +183,7 @@ class Checkpointed(nn.Module):
             apply_update(model, update)
         self.model = model
         # A plain list: the stages share the model's modules and must not be registered twice.
-        self._stages: list[nn.Module] = training_stages(model, loss_fn)
+        self._stages: list[nn.Module] = training_stages(model, loss_fn, sample=sample)
         self._compile_stages = compile_stages
         if compile_stages:
             self._stages = compiled_stages(self._stages)
@@ -185,6 +191,7 @@ class Checkpointed(nn.Module):
         self._request: dict[str, Any] = {"memory": memory, "recompute": recompute, "strategy": strategy}
         self._optimizer = optimizer
         self._measure_time = measure_time
+        self._profile_cache = profile_cache_folder(profile_cache)
         self._example_target = target
         self._blocks = blocks
         self._twins = twins
@@ -232,6 +239,10 @@ class Checkpointed(nn.Module):
 
     def _replan(self, sample: torch.Tensor, target: torch.Tensor | None, chain: Chain | None = None) -> None:
         """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched), unless given, and plan."""
+        captured = exported_for(self._stages)
+        if captured is not None and captured != tuple(sample.shape):
+            # NOTE [ Exported stages ] in models/traced.py: captured for one input shape
+            self._stages = training_stages(self.model, self._loss_fn, sample=sample)
         if chain is None:
             chain = self._profile(self._stages, sample, target)
         elif chain.length != len(self._stages):
@@ -278,7 +289,8 @@ class Checkpointed(nn.Module):
         paused = self._stepper.paused() if self._stepper is not None else contextlib.nullcontext()
         with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model), paused:
             return profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
-                           measure_time=self._measure_time, step_in_backward=self._stepper is not None)
+                           measure_time=self._measure_time, step_in_backward=self._stepper is not None,
+                           cache=self._profile_cache)
 
     def _use(self, key: _InputKey) -> None:
         """Switch to the plan of an input already seen (a smaller last batch of every epoch, say)."""

@@ -7,7 +7,7 @@ runs the stages in order with each region of a single-level plan
 (:func:`~edgetrain.planners.single_level.single_level_plan`) inside one non-reentrant
 ``torch.utils.checkpoint``; ``torch.compile`` of the whole module then traces one graph in which
 AOTAutograd recomputes those regions in the backward, fused like the rest. Uncompiled, it runs
-exactly the single-level schedule (benchmarks/compile_budget.py's ``edgetrain+regions`` setting).
+exactly the single-level schedule (the ``compile_budget`` benchmark's ``edgetrain+regions`` setting).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the step compute plain backprop's gradients, and does it stay within the peak th
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -20,7 +20,7 @@ from ..core.optim import TrainingOptimizer
 from ..profiling import LiveBytesTracker
 from ..profiling.tracker import full_allocator_window
 
-__all__ = ["LOOPS", "StepCheck", "StepPeaks", "check_step", "step_peaks", "three_budgets"]
+__all__ = ["LOOPS", "StepCheck", "StepPeaks", "check_step", "memtracker_step_peak", "step_peaks", "three_budgets"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class StepCheck:
     # scratch in the plan ] in chain.py): the check of the simulator's bookkeeping of every tensor
     tracked_peak_bytes: int = 0
     predicted_tracked_peak_bytes: int = 0
+    # user loop only: a third step's peak as PyTorch's own MemTracker counts it (None where it cannot run; it counts
+    # what LiveBytesTracker counts, so it checks that instrument and that its module hooks leave the step unchanged)
+    memtracker_peak_bytes: int | None = None
 
     @property
     def measured_over_predicted(self) -> float:
@@ -61,7 +64,8 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     The first step's gradients are compared with plain autograd's (cross-entropy, same weights,
     RNG seeded with ``seed`` before each); the second step's peak (SGD momentum buffers exist by
     then) is measured by the allocator's records against the plan's predicted peak, and by the
-    tracker against the plan's peak without kernels' scratch.
+    tracker against the plan's peak without kernels' scratch. In the user loop a third step runs
+    under PyTorch's ``MemTracker`` (:func:`memtracker_step_peak`), the independent count.
 
     Raises:
         AssertionError: a parameter has a gradient in one step and none in the other.
@@ -96,12 +100,40 @@ def check_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget_bytes:
     with step_peaks(mine, optimizer, x, y) as peaks:
         step()
         optimizer.step()
+    memtracker_peak = None
+    if loop == "user":
+        optimizer.zero_grad(set_to_none=True)
+        memtracker_peak = memtracker_step_peak(step, mine, optimizer, x, y)
     block = wrapped.block_plan
     factor = wrapped.plan.recompute_factor if block is None else block.recompute_factor
     return StepCheck(budget_bytes, wrapped.plan.predicted_peak_bytes, peaks.allocated,
                      wrapped.plan.stats.forward_advances, factor, max(errors, default=0.0),
                      tracked_peak_bytes=peaks.tracked,
-                     predicted_tracked_peak_bytes=wrapped.predicted_tracked_peak_bytes)
+                     predicted_tracked_peak_bytes=wrapped.predicted_tracked_peak_bytes,
+                     memtracker_peak_bytes=memtracker_peak)
+
+
+def memtracker_step_peak(step: Callable[[], None], model: nn.Module, optimizer: torch.optim.Optimizer,
+                         *batch: torch.Tensor) -> int | None:
+    """The peak of ``step()`` followed by ``optimizer.step()`` as PyTorch's ``MemTracker`` counts it, the model, its
+    optimizer state and ``batch`` included; None where torch has no MemTracker or it refuses the model: it hooks the
+    gradient of every parameter (so a frozen one stops it) and rejects a root module called twice in one step."""
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError:
+        return None
+    if not all(p.requires_grad for p in model.parameters()):
+        return None
+    tracker = MemTracker()
+    try:
+        with tracker:
+            tracker.track_external(model, optimizer, *batch)
+            step()
+            optimizer.step()
+    except NotImplementedError:
+        return None
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(peak[batch[0].device]["Total"]) if batch[0].device in peak else 0
 
 
 @dataclass

@@ -13,10 +13,9 @@ tensor bytes, so the process budget is split once the process is up:
   otherwise stay resident at about 100 MiB;
 * a *cushion* for what the tensor simulation does not see: kernels' scratch memory and
   allocator slack, ``CUSHION_BYTES`` plus ``CUSHION_FRACTION`` of the tensor peak
-  (``benchmarks/process_memory.py`` measures process peak - baseline - tensor peak: 5-11 MiB on
-  ResNet-18/50 here, 39-42 MiB, 6% of the tensor peak, on ResNet-152's 52 stages, and 30 MiB,
-  21%, on MobileNetV2 at its least budget, where recomputation re-makes many small tensors: the
-  tightest point, 0.6 MiB inside the cushion);
+  (``python -m benchmarks run process_memory`` trains at budgets from the least up, each in a
+  memory cgroup limited to its budget, and reports at every point the process peak beyond the
+  baseline and the tensor peak beside this cushion: docs/results/process_memory.md);
 * the *tensor budget* the planner gets: what is left.
 
 ``Checkpointed(memory=...)`` and ``plan(memory=...)`` keep the tensor meaning; this module is

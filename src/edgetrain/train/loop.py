@@ -40,6 +40,7 @@ from ..models.stages import training_stages
 from ..models.update import apply_update
 from ..planners import Candidate, Plan, plan
 from ..profiling import LiveBytesTracker, profile
+from ..profiling.cache import default_profile_cache
 from ..profiling.process import configure_allocator, read_process_memory, reset_peak, return_freed_memory
 from ..runtime import Executor
 from ..runtime.step_in_backward import StepInBackward, shared_gradient_bytes
@@ -383,7 +384,8 @@ def profile_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Tr
     """Profile one batch, leaving the RNG as it was (NOTE [ Exact resume ])."""
     rng = capture_rng()
     chain = replace(profile(model, x, y, optimizer=config.optimizer, repeats=2,
-                            step_in_backward=config.step_in_backward), name=config.model)
+                            step_in_backward=config.step_in_backward, cache=default_profile_cache()),
+                    name=config.model)
     restore_rng(rng)
     return chain
 

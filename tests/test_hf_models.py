@@ -1,0 +1,140 @@
+"""Hugging Face transformers' published architectures under ``Checkpointed``: ten models of five families, built from
+small configs (no weights: nothing is downloaded), each trained one step at its least budget with gradients equal to
+plain autograd's. Several of them torch.fx cannot trace whole, and are captured by torch.export (NOTE [ Exported
+stages ] in ``models/traced.py``). Each is behind a one-line wrapper that returns the logits, until ``Checkpointed``
+takes a model's own inputs and outputs."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pytest
+import torch
+from torch import nn
+
+from edgetrain import Checkpointed
+from edgetrain.planners.choose import least_step_bytes
+from edgetrain.runtime.verify import memtracker_step_peak, step_peaks
+
+transformers = pytest.importorskip("transformers")
+
+
+class Logits(nn.Module):
+    """The model's logits, one row per prediction (a language model's per token)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).logits.flatten(0, -2)
+
+
+LAYERS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, 1000, (2, 16))
+
+
+def _images(size: int = 32) -> torch.Tensor:
+    return torch.randn(2, 3, size, size)
+
+
+T = transformers
+MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    # encoders
+    "bert": lambda: (T.BertForSequenceClassification(T.BertConfig(vocab_size=1000, num_labels=3, **LAYERS)),
+                     _tokens()),
+    "distilbert": lambda: (T.DistilBertForSequenceClassification(T.DistilBertConfig(
+        vocab_size=1000, dim=64, n_layers=2, n_heads=2, hidden_dim=128, num_labels=3)), _tokens()),
+    "roberta": lambda: (T.RobertaForSequenceClassification(T.RobertaConfig(vocab_size=1000, num_labels=3, **LAYERS)),
+                        _tokens()),
+    # a decoder, its embedding tied to its output layer
+    "gpt2": lambda: (T.GPT2LMHeadModel(T.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=2,
+                                                    n_positions=32)), _tokens()),
+    # vision transformers, and a hierarchical one
+    "vit": lambda: (T.ViTForImageClassification(T.ViTConfig(image_size=32, patch_size=8, num_labels=3, **LAYERS)),
+                    _images()),
+    "deit": lambda: (T.DeiTForImageClassification(T.DeiTConfig(image_size=32, patch_size=8, num_labels=3, **LAYERS)),
+                     _images()),
+    "swin": lambda: (T.SwinForImageClassification(T.SwinConfig(image_size=32, patch_size=2, embed_dim=16,
+                                                               depths=[1, 1], num_heads=[2, 2], window_size=4,
+                                                               num_labels=3)), _images()),
+    # convolutional: layer scale and stochastic depth; BatchNorm
+    "convnext": lambda: (T.ConvNextForImageClassification(T.ConvNextConfig(
+        hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], num_labels=3, drop_path_rate=0.1)), _images(64)),
+    "resnet": lambda: (T.ResNetForImageClassification(T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
+                                                                     depths=[1, 1], num_labels=3)), _images()),
+    # hybrid convolution and attention, mobile blocks
+    "mobilevit": lambda: (T.MobileViTForImageClassification(T.MobileViTConfig(
+        image_size=64, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_labels=3)),
+        _images(64)),
+}
+
+
+class Trained(NamedTuple):
+    worst_gradient_error: float   # relative to the model's largest gradient
+    tracked_over_plan: int        # the second step's peak by edgetrain's tracker, over the plan's (without scratch)
+    allocated_over_plan: int      # by the allocator's records, over the plan's peak
+    memtracker_over_tracked: int | None   # PyTorch's MemTracker over edgetrain's tracker, a third step
+
+
+@functools.cache
+def _trained(name: str) -> Trained:
+    """``name`` trained at its least budget in a user loop against plain autograd, and its steps' peaks."""
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    wrapped_model = Logits(model).train()
+    reference = copy.deepcopy(wrapped_model)
+    y = torch.zeros(reference(x).shape[0], dtype=torch.long)
+    chain = Checkpointed(wrapped_model, sample=x, target=y, recompute=100.0, measure_time=False,
+                         profile_cache=False).chain
+    wrapped = Checkpointed(wrapped_model, sample=x, target=y, memory=least_step_bytes(chain), measure_time=False,
+                           chain=chain, profile_cache=False)
+    torch.manual_seed(3)
+    nn.functional.cross_entropy(reference(x), y).backward()
+    torch.manual_seed(3)
+    nn.functional.cross_entropy(wrapped(x), y).backward()
+    pairs = [(p.grad, r.grad) for p, r in zip(wrapped_model.parameters(), reference.parameters(), strict=True)]
+    assert all((g is None) == (r is None) for g, r in pairs), name
+    largest = max(r.abs().max().item() for _, r in pairs if r is not None)
+    error = max((g - r).abs().max().item() for g, r in pairs if g is not None and r is not None) / largest
+    optimizer = torch.optim.SGD(wrapped_model.parameters(), lr=0.01, momentum=0.9)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with step_peaks(wrapped_model, optimizer, x, y) as peaks:   # momentum buffers exist by now
+        nn.functional.cross_entropy(wrapped(x), y).backward()
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    counted = memtracker_step_peak(lambda: nn.functional.cross_entropy(wrapped(x), y).backward(), wrapped_model,
+                                   optimizer, x, y)
+    return Trained(error, peaks.tracked - wrapped.predicted_tracked_peak_bytes,
+                   peaks.allocated - wrapped.plan.predicted_peak_bytes,
+                   None if counted is None else counted - peaks.tracked)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_published_architecture_trains_at_its_least_budget_as_plain_autograd(name: str) -> None:
+    # relative to the largest gradient of the model: a key projection's bias has a gradient that is zero but for
+    # float rounding (softmax ignores a constant added to every key), which the order of a sum changes
+    assert _trained(name).worst_gradient_error <= 1e-6
+
+
+# Known gaps, not yet explained: ViT's and DeiT's measured peaks exceed their plans by the bytes of their class (and
+# distillation) tokens over the batch, 2 x 64 floats each; ConvNeXt's allocator peak by 8 bytes, one 2-float tensor
+# (the size of its stochastic depth's draw at batch 2). strict: a fix shows here as an unexpected pass.
+OVER_PLAN = {"vit": "512 bytes over the plan", "deit": "1,024 bytes over the plan",
+             "convnext": "8 bytes over the plan by the allocator's records"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=OVER_PLAN[name]))
+                                  if name in OVER_PLAN else name for name in sorted(MODELS)])
+def test_a_published_architectures_step_peaks_within_its_plan_by_three_instruments(name: str) -> None:
+    trained = _trained(name)
+    assert trained.tracked_over_plan <= 0 and trained.allocated_over_plan <= 0
+    # MemTracker sees what the tracker sees, but for the generator states kept to recompute dropout
+    assert trained.memtracker_over_tracked is None or trained.memtracker_over_tracked <= 0
