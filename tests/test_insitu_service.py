@@ -542,8 +542,7 @@ def test_the_whole_service_stays_inside_its_memory_as_the_kernel_counts_it(tmp_p
     memory_bytes = 2**30
     with memory_cgroup(memory_bytes) as cgroup:
         result = run_in(cgroup, "insitu", "run", "--store", str(store), *RUN)
-        kernel_peak_bytes = int((cgroup / "memory.max_usage_in_bytes").read_text()) \
-            if (cgroup / "memory.max_usage_in_bytes").exists() else None
+        kernel_peak_bytes = cgroup.peak_bytes()
 
     assert result.returncode == 0, result.stderr[-2000:]
     done = _events(result.stdout.splitlines(), "done")[-1]
