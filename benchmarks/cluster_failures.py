@@ -18,17 +18,15 @@ Without root (no network namespaces) the cuts are skipped and the table says why
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import statistics
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmarks._cluster import failures as family
-from benchmarks._cluster.common import load_average, log
+from benchmarks._cluster.common import load_average, log, node_environment
 from benchmarks._cluster.failures import failure_row, failure_run, state_save_row
 from edgetrain.bench.stats import Spread
 from edgetrain.distributed.netns import can_emulate
@@ -41,7 +39,6 @@ CASES = (("kill", "kill", None, 2400), ("stop", "stop", None, 2400), ("cut (giga
 QUICK_CASES = (("kill", "kill", None, 1200), ("stop", "stop", None, 1200), ("cut (gigabit)", "cut", "gigabit", 1200))
 REPEATS, QUICK_REPEATS = 3, 1
 CPUS_PER_NODE = 1.0   # each emulated node's CPU quota in cores: 3 nodes on a 2-core machine overcommit it
-NODE_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}
 SAVE_MODEL = "resnet18_cifar"
 SAVES, QUICK_SAVES = 10, 3
 
@@ -55,7 +52,7 @@ def run(quick: bool) -> dict[str, Any]:
                if preset is not None and reason is not None}
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in cases if label not in skipped}
     load_before = load_average()
-    with _node_environment(), tempfile.TemporaryDirectory(prefix="bench-cluster-failures-") as scratch:
+    with node_environment(), tempfile.TemporaryDirectory(prefix="bench-cluster-failures-") as scratch:
         for repeat in range(repeats):
             for label, kind, preset, samples in cases:
                 if label in skipped:
@@ -72,20 +69,6 @@ def run(quick: bool) -> dict[str, Any]:
             "cores": os.cpu_count(), "load_before": load_before, "load_after": load_average()}
 
 
-@contextlib.contextmanager
-def _node_environment() -> Iterator[None]:
-    """Node processes started inside at one intra-op thread (a node's quota is one core; more threads only contend
-    with the other nodes and the spares) and without torch's C++ log lines; the environment restored after."""
-    given = {name: os.environ.get(name) for name in NODE_ENVIRONMENT}
-    os.environ.update(NODE_ENVIRONMENT)
-    try:
-        yield
-    finally:
-        for name, value in given.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _medians(result: dict[str, Any], key: str) -> list[float]:

@@ -20,12 +20,10 @@ record.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -33,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 
 from benchmarks._cluster import ttt as family
-from benchmarks._cluster.common import load_average, log, mode
+from benchmarks._cluster.common import load_average, log, mode, node_environment
 from edgetrain.bench.stats import Spread
 from edgetrain.errors import EdgetrainError
 from edgetrain.profiling.host import cpu_model
@@ -55,7 +53,6 @@ COMMON = {"model": "resnet18_cifar", "image": 32, "nodes": 4, "preset": "100mbit
           "weak": False, "average_every": 4, "outer_lr": 0.7, "outer_momentum": 0.9, "compress_rank": 2,
           "compress_after": 0}
 WINDOW, TARGET_AT = 5, 0.75   # the loss is the mean of 5 steps; the target the single node's at 3/4 of its run
-NODE_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}   # a node's quota is half a core
 
 
 class Table(NamedTuple):
@@ -106,25 +103,12 @@ def read_record(path: Path, wanted: dict[str, Any]) -> dict[tuple[str, int], dic
     return runs
 
 
-@contextlib.contextmanager
-def _node_environment() -> Iterator[None]:
-    """Node processes started inside at one intra-op thread and without torch's C++ log lines; restored after."""
-    given = {name: os.environ.get(name) for name in NODE_ENVIRONMENT}
-    os.environ.update(NODE_ENVIRONMENT)
-    try:
-        yield
-    finally:
-        for name, value in given.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run(quick: bool) -> dict[str, Any]:
     """Every table: its recorded runs read, the missing ones run (each appended to the record as it ends), then the
     rows; the quick tables into a temporary record."""
-    with _node_environment(), tempfile.TemporaryDirectory(prefix="bench-cluster-ttt-") as scratch:
+    with node_environment(), tempfile.TemporaryDirectory(prefix="bench-cluster-ttt-") as scratch:
         records = Path(scratch) / "records" if quick else RECORDS
         tables = [build_table(t, records, Path(scratch) / f"runs-{i}") for i, t in enumerate(QUICK_TABLES if quick
                                                                                         else TABLES)]

@@ -4,11 +4,12 @@ readings, the rows a mode name stands for, and the figures' text."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,6 +22,24 @@ from edgetrain.train import TrainConfig
 log = logging.getLogger("cluster")
 WARM_UP_STEPS = 1  # the first step brings up caches and connections: not timed
 PLAIN = (1.0, 0.0)  # outer rate and momentum of plain averaging (NOTE [ Outer step ])
+# a node's quota is a core or less: more intra-op threads only contend with the other nodes and the spares
+NODE_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}
+
+
+@contextlib.contextmanager
+def node_environment() -> Iterator[None]:
+    """Node processes started inside at one intra-op thread and without torch's C++ log lines; the environment
+    restored after."""
+    given = {name: os.environ.get(name) for name in NODE_ENVIRONMENT}
+    os.environ.update(NODE_ENVIRONMENT)
+    try:
+        yield
+    finally:
+        for name, value in given.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def int_list(text: str) -> list[int]:
