@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,8 +27,9 @@ LEAST_ACCURACY = 0.9
 
 
 def _edgetrain() -> str:
-    """The `edgetrain` script of the environment that runs the benchmark."""
-    found = shutil.which("edgetrain")
+    """The `edgetrain` script of the environment that runs the benchmark: beside its Python, else on PATH."""
+    beside = Path(sys.executable).parent / "edgetrain"
+    found = str(beside) if beside.exists() else shutil.which("edgetrain")
     if found is None:
         raise EdgetrainError("the `edgetrain` command is not installed in this environment")
     return found

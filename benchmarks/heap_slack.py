@@ -20,11 +20,12 @@ import tempfile
 from typing import Any
 
 MODEL, BATCH, IMAGE = "mobilenet_v2", 16, 128
-# Below any run's need: the child is refused and trains at the least budget the refusal names.
+# Below any run's need: the first child is refused, and the next trains at the least budget the refusal names.
 MEMORY = "256MiB"
 SAMPLES, QUICK_SAMPLES = 300, 64   # one epoch each, less the held-out share and the last short batch
 THRESHOLDS = (2**20, 256 * 2**10)
 MiB = 2**20
+ATTEMPTS = 4   # fresh processes, each at the least budget the one before it was refused at
 
 CHILD = """
 import ctypes, json, sys, threading, time
@@ -61,30 +62,37 @@ loop._train_step = step
 loop.configure_allocator = lambda: process.configure_allocator(int(threshold))
 threading.Thread(target=sample, daemon=True).start()
 from edgetrain.errors import InfeasibleBudgetError
-for _ in range(3):   # the least budget: what the refusal of a smaller one names, rounded up to a MiB
-    try:
-        summary = train(TrainConfig(model=model, batch=int(batch), image=int(image), samples=int(samples), epochs=1,
-                                    save_every=1000, run_dir=Path(run_dir), memory=memory, overwrite=True))
-        break
-    except InfeasibleBudgetError as exc:
-        memory = str(-(-exc.minimum_bytes // 2**20) * 2**20)
-        steps.clear()
-else:
-    raise SystemExit("no budget found that the run fits")
+try:
+    summary = train(TrainConfig(model=model, batch=int(batch), image=int(image), samples=int(samples), epochs=1,
+                                save_every=1000, run_dir=Path(run_dir), memory=memory, overwrite=True))
+except InfeasibleBudgetError as exc:
+    print(json.dumps({"refused_minimum_bytes": exc.minimum_bytes}))
+    raise SystemExit(0)
 print(json.dumps({"process_peak_bytes": summary.process_peak_bytes, "budget_bytes": summary.budget_bytes,
                   "steps": steps}))
 """
 
 
 def measure(threshold: int, samples: int) -> dict[str, Any]:
-    """One child's training at ``threshold``: its process peak, its budget and each step's figures at its peak."""
-    with tempfile.TemporaryDirectory(prefix="heap-slack-") as run_dir:
-        done = subprocess.run([sys.executable, "-c", CHILD, str(threshold), MODEL, str(BATCH), str(IMAGE),
-                               str(samples), MEMORY, run_dir], capture_output=True, text=True, check=False,
-                              env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
-    if done.returncode:
-        raise RuntimeError(f"the training at threshold {threshold} failed:\n{done.stderr[-2000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    """One child's training at ``threshold`` under the least budget a fresh process accepts: its process peak, its
+    budget and each step's figures at its peak.
+
+    A child refused at a budget names the least one; the next child, a fresh process (a refused attempt leaves
+    the heap it grew behind, so a retry in the same process would need more), trains at that, rounded up to a MiB.
+    """
+    memory = MEMORY
+    for _ in range(ATTEMPTS):
+        with tempfile.TemporaryDirectory(prefix="heap-slack-") as run_dir:
+            done = subprocess.run([sys.executable, "-c", CHILD, str(threshold), MODEL, str(BATCH), str(IMAGE),
+                                   str(samples), memory, run_dir], capture_output=True, text=True, check=False,
+                                  env={**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
+        if done.returncode:
+            raise RuntimeError(f"the training at threshold {threshold} failed:\n{done.stderr[-2000:]}")
+        outcome = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+        if "refused_minimum_bytes" not in outcome:
+            return outcome
+        memory = str(-(-outcome["refused_minimum_bytes"] // MiB) * MiB)
+    raise RuntimeError(f"no budget found that the training at threshold {threshold} fits in {ATTEMPTS} processes")
 
 
 TITLE = "Free heap at each step's peak, per mmap threshold"

@@ -385,6 +385,19 @@ def test_a_node_killed_mid_run_is_survived_without_a_lost_step_and_rejoins(tmp_p
     assert state is not None and (state.step, state.epoch) == (25, 1)
 
 
+def test_a_fault_due_after_its_node_exited_is_not_injected() -> None:
+    # Prepare: a node whose run ended (exited and reaped) before its fault came due, as when a short run
+    # finishes before the warm spares are ready. Execute: inject a kill and a stop. Assert: neither is injected.
+    from edgetrain.distributed.supervisor import NodeGroup
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    group = NodeGroup.__new__(NodeGroup)
+    group.procs = {1: done}
+    assert not group._inject(Fault(1, 4, "kill"))
+    assert not group._inject(Fault(1, 4, "stop"))
+
+
 def _children(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` (from /proc)."""
     found = []

@@ -397,8 +397,9 @@ class NodeGroup:
             for fault in [f for f in pending if f.at_step <= step and f.node in self.procs
                           and (self.spares.ready() or not f.when_warm)]:
                 pending.remove(fault)
-                injected[fault.node] = time.time()
-                self._inject(fault)
+                at = time.time()
+                if self._inject(fault):
+                    injected[fault.node] = at
             codes = {n: p.poll() for n, p in self.procs.items()}
             if all(code == 0 for code in codes.values()):
                 return _Outcome("done")
@@ -438,12 +439,20 @@ class NodeGroup:
                     shares.add(split[[n for n, _ in rest].index(node)])
         return sorted(shares)
 
-    def _inject(self, fault: Fault) -> None:
+    def _inject(self, fault: Fault) -> bool:
+        """Apply ``fault``; False when its node has already exited (its run ended first), so nothing was injected."""
+        proc = self.procs[fault.node]
+        if proc.poll() is not None:
+            return False
         if fault.kind == "cut":
             assert self.network is not None
             self.network.cut(fault.node)
-        else:
-            os.kill(self.procs[fault.node].pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+            return True
+        try:
+            os.kill(proc.pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+        except ProcessLookupError:  # it exited between the poll and the signal
+            return False
+        return True
 
     def _silent(self, codes: dict[int, int | None], now: float, injected: dict[int, float],
                 report: LocalReport) -> int | None:
