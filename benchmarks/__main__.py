@@ -6,8 +6,8 @@
 
 A benchmark is a module of this package, not named ``_*``, with a ``TITLE``, a ``run(quick)`` that returns its result
 as plain JSON data, and a ``render(result)`` that turns that result into the body of its results page; the runner
-finds every such module. Bad input (an unknown benchmark, a results file of another format) is one line on stderr
-and exit code 2.
+finds every such module. Several benchmarks run each in a process of its own. Bad input (an unknown benchmark, a
+results file of another format) is one line on stderr and exit code 2; a benchmark that fails, exit code 1.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import importlib
 import pkgutil
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -68,8 +69,18 @@ def _cell(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def run(names: list[str], quick: bool) -> None:
+def run(names: list[str], quick: bool) -> list[str]:
+    """Run ``names`` into their results files and pages; the names of those that failed.
+
+    One benchmark runs in this process; several run each in a process of its own, so that what one leaves behind
+    (the interpreter's heap, imported libraries, threads) weighs on no other's figures, and one that fails stops
+    none of the rest.
+    """
     modules = [load(name) for name in names]   # every name is checked before any benchmark runs
+    if len(names) > 1:
+        return [name for name in names if subprocess.run(
+            [sys.executable, "-m", "benchmarks", "run", name, *(["--quick"] if quick else [])], cwd=ROOT,
+            check=False).returncode]
     for name, module in zip(names, modules, strict=True):
         command = shlex.join(["python", "-m", "benchmarks", "run", name, *(["--quick"] if quick else [])])
         print(f"running {name}{' (quick)' if quick else ''}", file=sys.stderr, flush=True)
@@ -80,6 +91,7 @@ def run(names: list[str], quick: bool) -> None:
         page_path(name).write_text(page(module, benchmark))
         INDEX.write_text(index_page())
         print(f"{results_path(name).relative_to(ROOT)}, {page_path(name).relative_to(ROOT)}", flush=True)
+    return []
 
 
 INDEX = PAGES / "index.md"
@@ -159,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             if bool(args.names) == args.all:
                 parser.error("give benchmark names or --all")
             names = args.names or [name for name in BENCHMARKS if not (args.quick and not _in_quick(name))]
-            run(names, args.quick)
-            return 0
+            failed = run(names, args.quick)
+            if failed:
+                print(f"error: {len(failed)} of {len(names)} benchmarks failed: {', '.join(failed)}", file=sys.stderr)
+            return 1 if failed else 0
         return pages(args.check)
     except EdgetrainError as exc:
         print(f"error: {exc}", file=sys.stderr)
