@@ -6,7 +6,13 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow lint docs clean
+# torchvision and timm import only beside the torch they were built for: their models' tests run in an environment
+# of their own (`make test-models`), which CI builds too.
+MODELS_VENV ?= .venv-models
+MODELS_TORCH ?= torch==2.14.1
+MODELS_BIN := $(MODELS_VENV)/bin
+
+.PHONY: demo test test-slow test-models lint docs clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +31,17 @@ test: $(BIN)/.installed
 test-slow: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m slow
 
+$(MODELS_BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(MODELS_VENV)
+	$(MODELS_BIN)/python -m pip install --quiet --upgrade pip
+	$(MODELS_BIN)/python -m pip install --quiet "$(MODELS_TORCH)"
+	$(MODELS_BIN)/python -m pip install --quiet -e '.[zoo,models,test]'
+	touch $@
+
+# Published models of torchvision, timm and transformers, as their libraries build them.
+test-models: $(MODELS_BIN)/.installed
+	$(MODELS_BIN)/python -m pytest -q -n 2 --dist worksteal tests/test_published_models.py tests/test_library_models.py
+
 docs: $(BIN)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
@@ -33,4 +50,4 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy src
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(MODELS_VENV) build src/*.egg-info .pytest_cache .ruff_cache .mypy_cache

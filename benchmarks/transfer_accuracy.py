@@ -76,7 +76,7 @@ class Sizes:
 
 FULL = Sizes(eye_clips=24, node_train_clips=6, node_test_clips=4, frames=50, generated_samples=2400,
              digits_train=1200, pretrain_epochs=10, finetune_epochs=8, probe_steps=16, schemes=FIXED, least_only=False)
-QUICK = Sizes(eye_clips=4, node_train_clips=1, node_test_clips=1, frames=30, generated_samples=320,
+QUICK = Sizes(eye_clips=4, node_train_clips=3, node_test_clips=1, frames=30, generated_samples=320,
               digits_train=192, pretrain_epochs=2, finetune_epochs=1, probe_steps=2, schemes=("all", "last:1"),
               least_only=True)
 
@@ -287,10 +287,10 @@ def run(quick: bool) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
     tasks = [measure_task(insitu_task(sizes), sizes), measure_task(generated_task(sizes), sizes)]
     return {"batch": BATCH, "image": IMAGE, "lr": LR, "finetune_epochs": sizes.finetune_epochs,
-            "pretrain_epochs": sizes.pretrain_epochs, "tasks": tasks, "headline": headline(tasks[0])}
+            "pretrain_epochs": sizes.pretrain_epochs, "tasks": tasks, "headline": best_within_a_point(tasks[0])}
 
 
-def headline(task: dict[str, Any]) -> dict[str, Any]:
+def best_within_a_point(task: dict[str, Any]) -> dict[str, Any]:
     """On task (a): the largest measured ratio to full plain at accuracy within a point of full fine-tuning."""
     full = next(r for r in task["rows"] if r["scheme"] == "all")
     reference = full["plain"]["measured_peak_bytes"]

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Pages whose examples take more than about 30 s on 2 cores run with the long tests (`make test-slow`).
 LONG_PAGES = {"docs/guide/data.md", "docs/guide/train.md", "docs/guide/fit.md", "docs/guide/plan.md",
-              "docs/guide/paging-energy.md", "docs/guide/reproduce.md", "docs/concepts/time-model.md",
-              "docs/guide/workstation.md", "docs/guide/finetune.md"}
+              "docs/guide/own-model.md", "docs/guide/paging-energy.md", "docs/guide/reproduce.md",
+              "docs/concepts/time-model.md", "docs/guide/workstation.md", "docs/guide/finetune.md"}
 SHELL_TIMEOUT_S = 600
 _SKIP_WITHOUT_REASON = re.compile(r"<!--\s*skip:\s*next\s*-->")
 

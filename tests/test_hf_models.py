@@ -1,15 +1,16 @@
 """Hugging Face transformers' published architectures under ``Checkpointed``: ten models of five families, built from
 small configs (no weights: nothing is downloaded), each trained one step at its least budget with gradients equal to
 plain autograd's. Several of them torch.fx cannot trace whole, and are captured by torch.export (NOTE [ Exported
-stages ] in ``models/traced.py``). Each is behind a one-line wrapper that returns the logits, until ``Checkpointed``
-takes a model's own inputs and outputs."""
+stages ] in ``models/traced.py``). Each runs twice: behind a one-line wrapper that returns the logits, and as
+published, called with its own keyword inputs (an attention mask with padding) and returning its ``ModelOutput``
+(NOTE [ Side inputs ] in ``models/call.py``)."""
 
 from __future__ import annotations
 
 import copy
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -138,3 +139,93 @@ def test_a_published_architectures_step_peaks_within_its_plan_by_three_instrumen
     assert trained.tracked_over_plan <= 0 and trained.allocated_over_plan <= 0
     # MemTracker sees what the tracker sees, but for the generator states kept to recompute dropout
     assert trained.memtracker_over_tracked is None or trained.memtracker_over_tracked <= 0
+
+
+# --- as published: the model's own inputs and output, no wrapper -----------------------------------------------
+
+def _text(model: nn.Module, tokens: bool = False) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A text model's batch as its tokenizer gives it: ids and a mask with padding in the second sequence."""
+    ids = _tokens()
+    mask = torch.ones_like(ids)
+    mask[1, 10:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if tokens:
+        batch["token_type_ids"] = torch.zeros_like(ids)
+    return model, batch
+
+
+PUBLISHED: dict[str, Callable[[], tuple[nn.Module, dict[str, Any]]]] = {
+    "bert": lambda: _text(MODELS["bert"]()[0], tokens=True),
+    "distilbert": lambda: _text(MODELS["distilbert"]()[0]),
+    "roberta": lambda: _text(MODELS["roberta"]()[0]),
+    # a decoder returns its key-value cache unless told not to, as a training loop tells it
+    "gpt2": lambda: (lambda built: (built[0], {**built[1], "use_cache": False}))(_text(MODELS["gpt2"]()[0])),
+    **{name: (lambda name=name: (lambda built: (built[0], {"pixel_values": built[1]}))(MODELS[name]()))
+       for name in ("vit", "deit", "swin", "convnext")},
+}
+
+
+def _logits_loss(output: object, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a ``ModelOutput``'s logits, one row per prediction (a language model's per token)."""
+    return nn.functional.cross_entropy(output.logits.flatten(0, -2), target)  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _trained_as_published(name: str) -> Trained:
+    """``name`` called with its own keyword inputs, returning its ``ModelOutput``, trained as :func:`_trained`."""
+    torch.manual_seed(0)
+    model, batch = PUBLISHED[name]()
+    model.train()
+    reference = copy.deepcopy(model)
+    y = torch.zeros(reference(**batch).logits.flatten(0, -2).shape[0], dtype=torch.long)
+    chain = Checkpointed(model, sample=batch, target=y, loss_fn=_logits_loss, recompute=100.0, measure_time=False,
+                         profile_cache=False).chain
+    wrapped = Checkpointed(model, sample=batch, target=y, loss_fn=_logits_loss, memory=least_step_bytes(chain),
+                           measure_time=False, chain=chain, profile_cache=False)
+    torch.manual_seed(3)
+    _logits_loss(reference(**batch), y).backward()
+    torch.manual_seed(3)
+    output = wrapped(**batch)
+    assert type(output) is type(reference(**batch)), name
+    _logits_loss(output, y).backward()
+    del output
+    pairs = [(p.grad, r.grad) for p, r in zip(model.parameters(), reference.parameters(), strict=True)]
+    assert all((g is None) == (r is None) for g, r in pairs), name
+    largest = max(r.abs().max().item() for _, r in pairs if r is not None)
+    error = max((g - r).abs().max().item() for g, r in pairs if g is not None and r is not None) / largest
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    tensors = [value for value in batch.values() if isinstance(value, torch.Tensor)]
+    with step_peaks(model, optimizer, *tensors, y) as peaks:   # momentum buffers exist by now
+        _logits_loss(wrapped(**batch), y).backward()
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    counted = memtracker_step_peak(lambda: _logits_loss(wrapped(**batch), y).backward(), model, optimizer,
+                                   *tensors, y)
+    return Trained(error, peaks.tracked - wrapped.predicted_tracked_peak_bytes,
+                   peaks.allocated - wrapped.plan.predicted_peak_bytes,
+                   None if counted is None else counted - peaks.tracked)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_a_published_model_called_with_its_own_inputs_trains_as_plain_autograd(name: str) -> None:
+    assert _trained_as_published(name).worst_gradient_error <= 1e-6
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=OVER_PLAN[name]))
+                                  if name in OVER_PLAN else name for name in sorted(PUBLISHED)])
+def test_a_published_model_called_with_its_own_inputs_peaks_within_its_plan(name: str) -> None:
+    trained = _trained_as_published(name)
+    assert trained.tracked_over_plan <= 0 and trained.allocated_over_plan <= 0
+    assert trained.memtracker_over_tracked is None or trained.memtracker_over_tracked <= 0
+
+
+def test_a_published_model_that_updates_batch_norm_inside_its_captured_forward_is_refused_naming_it() -> None:
+    # MobileViT's convolutions normalise by batch statistics; called with its own keyword input it is captured by
+    # torch.export, whose graph updates the running statistics, which a recomputation would update again
+    model, images = MODELS["mobilevit"]()
+    with pytest.raises(TypeError, match=r"MobileViTForImageClassification: BatchNorm inside a forward only "
+                                        r"torch\.export can capture"):
+        Checkpointed(model.train(), sample={"pixel_values": images}, recompute=2.0, measure_time=False,
+                     profile_cache=False)

@@ -31,8 +31,8 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # soft_wrap: an error stays one line in any terminal width
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-# typer >= 0.2x carries its own click (typer._click); an older one, such as the typer < 0.21 that Flower
-# (the `federated` extra) pins, runs on click itself.
+# typer < 0.21 (pinned in pyproject.toml, as Flower, the `federated` extra, pins it) runs on click itself; a typer
+# that carries its own click (typer._click) is used through that one.
 _CLICK = "typer._click" if importlib.util.find_spec("typer._click") else "click"
 click_exceptions: Any = importlib.import_module(f"{_CLICK}.exceptions")
 click_types: Any = importlib.import_module(f"{_CLICK}.types")

@@ -20,9 +20,9 @@ the encoder ``num_layers + 2``.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
+from .call import Inputs
 from .edge_dense import gpt_decoder, unet, yolov8
 from .edge_vision import densenet121, efficientnet_b0, mobilenet_v3_small
 from .mobilenet import mobilenet_v2
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-def stages_of(model: nn.Module, sample: torch.Tensor | None = None) -> list[nn.Module]:
+def stages_of(model: nn.Module, sample: Inputs | None = None) -> list[nn.Module]:
     """The chain of stages of ``model``, for planners and the executor.
 
     Args:
@@ -63,7 +63,8 @@ def stages_of(model: nn.Module, sample: torch.Tensor | None = None) -> list[nn.M
         ['Linear', 'ReLU']
     """
     stages = getattr(model, "stages", None)
-    if callable(stages):
+    # a method; a submodule named ``stages`` (timm's ConvNeXt and MobileViT keep their blocks in one) is not it
+    if callable(stages) and not isinstance(stages, nn.Module):
         result = list(stages())
         if not result or not all(isinstance(s, nn.Module) for s in result):
             raise TypeError(f"{type(model).__name__}.stages() must return a non-empty list of nn.Module")

@@ -1,7 +1,8 @@
 """A model the user wrote, named on the command line as ``package.module:factory``.
 
 NOTE [ A model by its factory ]
-``--model mypkg.nets:make_net --model-arg width=32`` names a callable that returns an ``nn.Module``, and the
+``--model mypkg.nets:make_net --model-arg width=32`` names a callable that returns an ``nn.Module`` (or a model of
+torchvision, timm or transformers: NOTE [ Library models by name ] in ``libraries.py``), and the
 keyword arguments it is called with. The two are kept as one name, ``mypkg.nets:make_net(width=32)`` (arguments
 sorted, values as Python literals), so that everything that records a model by its name records how to build
 it again: a plan file, a run's ``run.json``, the check that a resumed run or a shipped plan is the one asked
@@ -17,6 +18,7 @@ or time.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import os
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetrainError
+from .libraries import LIBRARIES, build_library_model, library_builder
 
 __all__ = ["is_factory_name", "factory_name", "parse_model_args", "factory_parts", "load_factory",
            "build_factory_model", "default_classes", "check_factory_call"]
@@ -108,6 +111,9 @@ def load_factory(name: str) -> tuple[Callable[..., Any], bool]:
             the arguments given (the message lists the ones it takes).
     """
     module_name, attribute, args = factory_parts(name)
+    if module_name in LIBRARIES:   # NOTE [ Library models by name ] in libraries.py
+        library_builder(module_name, attribute)
+        return functools.partial(build_library_model, module_name, attribute), True
     if os.getcwd() not in sys.path and "" not in sys.path:   # as `python -m` would: the user's folder imports
         sys.path.append(os.getcwd())
     try:
@@ -139,11 +145,11 @@ def build_factory_model(name: str, num_classes: int) -> nn.Module:
         EdgetrainError: the factory raised, or what it returned is not an ``nn.Module``.
     """
     factory, takes_classes = load_factory(name)
-    _, _, args = factory_parts(name)
+    module_name, _, args = factory_parts(name)
     if takes_classes and "num_classes" not in args:
         args = {**args, "num_classes": num_classes}
     try:
-        model = factory(**args)
+        model = factory(args) if module_name in LIBRARIES else factory(**args)
     except EdgetrainError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's code

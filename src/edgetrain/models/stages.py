@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -9,6 +10,8 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..models import stages_of
+from .call import Inputs, ModelCall
+from .traced import model_call
 
 __all__ = ["CompiledStage", "FrozenPrefix", "LossStage", "compiled_stages", "fold_frozen_prefix", "parameter_holders",
            "training_stages"]
@@ -46,11 +49,27 @@ class LossStage(nn.Module):
 
 
 def training_stages(model: nn.Module, loss_fn: LossFn | None = None,
-                    sample: torch.Tensor | None = None) -> list[nn.Module]:
+                    sample: Inputs | None = None) -> list[nn.Module]:
     """The model's chain of stages (given ``sample``, exported where torch.fx cannot trace it: :func:`stages_of`)
     followed by a :class:`LossStage`; the stages before the first one with a parameter that trains fold into it
     (:func:`fold_frozen_prefix`)."""
-    return fold_frozen_prefix([*stages_of(model, sample), LossStage(loss_fn)])
+    stages = stages_of(model, sample)
+    call = model_call(stages)
+    return fold_frozen_prefix([*stages, LossStage(loss_fn if call is None else loss_on_output(loss_fn, call))])
+
+
+def loss_on_output(loss_fn: LossFn | None, call: ModelCall) -> LossFn | None:
+    """``loss_fn`` computed on the model's own output structure (NOTE [ Side inputs ] in ``models/call.py``), as
+    the user's loop computes it; None (cross-entropy on the output tensor) stays None."""
+    if loss_fn is None:
+        return None
+    user_loss = loss_fn
+
+    @functools.wraps(user_loss)
+    def on_output(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return user_loss(call.output(output), target)
+
+    return on_output
 
 
 class FrozenPrefix(nn.Sequential):

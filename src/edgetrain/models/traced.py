@@ -42,14 +42,18 @@ import logging
 import operator
 import re
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
-__all__ = ["traced_stages", "traced_module", "exported_for", "exported_stages", "training_mode", "NotTraceableError"]
+from .call import Inputs, ModelCall, SideValues, WithSideValues, as_call, input_shapes
+
+__all__ = ["traced_stages", "traced_module", "exported_for", "exported_stages", "model_call", "training_mode",
+           "NotTraceableError"]
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +121,16 @@ class _StageTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
-def traced_stages(model: nn.Module, sample: torch.Tensor | None = None) -> list[nn.Module]:
+def traced_stages(model: nn.Module, sample: Inputs | None = None) -> list[nn.Module]:
     """The chain of stages of ``model`` cut at its graph's articulation values (NOTE [ Traced stages ]).
 
     Args:
         model: any module whose forward takes one tensor (other arguments keep their defaults)
             and returns one tensor.
         sample: an input batch. With it, a model torch.fx cannot trace whole, or whose stages would pass
-            something other than a tensor, is captured by ``torch.export`` instead (NOTE [ Exported stages ]).
+            something other than a tensor, is captured by ``torch.export`` instead (NOTE [ Exported stages ]);
+            so is one called with several inputs (a tuple or dict of tensors: NOTE [ Side inputs ] in
+            ``models/call.py``).
 
     Returns:
         Modules whose composition in order computes ``model(x)`` with the same ops in the same
@@ -144,6 +150,8 @@ def traced_stages(model: nn.Module, sample: torch.Tensor | None = None) -> list[
         >>> [type(s).__name__ for s in traced_stages(Skip())]
         ['Linear', 'Stage_relu', 'Stage_b_cat', 'Linear']
     """
+    if sample is not None and not isinstance(sample, torch.Tensor):
+        return exported_stages(model, sample)
     try:
         graph, tracer = _trace(model)
     except NotTraceableError as exc:
@@ -175,16 +183,21 @@ def traced_stages(model: nn.Module, sample: torch.Tensor | None = None) -> list[
 # training updates its running statistics inside the graph, where a recomputation would update them
 # again (NOTE [ Recomputation is invisible ] in ``runtime/schedule_run.py``): such a model is refused.
 
-def exported_stages(model: nn.Module, sample: torch.Tensor) -> list[nn.Module]:
-    """``model``'s stages from its ``torch.export`` graph on ``sample`` (NOTE [ Exported stages ]).
+def exported_stages(model: nn.Module, sample: Inputs) -> list[nn.Module]:
+    """``model``'s stages from its ``torch.export`` graph on ``sample`` (NOTE [ Exported stages ]): a tensor, or
+    the model's inputs as a tuple or dict, side inputs and a structured output among them (NOTE [ Side inputs ]
+    in ``models/call.py``; :func:`model_call` gives how such a model is called).
 
     Raises:
-        NotTraceableError: the export fails, the graph updates norm statistics, or it returns no tensor.
+        NotTraceableError: the export fails, the graph updates norm statistics, or it returns more than one tensor.
     """
     name = type(model).__name__
+    args, kwargs = as_call(sample)
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     with training_mode(model), _mha_fastpath_off():
         try:
-            exported = torch.export.export(model, (sample.detach(),), strict=False)
+            exported = torch.export.export(model, args, kwargs, strict=False)
         except Exception as exc:  # whatever stopped the capture is what the user must see
             raise NotTraceableError(f"{name} cannot be exported into stages: {_construct(exc)}") from exc
     module = exported.module()
@@ -193,27 +206,78 @@ def exported_stages(model: nn.Module, sample: torch.Tensor) -> list[nn.Module]:
         raise NotTraceableError(f"{name}: BatchNorm inside a forward only torch.export can capture: a "
                                 "recomputation would update its running statistics twice")
     (output,) = [node for node in graph.nodes if node.op == "output"]
-    flat = output.args[0]
-    results = list(flat) if isinstance(flat, (list, tuple)) else [flat]
-    if len(results) != 1 or not isinstance(results[0], fx.Node):
-        raise NotTraceableError(f"{name}.forward returns {len(results)} values; a chain ends in one tensor")
-    nodes = [node for node in graph.nodes if node.op not in ("get_attr", "output")]
+    results = [value for value in pytree.tree_leaves(output.args[0]) if isinstance(value, fx.Node)]
+    if len(results) != 1:
+        raise NotTraceableError(f"{name}.forward returns {len(results)} tensors; a chain ends in one tensor "
+                                "(give the labels to the loss, not to the model)")
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    if not inputs:
+        raise NotTraceableError(f"{name}.forward takes no tensor")
+    sides = _side_values(module, graph, inputs[0])
+    nodes = [node for node in graph.nodes if node.op not in ("get_attr", "output") and node not in sides]
     cuts = _cuts(module, nodes, results[0])
-    stages = [_stage(module, nodes, start, end) for start, end in itertools.pairwise(cuts)]
+    holder = SideValues()
+    stages = [_stage(module, nodes, start, end, sides, holder) for start, end in itertools.pairwise(cuts)]
+    read = [side for side in sides if any(user not in sides for user in side.users)]
+    call = ModelCall(in_spec=exported.call_spec.in_spec, main=0, sides=_side_module(module, inputs, sides, read),
+                     names=[node.name for node in read], holder=holder, out_spec=exported.call_spec.out_spec,
+                     shapes=input_shapes(args, kwargs))
     for stage in stages:
-        stage.exported_for = tuple(sample.shape)  # type: ignore[assignment]
-    log.info("%s: exported into %d stages for input %s", name, len(stages), tuple(sample.shape))
+        stage.exported_for = call.shapes  # type: ignore[assignment]
+    if not call.plain:
+        stages[0].model_call = call  # type: ignore[assignment]
+    log.info("%s: exported into %d stages for inputs %s", name, len(stages), call.shapes)
     return stages
 
 
-def exported_for(stages: list[nn.Module]) -> tuple[int, ...] | None:
-    """The input shape ``stages`` were captured for by ``torch.export`` (they hold for it alone), or None."""
+def exported_for(stages: list[nn.Module]) -> tuple[tuple[int, ...], ...] | None:
+    """The input shapes ``stages`` were captured for by ``torch.export`` (they hold for those alone), or None."""
     for stage in stages:
         for module in stage.modules():
-            shape = getattr(module, "exported_for", None)
-            if shape is not None:
-                return tuple(shape)
+            shapes = getattr(module, "exported_for", None)
+            if shapes is not None:
+                return tuple(shapes)
     return None
+
+
+def model_call(stages: list[nn.Module]) -> ModelCall | None:
+    """How the model of exported ``stages`` is called, where it has side inputs or a structured output (NOTE
+    [ Side inputs ] in ``models/call.py``); None for a model of one tensor in, one out."""
+    for stage in stages:
+        for module in stage.modules():
+            call = getattr(module, "model_call", None)
+            if isinstance(call, ModelCall):
+                return call
+    return None
+
+
+def _side_values(module: nn.Module, graph: fx.Graph, main: fx.Node) -> set[fx.Node]:
+    """The graph's side values: nodes that depend neither on ``main`` nor on a parameter (NOTE [ Side inputs ])."""
+    parameters = {name for name, _ in module.named_parameters()}
+    on_chain: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node is main or (node.op == "get_attr" and node.target in parameters) or any(
+                arg in on_chain for arg in node.all_input_nodes):
+            on_chain.add(node)
+    return {node for node in graph.nodes if node not in on_chain and node.op not in ("get_attr", "output")}
+
+
+def _side_module(module: nn.Module, inputs: list[fx.Node], sides: set[fx.Node], read: list[fx.Node]) -> fx.GraphModule:
+    """The module that computes the side values ``read`` from every input tensor, the side ops in the graph's order."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {node: graph.placeholder(node.name) for node in inputs}
+
+    def mapped(node: fx.Node) -> fx.Node:
+        if node not in env:  # a buffer read
+            env[node] = graph.node_copy(node)
+        return env[node]
+
+    for node in inputs[0].graph.nodes:
+        if node in sides and node not in env:
+            env[node] = graph.node_copy(node, mapped)
+    graph.output(tuple(env[node] for node in read))
+    graph.eliminate_dead_code()
+    return fx.GraphModule(module, graph, class_name="SideValues")
 
 
 def _exported_or_refused(model: nn.Module, sample: torch.Tensor, traced: NotTraceableError) -> list[nn.Module]:
@@ -354,7 +418,7 @@ def _cuts(model: nn.Module, nodes: list[fx.Node], result: fx.Node) -> list[_Cut]
         if len(live) != 1:
             continue
         (value,) = live
-        if is_scalar_node(value) or any(mutates(model, later) for later in value.users if later.args[:1] == (value,)):
+        if is_scalar_node(value) or _changed_in_place(model, value):
             continue
         if cuts and cuts[-1][1] is value:
             cuts[-1] = (i, value)    # ops that only read or rewrite nothing: keep them before the cut
@@ -363,6 +427,24 @@ def _cuts(model: nn.Module, nodes: list[fx.Node], result: fx.Node) -> list[_Cut]
     if not cuts or cuts[-1][1] is not result:
         cuts.append((end - 1, result))
     return _without_view_stages(model, nodes, cuts)
+
+
+def _changed_in_place(model: nn.Module, value: fx.Node) -> bool:
+    """Whether a later op changes ``value`` in place, itself or through a view of it (EfficientNet's in-place dropout
+    on its flattened features): a stage's input is a leaf of the stage's own graph, and autograd refuses an in-place
+    op on a leaf that requires grad, or on a view of one."""
+    shared, pending = {value}, [value]
+    while pending:
+        node = pending.pop()
+        for later in node.users:
+            if later.args[:1] != (node,):
+                continue
+            if mutates(model, later):
+                return True
+            if _is_view(model, later) and later not in shared:
+                shared.add(later)
+                pending.append(later)
+    return False
 
 
 def _without_view_stages(model: nn.Module, nodes: list[fx.Node], cuts: list[_Cut]) -> list[_Cut]:
@@ -425,8 +507,10 @@ def mutates(model: nn.Module, node: fx.Node) -> bool:
     return False
 
 
-def _stage(model: nn.Module, nodes: list[fx.Node], start: _Cut, end: _Cut) -> nn.Module:
-    """The ops after cut ``start`` up to cut ``end`` as one module: itself when it is one submodule call."""
+def _stage(model: nn.Module, nodes: list[fx.Node], start: _Cut, end: _Cut, sides: Set[fx.Node] = frozenset(),
+           holder: SideValues | None = None) -> nn.Module:
+    """The ops after cut ``start`` up to cut ``end`` as one module: itself when it is one submodule call; one that
+    reads its side values from ``holder`` where it reads any (NOTE [ Side inputs ] in ``models/call.py``)."""
     body = nodes[start[0] + 1:end[0] + 1]
     first, source, result = body[0], start[1], end[1]
     if (len(body) == 1 and first is result and first.op == "call_module" and first.args == (source,)
@@ -434,6 +518,9 @@ def _stage(model: nn.Module, nodes: list[fx.Node], start: _Cut, end: _Cut) -> nn
         return model.get_submodule(str(first.target))
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {source: graph.placeholder("x")}
+    read = list(dict.fromkeys(arg for node in body for arg in node.all_input_nodes if arg in sides))
+    for side in read:
+        env[side] = graph.placeholder(side.name)
 
     def mapped(node: fx.Node) -> fx.Node:
         if node not in env:  # a parameter or buffer read: copied into each stage that reads it
@@ -443,7 +530,11 @@ def _stage(model: nn.Module, nodes: list[fx.Node], start: _Cut, end: _Cut) -> nn
     for node in body:
         env[node] = graph.node_copy(node, mapped)
     graph.output(mapped(result))
-    return fx.GraphModule(model, graph, class_name=_stage_class_name(body))
+    stage = fx.GraphModule(model, graph, class_name=_stage_class_name(body))
+    if not read:
+        return stage
+    assert holder is not None
+    return WithSideValues(stage, [side.name for side in read], holder)
 
 
 def _stage_class_name(body: list[fx.Node]) -> str:

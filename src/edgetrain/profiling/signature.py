@@ -34,10 +34,12 @@ def module_signature(module: nn.Module) -> str:
 
 
 def callable_code(function: object) -> bytes:
-    """A function's bytecode (a loss function, a method); for another callable, its class's name."""
+    """A function's bytecode (a loss function, a method), with that of the function it wraps (``__wrapped__``);
+    for another callable, its class's name."""
     code = getattr(function, "__code__", None)
     if code is not None:
-        return marshal.dumps(code)
+        wrapped = getattr(function, "__wrapped__", None)
+        return marshal.dumps(code) + (b"" if wrapped is None else callable_code(wrapped))
     return repr(type(function).__qualname__ if function is not None else None).encode()
 
 

@@ -45,6 +45,7 @@ is the plain model; ``parameters()`` are the model's own and ``state_dict()`` /
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator, Mapping
@@ -53,13 +54,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ..autograd.handover import GradBox
 from ..core.chain import Chain
 from ..core.simulator import simulate
+from ..models.call import Inputs, ModelCall, as_call, flat_inputs, input_shapes
 from ..models.segmented import SegmentedStage, segmented_stages
 from ..models.stages import LossFn, compiled_stages, training_stages
-from ..models.traced import exported_for, training_mode
+from ..models.traced import exported_for, model_call, training_mode
 from ..models.update import apply_update
 from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
@@ -72,7 +75,7 @@ __all__ = ["Checkpointed"]
 
 log = logging.getLogger(__name__)
 
-_InputKey = tuple[tuple[int, ...], torch.dtype, torch.device]
+_InputKey = tuple[str, tuple[tuple[Any, ...], ...]]
 
 
 class _ScheduledForward(torch.autograd.Function):
@@ -112,7 +115,10 @@ class Checkpointed(nn.Module):
     Args:
         model: a model with ``stages()``, an ``nn.Sequential``, or any model torch.fx traces
             (NOTE [ Traced stages ] in ``models/traced.py``).
-        sample: an example input batch of the shape training will use.
+        sample: an example input batch of the shape training will use: a tensor, or the model's inputs as a
+            tuple or a dict of tensors (``{"input_ids": ids, "attention_mask": mask}``), which the model is
+            then called with (NOTE [ Side inputs ] in ``models/call.py``). A model that returns a structure
+            (a ``ModelOutput``) returns it under the wrapper too, and ``loss_fn`` gets that structure.
         memory: the step's tensor peak allowed (weights, gradients, optimizer state, batch,
             activations, workspace as the simulator counts them), in bytes or as text
             (``"300MiB"``). Not the process: the interpreter, PyTorch's libraries and caches
@@ -170,7 +176,7 @@ class Checkpointed(nn.Module):
         >>> loss = F.cross_entropy(model(x), y); loss.backward(); opt.step()
     """
 
-    def __init__(self, model: nn.Module, *, sample: torch.Tensor, memory: int | str | None = None,
+    def __init__(self, model: nn.Module, *, sample: Inputs, memory: int | str | None = None,
                  recompute: float | None = None, strategy: str = "auto", loss_fn: LossFn | None = None,
                  optimizer: str = "sgd", target: torch.Tensor | None = None, measure_time: bool = True,
                  chain: Chain | None = None, blocks: bool = False, twins: Chain | None = None,
@@ -184,6 +190,7 @@ class Checkpointed(nn.Module):
         self.model = model
         # A plain list: the stages share the model's modules and must not be registered twice.
         self._stages: list[nn.Module] = training_stages(model, loss_fn, sample=sample)
+        self._call = model_call(self._stages)
         self._compile_stages = compile_stages
         if compile_stages:
             self._stages = compiled_stages(self._stages)
@@ -201,33 +208,47 @@ class Checkpointed(nn.Module):
         self.plan: Plan
         self.chain: Chain
         self._executor: Executor
-        self._input_key: _InputKey = _input_key(sample)
-        self._plans: dict[_InputKey, tuple[Chain, Plan, Executor, BlockPlan | None]] = {}
-        self._replan(sample, target, chain)
+        args, kwargs = as_call(sample)
+        self._input_key: _InputKey = _input_key(args, kwargs)
+        self._plans: dict[_InputKey, tuple[Chain, Plan, Executor, BlockPlan | None, ModelCall | None]] = {}
+        self._replan(args, kwargs, target, chain)
 
     # --- training ------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model output; in training with autograd on, produced by the planned schedule."""
         if not (self.training and torch.is_grad_enabled()):
-            return self.model(x)
+            return self.model(*args, **kwargs)
+        self._ensure_plan(args, kwargs, None)
+        x = self._bind(args, kwargs)
         if x.requires_grad:
             raise ValueError("Checkpointed does not compute the gradient of its input batch; pass x.detach()")
-        self._ensure_plan(x, None)
         anchor = torch.empty(0, device=x.device, requires_grad=True)
-        return _ScheduledForward.apply(anchor, x, self._executor)
+        output = _ScheduledForward.apply(anchor, x, self._executor)
+        return output if self._call is None else self._call.output(output)
 
-    def step_loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def step_loss(self, x: Inputs, target: torch.Tensor) -> torch.Tensor:
         """Forward, ``loss_fn`` and backward of one batch by the schedule; returns the detached loss.
 
-        Parameter gradients accumulate into ``.grad`` as ``loss.backward()`` would; call the
-        optimizer's ``step()`` after it (with ``step_in_backward`` the step is done: nothing to call).
+        ``x`` is the batch as ``sample`` gives it (a tensor, a tuple or a dict of tensors). Parameter gradients
+        accumulate into ``.grad`` as ``loss.backward()`` would; call the optimizer's ``step()`` after it (with
+        ``step_in_backward`` the step is done: nothing to call).
         """
-        self._ensure_plan(x, target)
-        return self._executor.step(x, target)
+        args, kwargs = as_call(x)
+        self._ensure_plan(args, kwargs, target)
+        return self._executor.step(self._bind(args, kwargs), target)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """The chain's input of a call, the call's side values put where the stages read them."""
+        if self._call is not None:
+            return self._call.bind(args, kwargs)
+        if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
+            raise TypeError(f"{type(self.model).__name__} was planned for one input tensor; give it one, or plan "
+                            "it with the sample as the tuple or dict of tensors it takes")
+        return args[0]
 
     # --- planning ------------------------------------------------------------------------------
-    def _ensure_plan(self, x: torch.Tensor, target: torch.Tensor | None) -> None:
-        key = _input_key(x)
+    def _ensure_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: torch.Tensor | None) -> None:
+        key = _input_key(args, kwargs)
         if key == self._input_key:
             return
         if key in self._plans:
@@ -235,14 +256,19 @@ class Checkpointed(nn.Module):
             return
         log.warning("Checkpointed: input %s differs from the planned %s; profiling and planning again",
                     _describe(key), _describe(self._input_key))
-        self._replan(x, target if target is not None else _resize_batch(self._example_target, x.shape[0]))
+        batch = flat_inputs(args, kwargs)[0].shape[0]
+        self._replan(args, kwargs, target if target is not None else _resize_batch(self._example_target, batch))
 
-    def _replan(self, sample: torch.Tensor, target: torch.Tensor | None, chain: Chain | None = None) -> None:
-        """Profile on ``sample`` (train mode; RNG, BN statistics and ``.grad`` untouched), unless given, and plan."""
+    def _replan(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: torch.Tensor | None,
+                chain: Chain | None = None) -> None:
+        """Profile on the call ``args``, ``kwargs`` (train mode; RNG, BN statistics and ``.grad`` untouched), unless
+        ``chain`` is given, and plan."""
         captured = exported_for(self._stages)
-        if captured is not None and captured != tuple(sample.shape):
+        if captured is not None and captured != input_shapes(args, kwargs):
             # NOTE [ Exported stages ] in models/traced.py: captured for one input shape
-            self._stages = training_stages(self.model, self._loss_fn, sample=sample)
+            self._stages = training_stages(self.model, self._loss_fn, sample=kwargs or args)
+            self._call = model_call(self._stages)
+        sample = self._bind(args, kwargs)
         if chain is None:
             chain = self._profile(self._stages, sample, target)
         elif chain.length != len(self._stages):
@@ -261,8 +287,8 @@ class Checkpointed(nn.Module):
                 chosen, chain = block.plan, block.chain
         if chosen is None:
             chosen = plan(chain, **self._request)
-        key = _input_key(sample)
-        self._plans[key] = (chain, chosen, Executor(stages, chosen.schedule, chain), block)
+        key = _input_key(args, kwargs)
+        self._plans[key] = (chain, chosen, Executor(stages, chosen.schedule, chain), block, self._call)
         self._use(key)
         log.info("Checkpointed %s: %s schedule, predicted peak %d bytes, recompute factor %.3f",
                  chain.name, chosen.strategy, chosen.predicted_peak_bytes, chosen.recompute_factor)
@@ -287,14 +313,20 @@ class Checkpointed(nn.Module):
         own = stages is self._stages and not self._compile_stages
         model = self.model if own else nn.Sequential(*stages[:-1])
         paused = self._stepper.paused() if self._stepper is not None else contextlib.nullcontext()
+        if self._call is not None:
+            model = nn.Sequential(*stages[:-1])
         with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model), paused:
-            return profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
-                           measure_time=self._measure_time, step_in_backward=self._stepper is not None,
-                           cache=self._profile_cache)
+            chain = profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
+                            measure_time=self._measure_time, step_in_backward=self._stepper is not None,
+                            cache=self._profile_cache)
+        if self._call is None:
+            return chain
+        # the stages profiled apart from the model: its weights that no stage holds are weights all the same
+        return dataclasses.replace(chain, buffer_bytes=chain.buffer_bytes + _unstaged_bytes(self.model, stages))
 
     def _use(self, key: _InputKey) -> None:
         """Switch to the plan of an input already seen (a smaller last batch of every epoch, say)."""
-        self.chain, self.plan, self._executor, self.block_plan = self._plans[key]
+        self.chain, self.plan, self._executor, self.block_plan, self._call = self._plans[key]
         self._input_key = key
 
     # --- the wrapped model's state -------------------------------------------------------------
@@ -306,13 +338,24 @@ class Checkpointed(nn.Module):
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
-def _input_key(x: torch.Tensor) -> _InputKey:
-    return tuple(x.shape), x.dtype, x.device
+def _unstaged_bytes(model: nn.Module, stages: list[nn.Module]) -> int:
+    """The bytes of ``model``'s parameters and buffers that no stage holds: a buffer only the side values read (a
+    position index), one this call does not read (the default token types, where the call gives its own)."""
+    held = {t.untyped_storage().data_ptr() for stage in stages for t in (*stage.parameters(), *stage.buffers())}
+    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+           for t in (*model.parameters(), *model.buffers())}
+    return sum(size for pointer, size in own.items() if pointer not in held)
+
+
+def _input_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _InputKey:
+    """What a plan holds for: every input tensor's shape, dtype and device, by its place in the call."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    return str(spec), tuple((tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else (repr(t),)
+                            for t in flat)
 
 
 def _describe(key: _InputKey) -> str:
-    shape, dtype, device = key
-    return f"{list(shape)} {dtype} on {device}"
+    return ", ".join(f"{list(leaf[0])} {leaf[1]} on {leaf[2]}" if len(leaf) == 3 else str(leaf[0]) for leaf in key[1])
 
 
 def _resize_batch(target: torch.Tensor | None, batch: int) -> torch.Tensor | None:

@@ -117,7 +117,9 @@ def memtracker_step_peak(step: Callable[[], None], model: nn.Module, optimizer: 
                          *batch: torch.Tensor) -> int | None:
     """The peak of ``step()`` followed by ``optimizer.step()`` as PyTorch's ``MemTracker`` counts it, the model, its
     optimizer state and ``batch`` included; None where torch has no MemTracker or it refuses the model: it hooks the
-    gradient of every parameter (so a frozen one stops it) and rejects a root module called twice in one step."""
+    gradient of every parameter (so a frozen one stops it) and rejects a root module called twice in one step; and
+    its module hook fails its own assertion ("Expected gradient function to be set") on torchvision's ShuffleNetV2
+    under the executor, which plain autograd does not meet: the cause is not yet known."""
     try:
         from torch.distributed._tools.mem_tracker import MemTracker
     except ImportError:
@@ -130,7 +132,7 @@ def memtracker_step_peak(step: Callable[[], None], model: nn.Module, optimizer: 
             tracker.track_external(model, optimizer, *batch)
             step()
             optimizer.step()
-    except NotImplementedError:
+    except (NotImplementedError, AssertionError):  # refused; or its module hook's own assertion (on ShuffleNetV2)
         return None
     peak = tracker.get_tracker_snapshot("peak")
     return int(peak[batch[0].device]["Total"]) if batch[0].device in peak else 0

@@ -37,6 +37,7 @@ from ..errors import EdgetrainError, InfeasibleBudgetError
 from ..models import get_model_spec
 from ..models.factory import check_factory_call, is_factory_name
 from ..models.stages import training_stages
+from ..models.traced import model_call
 from ..models.update import apply_update
 from ..planners import Candidate, Plan, plan
 from ..profiling import LiveBytesTracker, profile
@@ -247,10 +248,13 @@ def _run(run: RunDirectory, config: TrainConfig, opening: Opening, progress: Pro
     torch.manual_seed(config.seed)
     model = spec.build(num_classes)
     apply_update(model, scheme)   # before the stages: a frozen start folds into the first stage that trains
-    stages = training_stages(model)
     sampler = ResumableSampler(len(train_set), config.seed)
 
     sample_x, sample_y = first_batch(train_set, config.batch)
+    stages = training_stages(model, sample=sample_x)   # the sample: a model only torch.export captures
+    call = model_call(stages)
+    if call is not None:   # one input: its side values (NOTE [ Side inputs ] in models/call.py) are the same each batch
+        call.bind((sample_x,), {})
     shipped = None if config.plan_file is None else config.shipped_plan()
     if shipped is not None:
         shipped.check_matches(num_classes=num_classes)
