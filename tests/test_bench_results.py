@@ -36,6 +36,29 @@ def test_a_results_file_reads_back_as_written(tmp_path: Path) -> None:
     assert len(record.provenance["commit"]) == 40 and len(record.provenance["load_average"]) == 3
 
 
+def test_a_checkout_is_dirty_by_its_changes_but_not_by_the_results_a_run_wrote(tmp_path: Path) -> None:
+    # Prepare: a repository with a results folder and a source file, both committed
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a.json").write_text("{}")
+    (tmp_path / "source.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "start", "--allow-empty")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "files")
+
+    # Execute: a result rewritten, then the source changed
+    (tmp_path / "results" / "a.json").write_text('{"x": 1}')
+    after_result = provenance("run", tmp_path, ("results",))["dirty"]
+    (tmp_path / "source.py").write_text("x = 2\n")
+    after_source = provenance("run", tmp_path, ("results",))["dirty"]
+
+    # Assert
+    assert (after_result, after_source) == (False, True)
+
+
 def test_a_results_file_of_another_format_is_refused_naming_the_rerun(tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"format": RESULTS_FORMAT + 1, "benchmark": "optimal_speed", "result": {},

@@ -38,17 +38,18 @@ class BenchmarkResult:
     provenance: dict[str, Any]
 
 
-def provenance(command: str, root: Path | None = None) -> dict[str, Any]:
+def provenance(command: str, root: Path | None = None, outputs: tuple[str, ...] = ()) -> dict[str, Any]:
     """Where and how a benchmark ran: ``command`` reruns it; the rest is read off this machine now.
 
     ``root`` is the repository whose commit is recorded (the working directory by default); outside a git
-    checkout the commit is None.
+    checkout the commit is None. ``dirty`` says whether its tracked files differ from that commit, apart from
+    ``outputs`` (folders under ``root``): the results that a run of several benchmarks has written so far.
     """
     import torch
 
     from ..profiling.host import cpu_model
 
-    commit, dirty = _commit(root or Path.cwd())
+    commit, dirty = _commit(root or Path.cwd(), outputs)
     return {"command": command, "commit": commit, "dirty": dirty,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "cpu": cpu_model() or platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -56,13 +57,15 @@ def provenance(command: str, root: Path | None = None) -> dict[str, Any]:
             "python": platform.python_version(), "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
-def _commit(root: Path) -> tuple[str | None, bool | None]:
-    """The checkout's HEAD and whether its tracked files differ from it; (None, None) outside git."""
+def _commit(root: Path, outputs: tuple[str, ...] = ()) -> tuple[str | None, bool | None]:
+    """The checkout's HEAD and whether its tracked files, ``outputs`` aside, differ from it; (None, None) outside
+    git."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True,
                               timeout=30).stdout.strip()
-        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                 capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+        aside = [f":(exclude){folder}" for folder in outputs]
+        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *aside],
+                                 cwd=root, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None, None
     return head, bool(changes)
