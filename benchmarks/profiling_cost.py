@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from edgetrain.models import get_model_spec
+from edgetrain.models.libraries import Logits
 from edgetrain.profiling.profiler import profile
 
 TITLE = "Profiling for a plan against one plain step, and the profile cache"
@@ -50,7 +51,7 @@ def cases(quick: bool) -> list[Case]:
     transformers = _library("transformers")
     if transformers is not None:
         layers = {"hidden_size": 192, "num_hidden_layers": 6, "num_attention_heads": 3, "intermediate_size": 768}
-        found.append(("transformers ViT (6 x 192)", lambda: _Logits(transformers.ViTForImageClassification(
+        found.append(("transformers ViT (6 x 192)", lambda: Logits(transformers.ViTForImageClassification(
             transformers.ViTConfig(image_size=64, patch_size=8, num_labels=10, **layers))), (8, 3, 64, 64)))
     torchvision = _library("torchvision")
     if torchvision is not None:
@@ -64,17 +65,6 @@ def cases(quick: bool) -> list[Case]:
     if quick:   # the zoo's two at a quarter of the pixels and half the batch
         return [(name, build, (4, 3, 64, 64)) for name, build, _ in found[:2]]
     return found
-
-
-class _Logits(nn.Module):
-    """A transformers classifier's logits."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x).logits  # type: ignore[no-any-return]
 
 
 def plain_step_s(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:

@@ -99,23 +99,30 @@ def _trained(name: str) -> Trained:
                          profile_cache=False).chain
     wrapped = Checkpointed(wrapped_model, sample=x, target=y, memory=least_step_bytes(chain), measure_time=False,
                            chain=chain, profile_cache=False)
+    return _measured(wrapped_model, reference, wrapped, lambda m: nn.functional.cross_entropy(m(x), y), [x, y])
+
+
+def _measured(model: nn.Module, reference: nn.Module, wrapped: Checkpointed,
+              loss_of: Callable[[nn.Module], torch.Tensor], batch: list[torch.Tensor]) -> Trained:
+    """A step of ``wrapped`` (of ``model``) against plain autograd on ``reference`` from the same RNG state, then a
+    second step's peaks (momentum buffers exist by then) and a third's by ``MemTracker``; ``loss_of(m)`` is the loss
+    of one call of ``m`` on the batch, whose tensors (the labels among them) ``batch`` lists."""
     torch.manual_seed(3)
-    nn.functional.cross_entropy(reference(x), y).backward()
+    loss_of(reference).backward()
     torch.manual_seed(3)
-    nn.functional.cross_entropy(wrapped(x), y).backward()
-    pairs = [(p.grad, r.grad) for p, r in zip(wrapped_model.parameters(), reference.parameters(), strict=True)]
-    assert all((g is None) == (r is None) for g, r in pairs), name
+    loss_of(wrapped).backward()
+    pairs = [(p.grad, r.grad) for p, r in zip(model.parameters(), reference.parameters(), strict=True)]
+    assert all((g is None) == (r is None) for g, r in pairs)
     largest = max(r.abs().max().item() for _, r in pairs if r is not None)
     error = max((g - r).abs().max().item() for g, r in pairs if g is not None and r is not None) / largest
-    optimizer = torch.optim.SGD(wrapped_model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    with step_peaks(wrapped_model, optimizer, x, y) as peaks:   # momentum buffers exist by now
-        nn.functional.cross_entropy(wrapped(x), y).backward()
+    with step_peaks(model, optimizer, *batch) as peaks:
+        loss_of(wrapped).backward()
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    counted = memtracker_step_peak(lambda: nn.functional.cross_entropy(wrapped(x), y).backward(), wrapped_model,
-                                   optimizer, x, y)
+    counted = memtracker_step_peak(lambda: loss_of(wrapped).backward(), model, optimizer, *batch)
     return Trained(error, peaks.tracked - wrapped.predicted_tracked_peak_bytes,
                    peaks.allocated - wrapped.plan.predicted_peak_bytes,
                    None if counted is None else counted - peaks.tracked)
@@ -201,30 +208,15 @@ def _trained_as_published(name: str, budget: str = "least") -> Trained:
                          profile_cache=False).chain
     wrapped = Checkpointed(model, sample=batch, target=y, loss_fn=_logits_loss, memory=_budget(chain, budget),
                            measure_time=False, chain=chain, profile_cache=False)
-    torch.manual_seed(3)
-    _logits_loss(reference(**batch), y).backward()
-    torch.manual_seed(3)
-    output = wrapped(**batch)
-    assert type(output) is type(reference(**batch)), name
-    _logits_loss(output, y).backward()
-    del output
-    pairs = [(p.grad, r.grad) for p, r in zip(model.parameters(), reference.parameters(), strict=True)]
-    assert all((g is None) == (r is None) for g, r in pairs), name
-    largest = max(r.abs().max().item() for _, r in pairs if r is not None)
-    error = max((g - r).abs().max().item() for g, r in pairs if g is not None and r is not None) / largest
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    returned = type(reference(**batch))
+
+    def loss_of(m: nn.Module) -> torch.Tensor:
+        output = m(**batch)
+        assert type(output) is returned, name   # the wrapper returns the model's own structure
+        return _logits_loss(output, y)
+
     tensors = [value for value in batch.values() if isinstance(value, torch.Tensor)]
-    with step_peaks(model, optimizer, *tensors, y) as peaks:   # momentum buffers exist by now
-        _logits_loss(wrapped(**batch), y).backward()
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    counted = memtracker_step_peak(lambda: _logits_loss(wrapped(**batch), y).backward(), model, optimizer,
-                                   *tensors, y)
-    return Trained(error, peaks.tracked - wrapped.predicted_tracked_peak_bytes,
-                   peaks.allocated - wrapped.plan.predicted_peak_bytes,
-                   None if counted is None else counted - peaks.tracked)
+    return _measured(model, reference, wrapped, loss_of, [*tensors, y])
 
 
 @pytest.mark.parametrize("budget", BUDGETS)

@@ -106,19 +106,15 @@ class ModelCall:
         self.holder.values = dict(zip(self.names, values, strict=True))
         return flat[self.main]
 
-    def side_bytes(self) -> int:
-        """The bytes of the holder's side values, the call's other inputs among them, each storage once; a view of
-        a buffer (a slice of a position-index buffer) is part of the weights."""
-        seen = {t.untyped_storage().data_ptr() for t in (*self.sides.parameters(), *self.sides.buffers())}
-        total = 0
-        for value in self.holder.values.values():
-            if not isinstance(value, torch.Tensor):   # a flag the call passes (``use_cache=False``)
-                continue
-            storage = value.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        return total
+    def side_tensors(self) -> list[torch.Tensor]:
+        """The holder's side values that are tensors, the call's other inputs among them (a flag the call passes,
+        ``use_cache=False``, is not one)."""
+        return [value for value in self.holder.values.values() if isinstance(value, torch.Tensor)]
+
+    def weights(self) -> list[torch.Tensor]:
+        """The parameters and buffers the side values are made from: a side value that views one (a slice of a
+        position-index buffer) is part of the weights, not of the batch."""
+        return [*self.sides.parameters(), *self.sides.buffers()]
 
     def output(self, tensor: torch.Tensor) -> Any:
         """The model's own output structure (a ``ModelOutput``, a tuple) around its one tensor."""

@@ -113,7 +113,7 @@ def load_factory(name: str) -> tuple[Callable[..., Any], bool]:
     module_name, attribute, args = factory_parts(name)
     if module_name in LIBRARIES:   # NOTE [ Library models by name ] in libraries.py
         library_builder(module_name, attribute)
-        return functools.partial(build_library_model, module_name, attribute), True
+        return functools.partial(build_library_model, module_name, attribute), True   # takes keyword arguments
     if os.getcwd() not in sys.path and "" not in sys.path:   # as `python -m` would: the user's folder imports
         sys.path.append(os.getcwd())
     try:
@@ -145,11 +145,11 @@ def build_factory_model(name: str, num_classes: int) -> nn.Module:
         EdgetrainError: the factory raised, or what it returned is not an ``nn.Module``.
     """
     factory, takes_classes = load_factory(name)
-    module_name, _, args = factory_parts(name)
+    _, _, args = factory_parts(name)
     if takes_classes and "num_classes" not in args:
         args = {**args, "num_classes": num_classes}
     try:
-        model = factory(args) if module_name in LIBRARIES else factory(**args)
+        model = factory(**args)
     except EdgetrainError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's code

@@ -79,19 +79,18 @@ def _transformers_model(cls: Any, args: dict[str, Any]) -> nn.Module:
     return Logits(cls(cls.config_class(**fields)))
 
 
-def build_library_model(library: str, name: str, args: dict[str, Any]) -> nn.Module:
+def build_library_model(library: str, name: str, /, **args: Any) -> nn.Module:
     """``library``'s model ``name`` built with ``args``, its weights from ``args["weights"]`` where given.
 
     Raises:
         EdgetrainError: ``pretrained=True`` (nothing is downloaded), a missing weights file, or weights that do not
             fit the model.
     """
-    arguments = dict(args)
-    weights = arguments.pop("weights", None)
-    if arguments.get("pretrained"):
+    weights = args.pop("weights", None)
+    if args.get("pretrained"):
         raise EdgetrainError(f"--model {library}:{name}: nothing is downloaded; give a local state dict as "
                              "--model-arg weights=PATH (saved by torch.save(model.state_dict(), PATH))")
-    model = library_builder(library, name)(**arguments)
+    model = library_builder(library, name)(**args)
     if weights is None:
         return model
     path = Path(str(weights)).expanduser()

@@ -218,7 +218,7 @@ def exported_stages(model: nn.Module, sample: Inputs) -> list[nn.Module]:
     cuts = _cuts(module, nodes, results[0])
     holder = SideValues()
     stages = [_stage(module, nodes, start, end, sides, holder) for start, end in itertools.pairwise(cuts)]
-    read = [side for side in sides if any(user not in sides for user in side.users)]
+    read = [node for node in graph.nodes if node in sides and any(user not in sides for user in node.users)]
     call = ModelCall(in_spec=exported.call_spec.in_spec, main=0, sides=_side_module(module, inputs, sides, read),
                      names=[node.name for node in read], holder=holder, out_spec=exported.call_spec.out_spec,
                      shapes=input_shapes(args, kwargs))

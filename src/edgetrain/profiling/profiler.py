@@ -26,7 +26,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..autograd.handover import GradBox, HandOver, backward_from_box
 from ..autograd.rng_state import RandomDraws, RngState
 from ..core.chain import NOMINAL_FLOPS_PER_S, Chain, StageCost
-from ..models.call import WithSideValues
 from ..models.stages import CompiledStage, LossFn, LossStage, parameter_holders, training_stages
 from ..models.traced import model_call
 from .cache import cached_profile, profile_key, store_profile
@@ -108,13 +107,17 @@ def _measured_chain(model: nn.Module, x: torch.Tensor, target: torch.Tensor | No
     call = model_call(stages)
     if call is not None and not call.holder.values:   # captured here, on x: NOTE [ Side inputs ] in models/call.py
         call.bind((x,), {})
+    # NOTE [ Side inputs ] in models/call.py: held for the whole step, as the batch is
+    sides = [] if call is None else call.side_tensors()
     with _preserved_buffers(model):
-        measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress, step_in_backward)
+        measures, target = _profile_all(stages, x, target, timed, repeats, flops_per_s, progress, step_in_backward,
+                                        sides)
+    weights = set() if call is None else {storage_key(t) for t in call.weights()}
     params = [p for p in model.parameters() if p.requires_grad]
     staged = {id(p) for stage in stages for p in stage.parameters()}
     chain = Chain(
         stages=tuple(m.cost for m in measures),
-        input_bytes=storage_bytes([x, target]) + (0 if call is None else call.side_bytes()),
+        input_bytes=storage_bytes([x, target, *(t for t in sides if storage_key(t) not in weights)]),
         # parameters no stage runs in training (a detector's decoding head) are weights all the same
         buffer_bytes=storage_bytes([*model.buffers(), *(p for p in model.parameters() if id(p) not in staged)]),
         largest_param_bytes=max((p.untyped_storage().nbytes() for p in params), default=0),
@@ -144,17 +147,14 @@ def _loss_held_bytes(loss: torch.Tensor) -> int:
 def _profile_all(stages: list[nn.Module], x: torch.Tensor, target: torch.Tensor | None, timed: bool,
                  repeats: int, flops_per_s: float,
                  progress: Callable[[int, int], None] | None,
-                 stepped: bool) -> tuple[list[_StageMeasure], torch.Tensor]:
+                 stepped: bool, sides: list[torch.Tensor]) -> tuple[list[_StageMeasure], torch.Tensor]:
     measures: list[_StageMeasure] = []
     repeats_of: dict[int, int] = {}   # a stage measured as the earlier one it repeats
     with LiveBytesTracker() as tracker, _one_intra_op_thread(x.device):
         for module in stages:
             tracker.register(module.parameters())
             tracker.register(module.buffers())
-            # NOTE [ Side inputs ] in models/call.py: held for the whole step, as the batch is
-            tracker.register([value for part in module.modules() if isinstance(part, WithSideValues)
-                              for value in part.holder.values.values() if isinstance(value, torch.Tensor)])
-        tracker.register([x])
+        tracker.register([x, *sides])
         current = x.detach()
         holders = parameter_holders(stages)
         first_of: dict[tuple[object, ...], int] = {}

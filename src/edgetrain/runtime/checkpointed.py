@@ -68,6 +68,7 @@ from ..planners import Plan, plan
 from ..planners.blocks import BlockPlan, plan_blocks
 from ..profiling import profile
 from ..profiling.cache import profile_cache_folder
+from ..profiling.tracker import storage_bytes, storage_key
 from .executor import Executor, PendingBackward
 from .step_in_backward import OptimizerFactory, StepInBackward, shared_gradient_bytes
 
@@ -309,12 +310,11 @@ class Checkpointed(nn.Module):
 
     def _profile(self, stages: list[nn.Module], sample: torch.Tensor, target: torch.Tensor | None) -> Chain:
         # Profile what training runs (dropout, batch statistics), whatever mode the model is in; the stages
-        # themselves where they are not the model's own (segmented twins, compiled stages).
-        own = stages is self._stages and not self._compile_stages
+        # themselves where they are not the model's own (segmented twins, compiled stages, the stages of a model's own
+        # call, whose side values only they read).
+        own = stages is self._stages and not self._compile_stages and self._call is None
         model = self.model if own else nn.Sequential(*stages[:-1])
         paused = self._stepper.paused() if self._stepper is not None else contextlib.nullcontext()
-        if self._call is not None:
-            model = nn.Sequential(*stages[:-1])
         with training_mode(self.model), _forked_rng(sample.device), _preserved_grads(self.model), paused:
             chain = profile(model, sample.detach(), target, loss_fn=self._loss_fn, optimizer=self._optimizer,
                             measure_time=self._measure_time, step_in_backward=self._stepper is not None,
@@ -341,10 +341,8 @@ class Checkpointed(nn.Module):
 def _unstaged_bytes(model: nn.Module, stages: list[nn.Module]) -> int:
     """The bytes of ``model``'s parameters and buffers that no stage holds: a buffer only the side values read (a
     position index), one this call does not read (the default token types, where the call gives its own)."""
-    held = {t.untyped_storage().data_ptr() for stage in stages for t in (*stage.parameters(), *stage.buffers())}
-    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-           for t in (*model.parameters(), *model.buffers())}
-    return sum(size for pointer, size in own.items() if pointer not in held)
+    held = {storage_key(t) for stage in stages for t in (*stage.parameters(), *stage.buffers())}
+    return storage_bytes(t for t in (*model.parameters(), *model.buffers()) if storage_key(t) not in held)
 
 
 def _input_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _InputKey:
