@@ -243,6 +243,26 @@ def test_a_published_model_called_with_its_own_inputs_peaks_within_its_plan(name
         assert trained.allocated_over_plan <= 0
 
 
+def test_a_flag_given_before_the_first_input_tensor_leaves_that_tensor_the_chains_input() -> None:
+    # Prepare: GPT-2's call with its flag first, as a dict may order it
+    torch.manual_seed(0)
+    model, batch = PUBLISHED["gpt2"]()
+    batch = {"use_cache": batch.pop("use_cache"), **batch}
+    model.train()
+    reference = copy.deepcopy(model)
+    y = torch.zeros(batch["input_ids"].numel(), dtype=torch.long)
+
+    # Execute: planned at ρ = 1.5, then one step against plain autograd
+    wrapped = Checkpointed(model, sample=batch, target=y, loss_fn=_logits_loss, recompute=1.5, measure_time=False,
+                           profile_cache=False)
+    trained = _measured(model, reference, wrapped, lambda m: _logits_loss(m(**batch), y),
+                        [batch["input_ids"], batch["attention_mask"], y])
+
+    # Assert: the ids feed the first stage, and the step is plain autograd's within its plan
+    assert wrapped.chain.length > 2
+    assert trained.worst_gradient_error <= 1e-6 and trained.tracked_over_plan <= 0
+
+
 def test_a_published_model_that_updates_batch_norm_inside_its_captured_forward_is_refused_naming_it() -> None:
     # MobileViT's convolutions normalise by batch statistics; called with its own keyword input it is captured by
     # torch.export, whose graph updates the running statistics, which a recomputation would update again

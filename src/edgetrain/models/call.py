@@ -79,9 +79,9 @@ class WithSideValues(nn.Module):
 class ModelCall:
     """How a model with side inputs or a structured output is called (NOTE [ Side inputs ]).
 
-    ``sides`` computes, from every input tensor, the side values the stages read (named ``names``);
-    ``main`` is the position of the chain's input among the input tensors; ``out_spec`` the structure
-    of the model's output around its one tensor; ``shapes`` the input shapes the export holds for.
+    ``sides`` computes, from every argument of the call, the side values the stages read (named ``names``);
+    ``main`` is the position of the chain's input, the first tensor, among those arguments; ``out_spec`` the
+    structure of the model's output around its one tensor; ``shapes`` the input shapes the export holds for.
     """
 
     in_spec: pytree.TreeSpec

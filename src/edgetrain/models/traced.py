@@ -210,16 +210,18 @@ def exported_stages(model: nn.Module, sample: Inputs) -> list[nn.Module]:
     if len(results) != 1:
         raise NotTraceableError(f"{name}.forward returns {len(results)} tensors; a chain ends in one tensor "
                                 "(give the labels to the loss, not to the model)")
-    inputs = [node for node in graph.nodes if node.op == "placeholder"]
-    if not inputs:
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]   # one per argument of the call, in order
+    leaves = pytree.tree_leaves((args, kwargs))
+    main = next((i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)), None)
+    if main is None or len(inputs) != len(leaves):
         raise NotTraceableError(f"{name}.forward takes no tensor")
-    sides = _side_values(module, graph, inputs[0])
+    sides = _side_values(module, graph, inputs[main])
     nodes = [node for node in graph.nodes if node.op not in ("get_attr", "output") and node not in sides]
     cuts = _cuts(module, nodes, results[0])
     holder = SideValues()
     stages = [_stage(module, nodes, start, end, sides, holder) for start, end in itertools.pairwise(cuts)]
     read = [node for node in graph.nodes if node in sides and any(user not in sides for user in node.users)]
-    call = ModelCall(in_spec=exported.call_spec.in_spec, main=0, sides=_side_module(module, inputs, sides, read),
+    call = ModelCall(in_spec=exported.call_spec.in_spec, main=main, sides=_side_module(module, inputs, sides, read),
                      names=[node.name for node in read], holder=holder, out_spec=exported.call_spec.out_spec,
                      shapes=input_shapes(args, kwargs))
     for stage in stages:
